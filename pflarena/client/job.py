@@ -1,0 +1,165 @@
+"""What a local solver gets for one message: this client's data, state and instructions."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from torch import nn
+
+from pflarena.core import keys
+from pflarena.core.config import RunConfig
+from pflarena.core.datasets import DatasetInfo, to_tensors
+from pflarena.core.federation import ClientData, load_client, load_shard
+from pflarena.core.models import build_model
+from pflarena.core.training import EvalResult, evaluate
+
+__all__ = ["ClientJob", "NodeData", "load_node_data", "pick_device"]
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """A client's train and test split as tensors on its device."""
+
+    client_id: int
+    info: DatasetInfo
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    """CUDA when available (or asked for), else CPU."""
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda was asked for, but CUDA is not available on this node")
+    if preference == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def _to_node_data(data: ClientData, info: DatasetInfo, device: torch.device) -> NodeData:
+    x_train, y_train = to_tensors(data.x_train, data.y_train, info)
+    x_test, y_test = to_tensors(data.x_test, data.y_test, info)
+    return NodeData(
+        client_id=data.client_id,
+        info=info,
+        x_train=x_train.to(device),
+        y_train=y_train.to(device),
+        x_test=x_test.to(device),
+        y_test=y_test.to(device),
+    )
+
+
+@lru_cache(maxsize=8)
+def _load_shard_cached(path: str, device: str) -> NodeData:
+    data, info = load_shard(path)
+    return _to_node_data(data, info, torch.device(device))
+
+
+@lru_cache(maxsize=64)
+def _load_partition_cached(cfg: RunConfig, partition_id: int, device: str) -> NodeData:
+    data, info = load_client(cfg.federation_spec(), partition_id)
+    return _to_node_data(data, info, torch.device(device))
+
+
+def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> NodeData:
+    """This node's data: the shard named by ``data-path``, else partition ``partition-id``.
+
+    In deployment each SuperNode is started with ``--node-config data-path=...`` and trains
+    on that file alone. In simulation Flower sets ``partition-id`` and the partition is
+    rebuilt deterministically from the run config (cached per process).
+    """
+    data_path = node_config.get("data-path")
+    if data_path:
+        return _load_shard_cached(str(data_path), str(device))
+    if "partition-id" not in node_config:
+        raise RuntimeError(
+            "this node has neither a 'data-path' nor a 'partition-id' in its node config; "
+            "start the SuperNode with --node-config \"data-path=/path/to/client_0000.npz\""
+        )
+    partition_id = int(node_config["partition-id"])
+    num_partitions = int(node_config.get("num-partitions", cfg.num_clients))
+    if num_partitions != cfg.num_clients:
+        raise RuntimeError(
+            f"the federation has {num_partitions} simulated nodes but the run config says "
+            f"num-clients={cfg.num_clients}; make them equal (pflarena run does this for you, "
+            "with flwr run pass --federation-config \"num-supernodes=N\")"
+        )
+    return _load_partition_cached(cfg, partition_id, str(device))
+
+
+@dataclass
+class ClientJob:
+    """Everything a solver needs to answer one train or evaluate message."""
+
+    cfg: RunConfig
+    data: NodeData
+    state: RecordDict
+    config: ConfigRecord
+    arrays: ArrayRecord | None
+    device: torch.device
+
+    @property
+    def client_id(self) -> int:
+        return self.data.client_id
+
+    @property
+    def server_round(self) -> int:
+        return int(self.config.get(keys.SERVER_ROUND, 0))
+
+    def new_model(self) -> nn.Module:
+        """The run's initial model (the same weights on every client and the server)."""
+        info = self.data.info
+        return build_model(
+            self.cfg.model_name(), info.input_shape, info.num_classes, seed=self.cfg.seed
+        ).to(self.device)
+
+    def model_from(self, arrays: ArrayRecord) -> nn.Module:
+        """A model loaded with ``arrays`` (a state_dict as an ArrayRecord)."""
+        model = self.new_model()
+        model.load_state_dict(
+            {k: v.to(self.device) for k, v in arrays.to_torch_state_dict().items()}
+        )
+        return model
+
+    def global_model(self) -> nn.Module:
+        if self.arrays is None or not len(self.arrays):
+            raise RuntimeError(f"method {self.config.get(keys.METHOD)!r} needs the server's model")
+        return self.model_from(self.arrays)
+
+    def load_state_model(self, key: str) -> nn.Module | None:
+        """The model saved in this client's persistent state under ``key``, if any."""
+        if key not in self.state.array_records:
+            return None
+        return self.model_from(self.state.array_records[key])
+
+    def state_model_or_initial(self, key: str) -> nn.Module:
+        """The model saved under ``key``, or the run's initial model on first use."""
+        model = self.load_state_model(key)
+        return self.new_model() if model is None else model
+
+    def save_state_model(self, key: str, model: nn.Module) -> None:
+        self.state[key] = ArrayRecord(model.state_dict())
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """A CPU generator seeded by (run seed, client, round, purpose), for batch order."""
+        text = f"{self.cfg.seed}/{self.client_id}/{self.server_round}/{purpose}"
+        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return torch.Generator().manual_seed(seed)
+
+    def train_kwargs(self) -> dict:
+        """SGD hyperparameters from the message config."""
+        return {
+            "epochs": int(self.config[keys.LOCAL_EPOCHS]),
+            "batch_size": int(self.config[keys.BATCH_SIZE]),
+            "lr": float(self.config[keys.LR]),
+            "momentum": float(self.config.get(keys.MOMENTUM, 0.0)),
+            "weight_decay": float(self.config.get(keys.WEIGHT_DECAY, 0.0)),
+        }
+
+    def test(self, model: nn.Module) -> EvalResult:
+        return evaluate(model, self.data.x_test, self.data.y_test)

@@ -1,0 +1,41 @@
+"""Names shared by strategies and client solvers: record keys, metric keys, config keys.
+
+A strategy and its solver agree on a message layout through these constants only, so a
+typo is an ``AttributeError`` at import time rather than a silently missing value.
+"""
+
+from __future__ import annotations
+
+# RecordDict keys in every message.
+ARRAYS = "arrays"  # the server's model (global model, or the method's server state)
+CONFIG = "config"  # per-round configuration (ConfigRecord)
+METRICS = "metrics"  # the client's reply metrics (MetricRecord)
+
+# ConfigRecord keys every strategy sends.
+SERVER_ROUND = "server-round"
+METHOD = "method"  # which client solver handles the message
+LR = "lr"
+LOCAL_EPOCHS = "local-epochs"
+BATCH_SIZE = "batch-size"
+MOMENTUM = "momentum"
+WEIGHT_DECAY = "weight-decay"
+HAS_GLOBAL = "has-global"  # evaluate messages: whether ARRAYS holds a global model
+
+# MetricRecord keys every client reply carries.
+CLIENT_ID = "client-id"
+NUM_EXAMPLES = "num-examples"  # training examples (FedAvg weighting)
+TRAIN_LOSS = "train-loss"
+TRAIN_STEPS = "train-steps"
+
+# Evaluation replies: sums, so the server can pool them exactly.
+PERSONALIZED_CORRECT = "personalized-correct"
+PERSONALIZED_COUNT = "personalized-count"
+PERSONALIZED_LOSS_SUM = "personalized-loss-sum"
+GLOBAL_CORRECT = "global-correct"
+GLOBAL_COUNT = "global-count"
+GLOBAL_LOSS_SUM = "global-loss-sum"
+
+# Method-specific configuration.
+PROXIMAL_MU = "proximal-mu"  # FedProx
+DITTO_LAMBDA = "ditto-lambda"  # Ditto
+PERSONAL_EPOCHS = "personal-epochs"  # Ditto personal model, FedAvg-FT fine-tuning

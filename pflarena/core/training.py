@@ -1,0 +1,149 @@
+"""Framework-free training and evaluation loops shared by every local solver.
+
+Client data is small enough to live in memory as tensors, so batches are cut from a
+seeded permutation instead of going through a ``DataLoader`` (which would cost a worker
+or a collate call per batch and dominate the time of small models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = [
+    "EvalResult",
+    "GradHook",
+    "batches",
+    "evaluate",
+    "get_state",
+    "set_state",
+    "state_vector",
+    "train_epochs",
+    "trainable_names",
+]
+
+#: Called after ``loss.backward()`` and before the optimizer step, to add terms to the
+#: gradients (a proximal pull, a message correction). Gets the model.
+GradHook = Callable[[nn.Module], None]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Sums over a test set, so results from several clients add up exactly."""
+
+    loss_sum: float
+    correct: int
+    count: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.count if self.count else float("nan")
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.count if self.count else float("nan")
+
+
+def batches(
+    n: int, batch_size: int, *, generator: torch.Generator, drop_last: bool = False
+) -> Iterator[torch.Tensor]:
+    """Yield index tensors of one shuffled pass over ``n`` samples."""
+    order = torch.randperm(n, generator=generator)
+    stop = n - n % batch_size if drop_last and n >= batch_size else n
+    for start in range(0, stop, batch_size):
+        yield order[start : start + batch_size]
+
+
+def train_epochs(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    grad_hook: GradHook | None = None,
+    max_steps: int | None = None,
+) -> tuple[float, int]:
+    """Minibatch SGD on mean cross-entropy for ``epochs`` passes over ``(x, y)``.
+
+    Returns
+    -------
+    (mean training loss over the steps taken, number of steps)
+    """
+    model.train()
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
+    total, steps = 0.0, 0
+    for _ in range(epochs):
+        for idx in batches(len(y), batch_size, generator=generator):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook(model)
+            optimizer.step()
+            total += float(loss.detach())
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                return total / steps, steps
+    return (total / steps if steps else float("nan")), steps
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 512
+) -> EvalResult:
+    """Cross-entropy loss sum and correct-prediction count of ``model`` on ``(x, y)``."""
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(y), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == target).sum())
+    return EvalResult(loss_sum=loss_sum, correct=correct, count=len(y))
+
+
+def get_state(model: nn.Module) -> dict[str, np.ndarray]:
+    """The model's ``state_dict`` (parameters and buffers) as numpy arrays, in order."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def set_state(model: nn.Module, state: dict[str, np.ndarray]) -> None:
+    """Load numpy arrays produced by :func:`get_state` (same keys, shapes)."""
+    own = model.state_dict()
+    missing = set(own) - set(state)
+    unexpected = set(state) - set(own)
+    if missing or unexpected:
+        raise ValueError(
+            f"model state mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(own[key].shape):
+            raise ValueError(
+                f"model state mismatch for {key!r}: expected shape {tuple(own[key].shape)}, "
+                f"got {tuple(value.shape)}"
+            )
+    model.load_state_dict(
+        {k: torch.as_tensor(np.asarray(v)).to(own[k].dtype) for k, v in state.items()}
+    )
+
+
+def trainable_names(model: nn.Module) -> list[str]:
+    """Names of the ``state_dict`` entries that are trainable parameters (no buffers)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def state_vector(state: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
+    """Concatenate the named entries of a state into one float64 vector."""
+    return np.concatenate([state[k].astype(np.float64).ravel() for k in names])

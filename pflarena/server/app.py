@@ -1,0 +1,89 @@
+"""The pflarena ServerApp: validate the config, build model and strategy, run, write results."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+import traceback
+from datetime import datetime, timezone
+from logging import ERROR, INFO
+from pathlib import Path
+
+import flwr
+import torch
+from flwr.app import ArrayRecord, Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+import pflarena
+from pflarena.core.config import RunConfig, parse_run_config
+from pflarena.core.datasets import dataset_info
+from pflarena.core.models import build_model
+from pflarena.server.loop import run_rounds, summary_record
+from pflarena.server.registry import build_strategy
+from pflarena.server.results import ResultsWriter, plot_run, read_rounds
+
+__all__ = ["app", "resolve_output_dir", "initial_arrays"]
+
+app = ServerApp()
+
+
+def resolve_output_dir(cfg: RunConfig) -> Path:
+    """``output-dir`` if set, else ``$PFLARENA_RUNS_DIR`` (default ``./runs``)/<time>-<strategy>-<dataset>."""
+    if cfg.output_dir:
+        return Path(cfg.output_dir).expanduser().resolve()
+    root = Path(os.environ.get("PFLARENA_RUNS_DIR", "runs"))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return (root / f"{stamp}-{cfg.strategy}-{cfg.dataset}-s{cfg.seed}").resolve()
+
+
+def initial_arrays(cfg: RunConfig) -> ArrayRecord:
+    """The initial model, seeded by the run seed (clients build the same one)."""
+    info = dataset_info(cfg.dataset)
+    model = build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=cfg.seed)
+    return ArrayRecord(model.state_dict())
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = parse_run_config(context.run_config)  # raises ConfigError naming the bad keys
+    output_dir = resolve_output_dir(cfg)
+    writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
+    log(INFO, "pflarena: %s on %s, %d clients, %d rounds -> %s",
+        cfg.strategy, cfg.dataset, cfg.num_clients, cfg.num_rounds, output_dir)
+    writer.write_config(
+        {
+            "run_config": cfg.to_run_config(),
+            "model": cfg.model_name(),
+            "run_id": grid.run.run_id,
+            "versions": {
+                "pflarena": pflarena.__version__,
+                "flwr": flwr.__version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
+            "started_at": datetime.now(timezone.utc).isoformat(),
+        }
+    )
+    start = time.monotonic()
+    rounds: list[dict] = []
+    try:
+        strategy = build_strategy(cfg)
+        strategy.summary()
+        outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer)
+        rounds = outcome.rounds
+    except BaseException as exc:
+        rounds = read_rounds(output_dir / "rounds.jsonl")
+        writer.write_summary(
+            summary_record(cfg, rounds, status="failed", wall_time_s=time.monotonic() - start,
+                           error="".join(traceback.format_exception_only(exc)).strip())
+        )
+        writer.close()
+        log(ERROR, "pflarena: run failed; partial results in %s", output_dir)
+        raise
+    summary = summary_record(cfg, rounds, status="completed", wall_time_s=time.monotonic() - start)
+    writer.write_summary(summary)
+    writer.close()
+    plot_run(output_dir)
+    log(INFO, "pflarena: results in %s", output_dir)

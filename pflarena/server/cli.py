@@ -1,0 +1,380 @@
+"""The ``pflarena`` command: ``run`` a simulation, ``compare`` runs, write ``shards``.
+
+``pflarena run`` is ``flwr run`` made into a plain command. It starts a private
+simulation SuperLink on a free loopback port (with runtime dependency installation off),
+submits this project as a Flower App with ``flwr run``, streams the run's log, stops the
+SuperLink it started (by PID), and exits non-zero when the run failed: ``flwr run`` itself
+exits 0 when the ServerApp raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pflarena.core.config import ConfigError, RunConfig, parse_run_config
+
+__all__ = ["main", "simulate", "project_root", "compare_table"]
+
+# Keys that describe data only: the ones `pflarena shards` accepts.
+DATA_KEYS = (
+    "dataset", "partition", "alpha", "classes-per-client", "shards-per-client",
+    "test-fraction", "data-dir", "synthetic-alpha", "synthetic-beta",
+    "mixture-label-mode", "num-clients", "seed",
+)
+
+
+def project_root() -> Path:
+    """The directory holding this project's ``pyproject.toml`` (the Flower App)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").exists():
+        raise RuntimeError(
+            f"pflarena run needs the project source tree (pyproject.toml) next to the package; "
+            f"looked in {root}. Install with `pip install -e .` from a clone."
+        )
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def _int_if_whole(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _flwr_env(flwr_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+        PFLARENA_TORCH_THREADS=env.get("PFLARENA_TORCH_THREADS", "1"),
+    )
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+_PROGRESS_MARKERS = ("pflarena", "[round ", "ERROR", "Traceback", "Error", "failed", "rejected")
+
+
+def _is_progress(line: str) -> bool:
+    """Lines worth showing by default: our progress, and anything that went wrong."""
+    return any(marker in line for marker in _PROGRESS_MARKERS) and "FutureWarning" not in line
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the SuperLink exited at start (code {proc.returncode})")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"the SuperLink did not answer on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the process we started, then SIGKILL if it does not exit in time."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def simulate(
+    cfg: RunConfig,
+    *,
+    cpus_per_client: float = 1.0,
+    gpus_per_client: float = 0.0,
+    log_file: Path | None = None,
+    verbosity: int = 1,
+) -> dict[str, Any]:
+    """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
+
+    ``cfg.output_dir`` must be set (absolute or relative to the current directory).
+    ``verbosity`` 0 prints nothing, 1 the run's progress lines and problems, 2 the whole
+    Flower log. Raises ``RuntimeError`` when the run did not complete.
+    """
+    output_dir = Path(cfg.output_dir).resolve()
+    cfg = cfg.model_copy(update={"output_dir": str(output_dir)})
+    flwr_home = Path(tempfile.mkdtemp(prefix="pflarena-flwr-"))
+    port = _free_port()
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "pflarena"\n\n[superlink.pflarena]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    overrides = flwr_home / "run-config.toml"
+    overrides.write_text(
+        "".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items())
+    )
+    env = _flwr_env(flwr_home)
+    superlink_log = open(flwr_home / "superlink.log", "wb")  # noqa: SIM115
+    superlink = subprocess.Popen(
+        [
+            "flower-superlink", "--insecure", "--simulation",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation",
+        ],
+        env=env, stdout=superlink_log, stderr=subprocess.STDOUT, cwd=flwr_home,
+    )
+    log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
+    try:
+        _wait_healthy(port, superlink)
+        federation = (
+            f"num-supernodes={cfg.num_clients} "
+            f"client-resources-num-cpus={_toml_value(_int_if_whole(cpus_per_client))}"
+        )
+        if gpus_per_client:
+            federation += f" client-resources-num-gpus={_toml_value(_int_if_whole(gpus_per_client))}"
+        cmd = [
+            "flwr", "run", str(project_root()), "pflarena",
+            "--federation-config", federation,
+            "--run-config", str(overrides),
+            "--stream",
+        ]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=flwr_home,
+        )
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            tail = (tail + [line])[-40:]
+            if log_handle:
+                log_handle.write(line)
+            if verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        proc.wait()
+    finally:
+        _stop(superlink)
+        superlink_log.close()
+        if log_handle:
+            log_handle.close()
+    summary_path = output_dir / "summary.json"
+    if not summary_path.exists():
+        shutil.rmtree(flwr_home, ignore_errors=True)
+        raise RuntimeError(
+            f"the run wrote no summary (flwr run exited {proc.returncode}); its last lines:\n"
+            + "".join(tail)
+        )
+    shutil.rmtree(flwr_home, ignore_errors=True)
+    summary = json.loads(summary_path.read_text())
+    if summary.get("status") != "completed":
+        raise RuntimeError(f"run failed: {summary.get('error', 'unknown error')} (see {output_dir})")
+    return summary
+
+
+# --------------------------------------------------------------------------- compare
+def _load_run(path: Path) -> dict[str, Any]:
+    summary_path = path / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{path} is not a run directory (no summary.json)")
+    return json.loads(summary_path.read_text())
+
+
+def _fmt(value: Any, pct: bool = True) -> str:
+    if value is None:
+        return "—"
+    return f"{100 * value:.2f}" if pct else f"{value}"
+
+
+def compare_table(run_dirs: list[Path]) -> str:
+    """A Markdown table of personalized and global accuracy (in %) of several runs."""
+    header = (
+        "| run | strategy | dataset | clients | rounds | seed | pers. mean (last) | pers. weighted "
+        "| pers. worst10% | pers. best (round) | global (last) | wall s | MB up | MB down |"
+    )
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    for run_dir in run_dirs:
+        s = _load_run(run_dir)
+        pers = s.get("personalized") or {}
+        last, best = pers.get("last") or {}, pers.get("best") or {}
+        glob = (s.get("global") or {}).get("last") or {}
+        best_txt = f"{_fmt(best.get('mean'))} ({best.get('round')})" if best else "—"
+        rows.append(
+            f"| {run_dir.name} | {s['strategy']} | {s['dataset']} | {s['num_clients']} "
+            f"| {s['num_rounds']} | {s['seed']} | {_fmt(last.get('mean'))} "
+            f"| {_fmt(last.get('weighted'))} | {_fmt(last.get('worst10'))} | {best_txt} "
+            f"| {_fmt(glob.get('weighted'))} | {s['wall_time_s']:.0f} "
+            f"| {s.get('bytes_up', 0) / 1e6:.1f} | {s.get('bytes_down', 0) / 1e6:.1f} |"
+        )
+    return "\n".join(rows)
+
+
+def compare_plot(run_dirs: list[Path], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pflarena.server.results import read_rounds
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for run_dir in run_dirs:
+        s = _load_run(run_dir)
+        rounds = [r for r in read_rounds(run_dir / "rounds.jsonl") if r.get("evaluation")]
+        label = f"{s['strategy']} ({run_dir.name})" if len(run_dirs) > 1 else s["strategy"]
+        for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
+            ys = [(r["evaluation"].get(scope) or {}).get(key) for r in rounds]
+            if any(y is not None for y in ys):
+                ax.plot([r["round"] for r in rounds], [float("nan") if y is None else y for y in ys],
+                        marker="o", ms=2, label=label)
+    axes[0].set_title("personalized accuracy (mean over clients)")
+    axes[1].set_title("global model accuracy (pooled test sets)")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+# --------------------------------------------------------------------------- argparse
+def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    group = parser.add_argument_group("run config (see pyproject.toml [tool.flwr.app.config])")
+    for name, field in RunConfig.model_fields.items():
+        alias = name.replace("_", "-")
+        if only is not None and alias not in only:
+            continue
+        group.add_argument(
+            f"--{alias}", dest=alias, default=None, metavar="VALUE",
+            help=f"{field.description or ''} (default: {field.default!r})".strip(),
+        )
+
+
+def _collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    for item in getattr(args, "set", None) or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def _default_output_dir(values: dict[str, Any]) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    root = Path(os.environ.get("PFLARENA_RUNS_DIR", "runs"))
+    name = f"{stamp}-{values.get('strategy', 'fedavg')}-{values.get('dataset', 'digits')}-s{values.get('seed', 0)}"
+    return str((root / name).resolve())
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pflarena.server.results import check_output_dir
+
+    keys = [name.replace("_", "-") for name in RunConfig.model_fields]
+    overrides = _collect_overrides(args, keys)
+    cfg = parse_run_config(overrides)
+    if not cfg.output_dir:
+        cfg = cfg.model_copy(update={"output_dir": _default_output_dir(cfg.to_run_config())})
+    check_output_dir(Path(cfg.output_dir).resolve())
+    summary = simulate(
+        cfg, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+        verbosity=0 if args.quiet else 2 if args.verbose else 1,
+    )
+    print()
+    print(compare_table([Path(cfg.output_dir)]))
+    print(f"\nresults: {cfg.output_dir}  (wall time {summary['wall_time_s']:.1f}s)")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in args.runs]
+    table = compare_table(dirs)
+    print(table)
+    if args.output:
+        Path(args.output).write_text(table + "\n")
+    plot = compare_plot(dirs, Path(args.plot))
+    print(f"\nplot: {plot}")
+    return 0
+
+
+def _cmd_shards(args: argparse.Namespace) -> int:
+    from pflarena.core.federation import build_federation, write_shards
+
+    overrides = _collect_overrides(args, list(DATA_KEYS))
+    cfg = parse_run_config(overrides)
+    spec = cfg.federation_spec()
+    paths = write_shards(build_federation(spec), args.out, spec)
+    print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
+    print("start SuperNode i with: --node-config \"data-path=<dir>/" + paths[0].name.replace("0000", "NNNN") + "\"")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pflarena", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one strategy as a Flower simulation")
+    _add_config_flags(run)
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="any run-config key (repeatable)")
+    run.add_argument("--cpus-per-client", type=float, default=1.0,
+                     help="CPUs Flower reserves per simulated client (default 1)")
+    run.add_argument("--gpus-per-client", type=float, default=0.0,
+                     help="GPU fraction per simulated client (default 0)")
+    run.add_argument("--quiet", action="store_true", help="print only the final table")
+    run.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
+    run.set_defaults(func=_cmd_run)
+
+    compare = sub.add_parser("compare", help="a Markdown table and a plot of several runs")
+    compare.add_argument("runs", nargs="+", help="run output directories")
+    compare.add_argument("--plot", default="compare.png", help="plot file (default compare.png)")
+    compare.add_argument("--output", help="also write the table to this Markdown file")
+    compare.set_defaults(func=_cmd_compare)
+
+    shards = sub.add_parser("shards", help="write one data file per client for deployments")
+    _add_config_flags(shards, DATA_KEYS)
+    shards.add_argument("--out", required=True, help="directory for the shard files")
+    shards.set_defaults(func=_cmd_shards)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"pflarena {args.command}: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

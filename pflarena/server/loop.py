@@ -1,0 +1,177 @@
+"""The run loop: rounds of training, the evaluation protocol, and the results files.
+
+It drives any :class:`~pflarena.strategies.base.PflStrategy` through Flower's Grid the
+way ``Strategy.start`` does, and adds what the project's results need: an evaluation of
+every client every ``eval-every`` rounds (and before the first round), bytes sent per
+round, and one ``rounds.jsonl`` line per round written as it happens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from pflarena.core.config import RunConfig
+from pflarena.server.results import ResultsWriter, summarize_rounds
+from pflarena.strategies.base import PflStrategy, evaluation_stats, record_nbytes
+
+__all__ = ["RunOutcome", "run_rounds", "wait_for_nodes"]
+
+
+@dataclass
+class RunOutcome:
+    arrays: ArrayRecord
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 1.0) -> list[int]:
+    """Block until ``count`` nodes are connected; raise after ``timeout`` seconds."""
+    start = time.monotonic()
+    last_log = -1e9
+    while True:
+        nodes = list(grid.get_node_ids())
+        if len(nodes) >= count:
+            return nodes
+        waited = time.monotonic() - start
+        if waited > timeout:
+            raise TimeoutError(
+                f"only {len(nodes)} of num-clients={count} clients connected after {timeout:.0f}s; "
+                "start more SuperNodes or lower num-clients"
+            )
+        if waited - last_log >= 10:
+            log(INFO, "waiting for clients: %d of %d connected", len(nodes), count)
+            last_log = waited
+        time.sleep(poll)
+
+
+def _send(grid: Grid, messages: list[Message], timeout: float) -> tuple[list[Message], int, int]:
+    down = sum(record_nbytes(m.content) for m in messages)
+    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    up = sum(record_nbytes(m.content) for m in replies if not m.has_error())
+    missing = len(messages) - len(replies)
+    if missing:
+        log(WARNING, "%d of %d clients did not reply within %.0fs", missing, len(messages), timeout)
+    return replies, down, up
+
+
+def _evaluate(
+    grid: Grid, strategy: PflStrategy, server_round: int, arrays: ArrayRecord, timeout: float
+) -> tuple[dict[str, Any] | None, int]:
+    messages = list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+    replies, down, _ = _send(grid, messages, timeout)
+    strategy.aggregate_evaluate(server_round, replies)
+    results = list(strategy.last_evaluation.values())
+    if not results:
+        return None, down
+    personalized, global_ = evaluation_stats(results)
+    record = {
+        "personalized": personalized.as_dict(),
+        "global": global_.as_dict() if global_ is not None else None,
+        "per_client": {
+            str(r.client_id): {
+                "personalized": r.personalized_accuracy,
+                "test_samples": r.personalized_count,
+            }
+            for r in results
+        },
+    }
+    return record, down
+
+
+def _progress(record: dict[str, Any], num_rounds: int) -> str:
+    text = f"[round {record['round']}/{num_rounds}] {record['elapsed_s']:.1f}s"
+    evaluation = record.get("evaluation")
+    if evaluation:
+        text += f" | personalized acc {evaluation['personalized']['mean']:.4f}"
+        if evaluation.get("global"):
+            text += f" | global acc {evaluation['global']['weighted']:.4f}"
+    train = record.get("train")
+    if train and train.get("loss") is not None:
+        text += f" | train loss {train['loss']:.4f} ({train['clients']} clients"
+        text += f", {train['failures']} failed)" if train["failures"] else ")"
+    return text
+
+
+def run_rounds(
+    grid: Grid,
+    cfg: RunConfig,
+    strategy: PflStrategy,
+    initial_arrays: ArrayRecord,
+    writer: ResultsWriter,
+) -> RunOutcome:
+    """Run ``cfg.num_rounds`` rounds, writing one ``rounds.jsonl`` line per round.
+
+    Round 0 is an evaluation of the initial models only (it also tells the strategy which
+    client each node holds, which makes client sampling reproducible for a seed).
+    """
+    wait_for_nodes(grid, cfg.num_clients, timeout=cfg.round_timeout)
+    start = time.monotonic()
+    outcome = RunOutcome(arrays=initial_arrays)
+
+    evaluation, eval_down = _evaluate(grid, strategy, 0, initial_arrays, cfg.round_timeout)
+    record0 = {"round": 0, "elapsed_s": time.monotonic() - start, "evaluation": evaluation,
+               "eval_bytes_down": eval_down}
+    writer.append_round(record0)
+    outcome.rounds.append(record0)
+    log(INFO, _progress(record0, cfg.num_rounds))
+
+    for server_round in range(1, cfg.num_rounds + 1):
+        round_start = time.monotonic()
+        messages = list(strategy.configure_train(server_round, outcome.arrays, ConfigRecord(), grid))
+        replies, down, up = _send(grid, messages, cfg.round_timeout)
+        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        if new_arrays is not None:
+            outcome.arrays = new_arrays
+        failures = len(messages) - (len(replies) - len(strategy.last_failed))
+        record: dict[str, Any] = {
+            "round": server_round,
+            "train": {
+                "clients": len(messages) - failures,
+                "failures": failures,
+                "loss": float(metrics["train-loss"]) if metrics and "train-loss" in metrics else None,
+                "sampled": sorted(strategy.client_ids.get(n, -1) for n in strategy.last_sampled),
+            },
+            "bytes_down": down,
+            "bytes_up": up,
+            "train_time_s": time.monotonic() - round_start,
+        }
+        if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
+            evaluation, eval_down = _evaluate(
+                grid, strategy, server_round, outcome.arrays, cfg.round_timeout
+            )
+            record["evaluation"] = evaluation
+            record["eval_bytes_down"] = eval_down
+        record["round_time_s"] = time.monotonic() - round_start
+        record["elapsed_s"] = time.monotonic() - start
+        writer.append_round(record)
+        outcome.rounds.append(record)
+        log(INFO, _progress(record, cfg.num_rounds))
+    return outcome
+
+
+def summary_record(
+    cfg: RunConfig, rounds: list[dict[str, Any]], *, status: str, wall_time_s: float,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` contents."""
+    summary: dict[str, Any] = {
+        "strategy": cfg.strategy,
+        "dataset": cfg.dataset,
+        "model": cfg.model_name(),
+        "partition": cfg.partition,
+        "num_clients": cfg.num_clients,
+        "num_rounds": cfg.num_rounds,
+        "seed": cfg.seed,
+        "status": status,
+        "wall_time_s": wall_time_s,
+    }
+    summary |= summarize_rounds(rounds)
+    if error is not None:
+        summary["error"] = error
+    return summary

@@ -1,0 +1,168 @@
+"""Run results: ``config.json``, ``rounds.jsonl`` (flushed every round), ``summary.json``, plots.
+
+The files are the interface other tools read (``pflarena compare``, the benchmarks), so
+their keys are documented here and in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ResultsWriter",
+    "OutputDirError",
+    "read_rounds",
+    "summarize_rounds",
+    "plot_run",
+    "RESULT_FILES",
+]
+
+RESULT_FILES = ("config.json", "rounds.jsonl", "summary.json")
+STAT_KEYS = ("mean", "weighted", "std", "worst10")
+
+
+class OutputDirError(ValueError):
+    """The output directory already holds results (they are never overwritten)."""
+
+
+def check_output_dir(path: Path) -> None:
+    """Refuse a directory that already holds a run's results."""
+    existing = [name for name in RESULT_FILES if (path / name).exists()]
+    if existing:
+        raise OutputDirError(
+            f"output directory {path} already holds results ({', '.join(existing)}); "
+            "choose a new --output-dir (results are never overwritten)"
+        )
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: store non-finite floats as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+class ResultsWriter:
+    """Writes one run's result files into ``output_dir`` (created; must not hold results)."""
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.dir = Path(output_dir).resolve()
+        check_output_dir(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._rounds = open(self.dir / "rounds.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        _write_json_atomic(self.dir / "config.json", config)
+
+    def append_round(self, record: dict[str, Any]) -> None:
+        """Append one round's line and push it to disk, so a crash loses nothing."""
+        self._rounds.write(json.dumps(_finite(record)) + "\n")
+        self._rounds.flush()
+        os.fsync(self._rounds.fileno())
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        _write_json_atomic(self.dir / "summary.json", summary)
+
+    def close(self) -> None:
+        if not self._rounds.closed:
+            self._rounds.close()
+
+
+def read_rounds(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``rounds.jsonl`` file (a torn last line from a crash is skipped)."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return records
+
+
+def _stats_block(evals: list[tuple[int, dict]]) -> dict[str, Any] | None:
+    """``last`` and ``best`` (by unweighted mean) of one accuracy series."""
+    evals = [(r, s) for r, s in evals if s is not None and s.get("mean") is not None]
+    if not evals:
+        return None
+    last_round, last = evals[-1]
+    best_round, best = max(evals, key=lambda item: item[1]["mean"])
+    return {
+        "last": {k: last.get(k) for k in STAT_KEYS} | {"round": last_round},
+        "best": {k: best.get(k) for k in STAT_KEYS} | {"round": best_round},
+    }
+
+
+def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The accuracy and traffic part of ``summary.json``, from the round records."""
+    evaluated = [r for r in rounds if r.get("evaluation")]
+    personalized = _stats_block([(r["round"], r["evaluation"].get("personalized")) for r in evaluated])
+    global_ = _stats_block([(r["round"], r["evaluation"].get("global")) for r in evaluated])
+    return {
+        "personalized": personalized,
+        "global": global_,
+        "bytes_up": sum(r.get("bytes_up", 0) for r in rounds),
+        "bytes_down": sum(r.get("bytes_down", 0) for r in rounds),
+        "eval_bytes_down": sum(r.get("eval_bytes_down", 0) for r in rounds),
+        "rounds_completed": max((r["round"] for r in rounds), default=0),
+    }
+
+
+def plot_run(output_dir: str | Path) -> list[Path]:
+    """Accuracy per round and the per-client accuracy distribution, as PNG files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(output_dir)
+    rounds = [r for r in read_rounds(out / "rounds.jsonl") if r.get("evaluation")]
+    if not rounds:
+        return []
+    written = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["round"] for r in rounds]
+    for scope, style in (("personalized", "-"), ("global", "--")):
+        ys = [(r["evaluation"].get(scope) or {}).get("mean") for r in rounds]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [math.nan if y is None else y for y in ys], style, marker="o", ms=3,
+                    label=f"{scope} (mean over clients)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "accuracy.png")
+
+    per_client = rounds[-1]["evaluation"].get("per_client") or {}
+    if per_client:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        accs = [v["personalized"] for v in per_client.values()]
+        ax.hist(accs, bins=min(20, max(5, len(accs))), range=(0, 1), edgecolor="black")
+        ax.set_xlabel(f"personalized test accuracy (round {rounds[-1]['round']})")
+        ax.set_ylabel("clients")
+        fig.tight_layout()
+        fig.savefig(out / "client_accuracy.png", dpi=120)
+        plt.close(fig)
+        written.append(out / "client_accuracy.png")
+    return written

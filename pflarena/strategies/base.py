@@ -1,0 +1,309 @@
+"""What every pflarena strategy shares: seeded sampling, reply checks, the evaluation protocol.
+
+:class:`PflStrategy` is a Flower :class:`~flwr.serverapp.strategy.Strategy`; it can be
+driven by Flower's own ``Strategy.start`` or by pflarena's run loop, which adds results
+files. A subclass names its client solver (``method``), says whether it has a global model,
+and implements the server-side math in ``aggregate_train``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from pflarena.core import keys
+from pflarena.core.evaluation import AccuracyStats, accuracy_stats
+
+__all__ = ["ClientEvaluation", "LocalTraining", "PflStrategy", "record_nbytes", "reply_problem"]
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """Local-solver hyperparameters sent to clients with every train message."""
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def to_config(self) -> dict[str, int | float]:
+        return {
+            keys.LOCAL_EPOCHS: self.local_epochs,
+            keys.BATCH_SIZE: self.batch_size,
+            keys.LR: self.lr,
+            keys.MOMENTUM: self.momentum,
+            keys.WEIGHT_DECAY: self.weight_decay,
+        }
+
+
+@dataclass(frozen=True)
+class ClientEvaluation:
+    """One client's evaluation reply, as counts."""
+
+    client_id: int
+    personalized_correct: int
+    personalized_count: int
+    personalized_loss_sum: float
+    global_correct: int | None = None
+    global_count: int | None = None
+    global_loss_sum: float | None = None
+
+    @property
+    def personalized_accuracy(self) -> float:
+        return self.personalized_correct / max(self.personalized_count, 1)
+
+
+def record_nbytes(content: RecordDict) -> int:
+    """Serialized size of the arrays in a message (what dominates the traffic)."""
+    return sum(len(array.data) for record in content.array_records.values() for array in record.values())
+
+
+def reply_problem(content: RecordDict, reference: ArrayRecord | None, key: str) -> str | None:
+    """Why a training reply must be rejected, or ``None`` if it is usable.
+
+    A reply is rejected when its ArrayRecord ``key`` is missing, has other array names or
+    shapes than ``reference`` (when given), or holds a NaN or infinity.
+    """
+    if key not in content.array_records:
+        return f"no ArrayRecord {key!r} in reply"
+    record = content.array_records[key]
+    if reference is not None:
+        if list(record.keys()) != list(reference.keys()):
+            return f"array names differ from the server's: {list(record.keys())[:3]}..."
+        for name, array in record.items():
+            if tuple(array.shape) != tuple(reference[name].shape):
+                return (
+                    f"array {name!r} has shape {tuple(array.shape)}, "
+                    f"expected {tuple(reference[name].shape)}"
+                )
+    for name, array in record.items():
+        values = array.numpy()
+        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            return f"array {name!r} contains NaN or infinity"
+    return None
+
+
+class PflStrategy(Strategy):
+    """Base class of pflarena strategies.
+
+    Parameters
+    ----------
+    training
+        Local-solver hyperparameters sent with every train message.
+    fraction_train
+        Fraction of the connected clients sampled each round (at least ``min_train_nodes``).
+    min_train_nodes
+        Lower bound on the number of clients sampled for training.
+    seed
+        Seeds the client sampler, so the same clients are chosen in every run with the
+        same seed once each node's client id is known (it is learnt from the replies).
+    """
+
+    #: The client solver that handles this strategy's messages.
+    method: ClassVar[str]
+    #: Whether the strategy has a global model to report global accuracy for.
+    has_global_model: ClassVar[bool] = True
+    #: Whether training replies carry an ArrayRecord that must be checked.
+    expects_arrays: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        training: LocalTraining | None = None,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 1,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 < fraction_train <= 1.0:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        self.training = training or LocalTraining()
+        self.fraction_train = fraction_train
+        self.min_train_nodes = min_train_nodes
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        #: node id -> client id (partition id or shard id), learnt from replies.
+        self.client_ids: dict[int, int] = {}
+        #: per-client results of the latest evaluation, by client id.
+        self.last_evaluation: dict[int, ClientEvaluation] = {}
+        #: node ids sampled in the latest training round.
+        self.last_sampled: list[int] = []
+        #: node ids whose latest training reply was an error or was rejected.
+        self.last_failed: list[int] = []
+        self._round_arrays: ArrayRecord | None = None
+
+    # ------------------------------------------------------------------ sampling
+    def ordered_nodes(self, grid: Grid) -> list[int]:
+        """Connected node ids, ordered by client id (unknown ids last, by node id)."""
+        nodes = list(grid.get_node_ids())
+        return sorted(nodes, key=lambda n: (n not in self.client_ids, self.client_ids.get(n, n)))
+
+    def num_to_sample(self, num_nodes: int) -> int:
+        return min(num_nodes, max(self.min_train_nodes, math.floor(self.fraction_train * num_nodes)))
+
+    def sample_train_nodes(self, grid: Grid) -> list[int]:
+        """Sample ``num_to_sample`` connected nodes uniformly without replacement."""
+        nodes = self.ordered_nodes(grid)
+        if not nodes:
+            return []
+        chosen = self._rng.choice(len(nodes), size=self.num_to_sample(len(nodes)), replace=False)
+        return [nodes[i] for i in sorted(chosen)]
+
+    # ------------------------------------------------------------------ messages
+    def train_config(self, server_round: int, node_id: int) -> dict:
+        """The ConfigRecord contents of one train message (override to add keys)."""
+        return {keys.SERVER_ROUND: server_round, keys.METHOD: self.method, **self.training.to_config()}
+
+    def train_content(self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict) -> RecordDict:
+        """The RecordDict sent to ``node_id`` for training (override to add records)."""
+        return RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(config)})
+
+    def evaluate_config(self, server_round: int) -> dict:
+        """The ConfigRecord contents of evaluate messages (override to add keys)."""
+        return {
+            keys.SERVER_ROUND: server_round,
+            keys.METHOD: self.method,
+            keys.HAS_GLOBAL: self.has_global_model,
+            keys.BATCH_SIZE: self.training.batch_size,
+        }
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample clients and send each the current server arrays and the solver config."""
+        self._round_arrays = arrays
+        nodes = self.sample_train_nodes(grid)
+        self.last_sampled = nodes
+        log(INFO, "configure_train: sampled %d of %d clients", len(nodes), len(list(grid.get_node_ids())))
+        messages = []
+        for node_id in nodes:
+            node_config = {**dict(config), **self.train_config(server_round, node_id)}
+            content = self.train_content(server_round, node_id, arrays, node_config)
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id))
+        return messages
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Ask every connected client to evaluate (the protocol evaluates all of them)."""
+        eval_arrays = arrays if self.has_global_model else ArrayRecord()
+        record = RecordDict(
+            {
+                keys.ARRAYS: eval_arrays,
+                keys.CONFIG: ConfigRecord({**dict(config), **self.evaluate_config(server_round)}),
+            }
+        )
+        return [
+            Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
+            for node_id in self.ordered_nodes(grid)
+        ]
+
+    # ------------------------------------------------------------------ replies
+    def valid_train_replies(self, replies: Iterable[Message]) -> list[Message]:
+        """Drop error replies and malformed updates (logged), remember the client ids."""
+        valid, failed = [], []
+        for msg in replies:
+            node_id = msg.metadata.src_node_id
+            if msg.has_error():
+                log(WARNING, "client on node %d failed: %s", node_id, msg.error.reason)
+                failed.append(node_id)
+                continue
+            problem = self.check_train_reply(msg.content)
+            if problem is not None:
+                log(WARNING, "rejected update from node %d: %s", node_id, problem)
+                failed.append(node_id)
+                continue
+            self._learn_client_id(node_id, msg.content)
+            valid.append(msg)
+        self.last_failed = failed
+        log(INFO, "aggregate_train: %d results, %d failures", len(valid), len(failed))
+        return valid
+
+    def check_train_reply(self, content: RecordDict) -> str | None:
+        """Why a training reply is unusable, or ``None`` (override for other layouts)."""
+        if keys.METRICS not in content.metric_records:
+            return "no metrics in reply"
+        if not self.expects_arrays:
+            return None
+        return reply_problem(content, self._round_arrays, keys.ARRAYS)
+
+    def _learn_client_id(self, node_id: int, content: RecordDict) -> None:
+        metrics = content.metric_records.get(keys.METRICS)
+        if metrics is not None and keys.CLIENT_ID in metrics:
+            self.client_ids[node_id] = int(metrics[keys.CLIENT_ID])
+
+    @staticmethod
+    def train_metrics(replies: Sequence[Message]) -> MetricRecord | None:
+        """Example-weighted mean training loss and the number of clients that trained."""
+        if not replies:
+            return None
+        metrics = [msg.content.metric_records[keys.METRICS] for msg in replies]
+        weights = np.array([float(m.get(keys.NUM_EXAMPLES, 1)) for m in metrics])
+        losses = np.array([float(m.get(keys.TRAIN_LOSS, float("nan"))) for m in metrics])
+        return MetricRecord(
+            {
+                keys.TRAIN_LOSS: float(np.sum(weights * losses) / max(weights.sum(), 1.0)),
+                "clients-trained": len(replies),
+            }
+        )
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Personalized and global accuracy statistics over every client that replied."""
+        results: dict[int, ClientEvaluation] = {}
+        for msg in replies:
+            if msg.has_error():
+                log(WARNING, "evaluation failed on node %d: %s", msg.metadata.src_node_id, msg.error.reason)
+                continue
+            self._learn_client_id(msg.metadata.src_node_id, msg.content)
+            m = msg.content.metric_records[keys.METRICS]
+            has_global = keys.GLOBAL_COUNT in m
+            results[int(m[keys.CLIENT_ID])] = ClientEvaluation(
+                client_id=int(m[keys.CLIENT_ID]),
+                personalized_correct=int(m[keys.PERSONALIZED_CORRECT]),
+                personalized_count=int(m[keys.PERSONALIZED_COUNT]),
+                personalized_loss_sum=float(m[keys.PERSONALIZED_LOSS_SUM]),
+                global_correct=int(m[keys.GLOBAL_CORRECT]) if has_global else None,
+                global_count=int(m[keys.GLOBAL_COUNT]) if has_global else None,
+                global_loss_sum=float(m[keys.GLOBAL_LOSS_SUM]) if has_global else None,
+            )
+        self.last_evaluation = dict(sorted(results.items()))
+        if not results:
+            return None
+        personalized, global_ = evaluation_stats(list(results.values()))
+        out = {f"personalized-{k}": v for k, v in personalized.as_dict().items()}
+        if global_ is not None:
+            out.update({f"global-{k}": v for k, v in global_.as_dict().items()})
+        return MetricRecord(out)
+
+    def summary(self) -> None:
+        log(INFO, "\t├── method: %s (global model: %s)", self.method, self.has_global_model)
+        log(INFO, "\t├── sampling: fraction %.2f, at least %d, seed %d", self.fraction_train, self.min_train_nodes, self.seed)
+        log(INFO, "\t└── local training: %s", self.training)
+
+
+def evaluation_stats(
+    results: Sequence[ClientEvaluation],
+) -> tuple[AccuracyStats, AccuracyStats | None]:
+    """Personalized and (where every client reported one) global accuracy statistics."""
+    personalized = accuracy_stats(
+        [r.personalized_correct for r in results],
+        [r.personalized_count for r in results],
+        [r.personalized_loss_sum for r in results],
+    )
+    if any(r.global_count is None for r in results):
+        return personalized, None
+    global_ = accuracy_stats(
+        [r.global_correct for r in results],
+        [r.global_count for r in results],
+        [r.global_loss_sum for r in results],
+    )
+    return personalized, global_

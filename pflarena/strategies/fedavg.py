@@ -1,0 +1,34 @@
+"""FedAvg (McMahan et al., 2017): the example-weighted average of the clients' models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from pflarena.core import keys
+from pflarena.strategies.base import PflStrategy
+
+__all__ = ["FedAvg"]
+
+
+class FedAvg(PflStrategy):
+    """Federated Averaging.
+
+    Each sampled client starts from the global model, runs local SGD and returns its model;
+    the server replaces the global model by the average of the returned models weighted
+    by the clients' numbers of training examples (McMahan et al., 2017, Algorithm 1).
+    The personalized model of a client is the global model itself.
+    """
+
+    method = "fedavg"
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid = self.valid_train_replies(replies)
+        if not valid:
+            return None, None
+        contents = [msg.content for msg in valid]
+        return aggregate_arrayrecords(contents, keys.NUM_EXAMPLES), self.train_metrics(valid)

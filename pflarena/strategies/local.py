@@ -1,0 +1,34 @@
+"""Local training: every client trains its own model on its own data, with no communication."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict, ConfigRecord
+
+from pflarena.core import keys
+from pflarena.strategies.base import PflStrategy
+
+__all__ = ["Local"]
+
+
+class Local(PflStrategy):
+    """The no-federation baseline ("Local only" in the papers' tables).
+
+    Each round the sampled clients train the model they keep in their own state; nothing is
+    sent but the round's config, and nothing is aggregated. There is no global model.
+    """
+
+    method = "local"
+    has_global_model = False
+    expects_arrays = False
+
+    def train_content(self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict) -> RecordDict:
+        # The server's arrays are only the shared initialisation; clients keep their own.
+        return RecordDict({keys.CONFIG: ConfigRecord(config)})
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid = self.valid_train_replies(replies)
+        return None, self.train_metrics(valid)
