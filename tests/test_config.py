@@ -1,0 +1,71 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pflarena.core.config import STRATEGY_NAMES, ConfigError, RunConfig, parse_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_defaults_match_validator():
+    """Every key flwr run may pass exists in the validator with the same default, and back."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert table == RunConfig().to_run_config()
+
+
+def test_defaults_parse():
+    cfg = parse_run_config({})
+    assert cfg.strategy == "fedavg" and cfg.num_clients == 10
+
+
+def test_hyphenated_keys_and_coercion():
+    cfg = parse_run_config({"num-clients": 7, "lr": 1, "strategy": "ditto"})
+    assert cfg.num_clients == 7 and cfg.lr == 1.0 and cfg.strategy == "ditto"
+
+
+def test_unknown_key_is_named_with_allowed_keys():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"num-client": 5})
+    text = str(err.value)
+    assert "num-client" in text and "num-clients" in text
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"num-rounds": "many"})
+    assert "num-rounds" in str(err.value) and "many" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("fraction-train", 0.0), ("fraction-train", 1.5), ("lr", -0.1), ("test-fraction", 1.0),
+     ("num-clients", 0), ("momentum", 1.0), ("alpha", 0.0)],
+)
+def test_out_of_range_values_are_rejected(key, value):
+    with pytest.raises(ConfigError, match=key):
+        parse_run_config({key: value})
+
+
+def test_unknown_strategy_lists_allowed():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"strategy": "fedsomething"})
+    assert all(name in str(err.value) for name in STRATEGY_NAMES)
+
+
+def test_unknown_dataset_and_model_are_rejected():
+    with pytest.raises(ConfigError, match="dataset"):
+        parse_run_config({"dataset": "imagenet-22k"})
+    with pytest.raises(ConfigError, match="model"):
+        parse_run_config({"model": "gpt"})
+
+
+def test_several_errors_reported_together():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"lr": -1, "num-rounds": 0})
+    assert "lr" in str(err.value) and "num-rounds" in str(err.value)
+
+
+def test_model_default_per_dataset():
+    assert parse_run_config({"dataset": "digits"}).model_name() == "mlp"
+    assert parse_run_config({"dataset": "digits", "model": "small-cnn"}).model_name() == "small-cnn"

@@ -1,0 +1,199 @@
+"""Tests of pflarena.core.partition: partitioners and the per-client train/test split."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pflarena.core.datasets import DatasetError
+from pflarena.core.partition import (
+    PARTITIONS,
+    partition_indices,
+    pathological_partition,
+    pfllib_dirichlet_partition,
+    shard_partition,
+    train_test_indices,
+)
+
+NUM_CLASSES = 10
+
+
+@pytest.fixture(scope="module")
+def labels() -> np.ndarray:
+    """2,000 labels over 10 classes, unevenly sized classes, in random order."""
+    rng = np.random.default_rng(7)
+    return rng.choice(NUM_CLASSES, size=2000, p=np.linspace(1, 2, NUM_CLASSES) / 15)
+
+
+def mean_label_entropy(labels: np.ndarray, parts: list[np.ndarray]) -> float:
+    """Mean over clients of the entropy (nats) of the client's label distribution."""
+    entropies = []
+    for indices in parts:
+        counts = np.bincount(labels[indices], minlength=NUM_CLASSES)
+        share = counts[counts > 0] / counts.sum()
+        entropies.append(float(-(share * np.log(share)).sum()))
+    return float(np.mean(entropies))
+
+
+def assert_disjoint(parts: list[np.ndarray], total: int) -> np.ndarray:
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) == len(joined), "an index is in two clients"
+    assert joined.min() >= 0 and joined.max() < total
+    return joined
+
+
+FULL_COVERAGE = ["iid", "dirichlet", "pathological", "pfllib-dirichlet"]
+
+
+@pytest.mark.parametrize("partition", FULL_COVERAGE)
+def test_partitions_cover_every_sample_once(labels: np.ndarray, partition: str) -> None:
+    parts = partition_indices(labels, 10, partition, seed=1, alpha=0.5, classes_per_client=2)
+    assert len(parts) == 10
+    joined = assert_disjoint(parts, len(labels))
+    assert sum(len(p) for p in parts) == len(labels)
+    np.testing.assert_array_equal(np.sort(joined), np.arange(len(labels)))
+
+
+def test_iid_sizes_are_balanced_and_labels_mixed(labels: np.ndarray) -> None:
+    parts = partition_indices(labels, 8, "iid", seed=0)
+    assert {len(p) for p in parts} == {250}
+    assert all(len(np.unique(labels[p])) == NUM_CLASSES for p in parts)
+
+
+def test_shards_equal_sizes_and_few_left_out(labels: np.ndarray) -> None:
+    parts = shard_partition(labels, 7, shards_per_client=3, seed=0)
+    assert_disjoint(parts, len(labels))
+    shard_size = len(labels) // 21
+    assert {len(p) for p in parts} == {3 * shard_size}
+    assert len(labels) - sum(len(p) for p in parts) == len(labels) % 21
+    # shards are cut from label-sorted data: each client sees at most 2 classes per shard
+    assert all(len(np.unique(labels[p])) <= 6 for p in parts)
+
+
+@pytest.mark.parametrize("classes", [1, 2, 3])
+def test_pathological_clients_hold_exactly_k_classes(labels: np.ndarray, classes: int) -> None:
+    parts = pathological_partition(labels, 12, classes_per_client=classes, seed=3)
+    assert all(len(np.unique(labels[p])) == classes for p in parts)
+    assert_disjoint(parts, len(labels))
+
+
+def test_pathological_more_classes_than_exist_is_rejected(labels: np.ndarray) -> None:
+    with pytest.raises(DatasetError, match="11"):
+        pathological_partition(labels, 5, classes_per_client=11, seed=0)
+
+
+@pytest.mark.parametrize("partition", ["dirichlet", "pfllib-dirichlet"])
+def test_dirichlet_small_alpha_is_more_skewed(labels: np.ndarray, partition: str) -> None:
+    skewed = partition_indices(labels, 10, partition, seed=0, alpha=0.1)
+    flat = partition_indices(labels, 10, partition, seed=0, alpha=100.0)
+    assert mean_label_entropy(labels, skewed) < mean_label_entropy(labels, flat) - 0.8
+    assert mean_label_entropy(labels, flat) > 0.95 * math.log(NUM_CLASSES)
+
+
+@pytest.mark.parametrize(
+    "partition", ["iid", "dirichlet", "pathological", "shards", "pfllib-dirichlet"]
+)
+def test_partitions_are_deterministic_and_seeded(labels: np.ndarray, partition: str) -> None:
+    first = partition_indices(labels, 10, partition, seed=11)
+    second = partition_indices(labels, 10, partition, seed=11)
+    other = partition_indices(labels, 10, partition, seed=12)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_dirichlet_impossible_minimum_terminates_with_error() -> None:
+    labels = np.repeat(np.arange(NUM_CLASSES), 10)
+    # alpha -> 0 puts each class on about one client: 40 clients can never all get 2.
+    with pytest.raises(DatasetError, match="larger alpha"):
+        partition_indices(labels, 40, "dirichlet", seed=0, alpha=1e-3)
+
+
+def test_unknown_partition_lists_allowed_names(labels: np.ndarray) -> None:
+    with pytest.raises(DatasetError) as error:
+        partition_indices(labels, 4, "quantity-skew")
+    for name in PARTITIONS:
+        assert name in str(error.value)
+
+
+def test_natural_partition_needs_a_natively_federated_dataset(labels: np.ndarray) -> None:
+    with pytest.raises(DatasetError, match="natively federated"):
+        partition_indices(labels, 4, "natural")
+
+
+def test_more_clients_than_samples_is_rejected() -> None:
+    with pytest.raises(DatasetError, match="fewer clients"):
+        partition_indices(np.zeros(5, dtype=np.int64), 6, "iid")
+
+
+# --------------------------------------------------------------------------------------
+# PFLlib Dirichlet
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.3, 5.0])
+def test_pfllib_dirichlet_properties(labels: np.ndarray, alpha: float) -> None:
+    parts = pfllib_dirichlet_partition(labels, 20, alpha, seed=1, least_samples=25)
+    assert min(len(p) for p in parts) >= 25
+    joined = assert_disjoint(parts, len(labels))
+    np.testing.assert_array_equal(np.sort(joined), np.arange(len(labels)))
+    # A client that already holds N/m samples gets nothing more, so nobody exceeds
+    # N/m plus one class.
+    largest_class = np.bincount(labels).max()
+    assert max(len(p) for p in parts) < len(labels) / 20 + largest_class
+
+
+def test_pfllib_dirichlet_reproduces_pfedgt_table5() -> None:
+    # Sizes depend only on the class counts: CIFAR-10, 6,000 per class, train then test.
+    cifar_labels = np.concatenate([np.repeat(np.arange(10), 5000), np.repeat(np.arange(10), 1000)])
+    expected = {0.1: 1434.73, 1.0: 563.97, 10.0: 233.21}
+    for alpha, paper_std in expected.items():
+        sizes = np.array([len(p) for p in pfllib_dirichlet_partition(cifar_labels, 20, alpha)])
+        assert sizes.mean() == 3000
+        assert round(float(sizes.std(ddof=0)), 2) == paper_std
+        if alpha == 0.1:
+            assert (sizes.max(), sizes.min()) == (5994, 1164)
+
+
+def test_pfllib_dirichlet_redraws_until_least_samples(labels: np.ndarray) -> None:
+    loose = pfllib_dirichlet_partition(labels, 20, 0.1, seed=1, least_samples=1)
+    strict = pfllib_dirichlet_partition(labels, 20, 0.1, seed=1, least_samples=40)
+    assert min(len(p) for p in loose) < 40 <= min(len(p) for p in strict)
+
+
+def test_pfllib_dirichlet_impossible_requests(labels: np.ndarray) -> None:
+    with pytest.raises(DatasetError, match="fewer clients"):
+        pfllib_dirichlet_partition(labels, 50, 0.5, least_samples=41)
+    with pytest.raises(DatasetError, match="after 5 draws"):
+        pfllib_dirichlet_partition(labels, 40, 1e-3, least_samples=45, max_attempts=5)
+
+
+# --------------------------------------------------------------------------------------
+# Train/test split
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_samples", [2, 3, 10, 101, 400])
+def test_train_test_split_shares(num_samples: int) -> None:
+    train, test = train_test_indices(num_samples, 0.25, seed=0, client_id=3)
+    assert len(test) == math.ceil(0.25 * num_samples)
+    assert len(train) + len(test) == num_samples
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.arange(num_samples))
+
+
+def test_train_test_split_is_deterministic_per_seed_and_client() -> None:
+    base = train_test_indices(200, 0.25, seed=5, client_id=2)[1]
+    np.testing.assert_array_equal(train_test_indices(200, 0.25, seed=5, client_id=2)[1], base)
+    assert not np.array_equal(train_test_indices(200, 0.25, seed=6, client_id=2)[1], base)
+    assert not np.array_equal(train_test_indices(200, 0.25, seed=5, client_id=3)[1], base)
+
+
+def test_train_test_split_without_test_share() -> None:
+    train, test = train_test_indices(5, 0.0, seed=0, client_id=0)
+    assert train.tolist() == [0, 1, 2, 3, 4] and len(test) == 0
+
+
+def test_client_with_one_sample_cannot_be_split() -> None:
+    with pytest.raises(DatasetError, match="client 17 .*fewer clients or a larger alpha"):
+        train_test_indices(1, 0.25, seed=0, client_id=17)

@@ -1,0 +1,82 @@
+"""Client-side local solvers, checked against closed forms where there is one."""
+
+import copy
+
+import torch
+from flwr.app import ConfigRecord
+from helpers import config, grid_for, run_local
+
+from pflarena.client.solvers.common import prox_hook
+from pflarena.client.solvers.ditto import PERSONAL_KEY
+from pflarena.client.solvers.local import MODEL_KEY
+from pflarena.core.models import build_model
+from pflarena.server.app import initial_arrays
+from pflarena.server.registry import build_strategy
+
+
+def test_prox_hook_adds_the_proximal_gradient():
+    model = build_model("logreg", (4,), 3, seed=0)
+    anchor = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    plain = torch.autograd.grad(loss, list(model.parameters()))
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    prox_hook(anchor, 0.7)(model)
+    for p, g, a in zip(model.parameters(), plain, anchor.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, g + 0.7 * (p.detach() - a.detach()))
+
+
+def _distance_to_global_after_one_round(strategy, **kw):
+    cfg = config(strategy=strategy, local_epochs=3, **kw)
+    grid = grid_for(cfg)
+    arrays = initial_arrays(cfg)
+    messages = list(build_strategy(cfg).configure_train(1, arrays, ConfigRecord(), grid))
+    replies = list(grid.send_and_receive(messages))
+    return sum(
+        float(((r.content["arrays"][k].numpy() - arrays[k].numpy()) ** 2).sum())
+        for r in replies for k in arrays.keys()
+    )
+
+
+def test_fedprox_proximal_term_keeps_updates_closer():
+    free = _distance_to_global_after_one_round("fedprox", proximal_mu=0.0)
+    pulled = _distance_to_global_after_one_round("fedprox", proximal_mu=5.0)
+    assert pulled < 0.5 * free
+
+
+def test_local_and_ditto_models_persist_in_client_state(tmp_path):
+    for strategy, key in (("local", MODEL_KEY), ("ditto", PERSONAL_KEY)):
+        cfg = config(strategy=strategy, num_rounds=2)
+        grid = grid_for(cfg)
+        run_local(cfg, tmp_path / strategy, grid=grid)
+        assert all(key in ctx.state.array_records for ctx in grid.contexts.values())
+
+
+def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
+    """With a very strong pull the personal model tracks the received global model."""
+    def personal_gap(lam):
+        cfg = config(strategy="ditto", num_rounds=1, ditto_lambda=lam, lr=0.01)
+        grid = grid_for(cfg)
+        run_local(cfg, tmp_path / f"l{lam}", grid=grid)
+        init = initial_arrays(cfg)
+        gaps = []
+        for ctx in grid.contexts.values():
+            personal = ctx.state.array_records[PERSONAL_KEY]
+            gaps.append(sum(float(((personal[k].numpy() - init[k].numpy()) ** 2).sum()) for k in init.keys()))
+        return sum(gaps)
+
+    assert personal_gap(50.0) < 0.2 * personal_gap(0.0)
+
+
+def test_fedavg_ft_finetuning_leaves_no_trace(tmp_path):
+    cfg = config(strategy="fedavg-ft", num_rounds=1, personal_epochs=3)
+    grid = grid_for(cfg)
+    outcome = run_local(cfg, tmp_path, grid=grid)
+    assert all(len(ctx.state.array_records) == 0 for ctx in grid.contexts.values())
+    evaluation = outcome.rounds[-1]["evaluation"]
+    # Fine-tuning on local data beats the un-tuned global model on local test data.
+    assert evaluation["personalized"]["mean"] > evaluation["global"]["mean"]
