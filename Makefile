@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUNS ?= runs/main-$(shell date +%Y%m%d-%H%M%S)
-STRATEGIES ?= local fedavg fedavg-ft fedprox ditto
+STRATEGIES ?= local fedavg fedavg-ft fedprox ditto pfedgt
 # The main job: every baseline on scikit-learn's digits, Dirichlet(0.1) over 10 clients.
 MAIN_JOB := --dataset digits --partition dirichlet --alpha 0.1 --num-clients 10 \
-	--num-rounds 20 --local-epochs 2 --batch-size 32 --lr 0.05 --seed 0
+	--num-rounds 20 --local-epochs 2 --batch-size 32 --lr 0.1 --fraction-train 1.0 --seed 0
 
 .PHONY: setup run test lint clean-runs
 

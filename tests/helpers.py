@@ -13,8 +13,14 @@ from pflarena.server.results import ResultsWriter
 
 
 def config(**overrides) -> RunConfig:
-    base = {"dataset": "digits", "num-clients": 5, "num-rounds": 3, "alpha": 0.5,
-            "local-epochs": 1, "lr": 0.1}
+    base = {
+        "dataset": "digits",
+        "num-clients": 5,
+        "num-rounds": 3,
+        "alpha": 0.5,
+        "local-epochs": 1,
+        "lr": 0.1,
+    }
     base.update({k.replace("_", "-"): v for k, v in overrides.items()})
     return parse_run_config(base)
 

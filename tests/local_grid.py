@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
-from flwr.serverapp import Grid
 
 
 class LocalGrid(Grid):
@@ -34,7 +34,10 @@ class LocalGrid(Grid):
         ]
         self.contexts = {
             node_id: Context(
-                run_id=1, node_id=node_id, node_config=dict(cfg), state=RecordDict(),
+                run_id=1,
+                node_id=node_id,
+                node_config=dict(cfg),
+                state=RecordDict(),
                 run_config=dict(run_config),
             )
             for node_id, cfg in zip(self.node_ids, configs, strict=True)
@@ -58,8 +61,13 @@ class LocalGrid(Grid):
         return self._run
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
-        return Message(content=content, message_type=message_type, dst_node_id=dst_node_id,
-                       group_id=group_id, ttl=ttl)
+        return Message(
+            content=content,
+            message_type=message_type,
+            dst_node_id=dst_node_id,
+            group_id=group_id,
+            ttl=ttl,
+        )
 
     def get_node_ids(self) -> Iterable[int]:
         return [n for n in self.node_ids if n not in self.offline]
@@ -70,7 +78,9 @@ class LocalGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         raise NotImplementedError("LocalGrid answers through send_and_receive only")
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         replies = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())

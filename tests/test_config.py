@@ -1,7 +1,7 @@
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from pflarena.core.config import STRATEGY_NAMES, ConfigError, RunConfig, parse_run_config
 
@@ -39,8 +39,15 @@ def test_wrong_type_names_key_and_value():
 
 @pytest.mark.parametrize(
     "key,value",
-    [("fraction-train", 0.0), ("fraction-train", 1.5), ("lr", -0.1), ("test-fraction", 1.0),
-     ("num-clients", 0), ("momentum", 1.0), ("alpha", 0.0)],
+    [
+        ("fraction-train", -0.1),
+        ("fraction-train", 1.5),
+        ("lr", -0.1),
+        ("test-fraction", 1.0),
+        ("num-clients", 0),
+        ("momentum", 1.0),
+        ("alpha", 0.0),
+    ],
 )
 def test_out_of_range_values_are_rejected(key, value):
     with pytest.raises(ConfigError, match=key):

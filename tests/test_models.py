@@ -12,10 +12,20 @@ SHAPES = {
 }
 
 CASES = [
-    ("logreg", "vector"), ("logreg", "digits"), ("mlp", "vector"), ("mlp", "mnist"),
-    ("cnn", "mnist"), ("cnn", "cifar"), ("small-cnn", "digits"), ("lenet5", "mnist"),
-    ("lenet5", "cifar"), ("harcnn", "har"), ("resnet18", "cifar"), ("resnet18-gn", "cifar"),
-    ("resnet18-cifar", "cifar"), ("resnet18-cifar-gn", "cifar"),
+    ("logreg", "vector"),
+    ("logreg", "digits"),
+    ("mlp", "vector"),
+    ("mlp", "mnist"),
+    ("cnn", "mnist"),
+    ("cnn", "cifar"),
+    ("small-cnn", "digits"),
+    ("lenet5", "mnist"),
+    ("lenet5", "cifar"),
+    ("harcnn", "har"),
+    ("resnet18", "cifar"),
+    ("resnet18-gn", "cifar"),
+    ("resnet18-cifar", "cifar"),
+    ("resnet18-cifar-gn", "cifar"),
 ]
 
 
@@ -39,7 +49,9 @@ def test_parameter_counts_match_the_papers():
     assert sum(p.numel() for p in build_model("cnn", (1, 28, 28), 10).parameters()) == 1_663_370
     # pFedGT spec: HAR CNN d = 2,253,958; ResNet-18 (ImageNet stem) d = 11,181,642.
     assert sum(p.numel() for p in build_model("harcnn", (9, 1, 128), 6).parameters()) == 2_253_958
-    assert sum(p.numel() for p in build_model("resnet18", (3, 32, 32), 10).parameters()) == 11_181_642
+    assert (
+        sum(p.numel() for p in build_model("resnet18", (3, 32, 32), 10).parameters()) == 11_181_642
+    )
 
 
 def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():
@@ -51,9 +63,11 @@ def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():
     b = build_model("mlp", (30,), 30, seed=5)
     c = build_model("mlp", (30,), 30, seed=6)
     assert torch.equal(before, after)
-    for pa, pb, pc in zip(a.parameters(), b.parameters(), c.parameters(), strict=True):
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
-    assert not all(torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True))
+    assert not all(
+        torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True)
+    )
 
 
 def test_group_norm_variant_has_no_batchnorm():

@@ -13,8 +13,11 @@ from pflarena.server.results import (
 
 def _eval(mean, weighted):
     stats = {"mean": mean, "weighted": weighted, "std": 0.1, "worst10": mean - 0.2}
-    return {"personalized": stats, "global": {**stats, "mean": weighted}, "per_client": {
-        "0": {"personalized": mean, "test_samples": 10}}}
+    return {
+        "personalized": stats,
+        "global": {**stats, "mean": weighted},
+        "per_client": {"0": {"personalized": mean, "test_samples": 10}},
+    }
 
 
 def test_summary_last_and_best(tmp_path):
@@ -27,16 +30,25 @@ def test_summary_last_and_best(tmp_path):
     summary = summarize_rounds(rounds)
     assert summary["personalized"]["last"]["mean"] == 0.6
     assert summary["personalized"]["last"]["round"] == 3
-    assert summary["personalized"]["best"] == {"mean": 0.8, "weighted": 0.7, "std": 0.1,
-                                               "worst10": pytest.approx(0.6), "round": 1}
+    assert summary["personalized"]["best"] == {
+        "mean": 0.8,
+        "weighted": 0.7,
+        "std": 0.1,
+        "worst10": pytest.approx(0.6),
+        "round": 1,
+    }
     assert summary["global"]["best"]["round"] == 3
     assert summary["bytes_up"] == 30 and summary["bytes_down"] == 60
     assert summary["rounds_completed"] == 3
 
 
 def test_no_global_model_gives_null():
-    rounds = [{"round": 1, "evaluation": {"personalized": _eval(0.5, 0.5)["personalized"],
-                                          "global": None}}]
+    rounds = [
+        {
+            "round": 1,
+            "evaluation": {"personalized": _eval(0.5, 0.5)["personalized"], "global": None},
+        }
+    ]
     assert summarize_rounds(rounds)["global"] is None
 
 

@@ -38,7 +38,8 @@ def _distance_to_global_after_one_round(strategy, **kw):
     replies = list(grid.send_and_receive(messages))
     return sum(
         float(((r.content["arrays"][k].numpy() - arrays[k].numpy()) ** 2).sum())
-        for r in replies for k in arrays.keys()
+        for r in replies
+        for k in arrays.keys()
     )
 
 
@@ -58,6 +59,7 @@ def test_local_and_ditto_models_persist_in_client_state(tmp_path):
 
 def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
     """With a very strong pull the personal model tracks the received global model."""
+
     def personal_gap(lam):
         cfg = config(strategy="ditto", num_rounds=1, ditto_lambda=lam, lr=0.01)
         grid = grid_for(cfg)
@@ -66,7 +68,11 @@ def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
         gaps = []
         for ctx in grid.contexts.values():
             personal = ctx.state.array_records[PERSONAL_KEY]
-            gaps.append(sum(float(((personal[k].numpy() - init[k].numpy()) ** 2).sum()) for k in init.keys()))
+            gaps.append(
+                sum(
+                    float(((personal[k].numpy() - init[k].numpy()) ** 2).sum()) for k in init.keys()
+                )
+            )
         return sum(gaps)
 
     assert personal_gap(50.0) < 0.2 * personal_gap(0.0)

@@ -68,8 +68,10 @@ def test_malformed_updates_are_rejected(tamper):
     weights = np.array([r.content[keys.METRICS][keys.NUM_EXAMPLES] for r in rest], float)
     stacked = np.stack([r.content[keys.ARRAYS][name].numpy() for r in rest])
     np.testing.assert_allclose(
-        aggregated[name].numpy(), np.tensordot(weights / weights.sum(), stacked, axes=1),
-        rtol=1e-5, atol=1e-6,
+        aggregated[name].numpy(),
+        np.tensordot(weights / weights.sum(), stacked, axes=1),
+        rtol=1e-5,
+        atol=1e-6,
     )
 
 
@@ -108,10 +110,15 @@ def test_sampled_clients_reproducible_across_runs(tmp_path):
 
 
 def test_fedprox_and_ditto_send_their_weights():
-    for strategy, key, value in (("fedprox", keys.PROXIMAL_MU, 0.3), ("ditto", keys.DITTO_LAMBDA, 0.7)):
+    for strategy, key, value in (
+        ("fedprox", keys.PROXIMAL_MU, 0.3),
+        ("ditto", keys.DITTO_LAMBDA, 0.7),
+    ):
         cfg = config(strategy=strategy, proximal_mu=0.3, ditto_lambda=0.7)
         grid = grid_for(cfg)
-        messages = list(build_strategy(cfg).configure_train(1, initial_arrays(cfg), ConfigRecord(), grid))
+        messages = list(
+            build_strategy(cfg).configure_train(1, initial_arrays(cfg), ConfigRecord(), grid)
+        )
         assert all(m.content[keys.CONFIG][key] == value for m in messages)
 
 

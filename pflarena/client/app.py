@@ -49,8 +49,7 @@ def _job(msg: Message, context: Context) -> tuple[ClientJob, str]:
         cfg=cfg,
         data=load_node_data(cfg, dict(context.node_config), device),
         state=context.state,
-        config=config,
-        arrays=msg.content.array_records.get(keys.ARRAYS),
+        content=msg.content,
         device=device,
     )
     return job, method
@@ -61,7 +60,9 @@ def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
     job, method = _job(msg, context)
     records, metrics = SOLVERS[method].train(job)
-    return Message(content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
+    return Message(
+        content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
+    )
 
 
 @app.evaluate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -79,7 +80,7 @@ def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> N
     if "partition-id" not in node_config:
         raise RuntimeError(
             "this node has neither a 'data-path' nor a 'partition-id' in its node config; "
-            "start the SuperNode with --node-config \"data-path=/path/to/client_0000.npz\""
+            'start the SuperNode with --node-config "data-path=/path/to/client_0000.npz"'
         )
     partition_id = int(node_config["partition-id"])
     num_partitions = int(node_config.get("num-partitions", cfg.num_clients))
@@ -87,9 +88,15 @@ def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> N
         raise RuntimeError(
             f"the federation has {num_partitions} simulated nodes but the run config says "
             f"num-clients={cfg.num_clients}; make them equal (pflarena run does this for you, "
-            "with flwr run pass --federation-config \"num-supernodes=N\")"
+            'with flwr run pass --federation-config "num-supernodes=N")'
         )
     return _load_partition_cached(cfg, partition_id, str(device))
+
+
+@lru_cache(maxsize=4)
+def _initial_model(name: str, input_shape: tuple, num_classes: int, seed: int) -> nn.Module:
+    # Seeded initialisation costs more than copying; clients copy this template.
+    return build_model(name, input_shape, num_classes, seed=seed)
 
 
 @dataclass
@@ -99,9 +106,18 @@ class ClientJob:
     cfg: RunConfig
     data: NodeData
     state: RecordDict
-    config: ConfigRecord
-    arrays: ArrayRecord | None
+    content: RecordDict
     device: torch.device
+
+    @property
+    def config(self) -> ConfigRecord:
+        """The message's ConfigRecord (empty if it has none)."""
+        return self.content.config_records.get(keys.CONFIG, ConfigRecord())
+
+    @property
+    def arrays(self) -> ArrayRecord | None:
+        """The server's model sent with the message, if any."""
+        return self.content.array_records.get(keys.ARRAYS)
 
     @property
     def client_id(self) -> int:
@@ -114,9 +130,10 @@ class ClientJob:
     def new_model(self) -> nn.Module:
         """The run's initial model (the same weights on every client and the server)."""
         info = self.data.info
-        return build_model(
-            self.cfg.model_name(), info.input_shape, info.num_classes, seed=self.cfg.seed
-        ).to(self.device)
+        template = _initial_model(
+            self.cfg.model_name(), tuple(info.input_shape), info.num_classes, self.cfg.seed
+        )
+        return copy.deepcopy(template).to(self.device)
 
     def model_from(self, arrays: ArrayRecord) -> nn.Module:
         """A model loaded with ``arrays`` (a state_dict as an ArrayRecord)."""

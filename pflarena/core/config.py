@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["ConfigError", "RunConfig", "parse_run_config", "STRATEGY_NAMES"]
 
 #: Strategy names accepted by ``strategy=``; the server and client registries cover each.
-STRATEGY_NAMES: tuple[str, ...] = ("local", "fedavg", "fedavg-ft", "fedprox", "ditto")
+STRATEGY_NAMES: tuple[str, ...] = ("local", "fedavg", "fedavg-ft", "fedprox", "ditto", "pfedgt")
 
 Partition = Literal["iid", "dirichlet", "pathological", "shards", "pfllib-dirichlet", "natural"]
 
@@ -33,7 +33,10 @@ class RunConfig(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, frozen=True, alias_generator=lambda s: s.replace("_", "-")
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        alias_generator=lambda s: s.replace("_", "-"),
     )
 
     # What runs.
@@ -56,14 +59,20 @@ class RunConfig(BaseModel):
     # Federation.
     num_clients: int = Field(10, ge=1, description="number of clients (SuperNodes)")
     num_rounds: int = Field(20, ge=1)
-    fraction_train: float = Field(1.0, gt=0, le=1, description="clients sampled per round")
+    fraction_train: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="fraction of clients sampled per round; 0 = the strategy's default "
+        "(1.0 for the baselines, 0.25 for pFedGT as in its paper)",
+    )
     min_train_clients: int = Field(1, ge=1)
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for replies")
 
     # Local training.
-    local_epochs: int = Field(1, ge=1)
+    local_epochs: int = Field(2, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
 
@@ -72,6 +81,35 @@ class RunConfig(BaseModel):
     ditto_lambda: float = Field(0.1, ge=0, description="Ditto proximal weight")
     personal_epochs: int = Field(
         1, ge=0, description="Ditto personal-model epochs; FedAvg-FT fine-tuning epochs"
+    )
+
+    # pFedGT (specs/pfedgt.md). Defaults are the paper's experimental settings.
+    pfedgt_gamma: float = Field(0.8, ge=0, le=1, description="personalization coefficient γ")
+    pfedgt_gammas: str = Field(
+        "", description="per-client γ_i as comma-separated values, one per client id"
+    )
+    pfedgt_mu: float = Field(0.05, ge=0, description="surrogate curvature μ")
+    pfedgt_rho: float = Field(0.0, ge=0, description="ridge weight ρ (theory needs ρ > L)")
+    pfedgt_lambda: float = Field(0.7, gt=0, description="step size λ of the message average c")
+    pfedgt_server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
+    pfedgt_variant: Literal["paper", "exact"] = Field(
+        "paper",
+        description="'paper': Algorithm 2 as written (one-step-stale message); "
+        "'exact': unbiased ∇G_i steps and a full-pass message at the end",
+    )
+    pfedgt_c_init: Literal["round", "zeros"] = Field(
+        "round", description="c⁰: a full-participation gradient round at θ⁰, or zeros"
+    )
+    pfedgt_warm_start: Literal["theta", "personal"] = Field(
+        "theta", description="local training starts from θ (paper) or the client's own w_i"
+    )
+    pfedgt_message_init: Literal["server", "stored"] = Field(
+        "server", description="the local message starts from c (paper) or the client's stored c_i"
+    )
+    pfedgt_delta_ref: Literal["theta", "personal"] = Field(
+        "theta",
+        description="Δw is w_new − θ (default; stable with η_s=1 under partial "
+        "participation) or w_new − w_i (Eq. 6 read literally; see docs/architecture.md)",
     )
 
     # Evaluation and results.
@@ -104,6 +142,31 @@ class RunConfig(BaseModel):
             raise ValueError(f"unknown model {value!r}; allowed: {', '.join(MODEL_NAMES)}")
         return value
 
+    @field_validator("pfedgt_gammas")
+    @classmethod
+    def _gamma_list(cls, value: str) -> str:
+        if value.strip():
+            gammas = parse_float_list(value, "pfedgt-gammas")
+            if any(not 0.0 <= g <= 1.0 for g in gammas):
+                raise ValueError(f"every γ_i must be in [0, 1], got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _gamma_list_length(self) -> RunConfig:
+        if self.pfedgt_gammas.strip():
+            count = len(parse_float_list(self.pfedgt_gammas, "pfedgt-gammas"))
+            if count != self.num_clients:
+                raise ValueError(
+                    f"pfedgt-gammas has {count} values but num-clients is {self.num_clients}"
+                )
+        return self
+
+    def client_gammas(self) -> list[float]:
+        """γ_i for every client id."""
+        if self.pfedgt_gammas.strip():
+            return parse_float_list(self.pfedgt_gammas, "pfedgt-gammas")
+        return [self.pfedgt_gamma] * self.num_clients
+
     def model_name(self) -> str:
         """The model to build: ``model`` if set, else the dataset's default."""
         from pflarena.core.models import default_model_for
@@ -132,6 +195,14 @@ class RunConfig(BaseModel):
     def to_run_config(self) -> dict[str, Any]:
         """The flat, hyphenated mapping Flower passes around."""
         return self.model_dump(by_alias=True)
+
+
+def parse_float_list(text: str, key: str) -> list[float]:
+    """``"0.8, 0.5,0.9"`` -> ``[0.8, 0.5, 0.9]``; a bad entry raises ValueError naming ``key``."""
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{key} must be comma-separated numbers, got {text!r}") from None
 
 
 def _describe(error: dict[str, Any]) -> str:

@@ -20,6 +20,9 @@ BATCH_SIZE = "batch-size"
 MOMENTUM = "momentum"
 WEIGHT_DECAY = "weight-decay"
 HAS_GLOBAL = "has-global"  # evaluate messages: whether ARRAYS holds a global model
+PHASE = "phase"  # train messages of strategies with more than one kind of exchange
+PHASE_INIT = "init"
+PHASE_TRAIN = "train"
 
 # MetricRecord keys every client reply carries.
 CLIENT_ID = "client-id"
@@ -39,3 +42,17 @@ GLOBAL_LOSS_SUM = "global-loss-sum"
 PROXIMAL_MU = "proximal-mu"  # FedProx
 DITTO_LAMBDA = "ditto-lambda"  # Ditto
 PERSONAL_EPOCHS = "personal-epochs"  # Ditto personal model, FedAvg-FT fine-tuning
+
+# pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py).
+PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
+PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
+PFEDGT_DELTA_C = "delta-c"  # c_i^{t+1} − c_i^t
+PFEDGT_BUFFERS = "buffers"  # the client's non-trainable state (BatchNorm statistics)
+PFEDGT_GAMMA = "pfedgt-gamma"
+PFEDGT_MU = "pfedgt-mu"
+PFEDGT_RHO = "pfedgt-rho"
+PFEDGT_NUM_USERS = "pfedgt-num-users"
+PFEDGT_VARIANT = "pfedgt-variant"
+PFEDGT_WARM_START = "pfedgt-warm-start"
+PFEDGT_MESSAGE_INIT = "pfedgt-message-init"
+PFEDGT_DELTA_REF = "pfedgt-delta-ref"

@@ -50,8 +50,15 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)  # raises ConfigError naming the bad keys
     output_dir = resolve_output_dir(cfg)
     writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
-    log(INFO, "pflarena: %s on %s, %d clients, %d rounds -> %s",
-        cfg.strategy, cfg.dataset, cfg.num_clients, cfg.num_rounds, output_dir)
+    log(
+        INFO,
+        "pflarena: %s on %s, %d clients, %d rounds -> %s",
+        cfg.strategy,
+        cfg.dataset,
+        cfg.num_clients,
+        cfg.num_rounds,
+        output_dir,
+    )
     writer.write_config(
         {
             "run_config": cfg.to_run_config(),
@@ -76,8 +83,13 @@ def main(grid: Grid, context: Context) -> None:
     except BaseException as exc:
         rounds = read_rounds(output_dir / "rounds.jsonl")
         writer.write_summary(
-            summary_record(cfg, rounds, status="failed", wall_time_s=time.monotonic() - start,
-                           error="".join(traceback.format_exception_only(exc)).strip())
+            summary_record(
+                cfg,
+                rounds,
+                status="failed",
+                wall_time_s=time.monotonic() - start,
+                error="".join(traceback.format_exception_only(exc)).strip(),
+            )
         )
         writer.close()
         log(ERROR, "pflarena: run failed; partial results in %s", output_dir)

@@ -30,9 +30,18 @@ __all__ = ["main", "simulate", "project_root", "compare_table"]
 
 # Keys that describe data only: the ones `pflarena shards` accepts.
 DATA_KEYS = (
-    "dataset", "partition", "alpha", "classes-per-client", "shards-per-client",
-    "test-fraction", "data-dir", "synthetic-alpha", "synthetic-beta",
-    "mixture-label-mode", "num-clients", "seed",
+    "dataset",
+    "partition",
+    "alpha",
+    "classes-per-client",
+    "shards-per-client",
+    "test-fraction",
+    "data-dir",
+    "synthetic-alpha",
+    "synthetic-beta",
+    "mixture-label-mode",
+    "num-clients",
+    "seed",
 )
 
 
@@ -143,11 +152,19 @@ def simulate(
     superlink_log = open(flwr_home / "superlink.log", "wb")  # noqa: SIM115
     superlink = subprocess.Popen(
         [
-            "flower-superlink", "--insecure", "--simulation",
-            "--host", "127.0.0.1", "--port", str(port),
+            "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
             "--disable-runtime-dependency-installation",
         ],
-        env=env, stdout=superlink_log, stderr=subprocess.STDOUT, cwd=flwr_home,
+        env=env,
+        stdout=superlink_log,
+        stderr=subprocess.STDOUT,
+        cwd=flwr_home,
     )
     log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
     try:
@@ -157,15 +174,26 @@ def simulate(
             f"client-resources-num-cpus={_toml_value(_int_if_whole(cpus_per_client))}"
         )
         if gpus_per_client:
-            federation += f" client-resources-num-gpus={_toml_value(_int_if_whole(gpus_per_client))}"
+            federation += (
+                f" client-resources-num-gpus={_toml_value(_int_if_whole(gpus_per_client))}"
+            )
         cmd = [
-            "flwr", "run", str(project_root()), "pflarena",
-            "--federation-config", federation,
-            "--run-config", str(overrides),
+            "flwr",
+            "run",
+            str(project_root()),
+            "pflarena",
+            "--federation-config",
+            federation,
+            "--run-config",
+            str(overrides),
             "--stream",
         ]
         proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             cwd=flwr_home,
         )
         assert proc.stdout is not None
@@ -193,7 +221,9 @@ def simulate(
     shutil.rmtree(flwr_home, ignore_errors=True)
     summary = json.loads(summary_path.read_text())
     if summary.get("status") != "completed":
-        raise RuntimeError(f"run failed: {summary.get('error', 'unknown error')} (see {output_dir})")
+        raise RuntimeError(
+            f"run failed: {summary.get('error', 'unknown error')} (see {output_dir})"
+        )
     return summary
 
 
@@ -250,8 +280,13 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
         for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
             ys = [(r["evaluation"].get(scope) or {}).get(key) for r in rounds]
             if any(y is not None for y in ys):
-                ax.plot([r["round"] for r in rounds], [float("nan") if y is None else y for y in ys],
-                        marker="o", ms=2, label=label)
+                ax.plot(
+                    [r["round"] for r in rounds],
+                    [float("nan") if y is None else y for y in ys],
+                    marker="o",
+                    ms=2,
+                    label=label,
+                )
     axes[0].set_title("personalized accuracy (mean over clients)")
     axes[1].set_title("global model accuracy (pooled test sets)")
     for ax in axes:
@@ -274,7 +309,10 @@ def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | N
         if only is not None and alias not in only:
             continue
         group.add_argument(
-            f"--{alias}", dest=alias, default=None, metavar="VALUE",
+            f"--{alias}",
+            dest=alias,
+            default=None,
+            metavar="VALUE",
             help=f"{field.description or ''} (default: {field.default!r})".strip(),
         )
 
@@ -306,7 +344,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"output_dir": _default_output_dir(cfg.to_run_config())})
     check_output_dir(Path(cfg.output_dir).resolve())
     summary = simulate(
-        cfg, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+        cfg,
+        cpus_per_client=args.cpus_per_client,
+        gpus_per_client=args.gpus_per_client,
         verbosity=0 if args.quiet else 2 if args.verbose else 1,
     )
     print()
@@ -334,7 +374,11 @@ def _cmd_shards(args: argparse.Namespace) -> int:
     spec = cfg.federation_spec()
     paths = write_shards(build_federation(spec), args.out, spec)
     print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
-    print("start SuperNode i with: --node-config \"data-path=<dir>/" + paths[0].name.replace("0000", "NNNN") + "\"")
+    print(
+        'start SuperNode i with: --node-config "data-path=<dir>/'
+        + paths[0].name.replace("0000", "NNNN")
+        + '"'
+    )
     return 0
 
 
@@ -344,12 +388,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one strategy as a Flower simulation")
     _add_config_flags(run)
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="any run-config key (repeatable)")
-    run.add_argument("--cpus-per-client", type=float, default=1.0,
-                     help="CPUs Flower reserves per simulated client (default 1)")
-    run.add_argument("--gpus-per-client", type=float, default=0.0,
-                     help="GPU fraction per simulated client (default 0)")
+    run.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="any run-config key (repeatable)"
+    )
+    run.add_argument(
+        "--cpus-per-client",
+        type=float,
+        default=1.0,
+        help="CPUs Flower reserves per simulated client (default 1)",
+    )
+    run.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="GPU fraction per simulated client (default 0)",
+    )
     run.add_argument("--quiet", action="store_true", help="print only the final table")
     run.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
     run.set_defaults(func=_cmd_run)

@@ -115,15 +115,23 @@ def run_rounds(
     outcome = RunOutcome(arrays=initial_arrays)
 
     evaluation, eval_down = _evaluate(grid, strategy, 0, initial_arrays, cfg.round_timeout)
-    record0 = {"round": 0, "elapsed_s": time.monotonic() - start, "evaluation": evaluation,
-               "eval_bytes_down": eval_down}
+    record0 = {
+        "round": 0,
+        "elapsed_s": time.monotonic() - start,
+        "evaluation": evaluation,
+        "eval_bytes_down": eval_down,
+    }
+    strategy.prepare(grid, initial_arrays, cfg.round_timeout)
+    record0["bytes_down"], record0["bytes_up"] = strategy.init_bytes
     writer.append_round(record0)
     outcome.rounds.append(record0)
     log(INFO, _progress(record0, cfg.num_rounds))
 
     for server_round in range(1, cfg.num_rounds + 1):
         round_start = time.monotonic()
-        messages = list(strategy.configure_train(server_round, outcome.arrays, ConfigRecord(), grid))
+        messages = list(
+            strategy.configure_train(server_round, outcome.arrays, ConfigRecord(), grid)
+        )
         replies, down, up = _send(grid, messages, cfg.round_timeout)
         new_arrays, metrics = strategy.aggregate_train(server_round, replies)
         if new_arrays is not None:
@@ -134,7 +142,9 @@ def run_rounds(
             "train": {
                 "clients": len(messages) - failures,
                 "failures": failures,
-                "loss": float(metrics["train-loss"]) if metrics and "train-loss" in metrics else None,
+                "loss": float(metrics["train-loss"])
+                if metrics and "train-loss" in metrics
+                else None,
                 "sampled": sorted(strategy.client_ids.get(n, -1) for n in strategy.last_sampled),
             },
             "bytes_down": down,
@@ -156,7 +166,11 @@ def run_rounds(
 
 
 def summary_record(
-    cfg: RunConfig, rounds: list[dict[str, Any]], *, status: str, wall_time_s: float,
+    cfg: RunConfig,
+    rounds: list[dict[str, Any]],
+    *,
+    status: str,
+    wall_time_s: float,
     error: str | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` contents."""

@@ -113,7 +113,9 @@ def _stats_block(evals: list[tuple[int, dict]]) -> dict[str, Any] | None:
 def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The accuracy and traffic part of ``summary.json``, from the round records."""
     evaluated = [r for r in rounds if r.get("evaluation")]
-    personalized = _stats_block([(r["round"], r["evaluation"].get("personalized")) for r in evaluated])
+    personalized = _stats_block(
+        [(r["round"], r["evaluation"].get("personalized")) for r in evaluated]
+    )
     global_ = _stats_block([(r["round"], r["evaluation"].get("global")) for r in evaluated])
     return {
         "personalized": personalized,
@@ -143,8 +145,14 @@ def plot_run(output_dir: str | Path) -> list[Path]:
     for scope, style in (("personalized", "-"), ("global", "--")):
         ys = [(r["evaluation"].get(scope) or {}).get("mean") for r in rounds]
         if any(y is not None for y in ys):
-            ax.plot(xs, [math.nan if y is None else y for y in ys], style, marker="o", ms=3,
-                    label=f"{scope} (mean over clients)")
+            ax.plot(
+                xs,
+                [math.nan if y is None else y for y in ys],
+                style,
+                marker="o",
+                ms=3,
+                label=f"{scope} (mean over clients)",
+            )
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)

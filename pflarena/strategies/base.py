@@ -30,9 +30,9 @@ __all__ = ["ClientEvaluation", "LocalTraining", "PflStrategy", "record_nbytes", 
 class LocalTraining:
     """Local-solver hyperparameters sent to clients with every train message."""
 
-    local_epochs: int = 1
+    local_epochs: int = 2
     batch_size: int = 32
-    lr: float = 0.05
+    lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
 
@@ -65,7 +65,9 @@ class ClientEvaluation:
 
 def record_nbytes(content: RecordDict) -> int:
     """Serialized size of the arrays in a message (what dominates the traffic)."""
-    return sum(len(array.data) for record in content.array_records.values() for array in record.values())
+    return sum(
+        len(array.data) for record in content.array_records.values() for array in record.values()
+    )
 
 
 def reply_problem(content: RecordDict, reference: ArrayRecord | None, key: str) -> str | None:
@@ -101,7 +103,8 @@ class PflStrategy(Strategy):
     training
         Local-solver hyperparameters sent with every train message.
     fraction_train
-        Fraction of the connected clients sampled each round (at least ``min_train_nodes``).
+        Fraction of the connected clients sampled each round (at least ``min_train_nodes``);
+        ``None`` takes the strategy's ``default_fraction_train``.
     min_train_nodes
         Lower bound on the number of clients sampled for training.
     seed
@@ -115,15 +118,19 @@ class PflStrategy(Strategy):
     has_global_model: ClassVar[bool] = True
     #: Whether training replies carry an ArrayRecord that must be checked.
     expects_arrays: ClassVar[bool] = True
+    #: Fraction of clients sampled per round when none is given.
+    default_fraction_train: ClassVar[float] = 1.0
 
     def __init__(
         self,
         *,
         training: LocalTraining | None = None,
-        fraction_train: float = 1.0,
+        fraction_train: float | None = None,
         min_train_nodes: int = 1,
         seed: int = 0,
     ) -> None:
+        if fraction_train is None:
+            fraction_train = self.default_fraction_train
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         self.training = training or LocalTraining()
@@ -140,6 +147,15 @@ class PflStrategy(Strategy):
         #: node ids whose latest training reply was an error or was rejected.
         self.last_failed: list[int] = []
         self._round_arrays: ArrayRecord | None = None
+        #: (bytes down, bytes up) of the one-off exchange in :meth:`prepare`.
+        self.init_bytes: tuple[int, int] = (0, 0)
+
+    def prepare(self, grid: Grid, arrays: ArrayRecord, timeout: float) -> None:
+        """One-off exchange before the first round (none by default).
+
+        The run loop calls it after the round-0 evaluation; a strategy that needs it also
+        calls it from ``configure_train``, so that Flower's ``Strategy.start`` works too.
+        """
 
     # ------------------------------------------------------------------ sampling
     def ordered_nodes(self, grid: Grid) -> list[int]:
@@ -148,7 +164,9 @@ class PflStrategy(Strategy):
         return sorted(nodes, key=lambda n: (n not in self.client_ids, self.client_ids.get(n, n)))
 
     def num_to_sample(self, num_nodes: int) -> int:
-        return min(num_nodes, max(self.min_train_nodes, math.floor(self.fraction_train * num_nodes)))
+        return min(
+            num_nodes, max(self.min_train_nodes, math.floor(self.fraction_train * num_nodes))
+        )
 
     def sample_train_nodes(self, grid: Grid) -> list[int]:
         """Sample ``num_to_sample`` connected nodes uniformly without replacement."""
@@ -161,9 +179,15 @@ class PflStrategy(Strategy):
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:
         """The ConfigRecord contents of one train message (override to add keys)."""
-        return {keys.SERVER_ROUND: server_round, keys.METHOD: self.method, **self.training.to_config()}
+        return {
+            keys.SERVER_ROUND: server_round,
+            keys.METHOD: self.method,
+            **self.training.to_config(),
+        }
 
-    def train_content(self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict) -> RecordDict:
+    def train_content(
+        self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict
+    ) -> RecordDict:
         """The RecordDict sent to ``node_id`` for training (override to add records)."""
         return RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(config)})
 
@@ -183,12 +207,19 @@ class PflStrategy(Strategy):
         self._round_arrays = arrays
         nodes = self.sample_train_nodes(grid)
         self.last_sampled = nodes
-        log(INFO, "configure_train: sampled %d of %d clients", len(nodes), len(list(grid.get_node_ids())))
+        log(
+            INFO,
+            "configure_train: sampled %d of %d clients",
+            len(nodes),
+            len(list(grid.get_node_ids())),
+        )
         messages = []
         for node_id in nodes:
             node_config = {**dict(config), **self.train_config(server_round, node_id)}
             content = self.train_content(server_round, node_id, arrays, node_config)
-            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id))
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
+            )
         return messages
 
     def configure_evaluate(
@@ -256,12 +287,19 @@ class PflStrategy(Strategy):
             }
         )
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Personalized and global accuracy statistics over every client that replied."""
         results: dict[int, ClientEvaluation] = {}
         for msg in replies:
             if msg.has_error():
-                log(WARNING, "evaluation failed on node %d: %s", msg.metadata.src_node_id, msg.error.reason)
+                log(
+                    WARNING,
+                    "evaluation failed on node %d: %s",
+                    msg.metadata.src_node_id,
+                    msg.error.reason,
+                )
                 continue
             self._learn_client_id(msg.metadata.src_node_id, msg.content)
             m = msg.content.metric_records[keys.METRICS]
@@ -286,7 +324,13 @@ class PflStrategy(Strategy):
 
     def summary(self) -> None:
         log(INFO, "\t├── method: %s (global model: %s)", self.method, self.has_global_model)
-        log(INFO, "\t├── sampling: fraction %.2f, at least %d, seed %d", self.fraction_train, self.min_train_nodes, self.seed)
+        log(
+            INFO,
+            "\t├── sampling: fraction %.2f, at least %d, seed %d",
+            self.fraction_train,
+            self.min_train_nodes,
+            self.seed,
+        )
         log(INFO, "\t└── local training: %s", self.training)
 
 

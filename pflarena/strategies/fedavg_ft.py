@@ -20,7 +20,9 @@ class FedAvgFT(FedAvg):
 
     method = "fedavg-ft"
 
-    def __init__(self, *, finetune_epochs: int = 1, training: LocalTraining | None = None, **kwargs) -> None:
+    def __init__(
+        self, *, finetune_epochs: int = 1, training: LocalTraining | None = None, **kwargs
+    ) -> None:
         super().__init__(training=training, **kwargs)
         self.finetune_epochs = finetune_epochs
 

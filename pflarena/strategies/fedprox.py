@@ -17,7 +17,9 @@ class FedProx(FedAvg):
 
     method = "fedprox"
 
-    def __init__(self, *, proximal_mu: float = 0.01, training: LocalTraining | None = None, **kwargs) -> None:
+    def __init__(
+        self, *, proximal_mu: float = 0.01, training: LocalTraining | None = None, **kwargs
+    ) -> None:
         super().__init__(training=training, **kwargs)
         if proximal_mu < 0:
             raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from pflarena.core import keys
 from pflarena.strategies.base import PflStrategy
@@ -23,7 +23,9 @@ class Local(PflStrategy):
     has_global_model = False
     expects_arrays = False
 
-    def train_content(self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict) -> RecordDict:
+    def train_content(
+        self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict
+    ) -> RecordDict:
         # The server's arrays are only the shared initialisation; clients keep their own.
         return RecordDict({keys.CONFIG: ConfigRecord(config)})
 

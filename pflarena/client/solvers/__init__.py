@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from flwr.app import ArrayRecord
 
 from pflarena.client.job import ClientJob
-from pflarena.client.solvers import ditto, fedavg, local
+from pflarena.client.solvers import ditto, fedavg, local, pfedgt
 
 __all__ = ["Solver", "SOLVERS"]
 
@@ -28,4 +28,5 @@ SOLVERS: dict[str, Solver] = {
     "fedprox": Solver(fedavg.train, fedavg.evaluate),
     "fedavg-ft": Solver(fedavg.train, fedavg.evaluate_finetuned),
     "ditto": Solver(ditto.train, ditto.evaluate),
+    "pfedgt": Solver(pfedgt.train, pfedgt.evaluate),
 }

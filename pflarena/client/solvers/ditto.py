@@ -26,7 +26,10 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     personal_epochs = int(job.config.get(keys.PERSONAL_EPOCHS, kwargs["epochs"]))
     if personal_epochs > 0:
         train_epochs(
-            personal, job.data.x_train, job.data.y_train, generator=job.generator("personal"),
+            personal,
+            job.data.x_train,
+            job.data.y_train,
+            generator=job.generator("personal"),
             grad_hook=prox_hook(received, float(job.config[keys.DITTO_LAMBDA])),
             **(kwargs | {"epochs": personal_epochs}),
         )

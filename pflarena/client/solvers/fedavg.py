@@ -23,8 +23,12 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     mu = float(job.config.get(keys.PROXIMAL_MU, 0.0))
     hook = prox_hook(model, mu) if mu > 0 else None
     loss, steps = train_epochs(
-        model, job.data.x_train, job.data.y_train, generator=job.generator("train"),
-        grad_hook=hook, **job.train_kwargs(),
+        model,
+        job.data.x_train,
+        job.data.y_train,
+        generator=job.generator("train"),
+        grad_hook=hook,
+        **job.train_kwargs(),
     )
     return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
 
@@ -42,8 +46,12 @@ def evaluate_finetuned(job: ClientJob) -> dict:
     epochs = int(job.config.get(keys.PERSONAL_EPOCHS, 1))
     if epochs > 0:
         train_epochs(
-            tuned, job.data.x_train, job.data.y_train, epochs=epochs,
-            batch_size=int(job.config[keys.BATCH_SIZE]), lr=float(job.config[keys.LR]),
+            tuned,
+            job.data.x_train,
+            job.data.y_train,
+            epochs=epochs,
+            batch_size=int(job.config[keys.BATCH_SIZE]),
+            lr=float(job.config[keys.LR]),
             generator=job.generator("finetune"),
         )
     return eval_metrics(job, job.test(tuned), job.test(global_model))

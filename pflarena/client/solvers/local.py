@@ -18,7 +18,10 @@ def _own_model(job: ClientJob):
 def train(job: ClientJob) -> tuple[dict, dict]:
     model = _own_model(job)
     loss, steps = train_epochs(
-        model, job.data.x_train, job.data.y_train, generator=job.generator("train"),
+        model,
+        job.data.x_train,
+        job.data.y_train,
+        generator=job.generator("train"),
         **job.train_kwargs(),
     )
     job.save_state_model(MODEL_KEY, model)

@@ -1,0 +1,293 @@
+"""pFedGT: personalized FL as a game over target-interpolation objectives.
+
+"A Game-Theoretic Approach to Personalized Federated Learning Based on Target
+Interpolation" (specs/pfedgt.md). Each user i minimises
+``G_i(w_i; w_-i) = γ_i f_i(w_i) + (1-γ_i)/m Σ_j [first-order surrogate of f_j around w_j
+with curvature μ] + (ρ/2)||w_i||²`` (Eq. 2). The other users enter only through the average
+of the "combined messages" ``c_j = ∇f_j(w_j) − μ w_j``, which the server tracks (Eq. 5),
+along with a server model θ that warm-starts local training (Eq. 6).
+
+Server state: θ (a full model state; its trainable part is tracked by Eq. 6, its buffers,
+e.g. BatchNorm statistics, are the plain mean of the participants' buffers, used only when
+θ is evaluated as a global model) and c (over the trainable parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from pflarena.core import keys
+from pflarena.strategies.base import LocalTraining, PflStrategy, record_nbytes, reply_problem
+
+__all__ = ["PFedGT", "tracked_update", "mean_arrays"]
+
+
+def tracked_update(
+    current: dict[str, np.ndarray], deltas: Sequence[dict[str, np.ndarray]], step: float
+) -> dict[str, np.ndarray]:
+    """``x + (step/|S|) Σ_{i∈S} Δ_i``: Eq. 5 (step λ, for c) and Eq. 6 (step η_s, for θ).
+
+    The mean is unweighted, as in the paper: client data sizes play no role.
+    """
+    if not deltas:
+        return {name: value.copy() for name, value in current.items()}
+    scale = step / len(deltas)
+    return {
+        name: (value + scale * np.sum([d[name] for d in deltas], axis=0)).astype(value.dtype)
+        for name, value in current.items()
+    }
+
+
+def mean_arrays(records: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Element-wise unweighted mean of several name->array maps (same names and shapes)."""
+    return {
+        name: np.mean([r[name] for r in records], axis=0).astype(records[0][name].dtype)
+        for name in records[0]
+    }
+
+
+def _as_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def _as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+
+
+class PFedGT(PflStrategy):
+    """pFedGT, Algorithm 1 (server) with Algorithm 2 run by the clients.
+
+    Parameters
+    ----------
+    num_clients
+        m, the total number of users (enters every client's (1−γ_i)/m factor).
+    trainable
+        Names of the model's trainable parameters, in ``state_dict`` order: θ's tracked part
+        and the layout of c. Other state entries (buffers) are not tracked.
+    gammas
+        γ_i per client id (length ``num_clients``).
+    mu, rho
+        Surrogate curvature μ and ridge weight ρ.
+    message_step
+        λ in Eq. 5 (the paper's experiments: 0.7; Lemma 1's exact tracking: |S|/m).
+    server_lr
+        η_s in Eq. 6.
+    variant
+        ``"paper"``: Algorithm 2 as written; ``"exact"``: the variant matching the theory
+        (spec §3.3).
+    c_init
+        ``"round"``: before round 1 every client computes c_i⁰ = ∇f_i(θ⁰) − μθ⁰ on its full
+        training set, and c⁰ is their mean; ``"zeros"``: c_i⁰ = c⁰ = 0.
+    warm_start, message_init, delta_ref
+        Ablations of spec §3.4 and §9.1 (θ or own w_i as the local start; c or stored c_i as
+        the local message's start; Δw relative to w_i or to θ).
+    """
+
+    method = "pfedgt"
+    default_fraction_train = 0.25
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        trainable: Sequence[str],
+        gammas: Sequence[float] | None = None,
+        mu: float = 0.05,
+        rho: float = 0.0,
+        message_step: float = 0.7,
+        server_lr: float = 1.0,
+        variant: str = "paper",
+        c_init: str = "round",
+        warm_start: str = "theta",
+        message_init: str = "server",
+        delta_ref: str = "theta",
+        training: LocalTraining | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(training=training, **kwargs)
+        if num_clients < 2:
+            raise ValueError("pFedGT needs at least 2 users (m=1 is local training)")
+        gammas = list(gammas) if gammas is not None else [0.8] * num_clients
+        if len(gammas) != num_clients or any(not 0.0 <= g <= 1.0 for g in gammas):
+            raise ValueError(f"need {num_clients} values γ_i in [0, 1], got {gammas}")
+        for name, value, allowed in (
+            ("variant", variant, ("paper", "exact")),
+            ("c_init", c_init, ("round", "zeros")),
+            ("warm_start", warm_start, ("theta", "personal")),
+            ("message_init", message_init, ("server", "stored")),
+            ("delta_ref", delta_ref, ("personal", "theta")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        self.num_clients = num_clients
+        self.trainable = list(trainable)
+        self.gammas = gammas
+        self.mu, self.rho = mu, rho
+        self.message_step, self.server_lr = message_step, server_lr
+        self.variant, self.c_init = variant, c_init
+        self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
+        #: c, the tracked average message (None until initialised).
+        self.message: dict[str, np.ndarray] | None = None
+        self.prepare_timeout = 600.0
+
+    # ------------------------------------------------------------------ c⁰
+    def prepare(self, grid: Grid, arrays: ArrayRecord, timeout: float) -> None:
+        """Initialise c (spec §3.2): the full-participation round 0, or zeros."""
+        if self.message is not None:
+            return
+        theta = _as_numpy(arrays)
+        zeros = {name: np.zeros_like(theta[name]) for name in self.trainable}
+        if self.c_init == "zeros":
+            self.message = zeros
+            return
+        record = RecordDict(
+            {
+                keys.ARRAYS: arrays,
+                keys.CONFIG: ConfigRecord(
+                    {
+                        keys.SERVER_ROUND: 0,
+                        keys.METHOD: self.method,
+                        keys.PHASE: keys.PHASE_INIT,
+                        keys.PFEDGT_MU: self.mu,
+                        keys.BATCH_SIZE: self.training.batch_size,
+                    }
+                ),
+            }
+        )
+        nodes = self.ordered_nodes(grid)
+        messages = [
+            Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in nodes
+        ]
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        messages_c = []
+        for msg in replies:
+            if msg.has_error():
+                log(
+                    WARNING,
+                    "c⁰ round: node %d failed: %s",
+                    msg.metadata.src_node_id,
+                    msg.error.reason,
+                )
+                continue
+            problem = reply_problem(msg.content, _as_record(zeros), keys.PFEDGT_MESSAGE)
+            if problem is not None:
+                log(WARNING, "c⁰ round: rejected node %d: %s", msg.metadata.src_node_id, problem)
+                continue
+            self._learn_client_id(msg.metadata.src_node_id, msg.content)
+            messages_c.append(_as_numpy(msg.content.array_records[keys.PFEDGT_MESSAGE]))
+        # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean, spec §2.7). A client
+        # that did not answer keeps c_i⁰ = 0, which is what the sum then counts for it.
+        self.message = (
+            {
+                name: np.sum([c[name] for c in messages_c], axis=0) / self.num_clients
+                for name in self.trainable
+            }
+            if messages_c
+            else zeros
+        )
+        self.init_bytes = (
+            sum(record_nbytes(m.content) for m in messages),
+            sum(record_nbytes(m.content) for m in replies if not m.has_error()),
+        )
+        log(INFO, "pFedGT: c⁰ from %d of %d clients", len(messages_c), len(nodes))
+
+    # ------------------------------------------------------------------ rounds
+    def train_config(self, server_round: int, node_id: int) -> dict:
+        client_id = self.client_ids.get(node_id)
+        gamma = self.gammas[client_id] if client_id is not None else self.gammas[0]
+        if client_id is None and len(set(self.gammas)) > 1:
+            log(WARNING, "pFedGT: node %d has no known client id; using γ=%.3f", node_id, gamma)
+        return {
+            **super().train_config(server_round, node_id),
+            keys.PHASE: keys.PHASE_TRAIN,
+            keys.PFEDGT_GAMMA: gamma,
+            keys.PFEDGT_MU: self.mu,
+            keys.PFEDGT_RHO: self.rho,
+            keys.PFEDGT_NUM_USERS: self.num_clients,
+            keys.PFEDGT_VARIANT: self.variant,
+            keys.PFEDGT_WARM_START: self.warm_start,
+            keys.PFEDGT_MESSAGE_INIT: self.message_init,
+            keys.PFEDGT_DELTA_REF: self.delta_ref,
+        }
+
+    def train_content(
+        self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict
+    ) -> RecordDict:
+        """θ^t and c^t: 2d floats down (spec §3.3)."""
+        assert self.message is not None
+        return RecordDict(
+            {
+                keys.ARRAYS: arrays,
+                keys.PFEDGT_MESSAGE: self._message_record,
+                keys.CONFIG: ConfigRecord(config),
+            }
+        )
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.prepare(grid, arrays, timeout=self.prepare_timeout)  # no-op once c is set
+        self._message_record = _as_record(self.message)
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def check_train_reply(self, content: RecordDict) -> str | None:
+        if keys.METRICS not in content.metric_records:
+            return "no metrics in reply"
+        reference = _as_record({n: self._round_arrays[n].numpy() for n in self.trainable})
+        for key in (keys.PFEDGT_DELTA_W, keys.PFEDGT_DELTA_C):
+            problem = reply_problem(content, reference, key)
+            if problem is not None:
+                return problem
+        return None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Eqs. 5–6 over the clients that returned a usable update (failures don't count)."""
+        valid = self.valid_train_replies(replies)
+        if not valid:
+            return None, None
+        assert self.message is not None and self._round_arrays is not None
+        theta = _as_numpy(self._round_arrays)
+        delta_w = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
+        delta_c = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
+        self.message = tracked_update(self.message, delta_c, self.message_step)
+        tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, self.server_lr)
+        buffers = [
+            _as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
+            for m in valid
+            if keys.PFEDGT_BUFFERS in m.content.array_records
+        ]
+        new_theta = {**theta, **tracked}
+        if buffers:
+            new_theta.update(mean_arrays(buffers))
+        return _as_record(new_theta), self.train_metrics(valid)
+
+    def summary(self) -> None:
+        super().summary()
+        log(
+            INFO,
+            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%g η_s=%g variant=%s c⁰=%s warm start=%s",
+            self.num_clients,
+            self.mu,
+            self.rho,
+            self.message_step,
+            self.server_lr,
+            self.variant,
+            self.c_init,
+            self.warm_start,
+        )

@@ -1,0 +1,420 @@
+"""pFedGT against independent references: autograd of Eq. 2, closed-form Nash equilibria of
+quadratic games (spec §8.3), an independent best-response solve for logistic regression,
+Lemma 1's exact tracking, and the γ = 1 / γ → 0 special cases."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import config, grid_for, run_local
+from scipy.optimize import minimize
+
+from pflarena.client.solvers import pfedgt as solver
+from pflarena.client.solvers.local import MODEL_KEY
+from pflarena.core.datasets import to_tensors
+from pflarena.core.federation import load_client
+from pflarena.server.app import initial_arrays
+from pflarena.server.registry import build_strategy
+from pflarena.strategies.pfedgt import tracked_update
+
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------- quadratic games
+def quadratic_game(m: int, d: int, L: float, seed: int, low: float | None = None):
+    """f_i(w) = ½ wᵀA_i w − b_iᵀw with symmetric A_i, eigenvalues in [low, L] (default [−L, L])."""
+    rng = np.random.default_rng(seed)
+    A, b = [], []
+    for _ in range(m):
+        q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+        eig = rng.uniform(-L if low is None else low, L, size=d)
+        eig[0] = L
+        A.append(q @ np.diag(eig) @ q.T)
+        b.append(rng.normal(size=d))
+    return np.array(A), np.array(b)
+
+
+def nash_equilibrium(A, b, gammas, mu, rho):
+    """Solve M w = r (spec §8.3): the stacked first-order conditions ∇_{w_i} G_i = 0."""
+    m, d = b.shape
+    M, r = np.zeros((m * d, m * d)), np.zeros(m * d)
+    for i in range(m):
+        gt = ((m - 1) * gammas[i] + 1) / m
+        rows = slice(i * d, (i + 1) * d)
+        for j in range(m):
+            cols = slice(j * d, (j + 1) * d)
+            if i == j:
+                M[rows, cols] = gt * A[i] + ((1 - gt) * mu + rho) * np.eye(d)
+            else:
+                M[rows, cols] = (1 - gammas[i]) / m * (A[j] - mu * np.eye(d))
+        r[rows] = gt * b[i] + (1 - gammas[i]) / m * (b.sum(axis=0) - b[i])
+    return np.linalg.solve(M, r).reshape(m, d)
+
+
+def run_on_game(
+    A,
+    b,
+    gammas,
+    mu,
+    rho,
+    *,
+    rounds,
+    sample,
+    steps,
+    lr,
+    seed=0,
+    warm_start="personal",
+    variant="exact",
+    step_c=None,
+):
+    """pFedGT's own client solver and server aggregation, on a quadratic game.
+
+    c⁰ = mean_i (∇f_i(θ⁰) − μθ⁰); λ = |S|/m unless ``step_c`` is given. Returns the
+    personalized models after every round.
+    """
+    m, d = b.shape
+    At, bt = torch.tensor(A), torch.tensor(b)
+    rng = np.random.default_rng(seed)
+
+    def grad(i, x):
+        return At[i] @ x - bt[i]
+
+    theta = torch.zeros(d, dtype=F64)
+    w = [theta.clone() for _ in range(m)]
+    c_stored = [grad(i, theta) - mu * theta for i in range(m)]
+    c = torch.stack(c_stored).mean(0)
+    history = []
+    for _ in range(rounds):
+        chosen = rng.choice(m, size=sample, replace=False)
+        delta_w, delta_c = [], []
+        for i in chosen:
+            x = (theta if warm_start == "theta" else w[i]).clone()
+            c_new = solver.local_solve(
+                [x],
+                [lambda i=i, x=x: [grad(i, x)]] * steps,
+                c_server=[c],
+                c_stored=[c_stored[i]],
+                weights=solver.GameWeights(gammas[i], mu, rho, m),
+                lr=lr,
+                variant=variant,
+                full_grad=lambda i=i, x=x: [grad(i, x)],
+            )[0]
+            delta_w.append({"w": (x - theta).numpy()})
+            delta_c.append({"c": (c_new - c_stored[i]).numpy()})
+            w[i], c_stored[i] = x, c_new
+        c = torch.from_numpy(tracked_update({"c": c.numpy()}, delta_c, step_c or sample / m)["c"])
+        theta = torch.from_numpy(tracked_update({"w": theta.numpy()}, delta_w, 1.0)["w"])
+        history.append(torch.stack(w).numpy().copy())
+    return history
+
+
+GAME = dict(m=5, d=6, L=1.0, seed=3)
+GAMMA, MU, RHO = 0.5, 0.1, 1.5  # ρ > L: Theorem 1's unique equilibrium, contraction a_1
+
+
+def _a1(m, gamma, mu, L, rho):
+    gt = ((m - 1) * gamma + 1) / m
+    return (1 - gt) * (mu + L) / ((1 - gt) * mu - gt * L + rho)
+
+
+def test_quadratic_game_converges_linearly_to_the_equilibrium():
+    A, b = quadratic_game(**GAME)  # indefinite A_i: the f_i are nonconvex
+    gammas = [GAMMA] * GAME["m"]
+    w_star = nash_equilibrium(A, b, gammas, MU, RHO)
+    lr = 1 / (RHO + GAME["L"] + MU)  # ≤ 1/L of every G_i
+    history = run_on_game(A, b, gammas, MU, RHO, rounds=40, sample=GAME["m"], steps=40, lr=lr)
+    errors = np.array([np.linalg.norm(h - w_star) for h in history])
+    assert errors[-1] < 1e-6
+    # Geometric decrease, at the rate Theorem 1 promises for full participation.
+    a1 = _a1(GAME["m"], GAMMA, MU, GAME["L"], RHO)
+    assert a1 < 1
+    ratios = errors[1:][errors[:-1] > 1e-9] / errors[:-1][errors[:-1] > 1e-9]
+    assert len(ratios) >= 5 and np.all(ratios <= a1 + 0.02)
+
+
+def test_quadratic_game_partial_participation_converges():
+    A, b = quadratic_game(**GAME)
+    gammas = [GAMMA] * GAME["m"]
+    w_star = nash_equilibrium(A, b, gammas, MU, RHO)
+    lr = 1 / (RHO + GAME["L"] + MU)
+    history = run_on_game(A, b, gammas, MU, RHO, rounds=120, sample=2, steps=40, lr=lr)
+    errors = np.array([np.linalg.norm(h - w_star) for h in history])
+    assert errors[-1] < 1e-6
+    # Linear in expectation (Theorem 2): the log-error falls along a line.
+    slope = np.polyfit(np.arange(60), np.log(errors[:60]), 1)[0]
+    p_min, a1 = 2 / GAME["m"], _a1(GAME["m"], GAMMA, MU, GAME["L"], RHO)
+    assert slope < 0.5 * np.log(1 - p_min * (1 - a1))
+
+
+def test_quadratic_game_fails_without_the_message_correction(monkeypatch):
+    """The test above can fail: drop Eq. 7's message terms and the equilibrium is missed."""
+    monkeypatch.setattr(
+        solver, "corrected_gradient", lambda g, w, cs, cl, ci, *, a, b, rho: g + rho * w
+    )
+    A, b = quadratic_game(**GAME)
+    gammas = [GAMMA] * GAME["m"]
+    w_star = nash_equilibrium(A, b, gammas, MU, RHO)
+    history = run_on_game(
+        A, b, gammas, MU, RHO, rounds=40, sample=GAME["m"], steps=40, lr=1 / (RHO + GAME["L"] + MU)
+    )
+    assert np.linalg.norm(history[-1] - w_star) > 1e-2
+
+
+def test_gamma_zero_equilibrium_is_consensus_at_the_federated_optimum():
+    """γ → 0: every user ends at argmin of the average loss, FedAvg's target (with μ as a
+    proximal pull towards the others' models along the way)."""
+    A, b = quadratic_game(m=4, d=5, L=1.0, seed=7, low=0.3)  # convex f_i
+    gammas, mu, rho = [0.0] * 4, 1.0, 0.0
+    w_fl = np.linalg.solve(A.sum(0), b.sum(0))
+    np.testing.assert_allclose(
+        nash_equilibrium(A, b, gammas, mu, rho), np.tile(w_fl, (4, 1)), atol=1e-10
+    )
+    history = run_on_game(A, b, gammas, mu, rho, rounds=150, sample=4, steps=30, lr=0.5)
+    np.testing.assert_allclose(history[-1], np.tile(w_fl, (4, 1)), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Eq. 7
+def _logistic_setup(m=4, n=20, d=3, k=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, d, generator=gen, dtype=F64) + i for i in range(m)]
+    ys = [torch.randint(0, k, (n,), generator=gen) for _ in range(m)]
+    ws = [torch.randn(k, d, generator=gen, dtype=F64) for _ in range(m)]
+
+    def f(i, w):
+        return torch.nn.functional.cross_entropy(xs[i] @ w.T, ys[i])
+
+    def grad(i, w):
+        w = w.detach().requires_grad_(True)
+        return torch.autograd.grad(f(i, w), w)[0]
+
+    return f, grad, ws
+
+
+@pytest.mark.parametrize("gamma,mu,rho", [(0.8, 0.05, 0.0), (0.3, 0.5, 0.2)])
+def test_eq7_equals_autograd_of_the_game_objective(gamma, mu, rho):
+    """Eq. 7 (messages) equals ∇ of Eq. 2 built literally, with the j = i term exact."""
+    m = 4
+    f, grad, ws = _logistic_setup(m=m)
+    i = 1
+    w_now = ws[i] + 0.3  # the local iterate w_i^{t,e}, away from the stored w_i^t
+
+    w_var = w_now.clone().requires_grad_(True)
+    objective = gamma * f(i, w_var) + (1 - gamma) / m * f(i, w_var) + rho / 2 * w_var.pow(2).sum()
+    for j in range(m):
+        if j != i:
+            objective = objective + (1 - gamma) / m * (
+                f(j, ws[j]).detach()
+                + (grad(j, ws[j]) * (w_var - ws[j])).sum()
+                + mu / 2 * (w_var - ws[j]).pow(2).sum()
+            )
+    expected = torch.autograd.grad(objective, w_var)[0]
+
+    messages = [grad(j, ws[j]) - mu * ws[j] for j in range(m)]
+    c = torch.stack(messages).mean(0)
+    g = grad(i, w_now)
+    weights = solver.GameWeights(gamma, mu, rho, m)
+    got = solver.corrected_gradient(
+        g, w_now, c, g - mu * w_now, messages[i], a=weights.a, b=weights.b, rho=rho
+    )
+    torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-9)
+
+
+def test_gamma_zero_step_is_the_average_gradient_plus_proximal_pull():
+    """γ = 0: the step is (1/m)∇f_i(w) + ((m−1)/m)(mean_{j≠i} ∇f_j(w_j) + μ(w − mean_{j≠i} w_j))."""
+    m, mu = 4, 0.3
+    _, grad, ws = _logistic_setup(m=m, seed=2)
+    i, w_now = 2, ws[2] - 0.2
+    messages = [grad(j, ws[j]) - mu * ws[j] for j in range(m)]
+    c = torch.stack(messages).mean(0)
+    g = grad(i, w_now)
+    got = solver.corrected_gradient(
+        g, w_now, c, g - mu * w_now, messages[i], a=1.0, b=1 / m, rho=0.0
+    )
+    others = [j for j in range(m) if j != i]
+    expected = g / m + (m - 1) / m * (
+        torch.stack([grad(j, ws[j]) for j in others]).mean(0)
+        + mu * (w_now - torch.stack([ws[j] for j in others]).mean(0))
+    )
+    torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-9)
+
+
+# ----------------------------------------------------------------------------- Lemma 1
+def test_lemma1_exact_tracking_with_lambda_s_over_m():
+    rng = np.random.default_rng(0)
+    m, d, s = 10, 7, 3
+    c_i = rng.normal(size=(m, d))
+    exact = {"c": c_i.mean(0)}
+    loose = {"c": c_i.mean(0)}
+    for _ in range(100):
+        chosen = rng.choice(m, size=s, replace=False)
+        new = c_i.copy()
+        new[chosen] = rng.normal(size=(s, d))
+        deltas = [{"c": new[i] - c_i[i]} for i in chosen]
+        exact = tracked_update(exact, deltas, s / m)
+        loose = tracked_update(loose, deltas, 0.7)
+        c_i = new
+        np.testing.assert_allclose(exact["c"], c_i.mean(0), atol=1e-12)
+    assert np.linalg.norm(loose["c"] - c_i.mean(0)) > 1e-3  # λ = 0.7 ≠ |S|/m: no exact tracking
+
+
+def test_tracked_update_is_unweighted_mean_step():
+    current = {"x": np.array([1.0, 2.0])}
+    out = tracked_update(current, [{"x": np.array([2.0, 0.0])}, {"x": np.array([0.0, 4.0])}], 0.5)
+    np.testing.assert_allclose(out["x"], [1.5, 3.0])
+    assert tracked_update(current, [], 1.0)["x"] is not current["x"]
+
+
+# ----------------------------------------------------------------------------- through Flower
+def _numpy_logistic(x, y, k):
+    """f(w) and ∇f for softmax regression with w = [W (k×d) row-major, bias (k)]."""
+    n, d = x.shape
+    onehot = np.eye(k)[y]
+
+    def unpack(w):
+        return w[: k * d].reshape(k, d), w[k * d :]
+
+    def value_grad(w):
+        W, bias = unpack(w)
+        z = x @ W.T + bias
+        z = z - z.max(1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(1, keepdims=True)
+        loss = -np.mean(np.log(p[np.arange(n), y] + 1e-300))
+        diff = (p - onehot) / n
+        return loss, np.concatenate([(diff.T @ x).ravel(), diff.sum(0)])
+
+    return value_grad
+
+
+def test_logistic_fixed_point_is_a_nash_equilibrium(tmp_path):
+    """Run pFedGT through the Flower client and strategy on `synthetic` (logistic regression),
+    then check every w_i against an independent scipy solve of its best response."""
+    m, gamma, mu, rho = 4, 0.5, 0.5, 0.05
+    cfg = config(
+        strategy="pfedgt",
+        dataset="synthetic",
+        partition="natural",
+        num_clients=m,
+        num_rounds=120,
+        eval_every=120,
+        batch_size=100000,
+        local_epochs=20,
+        lr=0.15,
+        fraction_train=1.0,
+        pfedgt_gamma=gamma,
+        pfedgt_mu=mu,
+        pfedgt_rho=rho,
+        pfedgt_lambda=1.0,
+        pfedgt_variant="exact",
+        pfedgt_warm_start="personal",
+    )
+    grid = grid_for(cfg)
+    run_local(cfg, tmp_path, grid=grid)
+    final = {}
+    for ctx in grid.contexts.values():
+        state = ctx.state.array_records[solver.PERSONAL_KEY]
+        weight, bias = state["linear.weight"].numpy(), state["linear.bias"].numpy()
+        final[int(ctx.node_config["partition-id"])] = np.concatenate([weight.ravel(), bias])
+    k = weight.shape[0]
+    oracles = []
+    for i in range(m):
+        data, info = load_client(cfg.federation_spec(), i)
+        x, y = to_tensors(data.x_train, data.y_train, info)
+        oracles.append(_numpy_logistic(x.numpy().astype(np.float64), y.numpy(), k))
+
+    for i in range(m):
+        gt = ((m - 1) * gamma + 1) / m
+        others = [j for j in range(m) if j != i]
+        g_others = sum(oracles[j](final[j])[1] for j in others)
+        w_others = sum(final[j] for j in others)
+
+        def G(w, i=i, gt=gt, g_others=g_others, w_others=w_others, others=others):
+            loss, grad = oracles[i](w)
+            value = (
+                gt * loss
+                + (1 - gamma)
+                / m
+                * (g_others @ w + mu / 2 * sum(np.sum((w - final[j]) ** 2) for j in others))
+                + rho / 2 * w @ w
+            )
+            gradient = (
+                gt * grad + (1 - gamma) / m * (g_others + mu * ((m - 1) * w - w_others)) + rho * w
+            )
+            return value, gradient
+
+        best = minimize(
+            G,
+            np.zeros_like(final[i]),
+            jac=True,
+            method="L-BFGS-B",
+            options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 5000},
+        )
+        assert np.linalg.norm(G(final[i])[1]) < 1e-4, f"client {i}: ∇G_i(w_i) is not ~0"
+        assert np.linalg.norm(best.x - final[i]) < 1e-3 * max(1.0, np.linalg.norm(best.x))
+
+
+def test_gamma_one_is_local_training(tmp_path):
+    """γ = 1 with the own-model warm start: the messages drop out and each w_i is exactly
+    the model the `local` strategy trains."""
+    common = dict(num_rounds=3, fraction_train=1.0, alpha=0.3)
+    g_cfg = config(strategy="pfedgt", pfedgt_gamma=1.0, pfedgt_warm_start="personal", **common)
+    l_cfg = config(strategy="local", **common)
+    g_grid, l_grid = grid_for(g_cfg), grid_for(l_cfg)
+    run_local(g_cfg, tmp_path / "g", grid=g_grid)
+    run_local(l_cfg, tmp_path / "l", grid=l_grid)
+    for node_id, ctx in g_grid.contexts.items():
+        ours = ctx.state.array_records[solver.PERSONAL_KEY]
+        theirs = l_grid.contexts[node_id].state.array_records[MODEL_KEY]
+        for name in theirs.keys():
+            np.testing.assert_allclose(ours[name].numpy(), theirs[name].numpy(), atol=1e-5)
+
+
+def test_pfedgt_learns_and_beats_fedavg_on_skewed_digits(tmp_path):
+    results = {}
+    for strategy in ("pfedgt", "fedavg"):
+        cfg = config(
+            strategy=strategy,
+            num_clients=10,
+            num_rounds=8,
+            alpha=0.1,
+            fraction_train=0.5,
+            local_epochs=2,
+        )
+        outcome = run_local(cfg, tmp_path / strategy, grid=grid_for(cfg))
+        results[strategy] = [r["evaluation"]["personalized"]["mean"] for r in outcome.rounds]
+    assert results["pfedgt"][-1] > results["pfedgt"][0] + 0.4
+    assert results["pfedgt"][-1] > results["fedavg"][-1] + 0.1
+
+
+def test_init_round_sets_c0_to_the_mean_message(tmp_path):
+    cfg = config(strategy="pfedgt", num_rounds=1, fraction_train=0.4)
+    grid = grid_for(cfg)
+    strategy = build_strategy(cfg)
+    strategy.prepare(grid, initial_arrays(cfg), timeout=60)
+    stored = [ctx.state.array_records[solver.MESSAGE_KEY] for ctx in grid.contexts.values()]
+    for name in strategy.trainable:
+        np.testing.assert_allclose(
+            strategy.message[name], np.mean([s[name].numpy() for s in stored], axis=0), rtol=1e-6
+        )
+    # and the messages are the full-batch gradient at θ⁰ minus μθ⁰ (checked on one client)
+    ctx = next(iter(grid.contexts.values()))
+    data, info = load_client(cfg.federation_spec(), int(ctx.node_config["partition-id"]))
+    x, y = to_tensors(data.x_train, data.y_train, info)
+    from pflarena.core.models import build_model
+
+    net = build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=cfg.seed).double()
+    loss = torch.nn.functional.cross_entropy(net(x.double()), y)
+    grads = dict(
+        zip(
+            [n for n, _ in net.named_parameters()],
+            torch.autograd.grad(loss, list(net.parameters())),
+            strict=True,
+        )
+    )
+    for name, param in net.named_parameters():
+        expected = (grads[name] - cfg.pfedgt_mu * param).detach().numpy()
+        np.testing.assert_allclose(
+            ctx.state.array_records[solver.MESSAGE_KEY][name].numpy(),
+            expected,
+            rtol=1e-4,
+            atol=1e-6,
+        )
