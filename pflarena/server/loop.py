@@ -67,6 +67,12 @@ def _evaluate(
     replies, down, _ = _send(grid, messages, timeout)
     strategy.aggregate_evaluate(server_round, replies)
     results = list(strategy.last_evaluation.values())
+    if not results and server_round == 0:
+        errors = [m.error.reason for m in replies if m.has_error()]
+        raise RuntimeError(
+            f"no client could evaluate the initial model ({len(errors)} of {len(messages)} "
+            f"failed); first error: {errors[0] if errors else 'no reply'}"
+        )
     if not results:
         return None, down
     personalized, global_ = evaluation_stats(results)

@@ -1,0 +1,110 @@
+"""The CLI's fast paths: validation before anything starts, compare, shards."""
+
+import json
+
+from pflarena.core.federation import load_shard
+from pflarena.server.cli import compare_table, main
+
+
+def test_bad_config_stops_before_anything_starts(tmp_path, capsys):
+    code = main(["run", "--num-rounds", "zero", "--output-dir", str(tmp_path / "x")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "num-rounds" in err and "zero" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_unknown_key_via_set_is_named(tmp_path, capsys):
+    assert main(["run", "--set", "learning-rate=0.1", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "learning-rate" in capsys.readouterr().err
+
+
+def test_existing_results_are_never_overwritten(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"keep": true}')
+    assert main(["run", "--output-dir", str(run)]) == 1
+    assert "already holds results" in capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text()) == {"keep": True}
+
+
+def _fake_run(path, strategy, mean, global_=None):
+    path.mkdir(parents=True)
+    block = {
+        "last": {"mean": mean, "weighted": mean, "std": 0.1, "worst10": mean / 2, "round": 5},
+        "best": {"mean": mean, "weighted": mean, "std": 0.1, "worst10": mean / 2, "round": 4},
+    }
+    summary = {
+        "strategy": strategy,
+        "dataset": "digits",
+        "num_clients": 10,
+        "num_rounds": 5,
+        "seed": 0,
+        "status": "completed",
+        "personalized": block,
+        "global": {"last": {"weighted": global_}} if global_ else None,
+        "wall_time_s": 12.0,
+        "bytes_up": 2e6,
+        "bytes_down": 4e6,
+    }
+    (path / "summary.json").write_text(json.dumps(summary))
+    rounds = [
+        {"round": r, "evaluation": {"personalized": {"mean": mean * r / 5}, "global": None}}
+        for r in range(6)
+    ]
+    (path / "rounds.jsonl").write_text("\n".join(json.dumps(r) for r in rounds) + "\n")
+
+
+def test_compare_table_and_plot(tmp_path, capsys):
+    _fake_run(tmp_path / "a", "local", 0.9)
+    _fake_run(tmp_path / "b", "fedavg", 0.6, global_=0.7)
+    table = compare_table([tmp_path / "a", tmp_path / "b"])
+    lines = table.splitlines()
+    assert len(lines) == 4
+    assert "| a | local | digits | 10 | 5 | 0 | 90.00 |" in lines[2]
+    assert "| 70.00 |" in lines[3] and "| — |" in lines[2]
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+                "--plot",
+                str(tmp_path / "c.png"),
+                "--output",
+                str(tmp_path / "c.md"),
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert (tmp_path / "c.md").read_text().strip() == table
+
+
+def test_compare_rejects_a_directory_without_results(tmp_path, capsys):
+    assert main(["compare", str(tmp_path)]) == 1
+    assert "no summary.json" in capsys.readouterr().err
+
+
+def test_shards_command_writes_one_file_per_client(tmp_path, capsys):
+    out = tmp_path / "shards"
+    assert (
+        main(
+            [
+                "shards",
+                "--dataset",
+                "digits",
+                "--partition",
+                "iid",
+                "--num-clients",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    files = sorted(out.glob("*.npz"))
+    assert len(files) == 3
+    data, info = load_shard(files[1])
+    assert data.client_id == 1 and info.name == "digits" and len(data.y_train) > 0
