@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
 from helpers import config, grid_for, run_local
 
 from pflarena.core import keys
@@ -129,3 +129,13 @@ def test_strategy_runs_under_flowers_own_start():
     result = build_strategy(cfg).start(grid=grid, initial_arrays=initial_arrays(cfg), num_rounds=2)
     assert isinstance(result.arrays, ArrayRecord) and len(result.arrays)
     assert result.evaluate_metrics_clientapp[2]["personalized-mean"] > 0.2
+
+
+def test_error_reply_from_the_superlink_is_charged_to_the_node_that_died():
+    cfg = config(strategy="fedavg")
+    grid, strategy, _, messages, replies = _train_round(cfg)
+    dead = messages[0]
+    error = Message(Error(code=0, reason="Node Unavailable"), reply_to=dead)
+    error.metadata.__dict__["_src_node_id"] = 1  # Flower sends these from the SuperLink
+    strategy.aggregate_train(1, [error, *replies[1:]])
+    assert strategy.last_failed == [dead.metadata.dst_node_id]

@@ -8,6 +8,7 @@ this node's data (its shard, or its simulated partition), restore the method's s
 from __future__ import annotations
 
 import os
+import time
 from functools import lru_cache
 
 import torch
@@ -59,7 +60,9 @@ def _job(msg: Message, context: Context) -> tuple[ClientJob, str]:
 def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
     job, method = _job(msg, context)
+    start = time.perf_counter()
     records, metrics = SOLVERS[method].train(job)
+    metrics[keys.TRAIN_TIME] = time.perf_counter() - start
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
     )

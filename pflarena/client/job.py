@@ -70,7 +70,7 @@ def _load_partition_cached(cfg: RunConfig, partition_id: int, device: str) -> No
 def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> NodeData:
     """This node's data: the shard named by ``data-path``, else partition ``partition-id``.
 
-    In deployment each SuperNode is started with ``--node-config data-path=...`` and trains
+    In deployment each SuperNode is started with ``--node-config 'data-path="..."'`` and trains
     on that file alone. In simulation Flower sets ``partition-id`` and the partition is
     rebuilt deterministically from the run config (cached per process).
     """
@@ -80,7 +80,7 @@ def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> N
     if "partition-id" not in node_config:
         raise RuntimeError(
             "this node has neither a 'data-path' nor a 'partition-id' in its node config; "
-            'start the SuperNode with --node-config "data-path=/path/to/client_0000.npz"'
+            'start the SuperNode with --node-config \'data-path="/path/to/client_0000.npz"\''
         )
     partition_id = int(node_config["partition-id"])
     num_partitions = int(node_config.get("num-partitions", cfg.num_clients))

@@ -29,6 +29,7 @@ CLIENT_ID = "client-id"
 NUM_EXAMPLES = "num-examples"  # training examples (FedAvg weighting)
 TRAIN_LOSS = "train-loss"
 TRAIN_STEPS = "train-steps"
+TRAIN_TIME = "train-time-s"  # wall time of the local solver (set by the ClientApp)
 
 # Evaluation replies: sums, so the server can pool them exactly.
 PERSONALIZED_CORRECT = "personalized-correct"

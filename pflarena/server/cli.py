@@ -374,11 +374,8 @@ def _cmd_shards(args: argparse.Namespace) -> int:
     spec = cfg.federation_spec()
     paths = write_shards(build_federation(spec), args.out, spec)
     print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
-    print(
-        'start SuperNode i with: --node-config "data-path=<dir>/'
-        + paths[0].name.replace("0000", "NNNN")
-        + '"'
-    )
+    example = paths[0].resolve()
+    print(f"start each SuperNode with its own file, e.g. --node-config 'data-path=\"{example}\"'")
     return 0
 
 

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.server.results import ResultsWriter, summarize_rounds
 from pflarena.strategies.base import PflStrategy, evaluation_stats, record_nbytes
@@ -90,6 +91,15 @@ def _evaluate(
     return record, down
 
 
+def _client_time(replies: list[Message]) -> float:
+    """Summed wall time the clients report for their local solvers this round."""
+    return sum(
+        float(m.content.metric_records[keys.METRICS].get(keys.TRAIN_TIME, 0.0))
+        for m in replies
+        if not m.has_error() and keys.METRICS in m.content.metric_records
+    )
+
+
 def _progress(record: dict[str, Any], num_rounds: int) -> str:
     text = f"[round {record['round']}/{num_rounds}] {record['elapsed_s']:.1f}s"
     evaluation = record.get("evaluation")
@@ -152,6 +162,7 @@ def run_rounds(
                 if metrics and "train-loss" in metrics
                 else None,
                 "sampled": sorted(strategy.client_ids.get(n, -1) for n in strategy.last_sampled),
+                "client_time_s": _client_time(replies),
             },
             "bytes_down": down,
             "bytes_up": up,

@@ -147,6 +147,7 @@ class PflStrategy(Strategy):
         #: node ids whose latest training reply was an error or was rejected.
         self.last_failed: list[int] = []
         self._round_arrays: ArrayRecord | None = None
+        self._sent: list[Message] = []
         #: (bytes down, bytes up) of the one-off exchange in :meth:`prepare`.
         self.init_bytes: tuple[int, int] = (0, 0)
 
@@ -220,6 +221,7 @@ class PflStrategy(Strategy):
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
             )
+        self._sent = messages  # message ids are set when the grid sends them
         return messages
 
     def configure_evaluate(
@@ -242,8 +244,11 @@ class PflStrategy(Strategy):
     def valid_train_replies(self, replies: Iterable[Message]) -> list[Message]:
         """Drop error replies and malformed updates (logged), remember the client ids."""
         valid, failed = [], []
+        # An error reply Flower makes for a node that went away comes from the SuperLink, so
+        # find the node a reply answers through the message it replies to.
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
         for msg in replies:
-            node_id = msg.metadata.src_node_id
+            node_id = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             if msg.has_error():
                 log(WARNING, "client on node %d failed: %s", node_id, msg.error.reason)
                 failed.append(node_id)
