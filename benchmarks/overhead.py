@@ -44,9 +44,7 @@ def plain_loop(cfg, rounds: int, threads: int) -> list[float]:
     torch.set_num_threads(threads)
     federation = build_federation(cfg.federation_spec())
     info = federation.info
-    data = [
-        (*to_tensors(c.x_train, c.y_train, info), len(c.y_train)) for c in federation.clients
-    ]
+    data = [(*to_tensors(c.x_train, c.y_train, info), len(c.y_train)) for c in federation.clients]
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=cfg.seed)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     times = []
@@ -55,15 +53,25 @@ def plain_loop(cfg, rounds: int, threads: int) -> list[float]:
         states, weights = [], []
         for client_id, (x, y, n) in enumerate(data):
             model.load_state_dict(global_state)
-            generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + client_id * 7919 + server_round)
-            train_epochs(model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                         lr=cfg.lr, generator=generator)
+            generator = torch.Generator().manual_seed(
+                cfg.seed * 1_000_003 + client_id * 7919 + server_round
+            )
+            train_epochs(
+                model,
+                x,
+                y,
+                epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                generator=generator,
+            )
             states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             weights.append(n)
         total = float(sum(weights))
         global_state = {
             k: sum(s[k].float() * (w / total) for s, w in zip(states, weights, strict=True)).to(
-                global_state[k].dtype)
+                global_state[k].dtype
+            )
             for k in global_state
         }
         times.append(time.perf_counter() - start)
@@ -71,8 +79,9 @@ def plain_loop(cfg, rounds: int, threads: int) -> list[float]:
 
 
 def flower_rounds(cfg, rounds: int, workdir: Path) -> tuple[list[dict], float]:
-    cfg = cfg.model_copy(update={"num_rounds": rounds, "eval_every": 10_000,
-                                 "output_dir": str(workdir / "flower")})
+    cfg = cfg.model_copy(
+        update={"num_rounds": rounds, "eval_every": 10_000, "output_dir": str(workdir / "flower")}
+    )
     start = time.perf_counter()
     simulate(cfg, verbosity=0)
     wall = time.perf_counter() - start
@@ -89,11 +98,20 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "overhead.md"))
     args = parser.parse_args()
 
-    cfg = parse_run_config({
-        "strategy": "fedavg", "dataset": "mnist", "data-dir": args.data_dir, "model": "cnn",
-        "partition": "iid", "num-clients": args.num_clients, "fraction-train": 1.0,
-        "local-epochs": args.local_epochs, "batch-size": args.batch_size, "lr": 0.05,
-    })
+    cfg = parse_run_config(
+        {
+            "strategy": "fedavg",
+            "dataset": "mnist",
+            "data-dir": args.data_dir,
+            "model": "cnn",
+            "partition": "iid",
+            "num-clients": args.num_clients,
+            "fraction-train": 1.0,
+            "local-epochs": args.local_epochs,
+            "batch-size": args.batch_size,
+            "lr": 0.05,
+        }
+    )
     cores = os.cpu_count() or 1
     build_federation(cfg.federation_spec())  # decode and cache before timing anything
 
@@ -110,10 +128,15 @@ def main() -> None:
     actors = cores  # one CPU per client actor
     compute_share = client / actors
     result = {
-        "flower_round_s": flower, "plain_round_s": plain, "plain_round_1thread_s": plain1,
-        "ratio": flower / plain, "client_compute_s_summed": client,
-        "client_compute_s_per_actor": compute_share, "flower_first_round_s": rounds[0]["train_time_s"],
-        "flower_process_wall_s": wall, "bytes_per_round": timed[0]["bytes_up"] + timed[0]["bytes_down"],
+        "flower_round_s": flower,
+        "plain_round_s": plain,
+        "plain_round_1thread_s": plain1,
+        "ratio": flower / plain,
+        "client_compute_s_summed": client,
+        "client_compute_s_per_actor": compute_share,
+        "flower_first_round_s": rounds[0]["train_time_s"],
+        "flower_process_wall_s": wall,
+        "bytes_per_round": timed[0]["bytes_up"] + timed[0]["bytes_down"],
     }
     lines = [
         "# Overhead: Flower simulation round vs. a plain PyTorch loop",

@@ -29,8 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(strategy: str, base: dict, rounds: int, workdir: Path) -> dict:
-    cfg = parse_run_config({**base, "strategy": strategy, "num-rounds": rounds,
-                            "eval-every": 10_000, "output-dir": str(workdir / strategy)})
+    cfg = parse_run_config(
+        {
+            **base,
+            "strategy": strategy,
+            "num-rounds": rounds,
+            "eval-every": 10_000,
+            "output-dir": str(workdir / strategy),
+        }
+    )
     simulate(cfg, verbosity=0)
     records = read_rounds(workdir / strategy / "rounds.jsonl")
     timed = [r for r in records if r["round"] >= 2]
@@ -51,9 +58,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pfedgt_cost.md"))
     args = parser.parse_args()
-    base = {"dataset": args.dataset, "data-dir": args.data_dir, "model": "cnn",
-            "partition": "pfllib-dirichlet", "alpha": 0.1, "seed": 1, "num-clients": 20,
-            "fraction-train": 0.25, "local-epochs": 1, "batch-size": 128, "lr": 0.05}
+    base = {
+        "dataset": args.dataset,
+        "data-dir": args.data_dir,
+        "model": "cnn",
+        "partition": "pfllib-dirichlet",
+        "alpha": 0.1,
+        "seed": 1,
+        "num-clients": 20,
+        "fraction-train": 0.25,
+        "local-epochs": 1,
+        "batch-size": 128,
+        "lr": 0.05,
+    }
     build_federation(parse_run_config(base).federation_spec())  # decode and cache first
     with tempfile.TemporaryDirectory() as tmp:
         results = {s: measure(s, base, args.rounds, Path(tmp)) for s in ("fedavg", "pfedgt")}

@@ -80,7 +80,7 @@ def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> N
     if "partition-id" not in node_config:
         raise RuntimeError(
             "this node has neither a 'data-path' nor a 'partition-id' in its node config; "
-            'start the SuperNode with --node-config \'data-path="/path/to/client_0000.npz"\''
+            "start the SuperNode with --node-config 'data-path=\"/path/to/client_0000.npz\"'"
         )
     partition_id = int(node_config["partition-id"])
     num_partitions = int(node_config.get("num-partitions", cfg.num_clients))

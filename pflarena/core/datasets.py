@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -568,18 +568,26 @@ def _decode_cifar10_tar(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x), y
 
 
-def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
-    """Write an uncompressed ``.npz`` through a temporary file and a rename."""
+def atomic_write(path: Path, write: Any) -> None:
+    """Call ``write(stream)`` on a temporary file next to ``path``, then rename it.
+
+    A crash leaves either the old file or the complete new one, never a torn file.
+    """
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as stream:
-            np.savez(stream, **arrays)  # type: ignore[arg-type]
+            write(stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    """Write an uncompressed ``.npz`` atomically."""
+    atomic_write(path, lambda stream: np.savez(stream, **arrays))
 
 
 # --------------------------------------------------------------------------------------

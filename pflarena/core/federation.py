@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import tempfile
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass
@@ -33,6 +31,7 @@ from pflarena.core.datasets import (
     NATURAL_DATASETS,
     DatasetError,
     DatasetInfo,
+    atomic_write,
     check_dataset_name,
     generate_synthetic_mixture,
     load_natural,
@@ -379,20 +378,6 @@ def _shard_metadata(info: DatasetInfo, client_id: int) -> dict[str, Any]:
     }
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(stream)`` on a temporary file next to ``path``, then rename it."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def write_shards(
     federation: Federation, out_dir: str | Path, spec: FederationSpec | None = None
 ) -> list[Path]:
@@ -425,7 +410,7 @@ def write_shards(
         metadata = json.dumps(_shard_metadata(federation.info, client.client_id))
         arrays = {name: np.asarray(getattr(client, name)) for name in SHARD_ARRAYS}
         arrays[_METADATA_KEY] = np.array([metadata])
-        _atomic_write(path, lambda stream, arrays=arrays: np.savez(stream, **arrays))
+        atomic_write(path, lambda stream, arrays=arrays: np.savez(stream, **arrays))
         paths.append(path)
     manifest = {
         "format": SHARD_FORMAT,
@@ -445,7 +430,7 @@ def write_shards(
         ],
     }
     text = json.dumps(manifest, indent=2).encode()
-    _atomic_write(out_path / MANIFEST_NAME, lambda stream: stream.write(text))
+    atomic_write(out_path / MANIFEST_NAME, lambda stream: stream.write(text))
     return paths
 
 

@@ -273,10 +273,12 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
     from pflarena.server.results import read_rounds
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for run_dir in run_dirs:
+    for index, run_dir in enumerate(run_dirs):
         s = _load_run(run_dir)
         rounds = [r for r in read_rounds(run_dir / "rounds.jsonl") if r.get("evaluation")]
-        label = f"{s['strategy']} ({run_dir.name})" if len(run_dirs) > 1 else s["strategy"]
+        same = run_dir.name == s["strategy"] or len(run_dirs) == 1
+        label = s["strategy"] if same else f"{s['strategy']} ({run_dir.name})"
+        color = f"C{index % 10}"  # one colour per run, the same in both panels
         for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
             ys = [(r["evaluation"].get(scope) or {}).get(key) for r in rounds]
             if any(y is not None for y in ys):
@@ -286,6 +288,7 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
                     marker="o",
                     ms=2,
                     label=label,
+                    color=color,
                 )
     axes[0].set_title("personalized accuracy (mean over clients)")
     axes[1].set_title("global model accuracy (pooled test sets)")
