@@ -5,11 +5,13 @@ Lemma 1's exact tracking, and the γ = 1 / γ → 0 special cases."""
 import numpy as np
 import pytest
 import torch
+from flwr.app import Array, ConfigRecord
 from helpers import config, grid_for, run_local
 from scipy.optimize import minimize
 
 from pflarena.client.solvers import pfedgt as solver
 from pflarena.client.solvers.local import MODEL_KEY
+from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.server.app import initial_arrays
@@ -418,3 +420,26 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
             rtol=1e-4,
             atol=1e-6,
         )
+
+
+def test_nan_update_is_rejected_and_eq5_uses_the_rest():
+    cfg = config(strategy="pfedgt", fraction_train=1.0, pfedgt_lambda=0.7)
+    grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
+    strategy.prepare(grid, arrays, timeout=60)
+    before = {k: v.copy() for k, v in strategy.message.items()}
+    replies = list(
+        grid.send_and_receive(list(strategy.configure_train(1, arrays, ConfigRecord(), grid)))
+    )
+    name = strategy.trainable[0]
+    bad = replies[0].content[keys.PFEDGT_DELTA_C][name].numpy().copy()
+    bad.flat[0] = np.nan
+    replies[0].content[keys.PFEDGT_DELTA_C][name] = Array(bad)
+    strategy.aggregate_train(1, replies)
+    assert strategy.last_failed == [replies[0].metadata.src_node_id]
+    rest = [r.content[keys.PFEDGT_DELTA_C][name].numpy() for r in replies[1:]]
+    np.testing.assert_allclose(
+        strategy.message[name],
+        before[name] + 0.7 / len(rest) * np.sum(rest, 0),
+        rtol=1e-5,
+        atol=1e-7,
+    )

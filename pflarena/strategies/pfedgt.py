@@ -142,6 +142,8 @@ class PFedGT(PflStrategy):
         self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
         #: c, the tracked average message (None until initialised).
         self.message: dict[str, np.ndarray] | None = None
+        self._message_record: ArrayRecord | None = None  # c^t as sent this round
+        self._trainable_reference: ArrayRecord | None = None  # θ^t's trainable arrays
         self.prepare_timeout = 600.0
 
     # ------------------------------------------------------------------ c⁰
@@ -242,14 +244,14 @@ class PFedGT(PflStrategy):
     ) -> Iterable[Message]:
         self.prepare(grid, arrays, timeout=self.prepare_timeout)  # no-op once c is set
         self._message_record = _as_record(self.message)
+        self._trainable_reference = ArrayRecord({n: arrays[n] for n in self.trainable})
         return super().configure_train(server_round, arrays, config, grid)
 
     def check_train_reply(self, content: RecordDict) -> str | None:
         if keys.METRICS not in content.metric_records:
             return "no metrics in reply"
-        reference = _as_record({n: self._round_arrays[n].numpy() for n in self.trainable})
         for key in (keys.PFEDGT_DELTA_W, keys.PFEDGT_DELTA_C):
-            problem = reply_problem(content, reference, key)
+            problem = reply_problem(content, self._trainable_reference, key)
             if problem is not None:
                 return problem
         return None
