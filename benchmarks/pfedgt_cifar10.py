@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from pflarena.core.config import parse_run_config
-from pflarena.server.cli import simulate
+from pflarena.server.cli import compare_plot, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("local", "fedavg", "fedavg-ft", "ditto", "pfedgt")
@@ -69,71 +69,119 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "pfedgt-cifar10"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pfedgt_cifar10.md"))
-    args = parser.parse_args()
-
-    summaries: dict[tuple[str, float], dict] = {}
-    for alpha in args.alphas:
-        for strategy in args.strategies:
-            out = Path(args.runs_dir) / f"a{alpha}-r{args.rounds}-{strategy}"
-            summary_path = out / "summary.json"
-            if (
-                summary_path.exists()
-                and json.loads(summary_path.read_text())["status"] == "completed"
-            ):
-                summaries[(strategy, alpha)] = json.loads(summary_path.read_text())
-                continue
-            print(f"== {strategy} α={alpha}", flush=True)
-            cfg = parse_run_config(run_config(strategy, alpha, args, out))
-            summaries[(strategy, alpha)] = simulate(cfg, verbosity=0)
-            write_table(summaries, args)
-    write_table(summaries, args)
-
-
-def write_table(summaries: dict, args: argparse.Namespace) -> None:
-    alphas = sorted({alpha for _, alpha in summaries})
-    header = (
-        "| method | "
-        + " | ".join(f"α={a}: ours last (best, round) | α={a}: paper" for a in alphas)
-        + " |"
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing; rewrite the table and plots from the completed runs in --runs-dir",
     )
+    args = parser.parse_args()
+    runs_dir = Path(args.runs_dir)
+
+    if not args.report_only:
+        for alpha in args.alphas:
+            for strategy in args.strategies:
+                out = runs_dir / run_name(alpha, args.rounds, strategy)
+                if _completed(out) is not None:
+                    continue
+                print(f"== {strategy} α={alpha} ({args.rounds} rounds)", flush=True)
+                simulate(parse_run_config(run_config(strategy, alpha, args, out)), verbosity=0)
+                write_report(runs_dir, Path(args.out), args)
+    write_report(runs_dir, Path(args.out), args)
+
+
+def run_name(alpha: float, rounds: int, strategy: str) -> str:
+    return f"a{alpha}-r{rounds}-{strategy}"
+
+
+def _completed(run_dir: Path) -> dict | None:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("status") == "completed" else None
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.2f}"
+
+
+def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
+    """One table per number of rounds, over every completed run in ``runs_dir``, plus a plot
+    of accuracy against rounds for each (α, rounds) pair."""
+    runs: dict[tuple[int, float, str], tuple[Path, dict]] = {}
+    for summary_path in sorted(runs_dir.glob("a*-r*-*/summary.json")):
+        summary = _completed(summary_path.parent)
+        if summary is None or summary.get("dataset") != "cifar10":
+            continue
+        alpha = json.loads((summary_path.parent / "config.json").read_text())["run_config"]["alpha"]
+        key = (int(summary["num_rounds"]), float(alpha), summary["strategy"])
+        runs[key] = (summary_path.parent, summary)
+
     lines = [
         "# pFedGT CIFAR-10 (Table 1, Dirichlet columns), scaled down",
         "",
-        f"Command: `python benchmarks/pfedgt_cifar10.py --alphas {' '.join(map(str, alphas))} "
-        f"--rounds {args.rounds} --eval-every {args.eval_every} --lr {args.lr}`.",
+        "Command: `python benchmarks/pfedgt_cifar10.py --alphas A... --rounds R "
+        f"--eval-every {args.eval_every} --lr {args.lr}` once per table below (completed runs "
+        "are skipped); `--report-only` rewrites this file and the plots.",
         "",
-        f"**Ours:** FedAvg CIFAR CNN, **{args.rounds} rounds**, CPU (2 cores). **Paper:** "
-        "ResNet-18, 100 rounds. Both: CIFAR-10 (60,000 images; ours the offline JPEG copy), "
-        "PFLlib Dirichlet split with seed 1 over 20 clients, 25% participation, E=5, B=128. "
-        "Personalized accuracy in %, unweighted mean over the 20 clients (the paper averages "
-        "per-user accuracies too), every client evaluated.",
-        "",
-        header,
-        "|---|" + "---|---|" * len(alphas),
+        "**Ours:** FedAvg CIFAR CNN, CPU (2 cores), the number of rounds in each table's "
+        "title. **Paper:** ResNet-18, 100 rounds. Both: CIFAR-10 (60,000 images; ours the "
+        "offline JPEG copy), PFLlib Dirichlet split with seed 1 over 20 clients, 25% "
+        "participation, E=5, B=128. Accuracy in %, unweighted mean over the 20 clients (the "
+        "paper averages per-user accuracies too), every client evaluated. *pers.*: each "
+        "client's personalized model (FedAvg's global model for `fedavg`); *global*: the "
+        "server model on every client's test split (pFedGT's θ, the paper's Fig. 6 \"GM\").",
     ]
-    for strategy in args.strategies:
-        cells = []
+    for rounds in sorted({r for r, _, _ in runs}):
+        alphas = sorted({a for r, a, _ in runs if r == rounds})
+        lines += [
+            "",
+            f"## {rounds} rounds",
+            "",
+            "| method | "
+            + " | ".join(
+                f"α={a} pers. last (best, round) | α={a} global | α={a} paper pers." for a in alphas
+            )
+            + " |",
+            "|---|" + "---|---|---|" * len(alphas),
+        ]
+        for strategy in STRATEGIES:
+            cells = []
+            for alpha in alphas:
+                paper = PAPER.get(strategy, {}).get(alpha, "—")
+                entry = runs.get((rounds, alpha, strategy))
+                if entry is None:
+                    cells += ["not run", "—", f"{paper}"]
+                    continue
+                pers, glob = entry[1]["personalized"], entry[1].get("global")
+                cells += [
+                    f"{_pct(pers['last']['mean'])} ({_pct(pers['best']['mean'])}, "
+                    f"{pers['best']['round']})",
+                    _pct(glob["last"]["mean"]) if glob else "—",
+                    f"{paper}",
+                ]
+            lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "Wall time per run (s): "
+            + ", ".join(
+                f"{s} α={a}: {runs[(r, a, s)][1]['wall_time_s']:.0f}"
+                for r, a, s in sorted(runs)
+                if r == rounds
+            ),
+        ]
         for alpha in alphas:
-            s = summaries.get((strategy, alpha))
-            if s is None:
-                cells += ["not run", f"{PAPER.get(strategy, {}).get(alpha, '—')}"]
-                continue
-            last, best = s["personalized"]["last"], s["personalized"]["best"]
-            cells += [
-                f"{100 * last['mean']:.2f} ({100 * best['mean']:.2f}, {best['round']})",
-                f"{PAPER.get(strategy, {}).get(alpha, '—')}",
-            ]
-        lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+            dirs = [runs[k][0] for k in sorted(runs) if k[0] == rounds and k[1] == alpha]
+            plot = out.parent / f"{out.stem}_a{alpha}_r{rounds}.png"
+            compare_plot(dirs, plot)
+            lines += ["", f"![α={alpha}, {rounds} rounds]({plot.name})"]
     lines += [
         "",
-        "Wall time per run (s): "
-        + ", ".join(f"{k[0]} α={k[1]}: {v['wall_time_s']:.0f}" for k, v in summaries.items()),
-        "",
-        "The paper's figures come from a 100-round ResNet-18 run; with this few rounds of a small "
-        "CNN, the absolute numbers are not comparable. What carries over is the ordering of "
-        "the methods.",
+        "The paper's figures come from a 100-round ResNet-18 run; with this few rounds of a "
+        "small CNN the absolute numbers are not comparable. What carries over is the "
+        "ordering of the methods.",
     ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
