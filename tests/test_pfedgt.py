@@ -383,6 +383,11 @@ def test_pfedgt_learns_and_beats_fedavg_on_skewed_digits(tmp_path):
         )
         outcome = run_local(cfg, tmp_path / strategy, grid=grid_for(cfg))
         results[strategy] = [r["evaluation"]["personalized"]["mean"] for r in outcome.rounds]
+        server = outcome.rounds[-1]["train"]["server"]
+        if strategy == "pfedgt":  # the state metrics reach rounds.jsonl
+            assert server["theta-norm"] > 0 and server["message-tracking-error"] >= 0
+        else:
+            assert server == {}
     assert results["pfedgt"][-1] > results["pfedgt"][0] + 0.4
     assert results["pfedgt"][-1] > results["fedavg"][-1] + 0.1
 
@@ -443,3 +448,29 @@ def test_nan_update_is_rejected_and_eq5_uses_the_rest():
         rtol=1e-5,
         atol=1e-7,
     )
+
+
+@pytest.mark.parametrize("message_step", [0.4, 0.7])
+def test_tracking_error_measures_c_against_the_stored_messages(message_step):
+    # 2 of 5 clients a round: λ = |S|/m = 0.4 tracks the mean exactly (Lemma 1), 0.7 drifts
+    cfg = config(strategy="pfedgt", fraction_train=0.4, pfedgt_lambda=message_step)
+    grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
+    strategy.prepare(grid, arrays, timeout=60)
+    for server_round in (1, 2, 3):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        arrays, metrics = strategy.aggregate_train(
+            server_round, list(grid.send_and_receive(messages))
+        )
+    stored = [ctx.state.array_records[solver.MESSAGE_KEY] for ctx in grid.contexts.values()]
+    mean = {n: np.mean([s[n].numpy() for s in stored], axis=0) for n in strategy.trainable}
+    diff = np.concatenate([(strategy.message[n] - mean[n]).ravel() for n in strategy.trainable])
+    norm = np.linalg.norm(np.concatenate([mean[n].ravel() for n in strategy.trainable]))
+    assert metrics["message-tracking-error"] == pytest.approx(
+        np.linalg.norm(diff) / norm, rel=1e-3, abs=1e-6
+    )
+    if message_step == 0.4:
+        assert metrics["message-tracking-error"] < 1e-5
+    else:
+        assert metrics["message-tracking-error"] > 1e-3
+    theta = np.concatenate([arrays[n].numpy().ravel() for n in strategy.trainable])
+    assert metrics["theta-norm"] == pytest.approx(np.linalg.norm(theta), rel=1e-5)

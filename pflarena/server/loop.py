@@ -163,6 +163,12 @@ def run_rounds(
                 else None,
                 "sampled": sorted(strategy.client_ids.get(n, -1) for n in strategy.last_sampled),
                 "client_time_s": _client_time(replies),
+                # whatever else the strategy reports about its own state (e.g. pFedGT's ‖θ‖)
+                "server": {
+                    k: float(v)
+                    for k, v in (metrics or {}).items()
+                    if k not in ("train-loss", "clients-trained") and isinstance(v, (int, float))
+                },
             },
             "bytes_down": down,
             "bytes_up": up,

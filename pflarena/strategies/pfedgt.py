@@ -68,6 +68,15 @@ def _as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
 
 
+def _copy(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: value.copy() for name, value in arrays.items()}
+
+
+def _norm(arrays: dict[str, np.ndarray]) -> float:
+    """The L2 norm of all the arrays taken as one vector (in float64)."""
+    return float(np.sqrt(sum(np.sum(np.square(v, dtype=np.float64)) for v in arrays.values())))
+
+
 class PFedGT(PflStrategy):
     """pFedGT, Algorithm 1 (server) with Algorithm 2 run by the clients.
 
@@ -142,6 +151,9 @@ class PFedGT(PflStrategy):
         self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
         #: c, the tracked average message (None until initialised).
         self.message: dict[str, np.ndarray] | None = None
+        #: (1/m) Σ_i c_i over the messages the clients store: what c tracks exactly when
+        #: λ = |S|/m (Lemma 1). Kept for the per-round tracking-error metric only.
+        self.message_mean: dict[str, np.ndarray] | None = None
         self._message_record: ArrayRecord | None = None  # c^t as sent this round
         self._trainable_reference: ArrayRecord | None = None  # θ^t's trainable arrays
         self.prepare_timeout = 600.0
@@ -154,7 +166,7 @@ class PFedGT(PflStrategy):
         theta = _as_numpy(arrays)
         zeros = {name: np.zeros_like(theta[name]) for name in self.trainable}
         if self.c_init == "zeros":
-            self.message = zeros
+            self.message, self.message_mean = zeros, _copy(zeros)
             return
         record = RecordDict(
             {
@@ -201,6 +213,7 @@ class PFedGT(PflStrategy):
             if messages_c
             else zeros
         )
+        self.message_mean = _copy(self.message)
         self.init_bytes = (
             sum(record_nbytes(m.content) for m in messages),
             sum(record_nbytes(m.content) for m in replies if not m.has_error()),
@@ -268,6 +281,10 @@ class PFedGT(PflStrategy):
         delta_w = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
         delta_c = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
         self.message = tracked_update(self.message, delta_c, self.message_step)
+        if self.message_mean is not None:
+            self.message_mean = tracked_update(
+                self.message_mean, delta_c, len(delta_c) / self.num_clients
+            )
         tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, self.server_lr)
         buffers = [
             _as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
@@ -277,7 +294,26 @@ class PFedGT(PflStrategy):
         new_theta = {**theta, **tracked}
         if buffers:
             new_theta.update(mean_arrays(buffers))
-        return _as_record(new_theta), self.train_metrics(valid)
+        metrics = self.train_metrics(valid)
+        assert metrics is not None
+        metrics.update(self.state_metrics(new_theta))
+        return _as_record(new_theta), metrics
+
+    def state_metrics(self, theta: dict[str, np.ndarray]) -> dict[str, float]:
+        """‖θ‖, ‖c‖ and c's relative distance from the mean of the stored messages.
+
+        The tracking error is 0 with λ = |S|/m and no failures (Lemma 1); with another λ
+        it shows how far c has drifted from the average it stands for.
+        """
+        assert self.message is not None
+        out = {
+            "theta-norm": _norm({n: theta[n] for n in self.trainable}),
+            "message-norm": _norm(self.message),
+        }
+        if self.message_mean is not None:
+            diff = {n: self.message[n] - self.message_mean[n] for n in self.trainable}
+            out["message-tracking-error"] = _norm(diff) / max(_norm(self.message_mean), 1e-30)
+        return out
 
     def summary(self) -> None:
         super().summary()
