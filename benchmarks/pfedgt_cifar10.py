@@ -87,7 +87,7 @@ def main() -> None:
         for alpha in args.alphas:
             for strategy in args.strategies:
                 out = runs_dir / run_name(alpha, args.rounds, strategy, args.model)
-                if _completed(out) is not None:
+                if completed_summary(out) is not None:
                     continue
                 print(f"== {strategy} α={alpha} ({args.model}, {args.rounds} rounds)", flush=True)
                 simulate(
@@ -104,7 +104,7 @@ def run_name(alpha: float, rounds: int, strategy: str, model: str = "cnn") -> st
     return f"a{alpha}-r{rounds}-{strategy}" + ("" if model == "cnn" else f"-{model}")
 
 
-def _completed(run_dir: Path) -> dict | None:
+def completed_summary(run_dir: Path) -> dict | None:
     path = run_dir / "summary.json"
     if not path.exists():
         return None
@@ -121,7 +121,7 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
     plot of accuracy against rounds for each setting and α."""
     runs: dict[tuple[tuple[str, int], float, str], tuple[Path, dict]] = {}
     for summary_path in sorted(runs_dir.glob("a*-r*-*/summary.json")):
-        summary = _completed(summary_path.parent)
+        summary = completed_summary(summary_path.parent)
         if summary is None or summary.get("dataset") != "cifar10":
             continue
         run_config = json.loads((summary_path.parent / "config.json").read_text())["run_config"]

@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pfedgt_cifar10 import ROOT, run_config, run_name
+from pfedgt_cifar10 import ROOT, completed_summary, run_config, run_name
 
 from pflarena.core.config import parse_run_config
 from pflarena.server.cli import simulate
@@ -55,7 +55,7 @@ def main() -> None:
         for alpha in args.alphas:
             for lam in args.lambdas:
                 out = run_dir(args, alpha, lam)
-                if (out / "summary.json").exists():
+                if completed_summary(out) is not None:
                     continue
                 print(f"== pfedgt α={alpha} λ={lam} ({args.rounds} rounds)", flush=True)
                 cfg = run_config("pfedgt", alpha, args, out) | {"pfedgt-lambda": lam}
