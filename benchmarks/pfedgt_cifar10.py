@@ -137,8 +137,8 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
         "are skipped); `--report-only` rewrites this file and the plots.",
         "",
         "**Ours:** the model and number of rounds in each table's title; `cnn` is the FedAvg "
-        "CIFAR CNN, run on a CPU (2 cores). **Paper:** ResNet-18, 100 rounds. Both: CIFAR-10 (60,000 images; ours the "
-        "offline JPEG copy), PFLlib Dirichlet split with seed 1 over 20 clients, 25% "
+        "CIFAR CNN, run on a CPU (2 cores). **Paper:** ResNet-18, 100 rounds. Both: CIFAR-10 "
+        "(60,000 images; ours the offline JPEG copy), PFLlib Dirichlet split with seed 1 over 20 clients, 25% "
         "participation, E=5, B=128. Accuracy in %, unweighted mean over the 20 clients (the "
         "paper averages per-user accuracies too), every client evaluated. *pers.*: each "
         "client's personalized model (FedAvg's global model for `fedavg`); *global*: the "

@@ -72,7 +72,9 @@ def _row(path: Path, alpha: float, lam: float, label: str) -> str | None:
     pers = " / ".join(f"{100 * r['evaluation']['personalized']['mean']:.1f}" for r in evals)
     glob = " / ".join(f"{100 * r['evaluation']['global']['mean']:.1f}" for r in evals)
     losses = [r["train"]["loss"] for r in rounds if r.get("train") and r["train"]["loss"]]
-    worst = max(range(len(losses)), key=losses.__getitem__) if losses else None
+    if not losses:
+        return None
+    worst = max(range(len(losses)), key=losses.__getitem__)
     server = [r["train"].get("server") or {} for r in rounds if r.get("train")]
     norms = " / ".join(
         f"{s['theta-norm']:.1f}"
@@ -84,8 +86,6 @@ def _row(path: Path, alpha: float, lam: float, label: str) -> str | None:
         f"| {alpha} | {lam} | {label} | {pers} | {glob} "
         f"| {losses[worst]:.2f} (round {worst + 1}) | {norms or '—'} "
         f"| {f'{errors[-1]:.2f}' if errors else '—'} | {summary['status']} |"
-        if losses
-        else None
     )
 
 
@@ -109,11 +109,12 @@ def write_report(args: argparse.Namespace) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for alpha in args.alphas:
-        for lam, suffix, label in (
-            [(PAPER_LAMBDA, "", "paper's λ")]
-            + [(PAPER_LAMBDA, "-metrics", "paper's λ, rerun with state metrics")]
-            + [(lam, "", "") for lam in args.lambdas]
-        ):
+        variants = [
+            (PAPER_LAMBDA, "", "paper's λ"),
+            (PAPER_LAMBDA, "-metrics", "paper's λ, rerun with state metrics"),
+            *((lam, "", "") for lam in args.lambdas),
+        ]
+        for lam, suffix, label in variants:
             row = _row(run_dir(args, alpha, lam, suffix), alpha, lam, label)
             if row:
                 lines.append(row)

@@ -167,7 +167,7 @@ def run_rounds(
                 "server": {
                     k: float(v)
                     for k, v in (metrics or {}).items()
-                    if k not in ("train-loss", "clients-trained") and isinstance(v, (int, float))
+                    if k not in (keys.TRAIN_LOSS, "clients-trained") and isinstance(v, (int, float))
                 },
             },
             "bytes_down": down,

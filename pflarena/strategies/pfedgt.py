@@ -280,11 +280,11 @@ class PFedGT(PflStrategy):
         theta = _as_numpy(self._round_arrays)
         delta_w = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
         delta_c = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
+        assert self.message_mean is not None  # set with c in prepare()
         self.message = tracked_update(self.message, delta_c, self.message_step)
-        if self.message_mean is not None:
-            self.message_mean = tracked_update(
-                self.message_mean, delta_c, len(delta_c) / self.num_clients
-            )
+        self.message_mean = tracked_update(
+            self.message_mean, delta_c, len(delta_c) / self.num_clients
+        )
         tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, self.server_lr)
         buffers = [
             _as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
@@ -305,15 +305,13 @@ class PFedGT(PflStrategy):
         The tracking error is 0 with λ = |S|/m and no failures (Lemma 1); with another λ
         it shows how far c has drifted from the average it stands for.
         """
-        assert self.message is not None
-        out = {
+        assert self.message is not None and self.message_mean is not None
+        diff = {n: self.message[n] - self.message_mean[n] for n in self.trainable}
+        return {
             "theta-norm": _norm({n: theta[n] for n in self.trainable}),
             "message-norm": _norm(self.message),
+            "message-tracking-error": _norm(diff) / max(_norm(self.message_mean), 1e-30),
         }
-        if self.message_mean is not None:
-            diff = {n: self.message[n] - self.message_mean[n] for n in self.trainable}
-            out["message-tracking-error"] = _norm(diff) / max(_norm(self.message_mean), 1e-30)
-        return out
 
     def summary(self) -> None:
         super().summary()
