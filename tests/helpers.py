@@ -5,10 +5,10 @@ from __future__ import annotations
 from local_grid import LocalGrid
 
 from pflarena.client.app import app as client_app
-from pflarena.core.config import RunConfig, parse_run_config
+from pflarena.core.config import RunConfig
 from pflarena.server.app import initial_arrays
 from pflarena.server.loop import RunOutcome, run_rounds
-from pflarena.server.registry import build_strategy
+from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter
 
 
@@ -22,7 +22,7 @@ def config(**overrides) -> RunConfig:
         "lr": 0.1,
     }
     base.update({k.replace("_", "-"): v for k, v in overrides.items()})
-    return parse_run_config(base)
+    return parse_config(base)
 
 
 def grid_for(cfg: RunConfig, **kwargs) -> LocalGrid:

@@ -16,6 +16,7 @@ from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.server.app import initial_arrays
 from pflarena.server.registry import build_strategy
+from pflarena.strategies.base import direct_send
 from pflarena.strategies.pfedgt import tracked_update
 
 F64 = torch.float64
@@ -302,12 +303,12 @@ def test_logistic_fixed_point_is_a_nash_equilibrium(tmp_path):
         local_epochs=20,
         lr=0.15,
         fraction_train=1.0,
-        pfedgt_gamma=gamma,
-        pfedgt_mu=mu,
-        pfedgt_rho=rho,
-        pfedgt_lambda=1.0,
-        pfedgt_variant="exact",
-        pfedgt_warm_start="personal",
+        **{"pfedgt.gamma": gamma},
+        **{"pfedgt.mu": mu},
+        **{"pfedgt.rho": rho},
+        **{"pfedgt.lambda": 1.0},
+        **{"pfedgt.variant": "exact"},
+        **{"pfedgt.warm-start": "personal"},
     )
     grid = grid_for(cfg)
     run_local(cfg, tmp_path, grid=grid)
@@ -358,7 +359,9 @@ def test_gamma_one_is_local_training(tmp_path):
     """γ = 1 with the own-model warm start: the messages drop out and each w_i is exactly
     the model the `local` strategy trains."""
     common = dict(num_rounds=3, fraction_train=1.0, alpha=0.3)
-    g_cfg = config(strategy="pfedgt", pfedgt_gamma=1.0, pfedgt_warm_start="personal", **common)
+    g_cfg = config(
+        strategy="pfedgt", **{"pfedgt.gamma": 1.0}, **{"pfedgt.warm-start": "personal"}, **common
+    )
     l_cfg = config(strategy="local", **common)
     g_grid, l_grid = grid_for(g_cfg), grid_for(l_cfg)
     run_local(g_cfg, tmp_path / "g", grid=g_grid)
@@ -396,7 +399,7 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
     cfg = config(strategy="pfedgt", num_rounds=1, fraction_train=0.4)
     grid = grid_for(cfg)
     strategy = build_strategy(cfg)
-    strategy.prepare(grid, initial_arrays(cfg), timeout=60)
+    strategy.initialise_message(grid, initial_arrays(cfg), direct_send(grid, 60))
     stored = [ctx.state.array_records[solver.MESSAGE_KEY] for ctx in grid.contexts.values()]
     for name in strategy.trainable:
         np.testing.assert_allclose(
@@ -418,7 +421,7 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
         )
     )
     for name, param in net.named_parameters():
-        expected = (grads[name] - cfg.pfedgt_mu * param).detach().numpy()
+        expected = (grads[name] - strategy.mu * param).detach().numpy()
         np.testing.assert_allclose(
             ctx.state.array_records[solver.MESSAGE_KEY][name].numpy(),
             expected,
@@ -428,9 +431,9 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
 
 
 def test_nan_update_is_rejected_and_eq5_uses_the_rest():
-    cfg = config(strategy="pfedgt", fraction_train=1.0, pfedgt_lambda=0.7)
+    cfg = config(strategy="pfedgt", fraction_train=1.0, **{"pfedgt.lambda": 0.7})
     grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
-    strategy.prepare(grid, arrays, timeout=60)
+    strategy.initialise_message(grid, arrays, direct_send(grid, 60))
     before = {k: v.copy() for k, v in strategy.message.items()}
     replies = list(
         grid.send_and_receive(list(strategy.configure_train(1, arrays, ConfigRecord(), grid)))
@@ -453,9 +456,9 @@ def test_nan_update_is_rejected_and_eq5_uses_the_rest():
 @pytest.mark.parametrize("message_step", [0.4, 0.7])
 def test_tracking_error_measures_c_against_the_stored_messages(message_step):
     # 2 of 5 clients a round: λ = |S|/m = 0.4 tracks the mean exactly (Lemma 1), 0.7 drifts
-    cfg = config(strategy="pfedgt", fraction_train=0.4, pfedgt_lambda=message_step)
+    cfg = config(strategy="pfedgt", fraction_train=0.4, **{"pfedgt.lambda": message_step})
     grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
-    strategy.prepare(grid, arrays, timeout=60)
+    strategy.initialise_message(grid, arrays, direct_send(grid, 60))
     for server_round in (1, 2, 3):
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         arrays, metrics = strategy.aggregate_train(

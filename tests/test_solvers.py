@@ -44,8 +44,8 @@ def _distance_to_global_after_one_round(strategy, **kw):
 
 
 def test_fedprox_proximal_term_keeps_updates_closer():
-    free = _distance_to_global_after_one_round("fedprox", proximal_mu=0.0)
-    pulled = _distance_to_global_after_one_round("fedprox", proximal_mu=5.0)
+    free = _distance_to_global_after_one_round("fedprox", **{"fedprox.mu": 0.0})
+    pulled = _distance_to_global_after_one_round("fedprox", **{"fedprox.mu": 5.0})
     assert pulled < 0.5 * free
 
 
@@ -61,7 +61,7 @@ def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
     """With a very strong pull the personal model tracks the received global model."""
 
     def personal_gap(lam):
-        cfg = config(strategy="ditto", num_rounds=1, ditto_lambda=lam, lr=0.01)
+        cfg = config(strategy="ditto", num_rounds=1, **{"ditto.lambda": lam}, lr=0.01)
         grid = grid_for(cfg)
         run_local(cfg, tmp_path / f"l{lam}", grid=grid)
         init = initial_arrays(cfg)
@@ -79,7 +79,7 @@ def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
 
 
 def test_fedavg_ft_finetuning_leaves_no_trace(tmp_path):
-    cfg = config(strategy="fedavg-ft", num_rounds=1, personal_epochs=3)
+    cfg = config(strategy="fedavg-ft", num_rounds=1, **{"fedavg-ft.finetune-epochs": 3})
     grid = grid_for(cfg)
     outcome = run_local(cfg, tmp_path, grid=grid)
     assert all(len(ctx.state.array_records) == 0 for ctx in grid.contexts.values())

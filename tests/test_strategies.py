@@ -114,7 +114,8 @@ def test_fedprox_and_ditto_send_their_weights():
         ("fedprox", keys.PROXIMAL_MU, 0.3),
         ("ditto", keys.DITTO_LAMBDA, 0.7),
     ):
-        cfg = config(strategy=strategy, proximal_mu=0.3, ditto_lambda=0.7)
+        param = {"fedprox": "fedprox.mu", "ditto": "ditto.lambda"}[strategy]
+        cfg = config(strategy=strategy, **{param: value})
         grid = grid_for(cfg)
         messages = list(
             build_strategy(cfg).configure_train(1, initial_arrays(cfg), ConfigRecord(), grid)

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from pflarena.client.job import ClientJob, load_node_data, pick_device
-from pflarena.client.solvers import SOLVERS
+from pflarena.client.solvers import Solver, load_solver
 from pflarena.core import keys
 from pflarena.core.config import RunConfig, parse_run_config
 
@@ -38,13 +38,13 @@ def _limit_threads() -> None:
         torch.set_num_threads(int(threads))
 
 
-def _job(msg: Message, context: Context) -> tuple[ClientJob, str]:
+def _job(msg: Message, context: Context) -> tuple[ClientJob, Solver]:
     _limit_threads()
     cfg = _parse(tuple(sorted(context.run_config.items())))
     config = msg.content.config_records.get(keys.CONFIG, ConfigRecord())
     method = str(config.get(keys.METHOD, cfg.strategy))
-    if method not in SOLVERS:
-        raise ValueError(f"no client solver for method {method!r}; known: {', '.join(SOLVERS)}")
+    default_solver = "pflarena.client.solvers." + method.replace("-", "_")
+    solver = load_solver(str(config.get(keys.SOLVER, default_solver)))
     device = pick_device(cfg.device)
     job = ClientJob(
         cfg=cfg,
@@ -53,15 +53,15 @@ def _job(msg: Message, context: Context) -> tuple[ClientJob, str]:
         content=msg.content,
         device=device,
     )
-    return job, method
+    return job, solver
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
-    job, method = _job(msg, context)
+    job, solver = _job(msg, context)
     start = time.perf_counter()
-    records, metrics = SOLVERS[method].train(job)
+    records, metrics = solver.train(job)
     metrics[keys.TRAIN_TIME] = time.perf_counter() - start
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
@@ -71,6 +71,6 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate this client's personalized model (and the global one, if any)."""
-    job, method = _job(msg, context)
-    metrics = SOLVERS[method].evaluate(job)
+    job, solver = _job(msg, context)
+    metrics = solver.evaluate(job)
     return Message(content=RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)

@@ -127,6 +127,22 @@ class ClientJob:
     def server_round(self) -> int:
         return int(self.config.get(keys.SERVER_ROUND, 0))
 
+    @property
+    def method(self) -> str:
+        return str(self.config.get(keys.METHOD, self.cfg.strategy))
+
+    @property
+    def phase(self) -> str:
+        """Which exchange of a round this message belongs to (``train`` unless named)."""
+        return str(self.config.get(keys.PHASE, keys.PHASE_TRAIN))
+
+    def param(self, key: str):
+        """A method value the strategy sent under ``<method>.<key>`` (``method_config``)."""
+        name = f"{self.method}.{key}"
+        if name not in self.config:
+            raise KeyError(f"the message has no {name!r}; the strategy must send it")
+        return self.config[name]
+
     def new_model(self) -> nn.Module:
         """The run's initial model (the same weights on every client and the server)."""
         info = self.data.info

@@ -1,24 +1,39 @@
-"""The run configuration: one pydantic model for every key a run accepts.
+"""The run configuration: the common keys in one pydantic model, each method's in its own.
 
 Flower hands the ServerApp and every ClientApp the same flat run config (defaults from
-``[tool.flwr.app.config]`` in ``pyproject.toml``, overridden by ``--run-config``). Both
-sides parse it with :func:`parse_run_config`, so an unknown key, a wrong type or an
+``[tool.flwr.app.config]`` in ``pyproject.toml``, overridden by ``--run-config``). Common
+keys are flat (``num-clients``); a method's parameters live under its name
+(``ditto.lambda``, from a ``[tool.flwr.app.config.ditto]`` table), declared by the method
+(:class:`~pflarena.core.methods.MethodDeclaration`).
+
+:func:`parse_run_config` validates the common keys and, given the declared methods (the
+server and the CLI pass them), every method key too: an unknown key, a wrong type or an
 out-of-range value stops the run with a message that names the key and what is allowed.
+Without the declarations (a ClientApp, which reads its method's settings from the
+messages) method keys are carried along unchecked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-__all__ = ["ConfigError", "RunConfig", "parse_run_config", "STRATEGY_NAMES"]
+from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration, MethodParams
 
-#: Strategy names accepted by ``strategy=``; the server and client registries cover each.
-STRATEGY_NAMES: tuple[str, ...] = ("local", "fedavg", "fedavg-ft", "fedprox", "ditto", "pfedgt")
+__all__ = ["ConfigError", "RunConfig", "parse_run_config", "parse_float_list"]
 
 Partition = Literal["iid", "dirichlet", "pathological", "shards", "pfllib-dirichlet", "natural"]
+
+#: Keys of earlier releases that moved under a method's namespace.
+RENAMED_KEYS: dict[str, str] = {
+    "proximal-mu": "fedprox.mu",
+    "ditto-lambda": "ditto.lambda",
+    "personal-epochs": "ditto.personal-epochs or fedavg-ft.finetune-epochs",
+}
 
 
 class ConfigError(ValueError):
@@ -26,10 +41,11 @@ class ConfigError(ValueError):
 
 
 class RunConfig(BaseModel):
-    """Every run-config key, with its default, type and allowed range.
+    """Every common run-config key, with its default, type and allowed range.
 
     Field names use underscores; the run config uses the hyphenated aliases
-    (``num-clients``), as Flower configs do.
+    (``num-clients``), as Flower configs do. The method keys (``<method>.<param>``) are
+    kept beside the fields: :meth:`method_values`, :meth:`params`.
     """
 
     model_config = ConfigDict(
@@ -40,94 +56,51 @@ class RunConfig(BaseModel):
     )
 
     # What runs.
-    strategy: str = Field("fedavg", description="strategy name")
+    strategy: str = Field("fedavg", description="the method to run (see `pflarena methods`)")
     dataset: str = Field("digits", description="dataset name")
     model: str = Field("", description="model name; empty picks the dataset's default")
     seed: int = Field(0, ge=0, description="seed for data, models and client sampling")
 
     # Data and partition.
-    partition: Partition = "dirichlet"
+    partition: Partition = Field("dirichlet", description="how pooled data is split over clients")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
-    classes_per_client: int = Field(2, ge=1)
-    shards_per_client: int = Field(2, ge=1)
-    test_fraction: float = Field(0.25, gt=0, lt=1)
+    classes_per_client: int = Field(2, ge=1, description="classes per client (pathological)")
+    shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
     data_dir: str = Field("", description="directory with real datasets (torchvision layout)")
-    synthetic_alpha: float = Field(0.5, ge=0)
-    synthetic_beta: float = Field(0.5, ge=0)
-    mixture_label_mode: Literal["fixed", "faithful"] = "fixed"
+    synthetic_alpha: float = Field(0.5, ge=0, description="Synthetic(α, β): model heterogeneity")
+    synthetic_beta: float = Field(0.5, ge=0, description="Synthetic(α, β): data heterogeneity")
+    mixture_label_mode: Literal["fixed", "faithful"] = Field(
+        "fixed", description="synthetic-mixture labels ('faithful': the reference generator's)"
+    )
 
     # Federation.
     num_clients: int = Field(10, ge=1, description="number of clients (SuperNodes)")
-    num_rounds: int = Field(20, ge=1)
+    num_rounds: int = Field(20, ge=1, description="training rounds")
     fraction_train: float = Field(
         0.0,
         ge=0,
         le=1,
-        description="fraction of clients sampled per round; 0 = the strategy's default "
-        "(1.0 for the baselines, 0.25 for pFedGT as in its paper)",
+        description="fraction of clients sampled per round; 0 = the method's default "
+        "(see `pflarena methods`)",
     )
-    min_train_clients: int = Field(1, ge=1)
+    min_train_clients: int = Field(1, ge=1, description="at least this many clients per round")
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for replies")
 
-    # Local training.
-    local_epochs: int = Field(2, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.1, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-
-    # Method-specific.
-    proximal_mu: float = Field(0.01, ge=0, description="FedProx proximal weight")
-    ditto_lambda: float = Field(0.1, ge=0, description="Ditto proximal weight")
-    personal_epochs: int = Field(
-        1, ge=0, description="Ditto personal-model epochs; FedAvg-FT fine-tuning epochs"
-    )
-
-    # pFedGT (specs/pfedgt.md). Defaults are the paper's experimental settings.
-    pfedgt_gamma: float = Field(0.8, ge=0, le=1, description="personalization coefficient γ")
-    pfedgt_gammas: str = Field(
-        "", description="per-client γ_i as comma-separated values, one per client id"
-    )
-    pfedgt_mu: float = Field(0.05, ge=0, description="surrogate curvature μ")
-    pfedgt_rho: float = Field(0.0, ge=0, description="ridge weight ρ (theory needs ρ > L)")
-    pfedgt_lambda: float = Field(
-        0.7,
-        gt=0,
-        description="step size λ of the message average c (the paper's 0.7; |S|/m tracks the "
-        "mean exactly and stayed stable on CIFAR-10 where 0.7 did not, see docs/architecture.md)",
-    )
-    pfedgt_server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
-    pfedgt_variant: Literal["paper", "exact"] = Field(
-        "paper",
-        description="'paper': Algorithm 2 as written (one-step-stale message); "
-        "'exact': unbiased ∇G_i steps and a full-pass message at the end",
-    )
-    pfedgt_c_init: Literal["round", "zeros"] = Field(
-        "round", description="c⁰: a full-participation gradient round at θ⁰, or zeros"
-    )
-    pfedgt_warm_start: Literal["theta", "personal"] = Field(
-        "theta", description="local training starts from θ (paper) or the client's own w_i"
-    )
-    pfedgt_message_init: Literal["server", "stored"] = Field(
-        "server", description="the local message starts from c (paper) or the client's stored c_i"
-    )
-    pfedgt_delta_ref: Literal["theta", "personal"] = Field(
-        "theta",
-        description="Δw is w_new − θ (default; stable with η_s=1 under partial "
-        "participation) or w_new − w_i (Eq. 6 read literally; see docs/architecture.md)",
-    )
+    # Local training: the TRAINING_SETTINGS a method declares it honours.
+    local_epochs: int = Field(2, ge=1, description="local epochs per round")
+    batch_size: int = Field(32, ge=1, description="local minibatch size")
+    lr: float = Field(0.1, gt=0, description="local learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
+    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay")
 
     # Evaluation and results.
     eval_every: int = Field(1, ge=1, description="evaluate every client every k rounds")
     output_dir: str = Field("", description="results directory; empty: runs/<time>-<strategy>")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where clients compute")
 
-    @field_validator("strategy")
-    @classmethod
-    def _known_strategy(cls, value: str) -> str:
-        if value not in STRATEGY_NAMES:
-            raise ValueError(f"unknown strategy {value!r}; allowed: {', '.join(STRATEGY_NAMES)}")
-        return value
+    #: ``((key, value), ...)`` of every ``<method>.<param>`` key, sorted by key.
+    _method_values: tuple[tuple[str, Any], ...] = PrivateAttr(default=())
 
     @field_validator("dataset")
     @classmethod
@@ -147,31 +120,25 @@ class RunConfig(BaseModel):
             raise ValueError(f"unknown model {value!r}; allowed: {', '.join(MODEL_NAMES)}")
         return value
 
-    @field_validator("pfedgt_gammas")
-    @classmethod
-    def _gamma_list(cls, value: str) -> str:
-        if value.strip():
-            gammas = parse_float_list(value, "pfedgt-gammas")
-            if any(not 0.0 <= g <= 1.0 for g in gammas):
-                raise ValueError(f"every γ_i must be in [0, 1], got {value!r}")
-        return value
+    # ------------------------------------------------------------------ method keys
+    def method_values(self, method: str | None = None) -> dict[str, Any]:
+        """The method keys as given: all of them, or one method's without its prefix."""
+        if method is None:
+            return dict(self._method_values)
+        prefix = f"{method}."
+        return {k[len(prefix) :]: v for k, v in self._method_values if k.startswith(prefix)}
 
-    @model_validator(mode="after")
-    def _gamma_list_length(self) -> RunConfig:
-        if self.pfedgt_gammas.strip():
-            count = len(parse_float_list(self.pfedgt_gammas, "pfedgt-gammas"))
-            if count != self.num_clients:
-                raise ValueError(
-                    f"pfedgt-gammas has {count} values but num-clients is {self.num_clients}"
-                )
-        return self
+    def params(self, declaration: MethodDeclaration) -> MethodParams:
+        """The validated parameters of ``declaration``'s method (defaults where unset)."""
+        return declaration.params.model_validate(self.method_values(declaration.name))
 
-    def client_gammas(self) -> list[float]:
-        """γ_i for every client id."""
-        if self.pfedgt_gammas.strip():
-            return parse_float_list(self.pfedgt_gammas, "pfedgt-gammas")
-        return [self.pfedgt_gamma] * self.num_clients
+    def with_method_values(self, values: Mapping[str, Any]) -> RunConfig:
+        """A copy whose method keys are ``values`` (``<method>.<param>`` -> value)."""
+        copy = self.model_copy()
+        copy._method_values = tuple(sorted(values.items()))
+        return copy
 
+    # ------------------------------------------------------------------ derived
     def model_name(self) -> str:
         """The model to build: ``model`` if set, else the dataset's default."""
         from pflarena.core.models import default_model_for
@@ -197,9 +164,23 @@ class RunConfig(BaseModel):
             mixture_label_mode=self.mixture_label_mode,
         )
 
+    def training_values(self) -> dict[str, Any]:
+        """The :data:`TRAINING_SETTINGS` of this run, by run-config key."""
+        return {key: getattr(self, key.replace("-", "_")) for key in TRAINING_SETTINGS}
+
     def to_run_config(self) -> dict[str, Any]:
-        """The flat, hyphenated mapping Flower passes around."""
-        return self.model_dump(by_alias=True)
+        """The flat, hyphenated mapping Flower passes around (method keys included)."""
+        return self.model_dump(by_alias=True) | self.method_values()
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, RunConfig)
+            and super().__eq__(other)
+            and self._method_values == other._method_values
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.model_dump().items()), self._method_values))
 
 
 def parse_float_list(text: str, key: str) -> list[float]:
@@ -210,19 +191,105 @@ def parse_float_list(text: str, key: str) -> list[float]:
         raise ValueError(f"{key} must be comma-separated numbers, got {text!r}") from None
 
 
-def _describe(error: dict[str, Any]) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "<config>"
+def _common_keys() -> list[str]:
+    return [field.alias or name for name, field in RunConfig.model_fields.items()]
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    if key in RENAMED_KEYS:
+        return f"; it is now {RENAMED_KEYS[key]}"
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _describe(error: dict[str, Any], prefix: str, known: list[str]) -> str:
+    key = prefix + (".".join(str(part) for part in error["loc"]) or "<config>")
     if error["type"] == "extra_forbidden":
-        allowed = ", ".join(sorted(RunConfig.model_json_schema(by_alias=True)["properties"]))
-        return f"unknown key {key!r}; allowed keys: {allowed}"
-    got = error.get("input")
-    return f"{key}: {error['msg']} (got {got!r})"
+        return f"unknown key {key!r}{_suggest(key, known)} (see `pflarena run --help`)"
+    return f"{key}: {error['msg']} (got {error.get('input')!r})"
 
 
-def parse_run_config(run_config: Mapping[str, Any]) -> RunConfig:
-    """Validate a flat run config; raise :class:`ConfigError` naming every bad key."""
+def _method_problems(
+    cfg: RunConfig, methods: Mapping[str, MethodDeclaration], known: list[str]
+) -> list[str]:
+    """Method keys and method-specific rules, checked against the declarations."""
+    problems: list[str] = []
+    by_method: dict[str, dict[str, Any]] = {}
+    for key, value in cfg.method_values().items():
+        name, _, param = key.partition(".")
+        if name not in methods:
+            problems.append(
+                f"unknown key {key!r}: no method {name!r}{_suggest(key, known)} "
+                f"(methods: {', '.join(methods)})"
+            )
+            continue
+        by_method.setdefault(name, {})[param] = value
+    for name, values in by_method.items():
+        declaration = methods[name]
+        try:
+            params = declaration.params.model_validate(values)
+        except ValidationError as exc:
+            problems += [_describe(err, f"{name}.", known) for err in exc.errors()]
+            continue
+        # A parameter of a method this run does not use is ignored: refuse it when set.
+        if name != cfg.strategy:
+            changed = [
+                f"{name}.{k}"
+                for k, v in params.model_dump(by_alias=True).items()
+                if v != declaration.params.defaults()[k]
+            ]
+            if changed:
+                problems.append(
+                    f"{', '.join(changed)} set, but strategy is {cfg.strategy!r}: "
+                    f"{name} parameters would be ignored"
+                )
+    if cfg.strategy not in methods:
+        problems.append(f"unknown strategy {cfg.strategy!r}; allowed: {', '.join(methods)}")
+        return problems
+    declaration = methods[cfg.strategy]
+    with contextlib.suppress(ValidationError):  # invalid values are already reported
+        problems += cfg.params(declaration).run_problems(cfg)
+    defaults = RunConfig().training_values()
+    ignored = [
+        f"{key}={value}"
+        for key, value in cfg.training_values().items()
+        if key not in declaration.honours and value != defaults[key]
+    ]
+    if ignored:
+        problems.append(
+            f"{', '.join(ignored)} set, but {cfg.strategy}'s local solver does not use it "
+            f"(it honours {', '.join(s for s in TRAINING_SETTINGS if s in declaration.honours)})"
+        )
+    return problems
+
+
+def parse_run_config(
+    run_config: Mapping[str, Any], methods: Mapping[str, MethodDeclaration] | None = None
+) -> RunConfig:
+    """Validate a flat run config; raise :class:`ConfigError` naming every bad key.
+
+    Parameters
+    ----------
+    run_config
+        Flat keys: common ones (``num-clients``) and method ones (``ditto.lambda``).
+    methods
+        The declared methods by name. Given, every method key is validated against its
+        method's parameters, ``strategy`` must name one of them, and a run that sets a
+        training setting its method ignores, or another method's parameter, is refused.
+        Without it (a ClientApp) method keys are kept unchecked.
+    """
+    common = {k: v for k, v in run_config.items() if "." not in k}
+    dotted = {k: v for k, v in run_config.items() if "." in k}
+    known = _common_keys()
+    if methods is not None:
+        known += [key for declaration in methods.values() for key in declaration.defaults()]
     try:
-        return RunConfig.model_validate(dict(run_config))
+        cfg = RunConfig.model_validate(common).with_method_values(dotted)
     except ValidationError as exc:
-        lines = [_describe(err) for err in exc.errors()]
-        raise ConfigError("invalid run config:\n  " + "\n  ".join(lines)) from None
+        problems = [_describe(err, "", known) for err in exc.errors()]
+        raise ConfigError("invalid run config:\n  " + "\n  ".join(problems)) from None
+    if methods is not None:
+        problems = _method_problems(cfg, methods, known)
+        if problems:
+            raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
+    return cfg

@@ -13,7 +13,8 @@ METRICS = "metrics"  # the client's reply metrics (MetricRecord)
 
 # ConfigRecord keys every strategy sends.
 SERVER_ROUND = "server-round"
-METHOD = "method"  # which client solver handles the message
+METHOD = "method"  # the method's name (state keys, logs)
+SOLVER = "solver"  # the module whose train/evaluate answer the message (the declaration's)
 LR = "lr"
 LOCAL_EPOCHS = "local-epochs"
 BATCH_SIZE = "batch-size"
@@ -39,7 +40,7 @@ GLOBAL_CORRECT = "global-correct"
 GLOBAL_COUNT = "global-count"
 GLOBAL_LOSS_SUM = "global-loss-sum"
 
-# Method-specific configuration.
+# Method-specific configuration sent in messages.
 PROXIMAL_MU = "proximal-mu"  # FedProx
 DITTO_LAMBDA = "ditto-lambda"  # Ditto
 PERSONAL_EPOCHS = "personal-epochs"  # Ditto personal model, FedAvg-FT fine-tuning

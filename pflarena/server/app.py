@@ -17,11 +17,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 import pflarena
-from pflarena.core.config import RunConfig, parse_run_config
+from pflarena.core.config import RunConfig
 from pflarena.core.datasets import dataset_info
 from pflarena.core.models import build_model
 from pflarena.server.loop import run_rounds, summary_record
-from pflarena.server.registry import build_strategy
+from pflarena.server.registry import build_strategy, declaration_of, parse_config
 from pflarena.server.results import ResultsWriter, plot_run, read_rounds
 
 __all__ = ["app", "resolve_output_dir", "initial_arrays"]
@@ -47,7 +47,7 @@ def initial_arrays(cfg: RunConfig) -> ArrayRecord:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = parse_run_config(context.run_config)  # raises ConfigError naming the bad keys
+    cfg = parse_config(context.run_config)  # raises ConfigError naming the bad keys
     output_dir = resolve_output_dir(cfg)
     writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
     log(
@@ -62,6 +62,8 @@ def main(grid: Grid, context: Context) -> None:
     writer.write_config(
         {
             "run_config": cfg.to_run_config(),
+            "method": declaration_of(cfg).name,
+            "method_params": cfg.params(declaration_of(cfg)).model_dump(by_alias=True),
             "model": cfg.model_name(),
             "run_id": grid.run.run_id,
             "versions": {

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.server.results import ResultsWriter, summarize_rounds
-from pflarena.strategies.base import PflStrategy, evaluation_stats, record_nbytes
+from pflarena.strategies.base import Exchange, PflStrategy, evaluation_stats, record_nbytes
 
 __all__ = ["RunOutcome", "run_rounds", "wait_for_nodes"]
 
@@ -100,6 +100,31 @@ def _client_time(replies: list[Message]) -> float:
     )
 
 
+class RoundExchanges:
+    """The ``send`` a strategy's round gets: sends, receives, and keeps every exchange."""
+
+    def __init__(self, grid: Grid, timeout: float) -> None:
+        self.grid, self.timeout = grid, timeout
+        self.exchanges: list[Exchange] = []
+
+    def __call__(self, name: str, messages: list[Message]) -> Exchange:
+        replies = (
+            list(self.grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
+        )
+        exchange = Exchange(name, messages, replies)
+        if exchange.missing:
+            log(
+                WARNING,
+                "%s: %d of %d clients did not reply within %.0fs",
+                name,
+                len(exchange.missing),
+                len(messages),
+                self.timeout,
+            )
+        self.exchanges.append(exchange)
+        return exchange
+
+
 def _progress(record: dict[str, Any], num_rounds: int) -> str:
     text = f"[round {record['round']}/{num_rounds}] {record['elapsed_s']:.1f}s"
     evaluation = record.get("evaluation")
@@ -112,6 +137,25 @@ def _progress(record: dict[str, Any], num_rounds: int) -> str:
         text += f" | train loss {train['loss']:.4f} ({train['clients']} clients"
         text += f", {train['failures']} failed)" if train["failures"] else ")"
     return text
+
+
+def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any) -> dict[str, Any]:
+    """The round's ``train`` entry: the sampled clients and those that failed in any exchange."""
+    sampled = list(strategy.last_sampled)
+    failed = {node for exchange in exchanges for node in exchange.failed} & set(sampled)
+    return {
+        "clients": len(sampled) - len(failed),
+        "failures": len(failed),
+        "loss": float(metrics[keys.TRAIN_LOSS]) if metrics and keys.TRAIN_LOSS in metrics else None,
+        "sampled": sorted(strategy.client_ids.get(n, -1) for n in sampled),
+        "client_time_s": sum(_client_time(e.replies) for e in exchanges),
+        # whatever else the strategy reports about its own state (e.g. pFedGT's ‖θ‖)
+        "server": {
+            k: float(v)
+            for k, v in (metrics or {}).items()
+            if k not in (keys.TRAIN_LOSS, "clients-trained") and isinstance(v, (int, float))
+        },
+    }
 
 
 def run_rounds(
@@ -136,42 +180,25 @@ def run_rounds(
         "elapsed_s": time.monotonic() - start,
         "evaluation": evaluation,
         "eval_bytes_down": eval_down,
+        "bytes_down": 0,
+        "bytes_up": 0,
     }
-    strategy.prepare(grid, initial_arrays, cfg.round_timeout)
-    record0["bytes_down"], record0["bytes_up"] = strategy.init_bytes
     writer.append_round(record0)
     outcome.rounds.append(record0)
     log(INFO, _progress(record0, cfg.num_rounds))
 
     for server_round in range(1, cfg.num_rounds + 1):
         round_start = time.monotonic()
-        messages = list(
-            strategy.configure_train(server_round, outcome.arrays, ConfigRecord(), grid)
-        )
-        replies, down, up = _send(grid, messages, cfg.round_timeout)
-        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        send = RoundExchanges(grid, cfg.round_timeout)
+        new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
         if new_arrays is not None:
             outcome.arrays = new_arrays
-        failures = len(messages) - (len(replies) - len(strategy.last_failed))
         record: dict[str, Any] = {
             "round": server_round,
-            "train": {
-                "clients": len(messages) - failures,
-                "failures": failures,
-                "loss": float(metrics["train-loss"])
-                if metrics and "train-loss" in metrics
-                else None,
-                "sampled": sorted(strategy.client_ids.get(n, -1) for n in strategy.last_sampled),
-                "client_time_s": _client_time(replies),
-                # whatever else the strategy reports about its own state (e.g. pFedGT's ‖θ‖)
-                "server": {
-                    k: float(v)
-                    for k, v in (metrics or {}).items()
-                    if k not in (keys.TRAIN_LOSS, "clients-trained") and isinstance(v, (int, float))
-                },
-            },
-            "bytes_down": down,
-            "bytes_up": up,
+            "train": _train_record(strategy, send.exchanges, metrics),
+            "exchanges": [exchange.stats() for exchange in send.exchanges],
+            "bytes_down": sum(e.stats()["bytes_down"] for e in send.exchanges),
+            "bytes_up": sum(e.stats()["bytes_up"] for e in send.exchanges),
             "train_time_s": time.monotonic() - round_start,
         }
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:

@@ -1,0 +1,70 @@
+"""The strategies, one module per method, and the list of declared methods.
+
+Adding a method: write ``strategies/<method>.py`` (the strategy class with its
+``declaration``) and ``client/solvers/<method>.py``, and add the class to
+:data:`BUILTIN_STRATEGIES` below. Methods outside the package are loaded from the modules
+named in ``PFLARENA_PLUGINS`` (comma-separated); each lists its strategy classes in a
+module attribute ``PFLARENA_STRATEGIES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from pflarena.core.methods import MethodDeclaration
+from pflarena.strategies.base import PflStrategy
+from pflarena.strategies.ditto import Ditto
+from pflarena.strategies.fedavg import FedAvg
+from pflarena.strategies.fedavg_ft import FedAvgFT
+from pflarena.strategies.fedprox import FedProx
+from pflarena.strategies.local import Local
+from pflarena.strategies.pfedgt import PFedGT
+
+__all__ = ["BUILTIN_STRATEGIES", "PLUGINS_ENV", "declarations", "strategy_classes"]
+
+#: One entry per built-in method, in the order `pflarena methods` lists them.
+BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
+    PFedGT,
+    Local,
+    FedAvg,
+    FedAvgFT,
+    FedProx,
+    Ditto,
+)
+
+#: Environment variable naming plugin modules (comma-separated) that declare more methods.
+PLUGINS_ENV = "PFLARENA_PLUGINS"
+
+
+def plugin_modules() -> list[str]:
+    """The module names in ``PFLARENA_PLUGINS``."""
+    return [name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(",") if name.strip()]
+
+
+def strategy_classes() -> dict[str, type[PflStrategy]]:
+    """Every declared method's strategy class by method name: built-ins, then plugins.
+
+    Raises ValueError when two classes declare the same name or a plugin declares none.
+    """
+    classes: list[type[PflStrategy]] = list(BUILTIN_STRATEGIES)
+    for module_name in plugin_modules():
+        module = importlib.import_module(module_name)
+        declared = getattr(module, "PFLARENA_STRATEGIES", None)
+        if not declared:
+            raise ValueError(
+                f"plugin module {module_name!r} (from {PLUGINS_ENV}) has no PFLARENA_STRATEGIES"
+            )
+        classes += list(declared)
+    by_name: dict[str, type[PflStrategy]] = {}
+    for cls in classes:
+        name = cls.declaration.name
+        if name in by_name and by_name[name] is not cls:
+            raise ValueError(f"two strategies declare the method {name!r}: {by_name[name]}, {cls}")
+        by_name[name] = cls
+    return by_name
+
+
+def declarations() -> dict[str, MethodDeclaration]:
+    """Every declared method by name (what the run config is validated against)."""
+    return {name: cls.declaration for name, cls in strategy_classes().items()}

@@ -2,17 +2,20 @@
 
 :class:`PflStrategy` is a Flower :class:`~flwr.serverapp.strategy.Strategy`; it can be
 driven by Flower's own ``Strategy.start`` or by pflarena's run loop, which adds results
-files. A subclass names its client solver (``method``), says whether it has a global model,
-and implements the server-side math in ``aggregate_train``.
+files. A subclass carries its method's :class:`~pflarena.core.methods.MethodDeclaration`
+(``declaration``), builds itself from a run in :meth:`PflStrategy.from_setup`, and
+implements the server-side math in ``aggregate_train``. A round that needs more than one
+send-and-receive (an initialisation, a line search, a block schedule) overrides
+:meth:`PflStrategy.train_round` and calls ``send`` once per exchange.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -22,8 +25,22 @@ from flwr.serverapp.strategy import Strategy
 
 from pflarena.core import keys
 from pflarena.core.evaluation import AccuracyStats, accuracy_stats
+from pflarena.core.methods import MethodDeclaration, MethodParams
 
-__all__ = ["ClientEvaluation", "LocalTraining", "PflStrategy", "record_nbytes", "reply_problem"]
+if TYPE_CHECKING:
+    from pflarena.core.config import RunConfig
+
+__all__ = [
+    "ClientEvaluation",
+    "Exchange",
+    "LocalTraining",
+    "PflStrategy",
+    "Send",
+    "StrategySetup",
+    "direct_send",
+    "record_nbytes",
+    "reply_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,44 @@ class ClientEvaluation:
         return self.personalized_correct / max(self.personalized_count, 1)
 
 
+@dataclass(frozen=True)
+class StrategySetup:
+    """What a strategy is built from: the run, its method's parameters, the model's layout.
+
+    Parameters
+    ----------
+    cfg
+        The validated run config.
+    params
+        The method's validated parameters (``cfg.params(declaration)``).
+    trainable
+        Names of the model's trainable parameters, in ``state_dict`` order.
+    server_data
+        The server-held dataset when the run has one (``server-fraction`` > 0), else None.
+    """
+
+    cfg: RunConfig
+    params: MethodParams
+    trainable: tuple[str, ...] = ()
+    server_data: Any = None
+
+    def common(self, declaration: MethodDeclaration) -> dict[str, Any]:
+        """The keyword arguments every :class:`PflStrategy` takes, from the run config."""
+        cfg = self.cfg
+        return {
+            "training": LocalTraining(
+                local_epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                momentum=cfg.momentum,
+                weight_decay=cfg.weight_decay,
+            ),
+            "fraction_train": cfg.fraction_train or declaration.default_fraction_train,
+            "min_train_nodes": cfg.min_train_clients,
+            "seed": cfg.seed,
+        }
+
+
 def record_nbytes(content: RecordDict) -> int:
     """Serialized size of the arrays in a message (what dominates the traffic)."""
     return sum(
@@ -95,6 +150,71 @@ def reply_problem(content: RecordDict, reference: ArrayRecord | None, key: str) 
     return None
 
 
+@dataclass
+class Exchange:
+    """One send-and-receive within a round: what went out, what came back, what was used.
+
+    ``rejected`` holds the nodes whose reply arrived but was unusable; the strategy fills
+    it (:meth:`PflStrategy.valid_replies`). The run loop writes :meth:`stats` into the
+    round's ``rounds.jsonl`` line.
+    """
+
+    name: str
+    messages: list[Message]
+    replies: list[Message]
+    rejected: list[int] = field(default_factory=list)
+
+    def node_of(self, reply: Message) -> int:
+        """The node a reply answers for.
+
+        An error reply Flower makes for a node that went away comes from the SuperLink,
+        so the node is found through the message the reply answers.
+        """
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self.messages}
+        return sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+
+    @property
+    def errors(self) -> list[int]:
+        """Nodes that answered with an error."""
+        return [self.node_of(m) for m in self.replies if m.has_error()]
+
+    @property
+    def missing(self) -> list[int]:
+        """Nodes that did not answer at all (within the timeout)."""
+        answered = {self.node_of(m) for m in self.replies}
+        return [
+            m.metadata.dst_node_id for m in self.messages if m.metadata.dst_node_id not in answered
+        ]
+
+    @property
+    def failed(self) -> list[int]:
+        """Nodes whose answer was missing, an error, or rejected."""
+        return self.missing + self.errors + self.rejected
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sent": len(self.messages),
+            "failures": len(self.failed),
+            "bytes_down": sum(record_nbytes(m.content) for m in self.messages),
+            "bytes_up": sum(record_nbytes(m.content) for m in self.replies if not m.has_error()),
+        }
+
+
+#: ``send(name, messages) -> Exchange``: one exchange, named for the results.
+Send = Callable[[str, list[Message]], Exchange]
+
+
+def direct_send(grid: Grid, timeout: float | None) -> Send:
+    """A :data:`Send` straight over ``grid`` (what Flower's ``Strategy.start`` path uses)."""
+
+    def send(name: str, messages: list[Message]) -> Exchange:
+        replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+        return Exchange(name, messages, replies)
+
+    return send
+
+
 class PflStrategy(Strategy):
     """Base class of pflarena strategies.
 
@@ -104,7 +224,7 @@ class PflStrategy(Strategy):
         Local-solver hyperparameters sent with every train message.
     fraction_train
         Fraction of the connected clients sampled each round (at least ``min_train_nodes``);
-        ``None`` takes the strategy's ``default_fraction_train``.
+        ``None`` takes the declaration's ``default_fraction_train``.
     min_train_nodes
         Lower bound on the number of clients sampled for training.
     seed
@@ -112,14 +232,29 @@ class PflStrategy(Strategy):
         same seed once each node's client id is known (it is learnt from the replies).
     """
 
-    #: The client solver that handles this strategy's messages.
-    method: ClassVar[str]
-    #: Whether the strategy has a global model to report global accuracy for.
-    has_global_model: ClassVar[bool] = True
+    #: The method this strategy implements: name, reference, parameters, solver, needs.
+    declaration: ClassVar[MethodDeclaration]
     #: Whether training replies carry an ArrayRecord that must be checked.
     expects_arrays: ClassVar[bool] = True
-    #: Fraction of clients sampled per round when none is given.
-    default_fraction_train: ClassVar[float] = 1.0
+
+    @classmethod
+    def from_setup(cls, setup: StrategySetup) -> PflStrategy:
+        """Build the strategy for a run.
+
+        The default passes the common arguments and every method parameter by its field
+        name; override when the constructor needs more (pFedGT: the model's layout).
+        """
+        return cls(**setup.common(cls.declaration), **dict(setup.params))
+
+    @property
+    def method(self) -> str:
+        """The method's name (sent to clients in every message)."""
+        return self.declaration.name
+
+    @property
+    def has_global_model(self) -> bool:
+        """Whether the method has a global model to report global accuracy for."""
+        return self.declaration.global_model
 
     def __init__(
         self,
@@ -130,7 +265,7 @@ class PflStrategy(Strategy):
         seed: int = 0,
     ) -> None:
         if fraction_train is None:
-            fraction_train = self.default_fraction_train
+            fraction_train = self.declaration.default_fraction_train
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         self.training = training or LocalTraining()
@@ -148,15 +283,23 @@ class PflStrategy(Strategy):
         self.last_failed: list[int] = []
         self._round_arrays: ArrayRecord | None = None
         self._sent: list[Message] = []
-        #: (bytes down, bytes up) of the one-off exchange in :meth:`prepare`.
-        self.init_bytes: tuple[int, int] = (0, 0)
 
-    def prepare(self, grid: Grid, arrays: ArrayRecord, timeout: float) -> None:
-        """One-off exchange before the first round (none by default).
+    # ------------------------------------------------------------------ rounds
+    def train_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """One training round: every exchange it needs, then the new server arrays.
 
-        The run loop calls it after the round-0 evaluation; a strategy that needs it also
-        calls it from ``configure_train``, so that Flower's ``Strategy.start`` works too.
+        The default is Flower's single exchange: ``configure_train``, send, and
+        ``aggregate_train``. A method whose round has several exchanges overrides this and
+        calls ``send(name, messages)`` for each; the run loop records the bytes and failures
+        of every exchange under its name. ``last_sampled`` must name the round's clients.
         """
+        messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
+        exchange = send("train", messages)
+        result = self.aggregate_train(server_round, exchange.replies)
+        exchange.rejected = [n for n in self.last_failed if n not in exchange.errors]
+        return result
 
     # ------------------------------------------------------------------ sampling
     def ordered_nodes(self, grid: Grid) -> list[int]:
@@ -183,8 +326,17 @@ class PflStrategy(Strategy):
         return {
             keys.SERVER_ROUND: server_round,
             keys.METHOD: self.method,
+            keys.SOLVER: self.declaration.solver,
             **self.training.to_config(),
         }
+
+    def method_config(self, **values: Any) -> dict[str, Any]:
+        """Method values for a message, under their run-config names (``<method>.<key>``).
+
+        A solver reads them back with ``job.param(key)``, so a method's own settings need no
+        shared key constants.
+        """
+        return {f"{self.method}.{key}": value for key, value in values.items()}
 
     def train_content(
         self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict
@@ -197,6 +349,7 @@ class PflStrategy(Strategy):
         return {
             keys.SERVER_ROUND: server_round,
             keys.METHOD: self.method,
+            keys.SOLVER: self.declaration.solver,
             keys.HAS_GLOBAL: self.has_global_model,
             keys.BATCH_SIZE: self.training.batch_size,
         }
@@ -241,27 +394,41 @@ class PflStrategy(Strategy):
         ]
 
     # ------------------------------------------------------------------ replies
-    def valid_train_replies(self, replies: Iterable[Message]) -> list[Message]:
-        """Drop error replies and malformed updates (logged), remember the client ids."""
-        valid, failed = [], []
-        # An error reply Flower makes for a node that went away comes from the SuperLink, so
-        # find the node a reply answers through the message it replies to.
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
-        for msg in replies:
-            node_id = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+    def valid_replies(
+        self, exchange: Exchange, check: Callable[[RecordDict], str | None]
+    ) -> list[Message]:
+        """The usable replies of an exchange; errors and ``check`` failures are logged.
+
+        Replies ``check`` rejects are added to ``exchange.rejected``; client ids are learnt
+        from the usable ones.
+        """
+        valid = []
+        for msg in exchange.replies:
+            node_id = exchange.node_of(msg)
             if msg.has_error():
-                log(WARNING, "client on node %d failed: %s", node_id, msg.error.reason)
-                failed.append(node_id)
+                log(
+                    WARNING,
+                    "%s: client on node %d failed: %s",
+                    exchange.name,
+                    node_id,
+                    msg.error.reason,
+                )
                 continue
-            problem = self.check_train_reply(msg.content)
+            problem = check(msg.content)
             if problem is not None:
-                log(WARNING, "rejected update from node %d: %s", node_id, problem)
-                failed.append(node_id)
+                log(WARNING, "%s: rejected reply from node %d: %s", exchange.name, node_id, problem)
+                exchange.rejected.append(node_id)
                 continue
             self._learn_client_id(node_id, msg.content)
             valid.append(msg)
-        self.last_failed = failed
-        log(INFO, "aggregate_train: %d results, %d failures", len(valid), len(failed))
+        return valid
+
+    def valid_train_replies(self, replies: Iterable[Message]) -> list[Message]:
+        """The usable replies to this round's train messages; ``last_failed`` the rest."""
+        exchange = Exchange("train", self._sent, list(replies))
+        valid = self.valid_replies(exchange, self.check_train_reply)
+        self.last_failed = exchange.errors + exchange.rejected
+        log(INFO, "aggregate_train: %d results, %d failures", len(valid), len(self.last_failed))
         return valid
 
     def check_train_reply(self, content: RecordDict) -> str | None:

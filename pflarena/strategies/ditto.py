@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from pflarena.core import keys
+from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg
 
-__all__ = ["Ditto"]
+__all__ = ["Ditto", "DittoParams"]
+
+
+class DittoParams(MethodParams):
+    lambda_: float = Field(
+        0.1, ge=0, description="proximal weight λ tying the personal model to the global one"
+    )
+    personal_epochs: int = Field(
+        1, ge=0, description="local epochs of the personal model per round"
+    )
 
 
 class Ditto(FedAvg):
@@ -18,20 +30,28 @@ class Ditto(FedAvg):
     the global model it received. The personalized model is ``v_i``.
     """
 
-    method = "ditto"
+    declaration = MethodDeclaration(
+        name="ditto",
+        kind="baseline",
+        reference="Li et al., Ditto: Fair and Robust Federated Learning Through "
+        "Personalization, ICML 2021",
+        summary="FedAvg plus a personal model regularised toward the global one",
+        solver="pflarena.client.solvers.ditto",
+        params=DittoParams,
+    )
 
     def __init__(
         self,
         *,
-        ditto_lambda: float = 0.1,
+        lambda_: float = 0.1,
         personal_epochs: int = 1,
         training: LocalTraining | None = None,
         **kwargs,
     ) -> None:
         super().__init__(training=training, **kwargs)
-        if ditto_lambda < 0:
-            raise ValueError(f"ditto_lambda must be >= 0, got {ditto_lambda}")
-        self.ditto_lambda = ditto_lambda
+        if lambda_ < 0:
+            raise ValueError(f"lambda_ must be >= 0, got {lambda_}")
+        self.ditto_lambda = lambda_
         self.personal_epochs = personal_epochs
 
     def train_config(self, server_round: int, node_id: int) -> dict:

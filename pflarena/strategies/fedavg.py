@@ -8,6 +8,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from pflarena.core import keys
+from pflarena.core.methods import MethodDeclaration
 from pflarena.strategies.base import PflStrategy
 
 __all__ = ["FedAvg"]
@@ -22,7 +23,14 @@ class FedAvg(PflStrategy):
     The personalized model of a client is the global model itself.
     """
 
-    method = "fedavg"
+    declaration = MethodDeclaration(
+        name="fedavg",
+        kind="baseline",
+        reference="McMahan et al., Communication-Efficient Learning of Deep Networks from "
+        "Decentralized Data, AISTATS 2017",
+        summary="the example-weighted average of the clients' models; personalized = global",
+        solver="pflarena.client.solvers.fedavg",
+    )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

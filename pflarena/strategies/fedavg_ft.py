@@ -2,23 +2,41 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from pflarena.core import keys
+from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg
 
-__all__ = ["FedAvgFT"]
+__all__ = ["FedAvgFT", "FedAvgFTParams"]
+
+
+class FedAvgFTParams(MethodParams):
+    finetune_epochs: int = Field(
+        1, ge=0, description="local epochs of fine-tuning the global model before evaluation"
+    )
 
 
 class FedAvgFT(FedAvg):
     """FedAvg whose personalized model is the global model fine-tuned on local data.
 
     Training is FedAvg's. At evaluation each client copies the global model, runs
-    ``finetune_epochs`` epochs of local SGD on its training split and evaluates that copy
-    on its test split; the fine-tuned copy is discarded, so fine-tuning never feeds back
-    into training. Global accuracy is the un-tuned global model's.
+    ``finetune_epochs`` epochs of local SGD (the run's learning rate, momentum and weight
+    decay) on its training split and evaluates that copy on its test split; the fine-tuned
+    copy is discarded, so fine-tuning never feeds back into training. Global accuracy is
+    the un-tuned global model's.
     """
 
-    method = "fedavg-ft"
+    declaration = MethodDeclaration(
+        name="fedavg-ft",
+        kind="baseline",
+        reference="Wang et al., Federated Evaluation of On-device Personalization, "
+        "arXiv:1910.10252, 2019",
+        summary="FedAvg; each client fine-tunes the global model locally before evaluating it",
+        solver="pflarena.client.solvers.fedavg_ft",
+        params=FedAvgFTParams,
+    )
 
     def __init__(
         self, *, finetune_epochs: int = 1, training: LocalTraining | None = None, **kwargs
@@ -29,6 +47,6 @@ class FedAvgFT(FedAvg):
     def evaluate_config(self, server_round: int) -> dict:
         return {
             **super().evaluate_config(server_round),
+            **self.training.to_config(),
             keys.PERSONAL_EPOCHS: self.finetune_epochs,
-            keys.LR: self.training.lr,
         }

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from pflarena.core import keys
+from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg
 
-__all__ = ["FedProx"]
+__all__ = ["FedProx", "FedProxParams"]
+
+
+class FedProxParams(MethodParams):
+    mu: float = Field(
+        0.01, ge=0, description="proximal weight μ in f_i(w) + (μ/2)||w − w_global||²"
+    )
 
 
 class FedProx(FedAvg):
@@ -15,15 +24,22 @@ class FedProx(FedAvg):
     Aggregation is FedAvg's example-weighted average; only the local objective changes.
     """
 
-    method = "fedprox"
+    declaration = MethodDeclaration(
+        name="fedprox",
+        kind="baseline",
+        reference="Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020",
+        summary="FedAvg with a proximal term pulling local models toward the global one",
+        solver="pflarena.client.solvers.fedavg",
+        params=FedProxParams,
+    )
 
     def __init__(
-        self, *, proximal_mu: float = 0.01, training: LocalTraining | None = None, **kwargs
+        self, *, mu: float = 0.01, training: LocalTraining | None = None, **kwargs
     ) -> None:
         super().__init__(training=training, **kwargs)
-        if proximal_mu < 0:
-            raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
-        self.proximal_mu = proximal_mu
+        if mu < 0:
+            raise ValueError(f"mu must be >= 0, got {mu}")
+        self.proximal_mu = mu
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {**super().train_config(server_round, node_id), keys.PROXIMAL_MU: self.proximal_mu}

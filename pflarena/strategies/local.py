@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from pflarena.core import keys
+from pflarena.core.methods import MethodDeclaration
 from pflarena.strategies.base import PflStrategy
 
 __all__ = ["Local"]
@@ -19,8 +20,14 @@ class Local(PflStrategy):
     sent but the round's config, and nothing is aggregated. There is no global model.
     """
 
-    method = "local"
-    has_global_model = False
+    declaration = MethodDeclaration(
+        name="local",
+        kind="baseline",
+        reference='Local training only: no federation (the papers\' "Local" row)',
+        summary="each client trains its own model on its own data; nothing is shared",
+        solver="pflarena.client.solvers.local",
+        global_model=False,
+    )
     expects_arrays = False
 
     def train_content(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
+from typing import Literal
 
 import numpy as np
 from flwr.app import (
@@ -29,11 +30,86 @@ from flwr.app import (
 )
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from pydantic import Field, field_validator
 
 from pflarena.core import keys
-from pflarena.strategies.base import LocalTraining, PflStrategy, record_nbytes, reply_problem
+from pflarena.core.config import parse_float_list
+from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.base import (
+    Exchange,
+    LocalTraining,
+    PflStrategy,
+    Send,
+    StrategySetup,
+    direct_send,
+    reply_problem,
+)
 
-__all__ = ["PFedGT", "tracked_update", "mean_arrays"]
+__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays"]
+
+
+class PFedGTParams(MethodParams):
+    """pFedGT's parameters; defaults are the paper's experimental settings (specs/pfedgt.md)."""
+
+    gamma: float = Field(0.8, ge=0, le=1, description="personalization coefficient γ")
+    gammas: str = Field(
+        "", description="per-client γ_i as comma-separated values, one per client id"
+    )
+    mu: float = Field(0.05, ge=0, description="surrogate curvature μ")
+    rho: float = Field(0.0, ge=0, description="ridge weight ρ (theory needs ρ > L)")
+    lambda_: float = Field(
+        0.7,
+        gt=0,
+        description="step size λ of the message average c (the paper's 0.7; |S|/m tracks the "
+        "mean exactly and stayed stable on CIFAR-10 where 0.7 did not, see docs/architecture.md)",
+    )
+    server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
+    variant: Literal["paper", "exact"] = Field(
+        "paper",
+        description="'paper': Algorithm 2 as written (one-step-stale message); "
+        "'exact': unbiased ∇G_i steps and a full-pass message at the end",
+    )
+    c_init: Literal["round", "zeros"] = Field(
+        "round", description="c⁰: a full-participation gradient exchange at θ⁰, or zeros"
+    )
+    warm_start: Literal["theta", "personal"] = Field(
+        "theta", description="local training starts from θ (paper) or the client's own w_i"
+    )
+    message_init: Literal["server", "stored"] = Field(
+        "server", description="the local message starts from c (paper) or the client's stored c_i"
+    )
+    delta_ref: Literal["theta", "personal"] = Field(
+        "theta",
+        description="Δw is w_new − θ (default; stable with η_s=1 under partial "
+        "participation) or w_new − w_i (Eq. 6 read literally; see docs/architecture.md)",
+    )
+
+    @field_validator("gammas")
+    @classmethod
+    def _gamma_list(cls, value: str) -> str:
+        if value.strip():
+            gammas = parse_float_list(value, "pfedgt.gammas")
+            if any(not 0.0 <= g <= 1.0 for g in gammas):
+                raise ValueError(f"every γ_i must be in [0, 1], got {value!r}")
+        return value
+
+    def run_problems(self, cfg) -> list[str]:
+        try:
+            self.client_gammas(cfg.num_clients)
+        except ValueError as exc:
+            return [str(exc)]
+        return []
+
+    def client_gammas(self, num_clients: int) -> list[float]:
+        """γ_i for every client id; raises ValueError when ``gammas`` has another length."""
+        if not self.gammas.strip():
+            return [self.gamma] * num_clients
+        gammas = parse_float_list(self.gammas, "pfedgt.gammas")
+        if len(gammas) != num_clients:
+            raise ValueError(
+                f"pfedgt.gammas has {len(gammas)} values but num-clients is {num_clients}"
+            )
+        return gammas
 
 
 def tracked_update(
@@ -106,8 +182,18 @@ class PFedGT(PflStrategy):
         the local message's start; Δw relative to w_i or to θ).
     """
 
-    method = "pfedgt"
-    default_fraction_train = 0.25
+    declaration = MethodDeclaration(
+        name="pfedgt",
+        kind="paper",
+        reference="A Game-Theoretic Approach to Personalized Federated Learning Based on "
+        "Target Interpolation (specs/pfedgt.md)",
+        summary="users play a game over target-interpolation objectives; the server tracks "
+        "the average message c and a server model θ",
+        solver="pflarena.client.solvers.pfedgt",
+        params=PFedGTParams,
+        default_fraction_train=0.25,
+        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+    )
 
     def __init__(
         self,
@@ -156,11 +242,42 @@ class PFedGT(PflStrategy):
         self.message_mean: dict[str, np.ndarray] | None = None
         self._message_record: ArrayRecord | None = None  # c^t as sent this round
         self._trainable_reference: ArrayRecord | None = None  # θ^t's trainable arrays
-        self.prepare_timeout = 600.0
+        #: reply timeout of the c⁰ exchange when Flower's ``Strategy.start`` drives the run
+        self.init_timeout = 600.0
+
+    @classmethod
+    def from_setup(cls, setup: StrategySetup) -> PFedGT:
+        params = setup.params
+        assert isinstance(params, PFedGTParams)
+        return cls(
+            num_clients=setup.cfg.num_clients,
+            trainable=setup.trainable,
+            gammas=params.client_gammas(setup.cfg.num_clients),
+            mu=params.mu,
+            rho=params.rho,
+            message_step=params.lambda_,
+            server_lr=params.server_lr,
+            variant=params.variant,
+            c_init=params.c_init,
+            warm_start=params.warm_start,
+            message_init=params.message_init,
+            delta_ref=params.delta_ref,
+            **setup.common(cls.declaration),
+        )
 
     # ------------------------------------------------------------------ c⁰
-    def prepare(self, grid: Grid, arrays: ArrayRecord, timeout: float) -> None:
-        """Initialise c (spec §3.2): the full-participation round 0, or zeros."""
+    def train_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The first round begins with the c⁰ exchange (``init``); every round trains."""
+        self.initialise_message(grid, arrays, send)
+        return super().train_round(server_round, arrays, grid, send)
+
+    def initialise_message(self, grid: Grid, arrays: ArrayRecord, send: Send) -> None:
+        """Initialise c (spec §3.2) once: a full-participation exchange at θ⁰, or zeros.
+
+        A no-op once c is set.
+        """
         if self.message is not None:
             return
         theta = _as_numpy(arrays)
@@ -175,6 +292,7 @@ class PFedGT(PflStrategy):
                     {
                         keys.SERVER_ROUND: 0,
                         keys.METHOD: self.method,
+                        keys.SOLVER: self.declaration.solver,
                         keys.PHASE: keys.PHASE_INIT,
                         keys.PFEDGT_MU: self.mu,
                         keys.BATCH_SIZE: self.training.batch_size,
@@ -186,23 +304,14 @@ class PFedGT(PflStrategy):
         messages = [
             Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in nodes
         ]
-        replies = list(grid.send_and_receive(messages, timeout=timeout))
-        messages_c = []
-        for msg in replies:
-            if msg.has_error():
-                log(
-                    WARNING,
-                    "c⁰ round: node %d failed: %s",
-                    msg.metadata.src_node_id,
-                    msg.error.reason,
-                )
-                continue
-            problem = reply_problem(msg.content, _as_record(zeros), keys.PFEDGT_MESSAGE)
-            if problem is not None:
-                log(WARNING, "c⁰ round: rejected node %d: %s", msg.metadata.src_node_id, problem)
-                continue
-            self._learn_client_id(msg.metadata.src_node_id, msg.content)
-            messages_c.append(_as_numpy(msg.content.array_records[keys.PFEDGT_MESSAGE]))
+        exchange: Exchange = send("init", messages)
+        reference = _as_record(zeros)
+        messages_c = [
+            _as_numpy(msg.content.array_records[keys.PFEDGT_MESSAGE])
+            for msg in self.valid_replies(
+                exchange, lambda content: reply_problem(content, reference, keys.PFEDGT_MESSAGE)
+            )
+        ]
         # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean, spec §2.7). A client
         # that did not answer keeps c_i⁰ = 0, which is what the sum then counts for it.
         self.message = (
@@ -214,10 +323,6 @@ class PFedGT(PflStrategy):
             else zeros
         )
         self.message_mean = _copy(self.message)
-        self.init_bytes = (
-            sum(record_nbytes(m.content) for m in messages),
-            sum(record_nbytes(m.content) for m in replies if not m.has_error()),
-        )
         log(INFO, "pFedGT: c⁰ from %d of %d clients", len(messages_c), len(nodes))
 
     # ------------------------------------------------------------------ rounds
@@ -255,7 +360,8 @@ class PFedGT(PflStrategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self.prepare(grid, arrays, timeout=self.prepare_timeout)  # no-op once c is set
+        # Under Flower's own Strategy.start the c⁰ exchange happens here (a no-op once c is set).
+        self.initialise_message(grid, arrays, direct_send(grid, self.init_timeout))
         self._message_record = _as_record(self.message)
         self._trainable_reference = ArrayRecord({n: arrays[n] for n in self.trainable})
         return super().configure_train(server_round, arrays, config, grid)
@@ -280,7 +386,7 @@ class PFedGT(PflStrategy):
         theta = _as_numpy(self._round_arrays)
         delta_w = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
         delta_c = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
-        assert self.message_mean is not None  # set with c in prepare()
+        assert self.message_mean is not None  # set with c in initialise_message()
         self.message = tracked_update(self.message, delta_c, self.message_step)
         self.message_mean = tracked_update(
             self.message_mean, delta_c, len(delta_c) / self.num_clients

@@ -1,16 +1,32 @@
-"""Local solvers, one module per method, and the registry the ClientApp dispatches on."""
+"""Local solvers, one module per method, found through the module path a message names.
+
+A solver module defines ``train(job) -> (records, metrics)`` and ``evaluate(job) ->
+metrics``. Every message carries the ``solver`` its strategy's declaration names; the
+ClientApp imports it with :func:`load_solver`, which accepts modules of this package and the
+plugin modules named in ``PFLARENA_PLUGINS`` (and nothing else: a server cannot make a
+client import arbitrary code).
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from flwr.app import ArrayRecord
 
 from pflarena.client.job import ClientJob
-from pflarena.client.solvers import ditto, fedavg, local, pfedgt
 
-__all__ = ["Solver", "SOLVERS"]
+__all__ = ["Solver", "SolverError", "load_solver"]
+
+_PACKAGE = __name__ + "."
+PLUGINS_ENV = "PFLARENA_PLUGINS"  # the same variable pflarena.strategies reads
+
+
+class SolverError(ValueError):
+    """A message names a solver this client cannot or may not load."""
 
 
 @dataclass(frozen=True)
@@ -22,11 +38,24 @@ class Solver:
     evaluate: Callable[[ClientJob], dict]
 
 
-SOLVERS: dict[str, Solver] = {
-    "local": Solver(local.train, local.evaluate),
-    "fedavg": Solver(fedavg.train, fedavg.evaluate),
-    "fedprox": Solver(fedavg.train, fedavg.evaluate),
-    "fedavg-ft": Solver(fedavg.train, fedavg.evaluate_finetuned),
-    "ditto": Solver(ditto.train, ditto.evaluate),
-    "pfedgt": Solver(pfedgt.train, pfedgt.evaluate),
-}
+def _allowed(module_name: str) -> bool:
+    plugins = {n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()}
+    return module_name.startswith(_PACKAGE) or module_name in plugins
+
+
+@lru_cache(maxsize=64)
+def load_solver(module_name: str) -> Solver:
+    """The solver in ``module_name``; raise :class:`SolverError` saying what is wrong."""
+    if not _allowed(module_name):
+        raise SolverError(
+            f"solver module {module_name!r} is neither in {__name__} nor listed in "
+            f"{PLUGINS_ENV} on this client"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SolverError(f"cannot import solver module {module_name!r}: {exc}") from exc
+    missing = [name for name in ("train", "evaluate") if not callable(getattr(module, name, None))]
+    if missing:
+        raise SolverError(f"solver module {module_name!r} lacks {', '.join(missing)}()")
+    return Solver(train=module.train, evaluate=module.evaluate)

@@ -1,12 +1,9 @@
-"""Local solver for FedAvg, FedProx and FedAvg-FT: SGD from the global model.
+"""Local solver for FedAvg and FedProx: SGD from the global model.
 
-FedProx adds the proximal gradient ``mu (w - w_global)`` (Li et al., 2020, Eq. 2);
-FedAvg-FT fine-tunes a copy of the global model before evaluating it (Wang et al., 2019).
+FedProx adds the proximal gradient ``mu (w - w_global)`` (Li et al., 2020, Eq. 2).
 """
 
 from __future__ import annotations
-
-import copy
 
 from flwr.app import ArrayRecord
 
@@ -15,7 +12,7 @@ from pflarena.client.solvers.common import eval_metrics, prox_hook, train_metric
 from pflarena.core import keys
 from pflarena.core.training import train_epochs
 
-__all__ = ["train", "evaluate", "evaluate_finetuned"]
+__all__ = ["train", "evaluate"]
 
 
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
@@ -37,21 +34,3 @@ def evaluate(job: ClientJob) -> dict:
     """The global model is both the personalized and the global model."""
     result = job.test(job.global_model())
     return eval_metrics(job, result, result)
-
-
-def evaluate_finetuned(job: ClientJob) -> dict:
-    """Fine-tune a copy of the global model locally, evaluate it; report the global model too."""
-    global_model = job.global_model()
-    tuned = copy.deepcopy(global_model)
-    epochs = int(job.config.get(keys.PERSONAL_EPOCHS, 1))
-    if epochs > 0:
-        train_epochs(
-            tuned,
-            job.data.x_train,
-            job.data.y_train,
-            epochs=epochs,
-            batch_size=int(job.config[keys.BATCH_SIZE]),
-            lr=float(job.config[keys.LR]),
-            generator=job.generator("finetune"),
-        )
-    return eval_metrics(job, job.test(tuned), job.test(global_model))
