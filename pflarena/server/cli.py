@@ -1,4 +1,5 @@
-"""The ``pflarena`` command: ``run`` a simulation, ``compare`` runs, write ``shards``.
+"""The ``pflarena`` command: ``run`` a simulation, ``compare`` runs, write ``shards``, list
+``methods`` and ``presets``.
 
 ``pflarena run`` is ``flwr run`` made into a plain command. It starts a private
 simulation SuperLink on a free loopback port (with runtime dependency installation off),
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
+from pflarena.core.methods import MethodDeclaration
 
 __all__ = ["main", "simulate", "project_root", "compare_table"]
 
@@ -320,6 +322,30 @@ def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | N
         )
 
 
+def _add_method_flags(
+    parser: argparse.ArgumentParser, methods: dict[str, MethodDeclaration]
+) -> list[str]:
+    """One flag group per method with parameters (``--ditto.lambda``); returns the keys."""
+    keys = []
+    for declaration in methods.values():
+        rows = declaration.param_docs()
+        if not rows:
+            continue
+        group = parser.add_argument_group(
+            f"{declaration.name} parameters", f"{declaration.summary} ({declaration.reference})"
+        )
+        for key, default, _type, description in rows:
+            group.add_argument(
+                f"--{key}",
+                dest=key,
+                default=None,
+                metavar="VALUE",
+                help=f"{description} (default: {default!r})".replace("%", "%%"),
+            )
+            keys.append(key)
+    return keys
+
+
 def _collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     for item in getattr(args, "set", None) or []:
@@ -337,12 +363,23 @@ def _default_output_dir(values: dict[str, Any]) -> str:
     return str((root / name).resolve())
 
 
+def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
+    """The run's keys: the preset's (if any), then flags and ``--set`` on top."""
+    from pflarena.server.presets import load_preset
+
+    given = _collect_overrides(args, keys)
+    if not getattr(args, "preset", None):
+        return given
+    preset = load_preset(args.preset)
+    return preset.overrides(given.get("strategy")) | given
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    from pflarena.server.registry import parse_config
     from pflarena.server.results import check_output_dir
 
-    keys = [name.replace("_", "-") for name in RunConfig.model_fields]
-    overrides = _collect_overrides(args, keys)
-    cfg = parse_run_config(overrides)
+    keys = [name.replace("_", "-") for name in RunConfig.model_fields] + args.method_keys
+    cfg = parse_config(run_overrides(args, keys))
     if not cfg.output_dir:
         cfg = cfg.model_copy(update={"output_dir": _default_output_dir(cfg.to_run_config())})
     check_output_dir(Path(cfg.output_dir).resolve())
@@ -369,6 +406,36 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from pflarena.server import catalog
+
+    if args.flower_config:
+        print(catalog.flower_config_toml(), end="")
+    elif args.markdown:
+        print(catalog.methods_markdown(), end="")
+    elif args.name:
+        print(catalog.method_details(args.name))
+    else:
+        print(catalog.methods_table())
+        print("\n`pflarena methods NAME` shows a method's parameters.")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from pflarena.server.presets import load_preset, preset_names
+
+    if args.name:
+        preset = load_preset(args.name)
+        print(f"{preset.name}: {preset.description}\nsource: {preset.source}")
+        print(f"strategies: {', '.join(preset.strategies)}")
+        for key, value in preset.config.items():
+            print(f"  {key} = {value!r}")
+        return 0
+    for name in preset_names():
+        print(f"{name:28s} {load_preset(name).description}")
+    return 0
+
+
 def _cmd_shards(args: argparse.Namespace) -> int:
     from pflarena.core.federation import build_federation, write_shards
 
@@ -387,7 +454,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one strategy as a Flower simulation")
+    run.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="start from an experiment preset (`pflarena presets`); flags override it",
+    )
     _add_config_flags(run)
+    from pflarena.strategies import declarations
+
+    run.set_defaults(method_keys=_add_method_flags(run, declarations()))
     run.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="any run-config key (repeatable)"
     )
@@ -412,6 +487,22 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--plot", default="compare.png", help="plot file (default compare.png)")
     compare.add_argument("--output", help="also write the table to this Markdown file")
     compare.set_defaults(func=_cmd_compare)
+
+    methods = sub.add_parser("methods", help="list the methods, or one method's parameters")
+    methods.add_argument("name", nargs="?", help="a method name")
+    methods.add_argument(
+        "--markdown", action="store_true", help="every method as Markdown (docs/methods.md)"
+    )
+    methods.add_argument(
+        "--flower-config",
+        action="store_true",
+        help="the [tool.flwr.app.config] table the declarations imply (pyproject.toml)",
+    )
+    methods.set_defaults(func=_cmd_methods)
+
+    presets = sub.add_parser("presets", help="list the experiment presets, or show one")
+    presets.add_argument("name", nargs="?", help="a preset name")
+    presets.set_defaults(func=_cmd_presets)
 
     shards = sub.add_parser("shards", help="write one data file per client for deployments")
     _add_config_flags(shards, DATA_KEYS)
