@@ -124,6 +124,23 @@ def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
         proc.wait(timeout=10)
 
 
+def _check_flower_keys(cfg: RunConfig) -> None:
+    """Flower passes only keys declared in ``[tool.flwr.app.config]``: say so before it fails."""
+    import tomllib
+
+    from pflarena.server.presets import flatten_table
+
+    pyproject = tomllib.loads((project_root() / "pyproject.toml").read_text())
+    declared = flatten_table(pyproject["tool"]["flwr"]["app"].get("config", {}))
+    missing = sorted(set(cfg.to_run_config()) - set(declared))
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not in [tool.flwr.app.config] of {project_root()}/pyproject.toml; "
+            "Flower passes only the keys declared there (a plug-in method's parameters keep "
+            "their defaults unless its table is added, see `pflarena methods --flower-config`)"
+        )
+
+
 def simulate(
     cfg: RunConfig,
     *,
@@ -140,6 +157,7 @@ def simulate(
     """
     output_dir = Path(cfg.output_dir).resolve()
     cfg = cfg.model_copy(update={"output_dir": str(output_dir)})
+    _check_flower_keys(cfg)
     flwr_home = Path(tempfile.mkdtemp(prefix="pflarena-flwr-"))
     port = _free_port()
     (flwr_home / "config.toml").write_text(

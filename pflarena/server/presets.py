@@ -17,7 +17,7 @@ import tomllib
 
 from pflarena.core.config import ConfigError
 
-__all__ = ["PRESETS_DIR", "Preset", "load_preset", "preset_names"]
+__all__ = ["PRESETS_DIR", "Preset", "flatten_table", "load_preset", "preset_names"]
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 
@@ -45,11 +45,12 @@ def preset_names() -> list[str]:
     return sorted(path.stem for path in PRESETS_DIR.glob("*.toml"))
 
 
-def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_table(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables as flat ``a.b`` keys, the way Flower flattens its run config."""
     flat: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, dict):
-            flat |= _flatten(value, f"{prefix}{key}.")
+            flat |= flatten_table(value, f"{prefix}{key}.")
         else:
             flat[prefix + key] = value
     return flat
@@ -75,5 +76,5 @@ def load_preset(name: str) -> Preset:
         description=str(data.get("description", "")),
         source=str(data.get("source", "")),
         strategies=tuple(data.get("strategies", ())),
-        config=_flatten(data["config"]),
+        config=flatten_table(data["config"]),
     )

@@ -34,6 +34,7 @@ __all__ = [
     "ClientEvaluation",
     "Exchange",
     "LocalTraining",
+    "MultiExchangeStrategy",
     "PflStrategy",
     "Send",
     "StrategySetup",
@@ -523,3 +524,20 @@ def evaluation_stats(
         [r.global_loss_sum for r in results],
     )
     return personalized, global_
+
+
+class MultiExchangeStrategy(PflStrategy):
+    """Base class of a method whose round is several exchanges (``train_round`` overridden).
+
+    Flower's ``Strategy.start`` drives exactly one train exchange per round through
+    ``configure_train`` and ``aggregate_train``, so it cannot run such a method; pflarena's
+    run loop (``pflarena run``, ``flwr run .``) does. Calling ``aggregate_train`` says so.
+    """
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        raise RuntimeError(
+            f"{self.method} exchanges several times per round (train_round); run it with "
+            "pflarena's loop, not Flower's Strategy.start"
+        )

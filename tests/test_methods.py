@@ -1,0 +1,271 @@
+"""Method declarations: one place per method, plug-ins, several exchanges per round."""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array
+from helpers import config, grid_for, run_local
+
+import pflarena.client.solvers as solvers_package
+from pflarena.client.solvers import SolverError, load_solver
+from pflarena.core.config import ConfigError, parse_run_config
+from pflarena.server import catalog
+from pflarena.server.presets import load_preset, preset_names
+from pflarena.server.registry import build_strategy, parse_config
+from pflarena.strategies import BUILTIN_STRATEGIES, declarations, strategy_classes
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+PLUGIN = "pflarena_test_methods"
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    """The test suite's own methods, loaded the way a user's plug-in would be."""
+    monkeypatch.setenv("PFLARENA_PLUGINS", PLUGIN)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    )
+
+
+# --------------------------------------------------------------------------- one place
+def test_strategies_solvers_and_declarations_are_the_same_set():
+    declared = declarations()
+    assert (
+        set(declared) == set(strategy_classes()) == {c.declaration.name for c in BUILTIN_STRATEGIES}
+    )
+    named_solvers = {d.solver for d in declared.values()}
+    for module in named_solvers:
+        solver = load_solver(module)
+        assert callable(solver.train) and callable(solver.evaluate)
+    on_disk = {
+        f"{solvers_package.__name__}.{info.name}"
+        for info in pkgutil.iter_modules(solvers_package.__path__)
+        if info.name != "common"
+    }
+    assert on_disk == named_solvers, "every solver module serves a declared method"
+
+
+def test_every_default_is_written_once():
+    """pyproject's table and docs/methods.md are generated from the declarations."""
+    text = (ROOT / "pyproject.toml").read_text()
+    start = text.index("[tool.flwr.app.config]")
+    end = text.index("# ----", start)
+    assert text[start:end].strip() == catalog.flower_config_toml().strip(), (
+        "run `pflarena methods --flower-config` and paste it into pyproject.toml"
+    )
+    assert (ROOT / "docs" / "methods.md").read_text() == catalog.methods_markdown(), (
+        "run `pflarena methods --markdown > docs/methods.md`"
+    )
+
+
+def test_declarations_are_checked():
+    from pflarena.core.methods import MethodDeclaration
+
+    with pytest.raises(ValueError, match="unknown settings"):
+        MethodDeclaration("x", "baseline", "r", "s", "m", honours=frozenset({"nesterov"}))
+    with pytest.raises(ValueError, match="default_fraction_train"):
+        MethodDeclaration("x", "baseline", "r", "s", "m", default_fraction_train=0.0)
+
+
+# --------------------------------------------------------------------------- validation
+def test_method_parameters_are_namespaced_and_validated():
+    cfg = parse_config({"strategy": "ditto", "ditto.lambda": 0.5})
+    assert build_strategy(cfg).ditto_lambda == 0.5
+    with pytest.raises(ConfigError, match=r"ditto\.lambda.*greater than or equal to 0"):
+        parse_config({"strategy": "ditto", "ditto.lambda": -1})
+    with pytest.raises(ConfigError, match=r"ditto\.lamda.*did you mean ditto\.lambda"):
+        parse_config({"strategy": "ditto", "ditto.lamda": 1})
+    with pytest.raises(ConfigError, match="no method 'dito'"):
+        parse_config({"dito.lambda": 1})
+    with pytest.raises(ConfigError, match=r"ditto-lambda.*it is now ditto\.lambda"):
+        parse_config({"ditto-lambda": 1})
+
+
+def test_parameters_of_another_method_are_refused():
+    with pytest.raises(ConfigError, match="ditto parameters would be ignored"):
+        parse_config({"strategy": "fedavg", "ditto.lambda": 0.5})
+    # at their defaults (what flwr run passes for every method) they are fine
+    parse_config({"strategy": "fedavg", "ditto.lambda": 0.1, "pfedgt.gamma": 0.8})
+
+
+def test_training_settings_a_method_ignores_are_refused():
+    with pytest.raises(ConfigError, match=r"momentum=0.9 set, but pfedgt's local solver"):
+        parse_config({"strategy": "pfedgt", "momentum": 0.9})
+    with pytest.raises(ConfigError, match="weight-decay"):
+        parse_config({"strategy": "pfedgt", "weight-decay": 1e-4})
+    assert parse_config({"strategy": "ditto", "momentum": 0.9}).momentum == 0.9
+
+
+def test_run_level_rules_of_a_method_are_checked_before_anything_starts():
+    with pytest.raises(ConfigError, match="pfedgt.gammas has 2 values but num-clients is 3"):
+        parse_config({"strategy": "pfedgt", "num-clients": 3, "pfedgt.gammas": "0.5,0.5"})
+
+
+def test_a_client_keeps_method_keys_unchecked():
+    cfg = parse_run_config({"strategy": "anything", "ditto.lambda": -5})
+    assert cfg.method_values() == {"ditto.lambda": -5}
+    assert cfg.to_run_config()["ditto.lambda"] == -5
+
+
+def test_solvers_outside_the_package_need_the_plugin_list(monkeypatch):
+    monkeypatch.delenv("PFLARENA_PLUGINS", raising=False)
+    with pytest.raises(SolverError, match="PFLARENA_PLUGINS"):
+        load_solver("os")
+
+
+# --------------------------------------------------------------------------- catalog / CLI
+def _cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "pflarena.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_methods_command_lists_every_method_and_one_methods_parameters():
+    table = _cli("methods")
+    assert table.returncode == 0, table.stderr
+    for name, declaration in declarations().items():
+        assert f"| {name} |" in table.stdout and declaration.reference in table.stdout
+    assert "| pfedgt | seed paper | yes | 0.25 |" in table.stdout
+    assert "| local | baseline | no | 1 |" in table.stdout
+    one = _cli("methods", "pfedgt")
+    assert one.returncode == 0
+    assert "`pfedgt.lambda` | `0.7` | float" in one.stdout
+    assert "honoured: local-epochs, batch-size, lr" in one.stdout
+    assert _cli("methods", "nope").returncode == 1
+
+
+def test_run_help_has_a_flag_for_every_method_parameter():
+    help_text = _cli("run", "--help").stdout
+    for declaration in declarations().values():
+        for key, *_ in declaration.param_docs():
+            assert f"--{key}" in help_text
+
+
+def test_presets_parse_for_every_strategy_they_compare():
+    assert {"digits-main", "pfedgt-cifar10-a0.1"} <= set(preset_names())
+    for name in preset_names():
+        preset = load_preset(name)
+        assert preset.description and preset.strategies
+        for strategy in preset.strategies:
+            cfg = parse_config(preset.overrides(strategy) | {"strategy": strategy})
+            assert cfg.strategy == strategy
+    main = parse_config(load_preset("digits-main").overrides("ditto") | {"strategy": "ditto"})
+    assert (main.alpha, main.num_clients, main.num_rounds, main.fraction_train) == (
+        0.1,
+        10,
+        20,
+        1.0,
+    )
+
+
+def test_unknown_preset_is_named():
+    result = _cli("run", "--preset", "nope")
+    assert result.returncode == 2 and "unknown preset 'nope'" in result.stderr
+
+
+# --------------------------------------------------------------------------- plug-ins
+def test_a_plugin_method_appears_validates_and_learns(plugins, tmp_path):
+    assert "toy-avg" in declarations()
+    assert "| toy-avg | plugin |" in catalog.methods_table()
+    assert "`toy-avg.server-step` | `1.0`" in catalog.method_details("toy-avg")
+    with pytest.raises(ConfigError, match=r"toy-avg\.server-step"):
+        parse_config({"strategy": "toy-avg", "toy-avg.server-step": 2.0})
+    cfg = config(strategy="toy-avg", num_rounds=3, **{"toy-avg.server-step": 0.5})
+    outcome = run_local(cfg, tmp_path)
+    accuracy = [r["evaluation"]["personalized"]["mean"] for r in outcome.rounds]
+    assert accuracy[-1] > accuracy[0] + 0.2
+
+
+# --------------------------------------------------------------------------- exchanges
+def test_two_exchanges_per_round_are_recorded_separately(plugins, tmp_path):
+    cfg = config(strategy="line-search", num_rounds=3, fraction_train=0.6, local_epochs=2)
+    strategy = build_strategy(cfg)
+    outcome = run_local(cfg, tmp_path, strategy=strategy)
+    arrays = outcome.arrays
+    model_bytes = sum(len(a.data) for a in arrays.values())
+    trainable_bytes = model_bytes  # the MLP has no buffers
+    for record in outcome.rounds[1:]:
+        first, second = record["exchanges"]
+        sampled = len(record["train"]["sampled"])
+        assert (first["name"], second["name"]) == ("gradients", "line-search")
+        assert first["sent"] == second["sent"] == sampled == 3
+        assert first["bytes_down"] == sampled * model_bytes
+        assert first["bytes_up"] == sampled * trainable_bytes
+        assert second["bytes_down"] == sampled * (model_bytes + trainable_bytes)
+        losses_bytes = len(Array(np.zeros(len(strategy.steps))).data)  # .npy, header included
+        assert second["bytes_up"] == sampled * losses_bytes
+        assert record["bytes_down"] == first["bytes_down"] + second["bytes_down"]
+        assert record["train"]["server"]["step"] in strategy.steps
+    losses = [r["train"]["loss"] for r in outcome.rounds[1:]]
+    assert losses[-1] < losses[0]
+
+
+def test_a_failure_in_the_second_exchange_is_charged_to_it(plugins, tmp_path):
+    cfg = config(strategy="line-search", num_rounds=1, fraction_train=1.0, local_epochs=2)
+    grid = grid_for(cfg)
+
+    def drop_losses(reply):
+        if (
+            "losses" in reply.content.array_records
+            and reply.metadata.src_node_id == grid.node_ids[1]
+        ):
+            del reply.content["losses"]
+        return reply
+
+    grid.reply_filter = drop_losses
+    record = run_local(cfg, tmp_path, grid=grid).rounds[1]
+    assert [e["failures"] for e in record["exchanges"]] == [0, 1]
+    assert record["train"]["failures"] == 1 and record["train"]["clients"] == 4
+
+
+def test_pfedgt_c0_is_the_first_rounds_init_exchange(tmp_path):
+    cfg = config(strategy="pfedgt", num_rounds=2, fraction_train=0.4)
+    outcome = run_local(cfg, tmp_path)
+    first, second = outcome.rounds[1], outcome.rounds[2]
+    assert [e["name"] for e in first["exchanges"]] == ["init", "train"]
+    assert first["exchanges"][0]["sent"] == cfg.num_clients  # full participation
+    assert [e["name"] for e in second["exchanges"]] == ["train"]
+    assert outcome.rounds[0]["bytes_down"] == 0
+
+
+# --------------------------------------------------------------------------- simulation
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["toy-avg", "line-search"])
+def test_plugin_methods_run_in_flower_simulation(plugins, strategy, tmp_path):
+    from pflarena.server.cli import simulate
+
+    cfg = parse_config(
+        {
+            "strategy": strategy,
+            "num-clients": 4,
+            "num-rounds": 3,
+            "fraction-train": 1.0,
+            "output-dir": str(tmp_path / strategy),
+        }
+    )
+    summary = simulate(cfg, verbosity=0)
+    rounds = [
+        json.loads(line) for line in (tmp_path / strategy / "rounds.jsonl").read_text().splitlines()
+    ]
+    start = rounds[0]["evaluation"]["personalized"]["mean"]
+    assert summary["personalized"]["last"]["mean"] > start + 0.1
+    names = [[e["name"] for e in r["exchanges"]] for r in rounds[1:]]
+    expected = ["gradients", "line-search"] if strategy == "line-search" else ["train"]
+    assert names == [expected] * 3
+    assert all(
+        e["bytes_up"] > 0 and e["bytes_down"] > 0 for r in rounds[1:] for e in r["exchanges"]
+    )
+    np.testing.assert_equal(summary["status"], "completed")
