@@ -6,9 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RUNS ?= runs/main-$(shell date +%Y%m%d-%H%M%S)
 STRATEGIES ?= local fedavg fedavg-ft fedprox ditto pfedgt
-# The main job: every baseline on scikit-learn's digits, Dirichlet(0.1) over 10 clients.
-MAIN_JOB := --dataset digits --partition dirichlet --alpha 0.1 --num-clients 10 \
-	--num-rounds 20 --local-epochs 2 --batch-size 32 --lr 0.1 --fraction-train 1.0 --seed 0
+# The main job: every method on scikit-learn's digits, Dirichlet(0.1) over 10 clients, 20
+# rounds, full participation (pflarena/presets/digits-main.toml; `pflarena presets digits-main`).
+MAIN_JOB := --preset digits-main
 
 .PHONY: setup run test lint clean-runs
 

@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflarena.core.config import parse_run_config
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import build_federation
 from pflarena.core.models import build_model
 from pflarena.core.training import train_epochs
 from pflarena.server.cli import simulate
+from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "overhead.md"))
     args = parser.parse_args()
 
-    cfg = parse_run_config(
+    cfg = parse_config(
         {
             "strategy": "fedavg",
             "dataset": "mnist",

@@ -24,8 +24,9 @@ import argparse
 import json
 from pathlib import Path
 
-from pflarena.core.config import parse_run_config
 from pflarena.server.cli import compare_plot, simulate
+from pflarena.server.presets import load_preset
+from pflarena.server.registry import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("local", "fedavg", "fedavg-ft", "ditto", "pfedgt")
@@ -41,23 +42,15 @@ PAPER = {
 
 
 def run_config(strategy: str, alpha: float, args: argparse.Namespace, out: Path) -> dict:
-    return {
+    """The paper's setting (preset ``pfedgt-cifar10-a<α>``), scaled down by the arguments."""
+    preset = load_preset(f"pfedgt-cifar10-a{alpha}")
+    return preset.overrides(strategy) | {
         "strategy": strategy,
-        "dataset": "cifar10",
         "data-dir": args.data_dir,
         "model": args.model,
-        "partition": "pfllib-dirichlet",
-        "alpha": alpha,
-        "seed": 1,
-        "num-clients": 20,
-        "fraction-train": 0.25,
-        "local-epochs": 5,
-        "batch-size": 128,
         "lr": args.lr,
         "num-rounds": args.rounds,
         "eval-every": args.eval_every,
-        "personal-epochs": 1,
-        "ditto-lambda": 0.1,
         "output-dir": str(out),
     }
 
@@ -91,7 +84,7 @@ def main() -> None:
                     continue
                 print(f"== {strategy} α={alpha} ({args.model}, {args.rounds} rounds)", flush=True)
                 simulate(
-                    parse_run_config(run_config(strategy, alpha, args, out)),
+                    parse_config(run_config(strategy, alpha, args, out)),
                     cpus_per_client=args.cpus_per_client,
                     gpus_per_client=args.gpus_per_client,
                     verbosity=0,

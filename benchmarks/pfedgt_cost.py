@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
-from pflarena.core.config import parse_run_config
 from pflarena.core.federation import build_federation
 from pflarena.server.cli import simulate
+from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(strategy: str, base: dict, rounds: int, workdir: Path) -> dict:
-    cfg = parse_run_config(
+    cfg = parse_config(
         {
             **base,
             "strategy": strategy,
@@ -47,7 +47,13 @@ def measure(strategy: str, base: dict, rounds: int, workdir: Path) -> dict:
         "clients": statistics.mean(r["train"]["clients"] for r in timed),
         "bytes_up": statistics.mean(r["bytes_up"] for r in timed),
         "bytes_down": statistics.mean(r["bytes_down"] for r in timed),
-        "init_bytes": records[0].get("bytes_down", 0) + records[0].get("bytes_up", 0),
+        # pFedGT's c⁰ exchange (`init`, in round 1)
+        "init_bytes": sum(
+            e["bytes_down"] + e["bytes_up"]
+            for r in records
+            for e in r.get("exchanges", [])
+            if e["name"] == "init"
+        ),
     }
 
 
@@ -71,7 +77,7 @@ def main() -> None:
         "batch-size": 128,
         "lr": 0.05,
     }
-    build_federation(parse_run_config(base).federation_spec())  # decode and cache first
+    build_federation(parse_config(base).federation_spec())  # decode and cache first
     with tempfile.TemporaryDirectory() as tmp:
         results = {s: measure(s, base, args.rounds, Path(tmp)) for s in ("fedavg", "pfedgt")}
     fedavg, pfedgt = results["fedavg"], results["pfedgt"]

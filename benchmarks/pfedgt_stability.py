@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pfedgt_cifar10 import ROOT, completed_summary, run_config, run_name
 
-from pflarena.core.config import parse_run_config
 from pflarena.server.cli import simulate
+from pflarena.server.registry import parse_config
 
 PAPER_LAMBDA = 0.7
 
@@ -58,8 +58,8 @@ def main() -> None:
                 if completed_summary(out) is not None:
                     continue
                 print(f"== pfedgt α={alpha} λ={lam} ({args.rounds} rounds)", flush=True)
-                cfg = run_config("pfedgt", alpha, args, out) | {"pfedgt-lambda": lam}
-                simulate(parse_run_config(cfg), verbosity=0)
+                cfg = run_config("pfedgt", alpha, args, out) | {"pfedgt.lambda": lam}
+                simulate(parse_config(cfg), verbosity=0)
     write_report(args)
 
 

@@ -11,16 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array
+from flwr.app import Array, ConfigRecord
 from helpers import config, grid_for, run_local
 
 import pflarena.client.solvers as solvers_package
 from pflarena.client.solvers import SolverError, load_solver
+from pflarena.core import keys
 from pflarena.core.config import ConfigError, parse_run_config
 from pflarena.server import catalog
+from pflarena.server.app import initial_arrays
 from pflarena.server.presets import load_preset, preset_names
 from pflarena.server.registry import build_strategy, parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES, declarations, strategy_classes
+from pflarena.strategies.base import direct_send
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -269,3 +272,20 @@ def test_plugin_methods_run_in_flower_simulation(plugins, strategy, tmp_path):
         e["bytes_up"] > 0 and e["bytes_down"] > 0 for r in rounds[1:] for e in r["exchanges"]
     )
     np.testing.assert_equal(summary["status"], "completed")
+
+
+def test_per_node_messages_share_the_round_payload():
+    """Building a round's messages is linear in the payload: shared records by reference."""
+    gammas = "0.1,0.2,0.3,0.4,0.5"
+    cfg = config(strategy="pfedgt", fraction_train=1.0, **{"pfedgt.gammas": gammas})
+    grid, strategy = grid_for(cfg), build_strategy(cfg)
+    arrays = initial_arrays(cfg)
+    strategy.initialise_message(grid, arrays, direct_send(grid, 60))
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    for key in (keys.ARRAYS, keys.PFEDGT_MESSAGE):
+        assert all(m.content[key] is messages[0].content[key] for m in messages)
+    sent = {
+        strategy.client_ids[m.metadata.dst_node_id]: m.content[keys.CONFIG][keys.PFEDGT_GAMMA]
+        for m in messages
+    }
+    assert sent == {i: float(g) for i, g in enumerate(gammas.split(","))}
