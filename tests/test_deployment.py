@@ -1,8 +1,11 @@
 """Loopback deployment: a real SuperLink and three SuperNodes on 127.0.0.1, driven by ``flwr run``.
 
 Each SuperNode is started with ``--node-config data-path="<shard>"`` and holds one shard file
-only, so the client ids in the evaluation show which data every node used. The second test
-kills one SuperNode mid-run and checks that the run still completes with the other two.
+only, so the client ids in the evaluation show which data every node used. One deployment
+serves every test of this module (starting one costs tens of seconds): FedAvg, the test
+suite's two-exchange plug-in method (``tests/pflarena_test_methods.py``, loaded through
+``PFLARENA_PLUGINS`` by the ServerApp and every ClientApp), and last a run during which one
+SuperNode is killed, after which the run must still complete with the other two.
 
 Every process a test starts is tracked by :class:`Deployment` and stopped by PID (``flwr
 run``, the SuperNodes, then the SuperLink; SIGTERM, then SIGKILL after a grace period), also
@@ -25,6 +28,7 @@ process that imports torch, so a round takes 20-40 s here; both tests are marked
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -47,6 +51,7 @@ from pflarena.server.cli import (
     _wait_healthy,
     project_root,
 )
+from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 
 pytestmark = pytest.mark.slow
@@ -56,6 +61,8 @@ CONNECTION = "loopback"
 GRACE_S = 15.0  # SIGTERM grace before SIGKILL
 RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
 LOG_TAIL_LINES = 25
+TESTS_DIR = Path(__file__).resolve().parent
+PLUGINS = "pflarena_test_methods"
 
 
 # --------------------------------------------------------------------------- /proc helpers
@@ -139,6 +146,8 @@ class Deployment:
         home.mkdir(parents=True, exist_ok=True)
         env = _flwr_env(home)
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.1"
+        env["PFLARENA_PLUGINS"] = PLUGINS
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         return env
 
     def _spawn(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
@@ -158,6 +167,7 @@ class Deployment:
 
     def start(self, shards: list[Path]) -> None:
         """The SuperLink (deployment, not simulation), then one SuperNode per shard file."""
+        self.shards = shards
         self.port = self._port()
         self.superlink = self._spawn(
             "superlink",
@@ -226,8 +236,9 @@ class Deployment:
             start_new_session=True,
         )
         self.cli.append(proc)
-        self.logs["flwr-run"] = self.root / "flwr-run.log"
-        out = open(self.logs["flwr-run"], "w", buffering=1)  # noqa: SIM115 - closed in close()
+        name = f"flwr-run{len(self.cli)}"
+        self.logs[name] = self.root / f"{name}.log"
+        out = open(self.logs[name], "w", buffering=1)  # noqa: SIM115 - closed in close()
         self._handles.append(out)
 
         def copy() -> None:
@@ -349,13 +360,16 @@ def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    dep = Deployment(tmp_path)
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """One SuperLink and its SuperNodes for every test of this module."""
+    root = tmp_path_factory.mktemp("deployment")
+    dep = Deployment(root)
     try:
+        dep.start(_shards(root))
         yield dep
     finally:
-        dep.close()  # also when the test failed
+        dep.close()  # also when a test failed
 
 
 # --------------------------------------------------------------------------- helpers
@@ -402,8 +416,7 @@ def _stop_and_check(deployment: Deployment) -> None:
 
 # --------------------------------------------------------------------------- tests
 def test_three_supernodes_fedavg(deployment: Deployment, tmp_path: Path) -> None:
-    shards = _shards(tmp_path)
-    deployment.start(shards)
+    shards = deployment.shards
     out = tmp_path / "out"
     cfg = _run_config(out, num_rounds=2, eval_every=2, round_timeout=120.0)
     proc = deployment.submit(cfg)
@@ -433,7 +446,41 @@ def test_three_supernodes_fedavg(deployment: Deployment, tmp_path: Path) -> None
     local_acc = local.rounds[-1]["evaluation"]["personalized"]["mean"]
     assert acc2 == pytest.approx(local_acc, abs=0.02), (acc2, local_acc)
 
-    _stop_and_check(deployment)
+
+def test_two_exchanges_per_round_on_the_deployment(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plug-in line search: a gradient and a line-search exchange in every round."""
+    monkeypatch.setenv("PFLARENA_PLUGINS", PLUGINS)  # to validate its config here too
+    out = tmp_path / "out"
+    cfg = parse_config(
+        {
+            "strategy": "line-search",
+            "dataset": "digits",
+            "partition": "iid",
+            "num-clients": NUM_NODES,
+            "num-rounds": 2,
+            "eval-every": 2,
+            "round-timeout": 120.0,
+            "output-dir": str(out),
+        }
+    )
+    proc = deployment.submit(cfg)
+    rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
+    rounds = _completed_rounds(deployment, out, rc)
+    logs = deployment.log_tails
+    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
+    for record in rounds[1:]:
+        names = [e["name"] for e in record["exchanges"]]
+        assert names == ["gradients", "line-search"], f"{record}\n{logs()}"
+        for exchange in record["exchanges"]:
+            assert exchange["sent"] == NUM_NODES and exchange["failures"] == 0, exchange
+            assert exchange["bytes_down"] > 0 and exchange["bytes_up"] > 0, exchange
+        assert record["bytes_up"] == sum(e["bytes_up"] for e in record["exchanges"])
+    assert (
+        rounds[-1]["evaluation"]["personalized"]["mean"]
+        > rounds[0]["evaluation"]["personalized"]["mean"]
+    )
 
 
 def test_supernode_stopped_mid_run(deployment: Deployment, tmp_path: Path) -> None:
@@ -444,8 +491,6 @@ def test_supernode_stopped_mid_run(deployment: Deployment, tmp_path: Path) -> No
     for the dead node and gets an error reply; ``round-timeout`` is above 60 s so that the
     round ends on that reply, not on the timeout, and round 3 no longer samples the node.
     """
-    shards = _shards(tmp_path)
-    deployment.start(shards)
     out = tmp_path / "out"
     num_rounds, killed = 3, 2
     cfg = _run_config(out, num_rounds=num_rounds, eval_every=num_rounds, round_timeout=90.0)
