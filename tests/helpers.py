@@ -5,6 +5,7 @@ from __future__ import annotations
 from local_grid import LocalGrid
 
 from pflarena.client.app import app as client_app
+from pflarena.client.state import ClientState, MemoryVersions
 from pflarena.core.config import RunConfig
 from pflarena.server.app import initial_arrays
 from pflarena.server.loop import RunOutcome, run_rounds
@@ -37,3 +38,9 @@ def run_local(cfg: RunConfig, tmp_path, grid: LocalGrid | None = None, strategy=
         return run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer)
     finally:
         writer.close()
+
+
+def stored(context, key: str, accepted: int | None = None):
+    """A client's stored state entry (its newest version, or the ``accepted`` one)."""
+    state = ClientState(MemoryVersions(context.state), accepted, None, prune=False)
+    return state.get(key)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ConfigRecord
-from helpers import config, grid_for, run_local
+from helpers import config, grid_for, run_local, stored
 from scipy.optimize import minimize
 
 from pflarena.client.solvers import pfedgt as solver
@@ -314,7 +314,7 @@ def test_logistic_fixed_point_is_a_nash_equilibrium(tmp_path):
     run_local(cfg, tmp_path, grid=grid)
     final = {}
     for ctx in grid.contexts.values():
-        state = ctx.state.array_records[solver.PERSONAL_KEY]
+        state = stored(ctx, solver.PERSONAL_KEY)
         weight, bias = state["linear.weight"].numpy(), state["linear.bias"].numpy()
         final[int(ctx.node_config["partition-id"])] = np.concatenate([weight.ravel(), bias])
     k = weight.shape[0]
@@ -367,8 +367,8 @@ def test_gamma_one_is_local_training(tmp_path):
     run_local(g_cfg, tmp_path / "g", grid=g_grid)
     run_local(l_cfg, tmp_path / "l", grid=l_grid)
     for node_id, ctx in g_grid.contexts.items():
-        ours = ctx.state.array_records[solver.PERSONAL_KEY]
-        theirs = l_grid.contexts[node_id].state.array_records[MODEL_KEY]
+        ours = stored(ctx, solver.PERSONAL_KEY)
+        theirs = stored(l_grid.contexts[node_id], MODEL_KEY)
         for name in theirs.keys():
             np.testing.assert_allclose(ours[name].numpy(), theirs[name].numpy(), atol=1e-5)
 
@@ -400,10 +400,10 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
     grid = grid_for(cfg)
     strategy = build_strategy(cfg)
     strategy.initialise_message(grid, initial_arrays(cfg), direct_send(grid, 60))
-    stored = [ctx.state.array_records[solver.MESSAGE_KEY] for ctx in grid.contexts.values()]
+    messages = [stored(ctx, solver.MESSAGE_KEY) for ctx in grid.contexts.values()]
     for name in strategy.trainable:
         np.testing.assert_allclose(
-            strategy.message[name], np.mean([s[name].numpy() for s in stored], axis=0), rtol=1e-6
+            strategy.message[name], np.mean([s[name].numpy() for s in messages], axis=0), rtol=1e-6
         )
     # and the messages are the full-batch gradient at θ⁰ minus μθ⁰ (checked on one client)
     ctx = next(iter(grid.contexts.values()))
@@ -423,7 +423,7 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
     for name, param in net.named_parameters():
         expected = (grads[name] - strategy.mu * param).detach().numpy()
         np.testing.assert_allclose(
-            ctx.state.array_records[solver.MESSAGE_KEY][name].numpy(),
+            stored(ctx, solver.MESSAGE_KEY)[name].numpy(),
             expected,
             rtol=1e-4,
             atol=1e-6,
@@ -464,8 +464,8 @@ def test_tracking_error_measures_c_against_the_stored_messages(message_step):
         arrays, metrics = strategy.aggregate_train(
             server_round, list(grid.send_and_receive(messages))
         )
-    stored = [ctx.state.array_records[solver.MESSAGE_KEY] for ctx in grid.contexts.values()]
-    mean = {n: np.mean([s[n].numpy() for s in stored], axis=0) for n in strategy.trainable}
+    messages = [stored(ctx, solver.MESSAGE_KEY) for ctx in grid.contexts.values()]
+    mean = {n: np.mean([s[n].numpy() for s in messages], axis=0) for n in strategy.trainable}
     diff = np.concatenate([(strategy.message[n] - mean[n]).ravel() for n in strategy.trainable])
     norm = np.linalg.norm(np.concatenate([mean[n].ravel() for n in strategy.trainable]))
     assert metrics["message-tracking-error"] == pytest.approx(
@@ -477,3 +477,42 @@ def test_tracking_error_measures_c_against_the_stored_messages(message_step):
         assert metrics["message-tracking-error"] > 1e-3
     theta = np.concatenate([arrays[n].numpy().ravel() for n in strategy.trainable])
     assert metrics["theta-norm"] == pytest.approx(np.linalg.norm(theta), rel=1e-5)
+
+
+def test_a_rejected_update_leaves_c_tracking_the_stored_messages(tmp_path):
+    """Lemma 1 survives a lost update: the rejected client's new c_i never takes effect."""
+    cfg = config(
+        strategy="pfedgt",
+        num_rounds=3,
+        fraction_train=0.6,
+        **{"pfedgt.lambda-rule": "tracking"},
+    )
+    grid = grid_for(cfg)
+    victim: list[int] = []
+
+    def nan_in_transit(reply):
+        content = reply.content
+        sync_round = None if reply.has_error() else content.array_records.get(keys.PFEDGT_DELTA_C)
+        if sync_round is not None and not victim:  # the first train reply of the run
+            victim.append(reply.metadata.src_node_id)
+            name = next(iter(sync_round.keys()))
+            bad = sync_round[name].numpy().copy()
+            bad.flat[0] = np.nan
+            sync_round[name] = Array(bad)
+        return reply
+
+    grid.reply_filter = nan_in_transit
+    strategy = build_strategy(cfg)
+    outcome = run_local(cfg, tmp_path, grid=grid, strategy=strategy)
+    assert victim and outcome.rounds[1]["train"]["failures"] == 1
+    for record in outcome.rounds[1:]:
+        assert record["train"]["server"]["message-tracking-error"] < 1e-6
+    # c is the mean of the messages the clients hold now; the victim kept its old one
+    held = [stored(ctx, solver.MESSAGE_KEY) for ctx in grid.contexts.values()]
+    for name in strategy.trainable:
+        np.testing.assert_allclose(
+            strategy.message[name],
+            np.mean([h[name].numpy() for h in held], axis=0),
+            rtol=1e-5,
+            atol=1e-7,
+        )

@@ -4,7 +4,7 @@ import copy
 
 import torch
 from flwr.app import ConfigRecord
-from helpers import config, grid_for, run_local
+from helpers import config, grid_for, run_local, stored
 
 from pflarena.client.solvers.common import prox_hook
 from pflarena.client.solvers.ditto import PERSONAL_KEY
@@ -54,7 +54,7 @@ def test_local_and_ditto_models_persist_in_client_state(tmp_path):
         cfg = config(strategy=strategy, num_rounds=2)
         grid = grid_for(cfg)
         run_local(cfg, tmp_path / strategy, grid=grid)
-        assert all(key in ctx.state.array_records for ctx in grid.contexts.values())
+        assert all(stored(ctx, key) is not None for ctx in grid.contexts.values())
 
 
 def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
@@ -67,7 +67,7 @@ def test_ditto_large_lambda_ties_personal_to_global(tmp_path):
         init = initial_arrays(cfg)
         gaps = []
         for ctx in grid.contexts.values():
-            personal = ctx.state.array_records[PERSONAL_KEY]
+            personal = stored(ctx, PERSONAL_KEY)
             gaps.append(
                 sum(
                     float(((personal[k].numpy() - init[k].numpy()) ** 2).sum()) for k in init.keys()

@@ -1,8 +1,9 @@
 """The pflarena ClientApp.
 
 Every train or evaluate message goes through the same steps: parse the run config, load
-this node's data (its shard, or its simulated partition), restore the method's state from
-``context.state``, dispatch to the method's local solver, and reply.
+this node's data (its shard, or its simulated partition), open the method's state at the
+version the server last accepted (:mod:`pflarena.client.state`), dispatch to the method's
+local solver, save what it changed as a new version, and reply.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -17,6 +19,7 @@ from flwr.clientapp import ClientApp
 
 from pflarena.client.job import ClientJob, load_node_data, pick_device
 from pflarena.client.solvers import Solver, load_solver
+from pflarena.client.state import ClientState, DiskVersions, MemoryVersions, run_key
 from pflarena.core import keys
 from pflarena.core.config import RunConfig, parse_run_config
 
@@ -38,7 +41,34 @@ def _limit_threads() -> None:
         torch.set_num_threads(int(threads))
 
 
-def _job(msg: Message, context: Context) -> tuple[ClientJob, Solver]:
+def open_state(
+    cfg: RunConfig, context: Context, msg: Message, client_id: int, *, train: bool
+) -> ClientState:
+    """This client's state for ``msg``, at the version the server last accepted.
+
+    On disk under the node's ``state-dir``, or (a simulated node) under the run's output
+    directory; else in ``context.state``. A message without the loop's sync record (Flower's
+    own ``Strategy.start``) keeps every write.
+    """
+    node_config = dict(context.node_config)
+    root = node_config.get("state-dir")
+    if not root and cfg.output_dir and "data-path" not in node_config:
+        root = str(Path(cfg.output_dir) / "client-state")
+    store = (
+        DiskVersions(Path(str(root)) / run_key(context.run_config) / f"client-{client_id}")
+        if root
+        else MemoryVersions(context.state)
+    )
+    sync = msg.content.config_records.get(keys.SYNC)
+    if sync is None:  # no sync: the newest version is current, a train message adds one
+        newest = max(store.versions(), default=0)
+        return ClientState(store, None, newest + 1 if train else None)
+    accepted = int(sync[keys.ACCEPTED]) if keys.ACCEPTED in sync else None
+    update_id = int(sync[keys.UPDATE_ID]) if train and keys.UPDATE_ID in sync else None
+    return ClientState(store, accepted, update_id)
+
+
+def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Solver]:
     _limit_threads()
     cfg = _parse(tuple(sorted(context.run_config.items())))
     config = msg.content.config_records.get(keys.CONFIG, ConfigRecord())
@@ -46,10 +76,11 @@ def _job(msg: Message, context: Context) -> tuple[ClientJob, Solver]:
     default_solver = "pflarena.client.solvers." + method.replace("-", "_")
     solver = load_solver(str(config.get(keys.SOLVER, default_solver)))
     device = pick_device(cfg.device)
+    data = load_node_data(cfg, dict(context.node_config), device)
     job = ClientJob(
         cfg=cfg,
-        data=load_node_data(cfg, dict(context.node_config), device),
-        state=context.state,
+        data=data,
+        state=open_state(cfg, context, msg, data.client_id, train=train),
         content=msg.content,
         device=device,
     )
@@ -59,10 +90,13 @@ def _job(msg: Message, context: Context) -> tuple[ClientJob, Solver]:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
-    job, solver = _job(msg, context)
+    job, solver = _job(msg, context, train=True)
     start = time.perf_counter()
     records, metrics = solver.train(job)
+    job.state.save()  # before replying: the reply may be accepted at once
     metrics[keys.TRAIN_TIME] = time.perf_counter() - start
+    if job.state.missing:
+        metrics[keys.STATE_MISSING] = 1
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
     )
@@ -71,6 +105,6 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate this client's personalized model (and the global one, if any)."""
-    job, solver = _job(msg, context)
+    job, solver = _job(msg, context, train=False)
     metrics = solver.evaluate(job)
     return Message(content=RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)

@@ -11,6 +11,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
+from pflarena.client.state import ClientState
 from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
@@ -105,7 +106,7 @@ class ClientJob:
 
     cfg: RunConfig
     data: NodeData
-    state: RecordDict
+    state: ClientState
     content: RecordDict
     device: torch.device
 
@@ -166,14 +167,21 @@ class ClientJob:
 
     def load_state_model(self, key: str) -> nn.Module | None:
         """The model saved in this client's persistent state under ``key``, if any."""
-        if key not in self.state.array_records:
-            return None
-        return self.model_from(self.state.array_records[key])
+        record = self.state.get(key)
+        return None if record is None else self.model_from(record)
 
     def state_model_or_initial(self, key: str) -> nn.Module:
-        """The model saved under ``key``, or the run's initial model on first use."""
+        """The model saved under ``key``; on first use the run's initial model.
+
+        A client whose accepted state is gone (``state.missing``) starts from the server's
+        current model where the message carries one.
+        """
         model = self.load_state_model(key)
-        return self.new_model() if model is None else model
+        if model is not None:
+            return model
+        if self.state.missing and self.arrays is not None and len(self.arrays):
+            return self.global_model()
+        return self.new_model()
 
     def save_state_model(self, key: str, model: nn.Module) -> None:
         self.state[key] = ArrayRecord(model.state_dict())

@@ -25,12 +25,20 @@ PHASE = "phase"  # train messages of strategies with more than one kind of excha
 PHASE_INIT = "init"
 PHASE_TRAIN = "train"
 
+# The "sync" ConfigRecord the run loop adds to every message (client/state.py): which of
+# this client's state versions the server last accepted, and the version this message's
+# writes become (train messages only).
+SYNC = "sync"
+ACCEPTED = "accepted"
+UPDATE_ID = "update-id"
+
 # MetricRecord keys every client reply carries.
 CLIENT_ID = "client-id"
 NUM_EXAMPLES = "num-examples"  # training examples (FedAvg weighting)
 TRAIN_LOSS = "train-loss"
 TRAIN_STEPS = "train-steps"
 TRAIN_TIME = "train-time-s"  # wall time of the local solver (set by the ClientApp)
+STATE_MISSING = "state-missing"  # 1: the server accepted updates this client no longer has
 
 # Evaluation replies: sums, so the server can pool them exactly.
 PERSONALIZED_CORRECT = "personalized-correct"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -65,7 +65,7 @@ def _evaluate(
     grid: Grid, strategy: PflStrategy, server_round: int, arrays: ArrayRecord, timeout: float
 ) -> tuple[dict[str, Any] | None, int]:
     messages = list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
-    replies, down, _ = _send(grid, messages, timeout)
+    replies, down, _ = _send(grid, with_sync(strategy, messages, None), timeout)
     strategy.aggregate_evaluate(server_round, replies)
     results = list(strategy.last_evaluation.values())
     if not results and server_round == 0:
@@ -100,18 +100,52 @@ def _client_time(replies: list[Message]) -> float:
     )
 
 
+def with_sync(
+    strategy: PflStrategy, messages: list[Message], update_id: int | None
+) -> list[Message]:
+    """The messages, each with its client's sync record (client/state.py).
+
+    A node whose client id is not known yet gets no ``accepted`` (its newest state stands);
+    train messages carry the ``update-id`` their writes become. The other records are the
+    strategy's own objects, not copies.
+    """
+    stamped = []
+    for msg in messages:
+        node_id = msg.metadata.dst_node_id
+        sync: dict[str, int] = {}
+        client_id = strategy.client_ids.get(node_id)
+        if client_id is not None:
+            sync[keys.ACCEPTED] = strategy.accepted.get(client_id, 0)
+        if update_id is not None:
+            sync[keys.UPDATE_ID] = update_id
+        content = RecordDict({**dict(msg.content.items()), keys.SYNC: ConfigRecord(sync)})
+        stamped.append(
+            Message(content=content, message_type=msg.metadata.message_type, dst_node_id=node_id)
+        )
+    return stamped
+
+
+#: Exchanges a round may have: update ids are ``round * MAX_EXCHANGES + index``.
+MAX_EXCHANGES = 100
+
+
 class RoundExchanges:
     """The ``send`` a strategy's round gets: sends, receives, and keeps every exchange."""
 
-    def __init__(self, grid: Grid, timeout: float) -> None:
-        self.grid, self.timeout = grid, timeout
+    def __init__(self, grid: Grid, strategy: PflStrategy, server_round: int, timeout: float):
+        self.grid, self.strategy, self.timeout = grid, strategy, timeout
+        self.server_round = server_round
         self.exchanges: list[Exchange] = []
 
     def __call__(self, name: str, messages: list[Message]) -> Exchange:
+        if len(self.exchanges) + 1 >= MAX_EXCHANGES:
+            raise RuntimeError(f"more than {MAX_EXCHANGES - 1} exchanges in one round")
+        update_id = self.server_round * MAX_EXCHANGES + len(self.exchanges) + 1
+        messages = with_sync(self.strategy, messages, update_id)
         replies = (
             list(self.grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
         )
-        exchange = Exchange(name, messages, replies)
+        exchange = Exchange(name, messages, replies, update_id=update_id)
         if exchange.missing:
             log(
                 WARNING,
@@ -189,7 +223,7 @@ def run_rounds(
 
     for server_round in range(1, cfg.num_rounds + 1):
         round_start = time.monotonic()
-        send = RoundExchanges(grid, cfg.round_timeout)
+        send = RoundExchanges(grid, strategy, server_round, cfg.round_timeout)
         new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
         if new_arrays is not None:
             outcome.arrays = new_arrays

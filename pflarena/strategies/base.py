@@ -164,6 +164,9 @@ class Exchange:
     messages: list[Message]
     replies: list[Message]
     rejected: list[int] = field(default_factory=list)
+    #: the state version the clients' writes become (set by the run loop; see
+    #: client/state.py); a usable reply makes it the client's accepted version
+    update_id: int | None = None
 
     def node_of(self, reply: Message) -> int:
         """The node a reply answers for.
@@ -284,6 +287,10 @@ class PflStrategy(Strategy):
         self.last_failed: list[int] = []
         self._round_arrays: ArrayRecord | None = None
         self._sent: list[Message] = []
+        self._train_update_id: int | None = None
+        #: client id -> the update id of its last usable reply: the state version the
+        #: client must hold (the run loop tells every client its own, client/state.py)
+        self.accepted: dict[int, int] = {}
 
     # ------------------------------------------------------------------ rounds
     def train_round(
@@ -298,6 +305,7 @@ class PflStrategy(Strategy):
         """
         messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
         exchange = send("train", messages)
+        self._sent, self._train_update_id = exchange.messages, exchange.update_id
         result = self.aggregate_train(server_round, exchange.replies)
         exchange.rejected = [n for n in self.last_failed if n not in exchange.errors]
         return result
@@ -421,12 +429,15 @@ class PflStrategy(Strategy):
                 exchange.rejected.append(node_id)
                 continue
             self._learn_client_id(node_id, msg.content)
+            client_id = self.client_ids.get(node_id)
+            if exchange.update_id is not None and client_id is not None:
+                self.accepted[client_id] = exchange.update_id
             valid.append(msg)
         return valid
 
     def valid_train_replies(self, replies: Iterable[Message]) -> list[Message]:
         """The usable replies to this round's train messages; ``last_failed`` the rest."""
-        exchange = Exchange("train", self._sent, list(replies))
+        exchange = Exchange("train", self._sent, list(replies), update_id=self._train_update_id)
         valid = self.valid_replies(exchange, self.check_train_reply)
         self.last_failed = exchange.errors + exchange.rejected
         log(INFO, "aggregate_train: %d results, %d failures", len(valid), len(self.last_failed))

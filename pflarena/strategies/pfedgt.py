@@ -63,6 +63,11 @@ class PFedGTParams(MethodParams):
         description="step size λ of the message average c (the paper's 0.7; |S|/m tracks the "
         "mean exactly and stayed stable on CIFAR-10 where 0.7 did not, see docs/architecture.md)",
     )
+    lambda_rule: Literal["fixed", "tracking"] = Field(
+        "fixed",
+        description="'fixed': λ as set; 'tracking': λ = |S^t|/m each round (S^t: the clients "
+        "whose update was used), which keeps c the exact mean of the stored messages (Lemma 1)",
+    )
     server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
     variant: Literal["paper", "exact"] = Field(
         "paper",
@@ -169,6 +174,9 @@ class PFedGT(PflStrategy):
         Surrogate curvature μ and ridge weight ρ.
     message_step
         λ in Eq. 5 (the paper's experiments: 0.7; Lemma 1's exact tracking: |S|/m).
+    lambda_rule
+        ``"fixed"``: λ = ``message_step``; ``"tracking"``: λ = |S^t|/m with S^t the clients
+        whose update was used this round (failures do not count).
     server_lr
         η_s in Eq. 6.
     variant
@@ -204,6 +212,7 @@ class PFedGT(PflStrategy):
         mu: float = 0.05,
         rho: float = 0.0,
         message_step: float = 0.7,
+        lambda_rule: str = "fixed",
         server_lr: float = 1.0,
         variant: str = "paper",
         c_init: str = "round",
@@ -225,6 +234,7 @@ class PFedGT(PflStrategy):
             ("warm_start", warm_start, ("theta", "personal")),
             ("message_init", message_init, ("server", "stored")),
             ("delta_ref", delta_ref, ("personal", "theta")),
+            ("lambda_rule", lambda_rule, ("fixed", "tracking")),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -233,6 +243,7 @@ class PFedGT(PflStrategy):
         self.gammas = gammas
         self.mu, self.rho = mu, rho
         self.message_step, self.server_lr = message_step, server_lr
+        self.lambda_rule = lambda_rule
         self.variant, self.c_init = variant, c_init
         self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
         #: c, the tracked average message (None until initialised).
@@ -256,6 +267,7 @@ class PFedGT(PflStrategy):
             mu=params.mu,
             rho=params.rho,
             message_step=params.lambda_,
+            lambda_rule=params.lambda_rule,
             server_lr=params.server_lr,
             variant=params.variant,
             c_init=params.c_init,
@@ -387,7 +399,10 @@ class PFedGT(PflStrategy):
         delta_w = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
         delta_c = [_as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
         assert self.message_mean is not None  # set with c in initialise_message()
-        self.message = tracked_update(self.message, delta_c, self.message_step)
+        step = (
+            len(delta_c) / self.num_clients if self.lambda_rule == "tracking" else self.message_step
+        )
+        self.message = tracked_update(self.message, delta_c, step)
         self.message_mean = tracked_update(
             self.message_mean, delta_c, len(delta_c) / self.num_clients
         )

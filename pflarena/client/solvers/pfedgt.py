@@ -201,7 +201,7 @@ def _init_phase(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         message = [g - mu * w for g, w in zip(grads, params, strict=True)]
     record = _record(names, message)
     job.state[MESSAGE_KEY] = record
-    if PERSONAL_KEY not in job.state.array_records:
+    if PERSONAL_KEY not in job.state:
         job.save_state_model(PERSONAL_KEY, theta)
     return {keys.PFEDGT_MESSAGE: record}, train_metrics(job, float("nan"), 0)
 
@@ -223,8 +223,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     params = [p for _, p in _trainable(model)]
     c_server = _tensors(job.content.array_records[keys.PFEDGT_MESSAGE], names, job.device)
     c_stored = (
-        _tensors(job.state.array_records[MESSAGE_KEY], names, job.device)
-        if MESSAGE_KEY in job.state.array_records
+        _tensors(job.state[MESSAGE_KEY], names, job.device)
+        if MESSAGE_KEY in job.state
         else [torch.zeros_like(p) for p in params]
     )
     losses: list[float] = []

@@ -1,0 +1,87 @@
+"""Client state versions: on disk and in memory, committed only when the server accepted them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from pflarena.client.state import ClientState, DiskVersions, MemoryVersions, run_key
+
+
+def _record(value: float) -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.full(3, value, dtype=np.float32))})
+
+
+def _value(state: ClientState, entry: str) -> float | None:
+    record = state.get(entry)
+    return None if record is None else float(record["w"].numpy()[0])
+
+
+@pytest.fixture(params=["disk", "memory"])
+def store(request, tmp_path):
+    return (
+        DiskVersions(tmp_path / "client-0")
+        if request.param == "disk"
+        else MemoryVersions(RecordDict())
+    )
+
+
+def _write(store, accepted, update_id, **entries):
+    state = ClientState(store, accepted, update_id)
+    for entry, value in entries.items():
+        state[entry.replace("_", "/")] = _record(value)
+    state.save()
+    return state
+
+
+def test_a_write_becomes_current_only_once_accepted(store):
+    _write(store, 0, 101, model=1.0)
+    assert _value(ClientState(store, 101, None, prune=False), "model") == 1.0
+    # the server did not accept 101 (rejected or lost): the next message rolls it back
+    state = ClientState(store, 0, 201)
+    assert _value(state, "model") is None and store.versions() == []
+
+
+def test_unchanged_entries_carry_forward(store):
+    _write(store, 0, 101, model=1.0, message=5.0)
+    _write(store, 101, 201, message=6.0)
+    state = ClientState(store, 201, None)
+    assert (_value(state, "model"), _value(state, "message")) == (1.0, 6.0)
+
+
+def test_a_server_restarted_one_round_back_rolls_the_client_back(store):
+    for round_ in range(1, 5):
+        _write(store, (round_ - 1) * 100 + 1 if round_ > 1 else 0, round_ * 100 + 1, model=round_)
+    assert store.versions()[-1] == 401
+    state = ClientState(store, 301, None)  # the checkpoint knew round 3 only
+    assert _value(state, "model") == 3.0
+    assert store.versions()[-1] == 301 and len(store.versions()) <= 3
+
+
+def test_missing_state_is_reported(store):
+    state = ClientState(store, 301, 401)
+    assert state.missing and _value(state, "model") is None
+    assert not ClientState(store, 0, 101).missing
+
+
+def test_without_sync_the_newest_version_is_current(store):
+    _write(store, None, 1, model=1.0)
+    _write(store, None, 2, model=2.0)
+    assert _value(ClientState(store, None, None), "model") == 2.0
+
+
+def test_disk_versions_share_unchanged_files(tmp_path):
+    store = DiskVersions(tmp_path / "c")
+    _write(store, 0, 101, model=1.0, message=5.0)
+    _write(store, 101, 201, message=6.0)
+    first = (tmp_path / "c" / "v101" / "model.npz").stat()
+    second = (tmp_path / "c" / "v201" / "model.npz").stat()
+    assert first.st_ino == second.st_ino  # a hard link, not a copy
+    assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_run_key_ignores_resume_only():
+    config = {"strategy": "ditto", "seed": 0, "output-dir": "/r"}
+    assert run_key(config) == run_key(config | {"resume": True})
+    assert run_key(config) != run_key(config | {"seed": 1})
