@@ -10,7 +10,7 @@ STRATEGIES ?= local fedavg fedavg-ft fedprox ditto pfedgt
 # rounds, full participation (pflarena/presets/digits-main.toml; `pflarena presets digits-main`).
 MAIN_JOB := --preset digits-main
 
-.PHONY: setup run test lint clean-runs
+.PHONY: setup run test lint generated clean-runs
 
 setup: $(VENV)/.installed
 
@@ -37,3 +37,8 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check pflarena tests benchmarks
 	$(VENV)/bin/ruff format --check pflarena tests benchmarks
+
+# After changing a method's declaration or a run-config key: regenerate the
+# [tool.flwr.app.config] tables of pyproject.toml and docs/methods.md (tests check both).
+generated: setup
+	$(PY) -m pflarena.server.catalog

@@ -32,7 +32,7 @@ from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.training import train_epochs
-from pflarena.strategies.base import MultiExchangeStrategy, PflStrategy, reply_problem
+from pflarena.strategies.base import MultiExchangeStrategy, PflStrategy, array_problem
 
 MODULE = __name__
 GRADIENT = "gradient"
@@ -133,7 +133,7 @@ class LineSearch(MultiExchangeStrategy):
                 ),
             ),
         )
-        gradients = self.valid_replies(first, lambda c: reply_problem(c, reference, GRADIENT))
+        gradients = self.valid_replies(first, lambda c: array_problem(c, reference, GRADIENT))
         if not gradients:
             return None, None
         direction = ArrayRecord(

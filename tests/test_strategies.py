@@ -140,3 +140,17 @@ def test_error_reply_from_the_superlink_is_charged_to_the_node_that_died():
     error.metadata.__dict__["_src_node_id"] = 1  # Flower sends these from the SuperLink
     strategy.aggregate_train(1, [error, *replies[1:]])
     assert strategy.last_failed == [dead.metadata.dst_node_id]
+
+
+def test_aggregation_does_not_depend_on_the_order_replies_arrive_in():
+    """Replies come back in any order (Ray actors, SuperNodes): the sums must not care."""
+    cfg = config(strategy="fedavg", num_clients=5)
+    grid, arrays = grid_for(cfg), initial_arrays(cfg)
+    results = []
+    for order in (lambda r: r, lambda r: r[::-1], lambda r: r[2:] + r[:2]):
+        strategy = build_strategy(cfg)
+        messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+        replies = list(grid.send_and_receive(messages))
+        aggregated, _ = strategy.aggregate_train(1, order(replies))
+        results.append({k: v.numpy().tobytes() for k, v in aggregated.items()})
+    assert results[0] == results[1] == results[2]

@@ -86,6 +86,13 @@ class RunConfig(BaseModel):
     )
     min_train_clients: int = Field(1, ge=1, description="at least this many clients per round")
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for replies")
+    checkpoint_every: int = Field(
+        1, ge=1, description="save the server state to resume from every k rounds (and the last)"
+    )
+    resume: bool = Field(
+        False,
+        description="continue the run in output-dir from its checkpoint (pflarena run --resume)",
+    )
 
     # Local training: the TRAINING_SETTINGS a method declares it honours.
     local_epochs: int = Field(2, ge=1, description="local epochs per round")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -17,9 +18,10 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 import pflarena
-from pflarena.core.config import RunConfig
+from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.datasets import dataset_info
 from pflarena.core.models import build_model
+from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.registry import build_strategy, declaration_of, parse_config
 from pflarena.server.results import ResultsWriter, plot_run, read_rounds
@@ -49,7 +51,17 @@ def initial_arrays(cfg: RunConfig) -> ArrayRecord:
 def main(grid: Grid, context: Context) -> None:
     cfg = parse_config(context.run_config)  # raises ConfigError naming the bad keys
     output_dir = resolve_output_dir(cfg)
-    writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
+    checkpoint = None
+    if cfg.resume:
+        if not cfg.output_dir:
+            raise ConfigError("resume=true needs the output-dir of the run to continue")
+        checkpoint = load_checkpoint(output_dir, cfg.strategy)
+        # no checkpoint yet (it died in round 1): start again from round 0
+        writer = ResultsWriter(
+            output_dir, resume_after=checkpoint.server_round if checkpoint else -1
+        )
+    else:
+        writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
     log(
         INFO,
         "pflarena: %s on %s, %d clients, %d rounds -> %s",
@@ -59,28 +71,38 @@ def main(grid: Grid, context: Context) -> None:
         cfg.num_rounds,
         output_dir,
     )
-    writer.write_config(
-        {
-            "run_config": cfg.to_run_config(),
-            "method": declaration_of(cfg).name,
-            "method_params": cfg.params(declaration_of(cfg)).model_dump(by_alias=True),
-            "model": cfg.model_name(),
-            "run_id": grid.run.run_id,
-            "versions": {
-                "pflarena": pflarena.__version__,
-                "flwr": flwr.__version__,
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-            },
-            "started_at": datetime.now(timezone.utc).isoformat(),
-        }
-    )
+    config_record = {
+        "run_config": cfg.to_run_config(),
+        "method": declaration_of(cfg).name,
+        "method_params": cfg.params(declaration_of(cfg)).model_dump(by_alias=True),
+        "model": cfg.model_name(),
+        "run_id": grid.run.run_id,
+        "versions": {
+            "pflarena": pflarena.__version__,
+            "flwr": flwr.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "started_at": datetime.now(timezone.utc).isoformat(),
+    }
+    if cfg.resume:  # config.json stays the original run's; each resume is noted in it
+        previous = json.loads((output_dir / "config.json").read_text())
+        previous.setdefault("resumes", []).append(
+            {
+                "run_id": grid.run.run_id,
+                "after_round": checkpoint.server_round if checkpoint else 0,
+                "started_at": config_record["started_at"],
+            }
+        )
+        writer.write_config(previous)
+    else:
+        writer.write_config(config_record)
     start = time.monotonic()
     rounds: list[dict] = []
     try:
         strategy = build_strategy(cfg)
         strategy.summary()
-        outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer)
+        outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
         rounds = outcome.rounds
     except BaseException as exc:
         rounds = read_rounds(output_dir / "rounds.jsonl")

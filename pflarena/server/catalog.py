@@ -8,6 +8,7 @@ prints it, and a test checks that pyproject.toml holds exactly that).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import RunConfig
@@ -16,6 +17,7 @@ from pflarena.server.cli import _toml_value
 from pflarena.strategies import declarations
 
 __all__ = [
+    "write_generated",
     "flower_config",
     "flower_config_toml",
     "method_details",
@@ -117,3 +119,17 @@ def methods_markdown() -> str:
     for name in declarations():
         parts += ["", method_details(name)]
     return "\n".join(parts) + "\n"
+
+
+def write_generated(root: Path) -> None:
+    """Rewrite pyproject.toml's ``[tool.flwr.app.config]`` tables and docs/methods.md."""
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text()
+    start = text.index("[tool.flwr.app.config]")
+    end = text.index("# ----", start)
+    pyproject.write_text(text[:start] + flower_config_toml() + "\n" + text[end:])
+    (root / "docs" / "methods.md").write_text(methods_markdown())
+
+
+if __name__ == "__main__":  # `make generated`
+    write_generated(Path(__file__).resolve().parents[2])

@@ -329,7 +329,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | N
     group = parser.add_argument_group("run config (see pyproject.toml [tool.flwr.app.config])")
     for name, field in RunConfig.model_fields.items():
         alias = name.replace("_", "-")
-        if only is not None and alias not in only:
+        if (only is not None and alias not in only) or alias == "resume":  # --resume DIR
             continue
         group.add_argument(
             f"--{alias}",
@@ -392,15 +392,27 @@ def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
     return preset.overrides(given.get("strategy")) | given
 
 
+def resume_config(run_dir: Path) -> dict[str, Any]:
+    """The run config of the run in ``run_dir``, set to continue it."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} holds no run to resume (no config.json)")
+    run_config = json.loads(path.read_text())["run_config"]
+    return run_config | {"resume": True, "output-dir": str(run_dir.resolve())}
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pflarena.server.registry import parse_config
     from pflarena.server.results import check_output_dir
 
-    keys = [name.replace("_", "-") for name in RunConfig.model_fields] + args.method_keys
-    cfg = parse_config(run_overrides(args, keys))
-    if not cfg.output_dir:
-        cfg = cfg.model_copy(update={"output_dir": _default_output_dir(cfg.to_run_config())})
-    check_output_dir(Path(cfg.output_dir).resolve())
+    keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys
+    if args.resume:
+        cfg = parse_config(resume_config(Path(args.resume)))
+    else:
+        cfg = parse_config(run_overrides(args, keys))
+        if not cfg.output_dir:
+            cfg = cfg.model_copy(update={"output_dir": _default_output_dir(cfg.to_run_config())})
+        check_output_dir(Path(cfg.output_dir).resolve())
     summary = simulate(
         cfg,
         cpus_per_client=args.cpus_per_client,
@@ -472,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one strategy as a Flower simulation")
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run in DIR from its last checkpoint (other settings are DIR's)",
+    )
     run.add_argument(
         "--preset",
         metavar="NAME",

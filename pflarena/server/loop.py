@@ -8,6 +8,7 @@ round, and one ``rounds.jsonl`` line per round written as it happens.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -19,7 +20,8 @@ from flwr.serverapp import Grid
 
 from pflarena.core import keys
 from pflarena.core.config import RunConfig
-from pflarena.server.results import ResultsWriter, summarize_rounds
+from pflarena.server.checkpoint import Checkpoint, save_checkpoint
+from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
 from pflarena.strategies.base import Exchange, PflStrategy, evaluation_stats, record_nbytes
 
 __all__ = ["RunOutcome", "run_rounds", "wait_for_nodes"]
@@ -68,11 +70,13 @@ def _evaluate(
     replies, down, _ = _send(grid, with_sync(strategy, messages, None), timeout)
     strategy.aggregate_evaluate(server_round, replies)
     results = list(strategy.last_evaluation.values())
+    failures = strategy.last_eval_failures
+    missing = len(messages) - len(replies)
     if not results and server_round == 0:
-        errors = [m.error.reason for m in replies if m.has_error()]
         raise RuntimeError(
-            f"no client could evaluate the initial model ({len(errors)} of {len(messages)} "
-            f"failed); first error: {errors[0] if errors else 'no reply'}"
+            f"no client could evaluate the initial model ({len(failures)} of {len(messages)} "
+            f"replies unusable, {missing} missing); first problem: "
+            f"{failures[0][1] if failures else 'no reply'}"
         )
     if not results:
         return None, down
@@ -87,6 +91,7 @@ def _evaluate(
             }
             for r in results
         },
+        "failures": len(failures) + missing,
     }
     return record, down
 
@@ -124,6 +129,9 @@ def with_sync(
         )
     return stamped
 
+
+#: Fault injection for tests of resuming: the ServerApp raises right after this round.
+CRASH_ENV = "PFLARENA_CRASH_AFTER_ROUND"
 
 #: Exchanges a round may have: update ids are ``round * MAX_EXCHANGES + index``.
 MAX_EXCHANGES = 100
@@ -198,30 +206,46 @@ def run_rounds(
     strategy: PflStrategy,
     initial_arrays: ArrayRecord,
     writer: ResultsWriter,
+    resume: Checkpoint | None = None,
 ) -> RunOutcome:
     """Run ``cfg.num_rounds`` rounds, writing one ``rounds.jsonl`` line per round.
 
     Round 0 is an evaluation of the initial models only (it also tells the strategy which
-    client each node holds, which makes client sampling reproducible for a seed).
+    client each node holds, which makes client sampling reproducible for a seed). After
+    every ``checkpoint-every`` rounds (and the last) the state to continue from is saved
+    (:mod:`pflarena.server.checkpoint`); with ``resume`` the run continues after that
+    checkpoint's round, the rounds before it already in ``writer``'s file.
     """
     wait_for_nodes(grid, cfg.num_clients, timeout=cfg.round_timeout)
     start = time.monotonic()
     outcome = RunOutcome(arrays=initial_arrays)
 
-    evaluation, eval_down = _evaluate(grid, strategy, 0, initial_arrays, cfg.round_timeout)
-    record0 = {
-        "round": 0,
-        "elapsed_s": time.monotonic() - start,
-        "evaluation": evaluation,
-        "eval_bytes_down": eval_down,
-        "bytes_down": 0,
-        "bytes_up": 0,
-    }
-    writer.append_round(record0)
-    outcome.rounds.append(record0)
-    log(INFO, _progress(record0, cfg.num_rounds))
+    if resume is None:
+        evaluation, eval_down = _evaluate(grid, strategy, 0, initial_arrays, cfg.round_timeout)
+        record0 = {
+            "round": 0,
+            "elapsed_s": time.monotonic() - start,
+            "evaluation": evaluation,
+            "eval_bytes_down": eval_down,
+            "bytes_down": 0,
+            "bytes_up": 0,
+        }
+        writer.append_round(record0)
+        outcome.rounds.append(record0)
+        log(INFO, _progress(record0, cfg.num_rounds))
+        first_round = 1
+    else:
+        strategy.restore_state(resume.strategy_arrays, resume.strategy_meta)
+        outcome.arrays = resume.arrays
+        outcome.rounds = read_rounds(writer.dir / "rounds.jsonl")
+        # An unrecorded evaluation tells the strategy which client each node holds now
+        # (simulated nodes get new ids on a restart); clients whose node is known roll
+        # their state back to what this checkpoint accepted.
+        _evaluate(grid, strategy, resume.server_round, outcome.arrays, cfg.round_timeout)
+        first_round = resume.server_round + 1
+        log(INFO, "pflarena: resumed after round %d", resume.server_round)
 
-    for server_round in range(1, cfg.num_rounds + 1):
+    for server_round in range(first_round, cfg.num_rounds + 1):
         round_start = time.monotonic()
         send = RoundExchanges(grid, strategy, server_round, cfg.round_timeout)
         new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
@@ -245,7 +269,11 @@ def run_rounds(
         record["elapsed_s"] = time.monotonic() - start
         writer.append_round(record)
         outcome.rounds.append(record)
+        if server_round % cfg.checkpoint_every == 0 or server_round == cfg.num_rounds:
+            save_checkpoint(writer.dir, server_round, outcome.arrays, strategy)
         log(INFO, _progress(record, cfg.num_rounds))
+        if os.environ.get(CRASH_ENV) == str(server_round):
+            raise RuntimeError(f"{CRASH_ENV}={server_round}: the ServerApp stops here")
     return outcome
 
 

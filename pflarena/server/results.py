@@ -57,13 +57,28 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 
 class ResultsWriter:
-    """Writes one run's result files into ``output_dir`` (created; must not hold results)."""
+    """Writes one run's result files into ``output_dir``.
 
-    def __init__(self, output_dir: str | Path) -> None:
+    A new run's directory is created and must not hold results. ``resume_after=r`` continues
+    a run: its ``rounds.jsonl`` keeps the lines up to round ``r`` (later ones, written after
+    the last checkpoint, are dropped and will be written again) and new lines are appended.
+    """
+
+    def __init__(self, output_dir: str | Path, resume_after: int | None = None) -> None:
         self.dir = Path(output_dir).resolve()
-        check_output_dir(self.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._rounds = open(self.dir / "rounds.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        rounds_path = self.dir / "rounds.jsonl"
+        if resume_after is None:
+            check_output_dir(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+        else:
+            if not (self.dir / "config.json").exists():
+                raise OutputDirError(f"{self.dir} holds no run to resume (no config.json)")
+            kept = [r for r in read_rounds(rounds_path) if r["round"] <= resume_after]
+            tmp = rounds_path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(_finite(r)) + "\n" for r in kept))
+            os.replace(tmp, rounds_path)
+            (self.dir / "summary.json").unlink(missing_ok=True)
+        self._rounds = open(rounds_path, "a", encoding="utf-8")  # noqa: SIM115
 
     def write_config(self, config: dict[str, Any]) -> None:
         _write_json_atomic(self.dir / "config.json", config)

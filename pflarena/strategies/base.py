@@ -26,12 +26,20 @@ from flwr.serverapp.strategy import Strategy
 from pflarena.core import keys
 from pflarena.core.evaluation import AccuracyStats, accuracy_stats
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.replies import (
+    ClientEvaluation,
+    array_problem,
+    metric_problem,
+    read_client_id,
+    read_evaluation,
+)
 
 if TYPE_CHECKING:
     from pflarena.core.config import RunConfig
 
 __all__ = [
     "ClientEvaluation",
+    "array_problem",
     "Exchange",
     "LocalTraining",
     "MultiExchangeStrategy",
@@ -40,7 +48,6 @@ __all__ = [
     "StrategySetup",
     "direct_send",
     "record_nbytes",
-    "reply_problem",
 ]
 
 
@@ -62,23 +69,6 @@ class LocalTraining:
             keys.MOMENTUM: self.momentum,
             keys.WEIGHT_DECAY: self.weight_decay,
         }
-
-
-@dataclass(frozen=True)
-class ClientEvaluation:
-    """One client's evaluation reply, as counts."""
-
-    client_id: int
-    personalized_correct: int
-    personalized_count: int
-    personalized_loss_sum: float
-    global_correct: int | None = None
-    global_count: int | None = None
-    global_loss_sum: float | None = None
-
-    @property
-    def personalized_accuracy(self) -> float:
-        return self.personalized_correct / max(self.personalized_count, 1)
 
 
 @dataclass(frozen=True)
@@ -116,6 +106,7 @@ class StrategySetup:
             "fraction_train": cfg.fraction_train or declaration.default_fraction_train,
             "min_train_nodes": cfg.min_train_clients,
             "seed": cfg.seed,
+            "num_clients": cfg.num_clients,
         }
 
 
@@ -124,31 +115,6 @@ def record_nbytes(content: RecordDict) -> int:
     return sum(
         len(array.data) for record in content.array_records.values() for array in record.values()
     )
-
-
-def reply_problem(content: RecordDict, reference: ArrayRecord | None, key: str) -> str | None:
-    """Why a training reply must be rejected, or ``None`` if it is usable.
-
-    A reply is rejected when its ArrayRecord ``key`` is missing, has other array names or
-    shapes than ``reference`` (when given), or holds a NaN or infinity.
-    """
-    if key not in content.array_records:
-        return f"no ArrayRecord {key!r} in reply"
-    record = content.array_records[key]
-    if reference is not None:
-        if list(record.keys()) != list(reference.keys()):
-            return f"array names differ from the server's: {list(record.keys())[:3]}..."
-        for name, array in record.items():
-            if tuple(array.shape) != tuple(reference[name].shape):
-                return (
-                    f"array {name!r} has shape {tuple(array.shape)}, "
-                    f"expected {tuple(reference[name].shape)}"
-                )
-    for name, array in record.items():
-        values = array.numpy()
-        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
-            return f"array {name!r} contains NaN or infinity"
-    return None
 
 
 @dataclass
@@ -267,6 +233,7 @@ class PflStrategy(Strategy):
         fraction_train: float | None = None,
         min_train_nodes: int = 1,
         seed: int = 0,
+        num_clients: int | None = None,
     ) -> None:
         if fraction_train is None:
             fraction_train = self.declaration.default_fraction_train
@@ -276,7 +243,11 @@ class PflStrategy(Strategy):
         self.fraction_train = fraction_train
         self.min_train_nodes = min_train_nodes
         self.seed = seed
+        #: the federation's size, when known: replies claiming another client id are refused
+        self.num_clients = num_clients
         self._rng = np.random.default_rng(seed)
+        #: (node id, why) of the latest evaluation's unusable replies
+        self.last_eval_failures: list[tuple[int, str]] = []
         #: node id -> client id (partition id or shard id), learnt from replies.
         self.client_ids: dict[int, int] = {}
         #: per-client results of the latest evaluation, by client id.
@@ -291,6 +262,26 @@ class PflStrategy(Strategy):
         #: client id -> the update id of its last usable reply: the state version the
         #: client must hold (the run loop tells every client its own, client/state.py)
         self.accepted: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """What the strategy needs to continue a run: arrays, and JSON-able values.
+
+        The base class keeps the sampler's RNG state, the nodes' client ids and the update
+        each client last had accepted; a method with state of its own extends both parts.
+        """
+        meta = {
+            "rng": self._rng.bit_generator.state,
+            "client_ids": {str(node): client for node, client in self.client_ids.items()},
+            "accepted": {str(client): update for client, update in self.accepted.items()},
+        }
+        return {}, meta
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Undo :meth:`checkpoint_state`."""
+        self._rng.bit_generator.state = meta["rng"]
+        self.client_ids = {int(node): int(client) for node, client in meta["client_ids"].items()}
+        self.accepted = {int(client): int(update) for client, update in meta["accepted"].items()}
 
     # ------------------------------------------------------------------ rounds
     def train_round(
@@ -406,12 +397,16 @@ class PflStrategy(Strategy):
     def valid_replies(
         self, exchange: Exchange, check: Callable[[RecordDict], str | None]
     ) -> list[Message]:
-        """The usable replies of an exchange; errors and ``check`` failures are logged.
+        """The usable replies of an exchange, in client-id order; the rest are logged.
 
-        Replies ``check`` rejects are added to ``exchange.rejected``; client ids are learnt
-        from the usable ones.
+        A reply is unusable when it is an error, its metrics are missing or not finite, it
+        claims a client id out of range or one another node of the exchange claims, or
+        ``check`` (the method's own layout) rejects it. Those are added to
+        ``exchange.rejected``; usable replies teach the strategy their node's client id and
+        make their update the client's accepted state.
         """
         valid = []
+        claimed: dict[int, int] = {}
         for msg in exchange.replies:
             node_id = exchange.node_of(msg)
             if msg.has_error():
@@ -423,16 +418,32 @@ class PflStrategy(Strategy):
                     msg.error.reason,
                 )
                 continue
-            problem = check(msg.content)
+            client_id = read_client_id(msg.content, self.num_clients)
+            problem = metric_problem(msg.content)
+            if problem is None and isinstance(client_id, str):
+                problem = client_id
+            if (
+                problem is None
+                and client_id is not None
+                and claimed.get(client_id, node_id) != node_id
+            ):
+                problem = f"client id {client_id} is already claimed by node {claimed[client_id]}"
+            if problem is None:
+                problem = check(msg.content)
             if problem is not None:
                 log(WARNING, "%s: rejected reply from node %d: %s", exchange.name, node_id, problem)
                 exchange.rejected.append(node_id)
                 continue
-            self._learn_client_id(node_id, msg.content)
-            client_id = self.client_ids.get(node_id)
-            if exchange.update_id is not None and client_id is not None:
-                self.accepted[client_id] = exchange.update_id
+            if isinstance(client_id, int):
+                claimed[client_id] = node_id
+                self.client_ids[node_id] = client_id
+                if exchange.update_id is not None:
+                    self.accepted[client_id] = exchange.update_id
             valid.append(msg)
+        # Replies arrive in whatever order the clients finish (Ray actors, SuperNodes);
+        # aggregating them in client-id order makes the floating-point sums, and so the
+        # run, the same every time.
+        valid.sort(key=lambda m: self.client_ids.get(exchange.node_of(m), exchange.node_of(m)))
         return valid
 
     def valid_train_replies(self, replies: Iterable[Message]) -> list[Message]:
@@ -444,17 +455,11 @@ class PflStrategy(Strategy):
         return valid
 
     def check_train_reply(self, content: RecordDict) -> str | None:
-        """Why a training reply is unusable, or ``None`` (override for other layouts)."""
-        if keys.METRICS not in content.metric_records:
-            return "no metrics in reply"
+        """Why a training reply's records are unusable, or ``None`` (override for other
+        layouts; the metrics and client id are checked for every method)."""
         if not self.expects_arrays:
             return None
-        return reply_problem(content, self._round_arrays, keys.ARRAYS)
-
-    def _learn_client_id(self, node_id: int, content: RecordDict) -> None:
-        metrics = content.metric_records.get(keys.METRICS)
-        if metrics is not None and keys.CLIENT_ID in metrics:
-            self.client_ids[node_id] = int(metrics[keys.CLIENT_ID])
+        return array_problem(content, self._round_arrays, keys.ARRAYS)
 
     @staticmethod
     def train_metrics(replies: Sequence[Message]) -> MetricRecord | None:
@@ -476,27 +481,24 @@ class PflStrategy(Strategy):
     ) -> MetricRecord | None:
         """Personalized and global accuracy statistics over every client that replied."""
         results: dict[int, ClientEvaluation] = {}
+        failures: list[tuple[int, str]] = []
         for msg in replies:
+            node_id = msg.metadata.src_node_id
             if msg.has_error():
-                log(
-                    WARNING,
-                    "evaluation failed on node %d: %s",
-                    msg.metadata.src_node_id,
-                    msg.error.reason,
-                )
+                failures.append((node_id, msg.error.reason))
                 continue
-            self._learn_client_id(msg.metadata.src_node_id, msg.content)
-            m = msg.content.metric_records[keys.METRICS]
-            has_global = keys.GLOBAL_COUNT in m
-            results[int(m[keys.CLIENT_ID])] = ClientEvaluation(
-                client_id=int(m[keys.CLIENT_ID]),
-                personalized_correct=int(m[keys.PERSONALIZED_CORRECT]),
-                personalized_count=int(m[keys.PERSONALIZED_COUNT]),
-                personalized_loss_sum=float(m[keys.PERSONALIZED_LOSS_SUM]),
-                global_correct=int(m[keys.GLOBAL_CORRECT]) if has_global else None,
-                global_count=int(m[keys.GLOBAL_COUNT]) if has_global else None,
-                global_loss_sum=float(m[keys.GLOBAL_LOSS_SUM]) if has_global else None,
-            )
+            evaluation = read_evaluation(msg.content, node_id, self.num_clients)
+            if not isinstance(evaluation, str) and evaluation.client_id in results:
+                evaluation = f"client id {evaluation.client_id} reported by two nodes"
+            if isinstance(evaluation, str):
+                failures.append((node_id, evaluation))
+                continue
+            if keys.CLIENT_ID in msg.content.metric_records[keys.METRICS]:
+                self.client_ids[node_id] = evaluation.client_id
+            results[evaluation.client_id] = evaluation
+        for node_id, reason in failures:
+            log(WARNING, "evaluation failed on node %d: %s", node_id, reason)
+        self.last_eval_failures = failures
         self.last_evaluation = dict(sorted(results.items()))
         if not results:
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from pflarena.core import keys
@@ -31,6 +31,15 @@ class FedAvg(PflStrategy):
         summary="the example-weighted average of the clients' models; personalized = global",
         solver="pflarena.client.solvers.fedavg",
     )
+
+    def check_train_reply(self, content: RecordDict) -> str | None:
+        """The update, and a positive ``num-examples`` to weight it by."""
+        examples = content.metric_records[keys.METRICS].get(keys.NUM_EXAMPLES)
+        if not isinstance(examples, int | float) or examples <= 0:
+            return (
+                f"metric {keys.NUM_EXAMPLES!r} must be > 0 to weight the update, got {examples!r}"
+            )
+        return super().check_train_reply(content)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

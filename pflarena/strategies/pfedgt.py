@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from flwr.app import (
@@ -41,8 +41,8 @@ from pflarena.strategies.base import (
     PflStrategy,
     Send,
     StrategySetup,
+    array_problem,
     direct_send,
-    reply_problem,
 )
 
 __all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays"]
@@ -222,7 +222,7 @@ class PFedGT(PflStrategy):
         training: LocalTraining | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(training=training, **kwargs)
+        super().__init__(training=training, num_clients=num_clients, **kwargs)
         if num_clients < 2:
             raise ValueError("pFedGT needs at least 2 users (m=1 is local training)")
         gammas = list(gammas) if gammas is not None else [0.8] * num_clients
@@ -261,7 +261,6 @@ class PFedGT(PflStrategy):
         params = setup.params
         assert isinstance(params, PFedGTParams)
         return cls(
-            num_clients=setup.cfg.num_clients,
             trainable=setup.trainable,
             gammas=params.client_gammas(setup.cfg.num_clients),
             mu=params.mu,
@@ -276,6 +275,20 @@ class PFedGT(PflStrategy):
             delta_ref=params.delta_ref,
             **setup.common(cls.declaration),
         )
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = super().checkpoint_state()
+        if self.message is not None and self.message_mean is not None:
+            arrays |= {f"message/{n}": v for n, v in self.message.items()}
+            arrays |= {f"message-mean/{n}": v for n, v in self.message_mean.items()}
+        return arrays, meta
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        super().restore_state(arrays, meta)
+        if any(k.startswith("message/") for k in arrays):
+            self.message = {n: arrays[f"message/{n}"] for n in self.trainable}
+            self.message_mean = {n: arrays[f"message-mean/{n}"] for n in self.trainable}
 
     # ------------------------------------------------------------------ c⁰
     def train_round(
@@ -321,7 +334,7 @@ class PFedGT(PflStrategy):
         messages_c = [
             _as_numpy(msg.content.array_records[keys.PFEDGT_MESSAGE])
             for msg in self.valid_replies(
-                exchange, lambda content: reply_problem(content, reference, keys.PFEDGT_MESSAGE)
+                exchange, lambda content: array_problem(content, reference, keys.PFEDGT_MESSAGE)
             )
         ]
         # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean, spec §2.7). A client
@@ -379,10 +392,8 @@ class PFedGT(PflStrategy):
         return super().configure_train(server_round, arrays, config, grid)
 
     def check_train_reply(self, content: RecordDict) -> str | None:
-        if keys.METRICS not in content.metric_records:
-            return "no metrics in reply"
         for key in (keys.PFEDGT_DELTA_W, keys.PFEDGT_DELTA_C):
-            problem = reply_problem(content, self._trainable_reference, key)
+            problem = array_problem(content, self._trainable_reference, key)
             if problem is not None:
                 return problem
         return None

@@ -203,7 +203,10 @@ def _init_phase(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     job.state[MESSAGE_KEY] = record
     if PERSONAL_KEY not in job.state:
         job.save_state_model(PERSONAL_KEY, theta)
-    return {keys.PFEDGT_MESSAGE: record}, train_metrics(job, float("nan"), 0)
+    # no training happened: no loss to report (and a NaN metric would be rejected)
+    metrics = train_metrics(job, 0.0, 0)
+    del metrics[keys.TRAIN_LOSS]
+    return {keys.PFEDGT_MESSAGE: record}, metrics
 
 
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:

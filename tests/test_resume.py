@@ -1,0 +1,161 @@
+"""Checkpoint and resume: a run that dies mid-way continues to the same results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flwr.app import MessageType
+from helpers import config
+from local_grid import LocalGrid
+
+from pflarena.client.app import app as client_app
+from pflarena.core import keys
+from pflarena.server.app import initial_arrays
+from pflarena.server.checkpoint import load_checkpoint
+from pflarena.server.loop import CRASH_ENV, run_rounds
+from pflarena.server.registry import build_strategy
+from pflarena.server.results import ResultsWriter, read_rounds
+
+TIMING = {"elapsed_s", "round_time_s", "train_time_s"}
+
+
+def comparable(rounds: list[dict]) -> list[dict]:
+    """The rounds without wall-clock times (the only fields two identical runs may differ in)."""
+    out = []
+    for record in rounds:
+        record = {k: v for k, v in record.items() if k not in TIMING}
+        if "train" in record:
+            record["train"] = {k: v for k, v in record["train"].items() if k != "client_time_s"}
+        out.append(record)
+    return out
+
+
+def _grid(cfg, state_dir: Path, node_id_base: int) -> LocalGrid:
+    nodes = [
+        {"partition-id": i, "num-partitions": cfg.num_clients, "state-dir": str(state_dir)}
+        for i in range(cfg.num_clients)
+    ]
+    return LocalGrid(
+        client_app,
+        cfg.to_run_config(),
+        cfg.num_clients,
+        node_configs=nodes,
+        node_id_base=node_id_base,
+    )
+
+
+def _run(cfg, out: Path, grid: LocalGrid, resume: bool = False):
+    checkpoint = load_checkpoint(out, cfg.strategy) if resume else None
+    writer = ResultsWriter(out, resume_after=checkpoint.server_round if checkpoint else None)
+    if not resume:
+        writer.write_config({"run_config": cfg.to_run_config()})
+    try:
+        return run_rounds(
+            grid, cfg, build_strategy(cfg), initial_arrays(cfg), writer, resume=checkpoint
+        )
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("strategy", ["ditto", "pfedgt"])
+def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(strategy, tmp_path):
+    cfg = config(strategy=strategy, num_clients=5, num_rounds=6, fraction_train=0.4)
+    whole = _run(cfg, tmp_path / "whole", _grid(cfg, tmp_path / "state-whole", 1_000_003))
+
+    # The second run dies in round 4, after some clients trained and stored new state.
+    grid = _grid(cfg, tmp_path / "state-broken", 2_000_003)
+
+    def die_in_round_four(reply):
+        sent = grid.sent[-1]
+        if (
+            sent.metadata.message_type == MessageType.TRAIN
+            and sent.content[keys.CONFIG][keys.SERVER_ROUND] == 4
+        ):
+            raise KeyboardInterrupt("killed in round 4")
+        return reply
+
+    grid.reply_filter = die_in_round_four
+    with pytest.raises(KeyboardInterrupt):
+        _run(cfg, tmp_path / "broken", grid)
+    assert [r["round"] for r in read_rounds(tmp_path / "broken" / "rounds.jsonl")] == [0, 1, 2, 3]
+    # ...and continues on new nodes (new node ids, as in a restarted simulation) that find
+    # their clients' state in the same state-dir
+    resumed = _run(cfg, tmp_path / "broken", _grid(cfg, tmp_path / "state-broken", 3_000_017), True)
+    assert comparable(resumed.rounds) == comparable(whole.rounds)
+    assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(whole.rounds)
+
+
+def test_a_client_without_its_state_says_so_and_starts_from_the_server_model(tmp_path):
+    cfg = config(strategy="ditto", num_clients=3, num_rounds=2, fraction_train=1.0)
+    grid = _grid(cfg, tmp_path / "state", 1_000_003)
+    _run(cfg, tmp_path / "run", grid)
+    # lose every client's state, then continue the same run for two more rounds
+    cfg4 = cfg.model_copy(update={"num_rounds": 4})
+    for path in (tmp_path / "state").rglob("v*"):
+        if path.is_dir():
+            for file in path.iterdir():
+                file.unlink()
+            path.rmdir()
+    grid = _grid(cfg4, tmp_path / "state", 1_000_003)
+    grid.contexts = {n: c for n, c in grid.contexts.items()}
+    seen = []
+    grid.reply_filter = lambda reply: seen.append(reply) or reply
+    checkpoint = load_checkpoint(tmp_path / "run", "ditto")
+    writer = ResultsWriter(tmp_path / "run", resume_after=checkpoint.server_round)
+    try:
+        run_rounds(
+            grid, cfg4, build_strategy(cfg4), initial_arrays(cfg4), writer, resume=checkpoint
+        )
+    finally:
+        writer.close()
+    train_replies = [
+        r.content[keys.METRICS] for r in seen if keys.TRAIN_LOSS in r.content.get(keys.METRICS, {})
+    ]
+    assert train_replies and all(m.get(keys.STATE_MISSING) == 1 for m in train_replies[:3])
+
+
+def test_resume_refuses_a_directory_without_a_run(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pflarena.server.cli", "run", "--resume", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "no run to resume" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ditto", "pfedgt"])
+def test_flower_simulation_crashed_after_round_3_resumes_identically(strategy, tmp_path):
+    common = [
+        "--strategy", strategy, "--num-clients", "4", "--num-rounds", "6",
+        "--fraction-train", "0.5", "--quiet",
+    ]  # fmt: skip
+    env = dict(os.environ)
+
+    def pflarena_run(*args, crash=None):
+        run_env = env | ({CRASH_ENV: str(crash)} if crash else {})
+        run_env.pop(CRASH_ENV, None) if crash is None else None
+        return subprocess.run(
+            [sys.executable, "-m", "pflarena.server.cli", "run", *args],
+            capture_output=True, text=True, timeout=600, env=run_env, cwd=tmp_path,
+        )  # fmt: skip
+
+    whole = pflarena_run(*common, "--output-dir", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    crashed = pflarena_run(*common, "--output-dir", str(tmp_path / "run"), crash=3)
+    assert crashed.returncode == 1 and CRASH_ENV in crashed.stderr
+    assert [r["round"] for r in read_rounds(tmp_path / "run" / "rounds.jsonl")] == [0, 1, 2, 3]
+    resumed = pflarena_run("--resume", str(tmp_path / "run"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert comparable(read_rounds(tmp_path / "run" / "rounds.jsonl")) == comparable(
+        read_rounds(tmp_path / "whole" / "rounds.jsonl")
+    )
+    config_json = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert [r["after_round"] for r in config_json["resumes"]] == [3]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
