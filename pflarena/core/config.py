@@ -52,6 +52,7 @@ class RunConfig(BaseModel):
         extra="forbid",
         populate_by_name=True,
         frozen=True,
+        allow_inf_nan=False,  # no NaN or infinity in any setting
         alias_generator=lambda s: s.replace("_", "-"),
     )
 
@@ -218,9 +219,13 @@ def _describe(error: dict[str, Any], prefix: str, known: list[str]) -> str:
 
 def _method_problems(
     cfg: RunConfig, methods: Mapping[str, MethodDeclaration], known: list[str]
-) -> list[str]:
-    """Method keys and method-specific rules, checked against the declarations."""
+) -> tuple[list[str], dict[str, Any]]:
+    """Method keys and method-specific rules, checked against the declarations.
+
+    Returns the problems and the method keys given, with their validated values.
+    """
     problems: list[str] = []
+    normalized: dict[str, Any] = {}
     by_method: dict[str, dict[str, Any]] = {}
     for key, value in cfg.method_values().items():
         name, _, param = key.partition(".")
@@ -238,6 +243,8 @@ def _method_problems(
         except ValidationError as exc:
             problems += [_describe(err, f"{name}.", known) for err in exc.errors()]
             continue
+        dumped = params.model_dump(by_alias=True)
+        normalized |= {f"{name}.{k}": dumped[k] for k in values if k in dumped}
         # A parameter of a method this run does not use is ignored: refuse it when set.
         if name != cfg.strategy:
             changed = [
@@ -252,7 +259,7 @@ def _method_problems(
                 )
     if cfg.strategy not in methods:
         problems.append(f"unknown strategy {cfg.strategy!r}; allowed: {', '.join(methods)}")
-        return problems
+        return problems, normalized
     declaration = methods[cfg.strategy]
     with contextlib.suppress(ValidationError):  # invalid values are already reported
         problems += cfg.params(declaration).run_problems(cfg)
@@ -267,7 +274,7 @@ def _method_problems(
             f"{', '.join(ignored)} set, but {cfg.strategy}'s local solver does not use it "
             f"(it honours {', '.join(s for s in TRAINING_SETTINGS if s in declaration.honours)})"
         )
-    return problems
+    return problems, normalized
 
 
 def parse_run_config(
@@ -296,7 +303,8 @@ def parse_run_config(
         problems = [_describe(err, "", known) for err in exc.errors()]
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems)) from None
     if methods is not None:
-        problems = _method_problems(cfg, methods, known)
+        problems, normalized = _method_problems(cfg, methods, known)
         if problems:
             raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
+        cfg = cfg.with_method_values(normalized)
     return cfg

@@ -50,7 +50,11 @@ class MethodParams(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, alias_generator=hyphenate
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,  # no NaN or infinity in any setting
+        populate_by_name=True,
+        alias_generator=hyphenate,
     )
 
     @classmethod

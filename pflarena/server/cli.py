@@ -413,6 +413,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not cfg.output_dir:
             cfg = cfg.model_copy(update={"output_dir": _default_output_dir(cfg.to_run_config())})
         check_output_dir(Path(cfg.output_dir).resolve())
+    if args.check:
+        print("".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
+        return 0
     summary = simulate(
         cfg,
         cpus_per_client=args.cpus_per_client,
@@ -512,6 +515,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="GPU fraction per simulated client (default 0)",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the run config, print it resolved (as TOML) and run nothing",
     )
     run.add_argument("--quiet", action="store_true", help="print only the final table")
     run.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
