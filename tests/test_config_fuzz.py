@@ -39,7 +39,7 @@ def test_any_mapping_is_a_config_or_an_error_naming_a_key(mapping):
         assert any(k in text or repr(k) in text for k in named), text
         return
     assert isinstance(cfg, RunConfig)
-    for key, value in mapping.items():
+    for value in mapping.values():
         if isinstance(value, float):
             assert math.isfinite(value)  # NaN and infinity never get through
 
