@@ -27,6 +27,7 @@ process that imports torch, so a round takes 20-40 s here; both tests are marked
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,6 +51,7 @@ from pflarena.server.cli import (
     _toml_value,
     _wait_healthy,
     project_root,
+    resume_config,
 )
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
@@ -125,12 +127,18 @@ class Deployment:
         self.children: set[int] = set()
         self._ports: set[int] = set()
         self._handles: list[Any] = []
+        self.stopped: list[subprocess.Popen] = []  # SuperLinks stopped by a restart
         self._threads: list[threading.Thread] = []
 
     @property
     def started(self) -> list[subprocess.Popen]:
         """Every process this deployment started itself."""
-        return [*self.cli, *self.supernodes, *([self.superlink] if self.superlink else [])]
+        return [
+            *self.cli,
+            *self.supernodes,
+            *self.stopped,
+            *([self.superlink] if self.superlink else []),
+        ]
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -165,12 +173,12 @@ class Deployment:
             start_new_session=True,
         )
 
-    def start(self, shards: list[Path]) -> None:
-        """The SuperLink (deployment, not simulation), then one SuperNode per shard file."""
-        self.shards = shards
-        self.port = self._port()
+    def start_superlink(self) -> None:
+        """The SuperLink (deployment, not simulation), its state in a database file so that
+        a restarted one knows the SuperNodes."""
+        name = f"superlink{len([k for k in self.logs if k.startswith('superlink')])}"
         self.superlink = self._spawn(
-            "superlink",
+            name,
             [
                 "flower-superlink",
                 "--insecure",
@@ -178,6 +186,8 @@ class Deployment:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                "--database",
+                str(self.root / "superlink.db"),
                 "--disable-runtime-dependency-installation",
             ],
             self.root / "home-superlink",
@@ -186,6 +196,20 @@ class Deployment:
             _wait_healthy(self.port, self.superlink)
         except RuntimeError as exc:
             raise AssertionError(f"{exc}\n{self.log_tails()}") from None
+
+    def restart_superlink(self) -> None:
+        """Stop the SuperLink (and with it the ServerApp) by PID, then start it again."""
+        assert self.superlink is not None
+        self.note_children()
+        _stop(self.superlink, grace=GRACE_S)
+        self.stopped.append(self.superlink)
+        self.start_superlink()
+
+    def start(self, shards: list[Path]) -> None:
+        """The SuperLink, then one SuperNode per shard file, each with its own state-dir."""
+        self.shards = shards
+        self.port = self._port()
+        self.start_superlink()
         for i, shard in enumerate(shards):
             node = self._spawn(
                 f"supernode{i}",
@@ -198,7 +222,7 @@ class Deployment:
                     str(self._port()),
                     # Node config values are parsed as TOML: a path must be quoted.
                     "--node-config",
-                    f'data-path="{shard}"',
+                    f'data-path="{shard}" state-dir="{self.root / f"state-sn{i}"}"',
                 ],
                 self.root / f"home-sn{i}",
             )
@@ -346,6 +370,20 @@ class Deployment:
             time.sleep(0.5)
 
 
+def _stop_pids(pids: set[int], grace: float = GRACE_S) -> None:
+    """SIGTERM the processes that still run, SIGKILL those left after ``grace`` seconds."""
+    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        alive = {pid for pid in pids if _proc_state(pid) is not None}
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            alive = {pid for pid in alive if _proc_state(pid) is not None}
+            time.sleep(0.2)
+    assert not any(_proc_state(pid) for pid in pids), f"could not stop {pids}"
+
+
 def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
     """SIGTERM every live process in ``procs`` at once, wait, SIGKILL what is left."""
     for proc in procs:
@@ -401,7 +439,8 @@ def _completed_rounds(deployment: Deployment, out: Path, rc: int) -> list[dict[s
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed", f"{summary}\n{logs()}"
     # `flwr run` exits 0 even when the ServerApp raises; the SuperLink knows better.
-    run_id = int(json.loads((out / "config.json").read_text())["run_id"])
+    config = json.loads((out / "config.json").read_text())
+    run_id = int(config.get("resumes", [config])[-1]["run_id"])  # the latest (resumed) run
     status = deployment.run_status(run_id)
     assert status["status"] == "finished:completed", f"{status}\n{logs()}"
     return read_rounds(out / "rounds.jsonl")
@@ -481,6 +520,50 @@ def test_two_exchanges_per_round_on_the_deployment(
         rounds[-1]["evaluation"]["personalized"]["mean"]
         > rounds[0]["evaluation"]["personalized"]["mean"]
     )
+
+
+def test_a_run_survives_a_superlink_restart_and_resumes(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Stop the SuperLink (and so the ServerApp) after round 2; start it again and resume.
+
+    The SuperNodes keep running, and their clients' state in their ``state-dir``: every
+    round is recorded once, and the results equal an uninterrupted in-process run on the
+    same shards.
+    """
+    out = tmp_path / "out"
+    cfg = _run_config(out, strategy="ditto", num_rounds=4, round_timeout=120.0, fraction_train=0.67)
+    proc = deployment.submit(cfg)
+    deployment.wait_for_round(out, 2, proc)
+    deployment.restart_superlink()
+    proc.wait(timeout=RUN_TIMEOUT_S)  # `flwr run` ends with the SuperLink it streamed from
+    # ClientApp processes of the interrupted run: Flower leaves them blocked (seen alive
+    # minutes later, re-parented to init); they are ours to stop, after the resumed run.
+    interrupted = {
+        pid
+        for pid in _descendants({p.pid for p in deployment.supernodes})
+        if "flwr-clientapp" in _cmdline(pid)
+    }
+    resumed = deployment.submit(parse_config(resume_config(out)))
+    rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])
+    rounds = _completed_rounds(deployment, out, rc)
+    logs = deployment.log_tails
+    _stop_pids(interrupted)
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4], f"{rounds}\n{logs()}"
+    after = json.loads((out / "config.json").read_text())["resumes"][0]["after_round"]
+    assert after >= 1, after
+
+    local_cfg = cfg.model_copy(update={"output_dir": ""})
+    nodes = [{"data-path": str(p)} for p in deployment.shards]
+    local = run_local(
+        local_cfg, tmp_path / "in-process", grid=grid_for(local_cfg, node_configs=nodes)
+    )
+    assert [r["train"]["sampled"] for r in rounds[1:]] == [
+        r["train"]["sampled"] for r in local.rounds[1:]
+    ]
+    ours = [r["evaluation"]["personalized"]["mean"] for r in rounds]
+    theirs = [r["evaluation"]["personalized"]["mean"] for r in local.rounds]
+    assert ours == pytest.approx(theirs, abs=1e-9), (ours, theirs)
 
 
 def test_supernode_stopped_mid_run(deployment: Deployment, tmp_path: Path) -> None:

@@ -251,12 +251,13 @@ def run_rounds(
         new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
         if new_arrays is not None:
             outcome.arrays = new_arrays
+        exchanges = [exchange.stats() for exchange in send.exchanges]
         record: dict[str, Any] = {
             "round": server_round,
             "train": _train_record(strategy, send.exchanges, metrics),
-            "exchanges": [exchange.stats() for exchange in send.exchanges],
-            "bytes_down": sum(e.stats()["bytes_down"] for e in send.exchanges),
-            "bytes_up": sum(e.stats()["bytes_up"] for e in send.exchanges),
+            "exchanges": exchanges,
+            "bytes_down": sum(e["bytes_down"] for e in exchanges),
+            "bytes_up": sum(e["bytes_up"] for e in exchanges),
             "train_time_s": time.monotonic() - round_start,
         }
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -140,8 +141,13 @@ class Exchange:
         An error reply Flower makes for a node that went away comes from the SuperLink,
         so the node is found through the message the reply answers.
         """
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self.messages}
-        return sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        return self._destinations.get(
+            reply.metadata.reply_to_message_id, reply.metadata.src_node_id
+        )
+
+    @cached_property
+    def _destinations(self) -> dict[str, int]:
+        return {m.metadata.message_id: m.metadata.dst_node_id for m in self.messages}
 
     @property
     def errors(self) -> list[int]:
