@@ -209,7 +209,7 @@ def train(job):
         record = ArrayRecord(
             {n: Array(g.detach().cpu().numpy()) for (n, _), g in zip(params, grads, strict=True)}
         )
-        return {GRADIENT: record}, train_metrics(job, float(loss), 1)
+        return {GRADIENT: record}, train_metrics(job, float(loss.detach()), 1)
     assert job.phase == "line-search", job.phase
     direction = job.content[DIRECTION]
     steps = [float(s) for s in str(job.param("steps")).split(",")]

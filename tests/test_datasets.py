@@ -1,4 +1,4 @@
-"""Tests of pflarena.core.datasets: loaders, generators and tensor conversion."""
+"""Tests of pflarena.core.datasets: registry, loaders, generators and tensor conversion."""
 
 from __future__ import annotations
 
@@ -17,17 +17,27 @@ from pflarena.core.datasets import (
     DATASETS,
     EMBEDDED_DATASETS,
     HAR_SIGNALS,
+    NATURAL_DATASETS,
+    POOLED_DATASETS,
+    TORCHVISION_DATASETS,
     DatasetError,
     DatasetInfo,
+    DatasetSpec,
+    dataset_names,
+    dataset_spec,
     generate_synthetic,
     generate_synthetic_mixture,
     load_har,
+    load_natural,
     load_pooled,
     mixture_labels,
     mixture_sample_counts,
     read_cifar10_jpeg_tar,
+    register_dataset,
+    registry,
     to_tensors,
 )
+from pflarena.core.datasets import io as dataset_io
 from pflarena.core.federation import FederationSpec, build_federation, synthetic_mixture_truth
 
 # --------------------------------------------------------------------------------------
@@ -111,6 +121,82 @@ def test_registry_names() -> None:
     for name in ("mnist", "fashion-mnist", "cifar10", "cifar100", "emnist", "har"):
         assert name in DATASETS
         assert ds.dataset_info(name).name == name
+
+
+def test_name_lists_are_derived_from_the_registry() -> None:
+    assert DATASETS == (
+        "digits",
+        "synthetic",
+        "synthetic-mixture",
+        "mnist",
+        "fashion-mnist",
+        "cifar10",
+        "cifar100",
+        "emnist",
+        "har",
+    )
+    assert dataset_names() == DATASETS
+    assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har")
+    assert ("digits", *TORCHVISION_DATASETS) == POOLED_DATASETS
+    assert set(NATURAL_DATASETS) | set(POOLED_DATASETS) == set(DATASETS)
+    for name in DATASETS:
+        spec = dataset_spec(name)
+        assert spec.name == name and spec.info.name == name
+        assert spec.default_partition == ("natural" if spec.kind == "natural" else "dirichlet")
+        assert (name in NATURAL_DATASETS) == (spec.kind == "natural")
+        assert (name in EMBEDDED_DATASETS) == spec.embedded
+        assert set(spec.reads) <= set(registry.LOADER_ARGUMENTS)
+        if spec.kind == "pooled":
+            assert set(spec.reads) <= set(registry.POOLED_LOADER_ARGUMENTS)
+    assert dataset_spec("har").reads == ("data_dir", "num_clients")
+    assert dataset_spec("mnist").reads == ("data_dir",)
+
+
+def test_declarations_are_checked() -> None:
+    info = DatasetInfo("toy", 2, (3,))
+    with pytest.raises(ValueError, match="kind"):
+        DatasetSpec(name="toy", info=info, kind="federated", loader=lambda: None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="info names"):
+        DatasetSpec(name="other", info=info, kind="pooled", loader=lambda: None)
+    with pytest.raises(ValueError, match="natural loaders may read"):
+        DatasetSpec(name="toy", info=info, kind="natural", loader=lambda: None, reads=("alpha",))
+    with pytest.raises(ValueError, match="pooled loaders may read"):
+        DatasetSpec(name="toy", info=info, kind="pooled", loader=lambda seed: None, reads=("seed",))
+    with pytest.raises(ValueError, match="takes no"):
+        DatasetSpec(name="toy", info=info, kind="natural", loader=lambda: None, reads=("seed",))
+    with pytest.raises(ValueError, match="already registered"):
+        register_dataset(dataset_spec("digits"))
+
+
+@pytest.fixture
+def toy_dataset():
+    """A pooled data set registered for one test: 40 samples, 4 classes, 3 features."""
+
+    def load() -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(0)
+        return rng.normal(size=(40, 3)).astype(np.float32), np.arange(40) % 4
+
+    spec = register_dataset(
+        DatasetSpec(
+            name="toy",
+            info=DatasetInfo("toy", 4, (3,)),
+            kind="pooled",
+            loader=load,
+        )
+    )
+    yield spec
+    del registry._REGISTRY["toy"]
+
+
+def test_a_registered_dataset_is_usable_everywhere(toy_dataset: DatasetSpec) -> None:
+    assert "toy" in dataset_names("pooled") and "toy" not in DATASETS  # DATASETS: import time
+    pooled = load_pooled("toy")
+    assert pooled.x.shape == (40, 3) and pooled.y.dtype == np.int64
+    with pytest.raises(DatasetError, match="pooled; natively federated datasets"):
+        load_natural("toy", 4)
+    federation = build_federation(FederationSpec(dataset="toy", num_clients=4, partition="iid"))
+    assert federation.info == toy_dataset.info
+    assert sum(len(c.y_train) + len(c.y_test) for c in federation.clients) == 40
 
 
 def test_unknown_dataset_lists_allowed_names() -> None:
@@ -215,7 +301,7 @@ def test_mixture_modes_share_features_and_truth() -> None:
     assert fixed.components.shape == (3, 150)
     assert fixed.mixture_weights.shape == (60, 3)
     np.testing.assert_allclose(fixed.mixture_weights.sum(axis=1), 1.0)
-    spec = FederationSpec("synthetic-mixture", 60, "natural", seed=3)
+    spec = FederationSpec(dataset="synthetic-mixture", num_clients=60, partition="natural", seed=3)
     components, memberships = synthetic_mixture_truth(spec)
     np.testing.assert_array_equal(components, fixed.components)
     np.testing.assert_array_equal(memberships, fixed.mixture_weights)
@@ -285,12 +371,22 @@ def test_har_loader_on_fake_uci_tree(tmp_path: Path) -> None:
 def test_har_federation_and_client_count(tmp_path: Path) -> None:
     write_fake_har(tmp_path)
     federation = build_federation(
-        FederationSpec("har", 30, "natural", data_dir=str(tmp_path), test_fraction=0.25)
+        FederationSpec(
+            dataset="har",
+            num_clients=30,
+            partition="natural",
+            data_dir=str(tmp_path),
+            test_fraction=0.25,
+        )
     )
     assert [len(c.y_train) + len(c.y_test) for c in federation.clients] == [4] * 30
     assert all(len(c.y_test) == 1 for c in federation.clients)
     with pytest.raises(DatasetError, match="30 subjects"):
-        build_federation(FederationSpec("har", 10, "natural", data_dir=str(tmp_path)))
+        build_federation(
+            FederationSpec(
+                dataset="har", num_clients=10, partition="natural", data_dir=str(tmp_path)
+            )
+        )
 
 
 def test_har_missing_files_name_paths_and_source(tmp_path: Path) -> None:
@@ -338,7 +434,7 @@ def test_cifar10_offline_tar_reader_orders_and_caches(
     def no_decode(path: Path) -> None:
         raise AssertionError("decoded again instead of reading the cache")
 
-    monkeypatch.setattr(ds, "_decode_cifar10_tar", no_decode)
+    monkeypatch.setattr(dataset_io, "_decode_cifar10_tar", no_decode)
     again_x, again_y = read_cifar10_jpeg_tar(data_dir / "cifar10" / "cifar10-jpeg.tar")
     np.testing.assert_array_equal(again_x, pooled.x)
     np.testing.assert_array_equal(again_y, pooled.y)

@@ -1,17 +1,23 @@
-"""Tests of pflarena.core.federation: build_federation, load_client and shard files."""
+"""Tests of pflarena.core.federation: the spec model, build_federation, load_client, shards.
+
+The validation split and the server's share are tested in tests/test_data_roles.py.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from pflarena.core import federation as fed
-from pflarena.core.datasets import DATASETS, DatasetInfo
+from pflarena.core.datasets import DATASETS, MIXTURE_LABEL_MODES, DatasetInfo
 from pflarena.core.federation import (
+    SHARD_ARRAYS,
     ClientData,
     DatasetError,
     Federation,
@@ -25,12 +31,12 @@ from pflarena.core.federation import (
 )
 from pflarena.core.partition import PARTITIONS
 
-DIGITS = FederationSpec("digits", 8, "dirichlet", alpha=0.5, seed=0)
+DIGITS = FederationSpec(dataset="digits", num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
 
 
 def assert_clients_equal(a: ClientData, b: ClientData) -> None:
     assert a.client_id == b.client_id
-    for name in ("x_train", "y_train", "x_test", "y_test"):
+    for name in SHARD_ARRAYS:
         left, right = getattr(a, name), getattr(b, name)
         assert left.dtype == right.dtype and left.shape == right.shape, name
         np.testing.assert_array_equal(left, right, err_msg=name)
@@ -47,6 +53,8 @@ def tiny_image_federation() -> Federation:
             y_train=rng.integers(0, 10, 6 + cid).astype(np.int64),
             x_test=rng.integers(0, 256, (2, 3, 4, 4), dtype=np.uint8),
             y_test=rng.integers(0, 10, 2).astype(np.int64),
+            x_val=rng.integers(0, 256, (cid, 3, 4, 4), dtype=np.uint8),
+            y_val=rng.integers(0, 10, cid).astype(np.int64),
         )
         for cid in range(3)
     ]
@@ -77,14 +85,18 @@ def test_build_federation_is_deterministic_and_memoised() -> None:
     assert rebuilt is not first
     for a, b in zip(first.clients, rebuilt.clients, strict=True):
         assert_clients_equal(a, b)
-    other = build_federation(FederationSpec("digits", 8, "dirichlet", alpha=0.5, seed=1))
+    other = build_federation(
+        FederationSpec(dataset="digits", num_clients=8, partition="dirichlet", alpha=0.5, seed=1)
+    )
     assert not np.array_equal(other.clients[0].y_train, first.clients[0].y_train)
 
 
 def test_clients_reassemble_the_pooled_dataset_exactly() -> None:
     from pflarena.core.datasets import load_pooled
 
-    federation = build_federation(FederationSpec("digits", 5, "iid", seed=2))
+    federation = build_federation(
+        FederationSpec(dataset="digits", num_clients=5, partition="iid", seed=2)
+    )
     pooled = load_pooled("digits")
     rows = np.concatenate(
         [np.concatenate([c.x_train, c.x_test]).reshape(-1, 64) for c in federation.clients]
@@ -101,7 +113,9 @@ def test_clients_reassemble_the_pooled_dataset_exactly() -> None:
 
 @pytest.mark.parametrize("partition", ["iid", "pathological", "shards", "pfllib-dirichlet"])
 def test_build_federation_pooled_partitions(partition: str) -> None:
-    spec = FederationSpec("digits", 6, partition, alpha=1.0, classes_per_client=2)
+    spec = FederationSpec(
+        dataset="digits", num_clients=6, partition=partition, alpha=1.0, classes_per_client=2
+    )
     federation = build_federation(spec)
     assert len(federation.clients) == 6
     if partition == "pathological":
@@ -111,15 +125,27 @@ def test_build_federation_pooled_partitions(partition: str) -> None:
 
 
 def test_synthetic_federations() -> None:
-    synthetic = build_federation(FederationSpec("synthetic", 12, "natural", seed=3))
+    synthetic = build_federation(
+        FederationSpec(dataset="synthetic", num_clients=12, partition="natural", seed=3)
+    )
     assert synthetic.info.input_shape == (30,) and synthetic.info.num_classes == 30
     assert all(len(c.y_train) + len(c.y_test) >= 20 for c in synthetic.clients)
     # Synthetic(0, 0), FedProx's most homogeneous setting, is allowed.
-    homogeneous = FederationSpec("synthetic", 3, "natural", synthetic_alpha=0, synthetic_beta=0)
+    homogeneous = FederationSpec(
+        dataset="synthetic", num_clients=3, partition="natural", synthetic_alpha=0, synthetic_beta=0
+    )
     assert len(build_federation(homogeneous).clients) == 3
-    fixed = build_federation(FederationSpec("synthetic-mixture", 12, "natural", seed=3))
+    fixed = build_federation(
+        FederationSpec(dataset="synthetic-mixture", num_clients=12, partition="natural", seed=3)
+    )
     faithful = build_federation(
-        FederationSpec("synthetic-mixture", 12, "natural", seed=3, mixture_label_mode="faithful")
+        FederationSpec(
+            dataset="synthetic-mixture",
+            num_clients=12,
+            partition="natural",
+            seed=3,
+            mixture_label_mode="faithful",
+        )
     )
     assert fixed.info == DatasetInfo("synthetic-mixture", 2, (150,))
     for a, b in zip(fixed.clients, faithful.clients, strict=True):
@@ -128,29 +154,31 @@ def test_synthetic_federations() -> None:
     ones_faithful = np.mean(np.concatenate([c.y_train for c in faithful.clients]))
     assert ones_faithful < ones_fixed - 0.05
     components, memberships = synthetic_mixture_truth(
-        FederationSpec("synthetic-mixture", 12, "natural", seed=3)
+        FederationSpec(dataset="synthetic-mixture", num_clients=12, partition="natural", seed=3)
     )
     assert components.shape == (3, 150) and memberships.shape == (12, 3)
 
 
 def test_natively_federated_dataset_needs_natural_partition() -> None:
-    with pytest.raises(DatasetError, match="'natural'"):
-        build_federation(FederationSpec("synthetic", 10, "dirichlet"))
-    with pytest.raises(DatasetError, match="natively federated"):
-        build_federation(FederationSpec("synthetic-mixture", 10, "iid"))
-    with pytest.raises(DatasetError, match="pfllib-dirichlet"):
-        build_federation(FederationSpec("digits", 10, "natural"))
+    with pytest.raises(ValidationError, match="'natural'"):
+        FederationSpec(dataset="synthetic", num_clients=10, partition="dirichlet")
+    with pytest.raises(ValidationError, match="natively federated"):
+        FederationSpec(dataset="synthetic-mixture", num_clients=10, partition="iid")
+    with pytest.raises(ValidationError, match="pfllib-dirichlet"):
+        FederationSpec(dataset="digits", num_clients=10, partition="natural")
 
 
 def test_unknown_names_list_the_allowed_ones() -> None:
-    with pytest.raises(DatasetError) as error:
-        build_federation(FederationSpec("not-a-dataset", 4))
+    with pytest.raises(ValidationError) as error:
+        FederationSpec(dataset="not-a-dataset", num_clients=4)
     assert all(name in str(error.value) for name in DATASETS)
-    with pytest.raises(DatasetError) as error:
-        build_federation(FederationSpec("digits", 4, "by-writer"))
+    with pytest.raises(ValidationError) as error:
+        FederationSpec(dataset="digits", num_clients=4, partition="by-writer")
     assert all(name in str(error.value) for name in PARTITIONS)
-    with pytest.raises(DatasetError, match="fixed, faithful"):
-        build_federation(FederationSpec("synthetic-mixture", 4, "natural", mixture_label_mode="x"))
+    with pytest.raises(ValidationError, match="'fixed' or 'faithful'"):
+        FederationSpec(
+            dataset="synthetic-mixture", num_clients=4, partition="natural", mixture_label_mode="x"
+        )
 
 
 @pytest.mark.parametrize(
@@ -158,20 +186,95 @@ def test_unknown_names_list_the_allowed_ones() -> None:
     [
         ("num_clients", 0),
         ("test_fraction", 1.0),
+        ("test_fraction", 0.0),
+        ("validation_fraction", 1.0),
+        ("validation_fraction", -0.1),
+        ("server_fraction", 1.0),
+        ("server_fraction", -0.1),
         ("alpha", 0.0),
+        ("alpha", float("inf")),
         ("classes_per_client", 0),
+        ("shards_per_client", 0),
+        ("seed", -1),
+        ("synthetic_alpha", -1.0),
         ("synthetic_beta", -1.0),
+        ("synthetic_beta", float("nan")),
     ],
 )
 def test_out_of_range_values_are_rejected(field: str, value: float) -> None:
-    spec = FederationSpec(**{"dataset": "digits", "num_clients": 4, field: value})
-    with pytest.raises(DatasetError, match=field):
-        build_federation(spec)
+    with pytest.raises(ValidationError, match=field):
+        FederationSpec(**{"dataset": "digits", "num_clients": 4, field: value})
+
+
+def test_spec_fields_defaults_and_descriptions() -> None:
+    assert list(FederationSpec.model_fields) == [
+        "dataset",
+        "num_clients",
+        "partition",
+        "alpha",
+        "classes_per_client",
+        "shards_per_client",
+        "test_fraction",
+        "validation_fraction",
+        "server_fraction",
+        "seed",
+        "data_dir",
+        "synthetic_alpha",
+        "synthetic_beta",
+        "mixture_label_mode",
+    ]
+    defaults = FederationSpec().model_dump(by_alias=True)
+    assert defaults == {
+        "dataset": "digits",
+        "num-clients": 10,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "classes-per-client": 2,
+        "shards-per-client": 2,
+        "test-fraction": 0.25,
+        "validation-fraction": 0.0,
+        "server-fraction": 0.0,
+        "seed": 0,
+        "data-dir": "",
+        "synthetic-alpha": 0.5,
+        "synthetic-beta": 0.5,
+        "mixture-label-mode": "fixed",
+    }
+    for name, field in FederationSpec.model_fields.items():
+        assert field.description and "\n" not in field.description, name
+    mode = FederationSpec.model_fields["mixture_label_mode"].annotation
+    assert typing.get_args(mode) == MIXTURE_LABEL_MODES
+
+
+def test_spec_is_frozen_hashable_and_takes_both_key_styles() -> None:
+    by_alias = FederationSpec.model_validate(
+        {"dataset": "digits", "num-clients": 8, "partition": "dirichlet", "alpha": 0.5}
+    )
+    assert by_alias == DIGITS and hash(by_alias) == hash(DIGITS)
+    assert FederationSpec(dataset="digits", num_clients=8, alpha=1) == FederationSpec(
+        dataset="digits", num_clients=8, alpha=1.0
+    )
+    assert FederationSpec(dataset="digits", num_clients=8, seed=1) != DIGITS
+    with pytest.raises(ValidationError):
+        DIGITS.seed = 3  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="extra"):
+        FederationSpec(dataset="digits", num_clients=8, lr=0.1)  # type: ignore[call-arg]
+    # Explicit zero fractions are the same spec as leaving them out.
+    explicit = FederationSpec(
+        dataset="digits",
+        num_clients=8,
+        partition="dirichlet",
+        alpha=0.5,
+        seed=0,
+        validation_fraction=0.0,
+        server_fraction=0,
+    )
+    assert explicit == DIGITS and build_federation(explicit) is build_federation(DIGITS)
 
 
 def test_too_many_clients_gives_an_actionable_error() -> None:
     with pytest.raises(DatasetError, match="client .* fewer clients or a larger alpha"):
-        build_federation(FederationSpec("digits", 1000, "iid"))
+        build_federation(FederationSpec(dataset="digits", num_clients=1000, partition="iid"))
 
 
 def test_load_client() -> None:
@@ -190,7 +293,9 @@ def test_mnist_offline_federation(tmp_path: Path) -> None:
         x=rng.integers(0, 256, (40, 28, 28), dtype=np.uint8),
         y=np.arange(40) % 10,
     )
-    federation = build_federation(FederationSpec("mnist", 4, "iid", data_dir=str(tmp_path)))
+    federation = build_federation(
+        FederationSpec(dataset="mnist", num_clients=4, partition="iid", data_dir=str(tmp_path))
+    )
     assert federation.info.mean == (0.1307,) and federation.info.std == (0.3081,)
     assert all(c.x_train.dtype == np.uint8 for c in federation.clients)
     assert sum(len(c.y_train) + len(c.y_test) for c in federation.clients) == 40
@@ -214,7 +319,11 @@ def test_shard_round_trip(tmp_path: Path, source: str) -> None:
     manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
     assert manifest["num_clients"] == len(federation.clients)
     assert [entry["file"] for entry in manifest["shards"]] == [p.name for p in paths]
-    assert manifest["spec"] == (None if spec is None else fed.asdict(spec))
+    assert manifest["spec"] == (None if spec is None else spec.model_dump())
+    assert manifest["version"] == fed.SHARD_FORMAT_VERSION == 2
+    assert [entry["num_val"] for entry in manifest["shards"]] == [
+        len(c.y_val) for c in federation.clients
+    ]
     assert not list((tmp_path / "shards").glob("*.tmp"))
 
 

@@ -1,4 +1,4 @@
-"""Tests of pflarena.core.partition: partitioners and the per-client train/test split."""
+"""Tests of pflarena.core.partition: registry, partitioners and the per-client train/test split."""
 
 from __future__ import annotations
 
@@ -9,11 +9,19 @@ import pytest
 
 from pflarena.core.datasets import DatasetError
 from pflarena.core.partition import (
+    FLWR_PARTITIONS,
+    PARTITION_ARGUMENTS,
     PARTITIONS,
+    PartitionSpec,
     partition_indices,
+    partition_names,
+    partition_spec,
     pathological_partition,
     pfllib_dirichlet_partition,
+    register_partition,
+    registry,
     shard_partition,
+    split_seed,
     train_test_indices,
 )
 
@@ -42,6 +50,63 @@ def assert_disjoint(parts: list[np.ndarray], total: int) -> np.ndarray:
     assert len(np.unique(joined)) == len(joined), "an index is in two clients"
     assert joined.min() >= 0 and joined.max() < total
     return joined
+
+
+# --------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------
+
+
+def test_partition_names_are_derived_from_the_registry() -> None:
+    assert PARTITIONS == (
+        "iid",
+        "dirichlet",
+        "pathological",
+        "shards",
+        "pfllib-dirichlet",
+        "natural",
+    )
+    assert partition_names() == PARTITIONS
+    assert partition_names(natural=True) == ("natural",)
+    assert FLWR_PARTITIONS == ("iid", "dirichlet", "pathological", "shards")
+    assert partition_spec("natural").function is None
+    reads = {name: partition_spec(name).reads for name in partition_names(natural=False)}
+    assert reads == {
+        "iid": ("num_clients", "seed"),
+        "dirichlet": ("num_clients", "alpha", "seed"),
+        "pathological": ("num_clients", "classes_per_client", "seed"),
+        "shards": ("num_clients", "shards_per_client", "seed"),
+        "pfllib-dirichlet": ("num_clients", "alpha", "seed", "num_classes"),
+    }
+    assert all(set(fields) <= set(PARTITION_ARGUMENTS) for fields in reads.values())
+
+
+def test_partition_declarations_are_checked() -> None:
+    with pytest.raises(ValueError, match="may read"):
+        PartitionSpec("p", lambda labels, beta: [], reads=("beta",))
+    with pytest.raises(ValueError, match="takes no"):
+        PartitionSpec("p", lambda labels: [], reads=("seed",))
+    with pytest.raises(ValueError, match="no function"):
+        PartitionSpec("p", None)
+    with pytest.raises(ValueError, match="already registered"):
+        register_partition(partition_spec("iid"))
+
+
+def test_a_registered_partition_gets_what_it_reads(labels: np.ndarray) -> None:
+    def halves(labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
+        return np.array_split(np.arange(len(labels)), num_clients)
+
+    register_partition(PartitionSpec("halves", halves, reads=("num_clients",)))
+    try:
+        parts = partition_indices(labels, 2, "halves", seed=3, alpha=9.0)
+        assert [len(part) for part in parts] == [1000, 1000]
+    finally:
+        del registry._REGISTRY["halves"]
+
+
+# --------------------------------------------------------------------------------------
+# Partitioners
+# --------------------------------------------------------------------------------------
 
 
 FULL_COVERAGE = ["iid", "dirichlet", "pathological", "pfllib-dirichlet"]
@@ -192,6 +257,11 @@ def test_train_test_split_is_deterministic_per_seed_and_client() -> None:
 def test_train_test_split_without_test_share() -> None:
     train, test = train_test_indices(5, 0.0, seed=0, client_id=0)
     assert train.tolist() == [0, 1, 2, 3, 4] and len(test) == 0
+
+
+def test_split_seed_is_the_seed_sequence_of_seed_and_client() -> None:
+    expected = int(np.random.SeedSequence([5, 2]).generate_state(1)[0])
+    assert split_seed(5, 2) == expected
 
 
 def test_client_with_one_sample_cannot_be_split() -> None:

@@ -24,7 +24,10 @@ __all__ = ["ClientJob", "NodeData", "load_node_data", "pick_device"]
 
 @dataclass(frozen=True)
 class NodeData:
-    """A client's train and test split as tensors on its device."""
+    """A client's train, test and validation splits as tensors on its device.
+
+    The validation split is empty unless the run sets ``validation-fraction``.
+    """
 
     client_id: int
     info: DatasetInfo
@@ -32,6 +35,8 @@ class NodeData:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
 
 
 def pick_device(preference: str = "auto") -> torch.device:
@@ -46,6 +51,7 @@ def pick_device(preference: str = "auto") -> torch.device:
 def _to_node_data(data: ClientData, info: DatasetInfo, device: torch.device) -> NodeData:
     x_train, y_train = to_tensors(data.x_train, data.y_train, info)
     x_test, y_test = to_tensors(data.x_test, data.y_test, info)
+    x_val, y_val = to_tensors(data.x_val, data.y_val, info)
     return NodeData(
         client_id=data.client_id,
         info=info,
@@ -53,6 +59,8 @@ def _to_node_data(data: ClientData, info: DatasetInfo, device: torch.device) -> 
         y_train=y_train.to(device),
         x_test=x_test.to(device),
         y_test=y_test.to(device),
+        x_val=x_val.to(device),
+        y_val=y_val.to(device),
     )
 
 

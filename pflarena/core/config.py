@@ -20,13 +20,12 @@ import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
+from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration, MethodParams
 
 __all__ = ["ConfigError", "RunConfig", "parse_run_config", "parse_float_list"]
-
-Partition = Literal["iid", "dirichlet", "pathological", "shards", "pfllib-dirichlet", "natural"]
 
 #: Keys of earlier releases that moved under a method's namespace.
 RENAMED_KEYS: dict[str, str] = {
@@ -40,43 +39,22 @@ class ConfigError(ValueError):
     """An invalid run configuration; the message lists every offending key."""
 
 
-class RunConfig(BaseModel):
+class RunConfig(FederationSpec):
     """Every common run-config key, with its default, type and allowed range.
 
-    Field names use underscores; the run config uses the hyphenated aliases
-    (``num-clients``), as Flower configs do. The method keys (``<method>.<param>``) are
-    kept beside the fields: :meth:`method_values`, :meth:`params`.
+    The data keys (dataset, partition, seed, the validation and server fractions, ...) are
+    the data layer's :class:`~pflarena.core.federation.FederationSpec`, inherited with their
+    checks; the rest are declared here. Field names use underscores; the run config uses
+    the hyphenated aliases (``num-clients``), as Flower configs do. The method keys
+    (``<method>.<param>``) are kept beside the fields: :meth:`method_values`,
+    :meth:`params`.
     """
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-        allow_inf_nan=False,  # no NaN or infinity in any setting
-        alias_generator=lambda s: s.replace("_", "-"),
-    )
-
-    # What runs.
+    # What runs (the data keys, with the model config, come from FederationSpec).
     strategy: str = Field("fedavg", description="the method to run (see `pflarena methods`)")
-    dataset: str = Field("digits", description="dataset name")
     model: str = Field("", description="model name; empty picks the dataset's default")
-    seed: int = Field(0, ge=0, description="seed for data, models and client sampling")
-
-    # Data and partition.
-    partition: Partition = Field("dirichlet", description="how pooled data is split over clients")
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
-    classes_per_client: int = Field(2, ge=1, description="classes per client (pathological)")
-    shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
-    test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
-    data_dir: str = Field("", description="directory with real datasets (torchvision layout)")
-    synthetic_alpha: float = Field(0.5, ge=0, description="Synthetic(α, β): model heterogeneity")
-    synthetic_beta: float = Field(0.5, ge=0, description="Synthetic(α, β): data heterogeneity")
-    mixture_label_mode: Literal["fixed", "faithful"] = Field(
-        "fixed", description="synthetic-mixture labels ('faithful': the reference generator's)"
-    )
 
     # Federation.
-    num_clients: int = Field(10, ge=1, description="number of clients (SuperNodes)")
     num_rounds: int = Field(20, ge=1, description="training rounds")
     fraction_train: float = Field(
         0.0,
@@ -109,15 +87,6 @@ class RunConfig(BaseModel):
 
     #: ``((key, value), ...)`` of every ``<method>.<param>`` key, sorted by key.
     _method_values: tuple[tuple[str, Any], ...] = PrivateAttr(default=())
-
-    @field_validator("dataset")
-    @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        from pflarena.core.datasets import DATASETS
-
-        if value not in DATASETS:
-            raise ValueError(f"unknown dataset {value!r}; allowed: {', '.join(DATASETS)}")
-        return value
 
     @field_validator("model")
     @classmethod
@@ -153,24 +122,9 @@ class RunConfig(BaseModel):
 
         return self.model or default_model_for(self.dataset)
 
-    def federation_spec(self):  # -> FederationSpec (import kept local: torch-free config)
+    def federation_spec(self) -> FederationSpec:
         """The data half of the config, as the data layer's frozen spec."""
-        from pflarena.core.federation import FederationSpec
-
-        return FederationSpec(
-            dataset=self.dataset,
-            num_clients=self.num_clients,
-            partition=self.partition,
-            alpha=self.alpha,
-            classes_per_client=self.classes_per_client,
-            shards_per_client=self.shards_per_client,
-            test_fraction=self.test_fraction,
-            seed=self.seed,
-            data_dir=self.data_dir,
-            synthetic_alpha=self.synthetic_alpha,
-            synthetic_beta=self.synthetic_beta,
-            mixture_label_mode=self.mixture_label_mode,
-        )
+        return FederationSpec(**{name: getattr(self, name) for name in FederationSpec.model_fields})
 
     def training_values(self) -> dict[str, Any]:
         """The :data:`TRAINING_SETTINGS` of this run, by run-config key."""
@@ -211,7 +165,9 @@ def _suggest(key: str, known: list[str]) -> str:
 
 
 def _describe(error: dict[str, Any], prefix: str, known: list[str]) -> str:
-    key = prefix + (".".join(str(part) for part in error["loc"]) or "<config>")
+    if not error["loc"]:  # a rule over several keys: its message names them
+        return str(error["msg"]).removeprefix("Value error, ")
+    key = prefix + ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"unknown key {key!r}{_suggest(key, known)} (see `pflarena run --help`)"
     return f"{key}: {error['msg']} (got {error.get('input')!r})"
@@ -263,6 +219,10 @@ def _method_problems(
     declaration = methods[cfg.strategy]
     with contextlib.suppress(ValidationError):  # invalid values are already reported
         problems += cfg.params(declaration).run_problems(cfg)
+    if declaration.needs_validation and cfg.validation_fraction == 0:
+        problems.append(f"{cfg.strategy} needs a validation split: set validation-fraction > 0")
+    if declaration.needs_server_data and cfg.server_fraction == 0:
+        problems.append(f"{cfg.strategy} needs server-held data: set server-fraction > 0")
     defaults = RunConfig().training_values()
     ignored = [
         f"{key}={value}"

@@ -1,16 +1,29 @@
 """Federations: the one entry point from a run config to per-client data, and shard files.
 
-:func:`build_federation` turns a :class:`FederationSpec` (plain values, so it can come
-from a Flower run config) into a :class:`Federation`: the data set's
-:class:`~pflarena.core.datasets.DatasetInfo` and one :class:`ClientData` (train and test
-arrays) per client. Pooled data sets are partitioned by :mod:`pflarena.core.partition`;
-natively federated ones (``synthetic``, ``synthetic-mixture``, ``har``) come one share per
-client. Each client's share is then split into train and test with a seeded
-``train_test_split`` whose seed is derived from ``spec.seed`` and the client id.
+:func:`build_federation` turns a :class:`FederationSpec` (the data keys of a run, checked
+by the model) into a :class:`Federation`: the data set's
+:class:`~pflarena.core.datasets.DatasetInfo` and one :class:`ClientData` per client.
+Samples are given out in this order:
+
+1. **Server share** (``server_fraction``, default none): a seeded, label-stratified
+   share set aside for the server (:func:`load_server_data`), from the pool of a pooled
+   data set before it is partitioned, or from each client's share of a natively
+   federated one. No client ever sees these samples.
+2. **Client shares**: pooled data sets are partitioned by :mod:`pflarena.core.partition`;
+   natively federated ones (``synthetic``, ``synthetic-mixture``, ``har``) come one share
+   per client.
+3. **Train/test**: each client's share is split with a seeded ``train_test_split``
+   whose seed is derived from ``spec.seed`` and the client id.
+4. **Validation** (``validation_fraction``, default none): a seeded share of each
+   client's training split, with a seed of its own.
+
+Every set-aside part has ``ceil(fraction · n)`` samples of the ``n`` it is taken from.
+With both new fractions at 0 the arrays are those of the train/test split alone.
 
 :func:`write_shards` writes one ``.npz`` per client (plus ``manifest.json``) for
 deployments where each SuperNode holds only its own shard; :func:`load_shard` reads one
-back and raises :class:`ShardError` for anything missing or damaged.
+back and raises :class:`ShardError` for anything missing or damaged. Shards hold client
+data only, never the server's share.
 """
 
 from __future__ import annotations
@@ -21,27 +34,31 @@ import zipfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pflarena.core.datasets import (
     DATASETS,
-    MIXTURE_LABEL_MODES,
-    NATURAL_DATASETS,
     DatasetError,
     DatasetInfo,
     atomic_write,
     check_dataset_name,
+    dataset_names,
+    dataset_spec,
     generate_synthetic_mixture,
     load_natural,
     load_pooled,
 )
 from pflarena.core.partition import (
-    PARTITIONS,
     check_partition_name,
     partition_indices,
+    partition_names,
+    partition_spec,
+    server_indices,
     train_test_indices,
+    validation_indices,
 )
 
 __all__ = [
@@ -49,24 +66,31 @@ __all__ = [
     "SHARD_ARRAYS",
     "SHARD_FORMAT",
     "SHARD_FORMAT_VERSION",
+    "SHARD_FORMAT_VERSIONS",
     "ClientData",
     "DatasetError",
     "DatasetInfo",
     "Federation",
     "FederationSpec",
+    "ServerData",
     "ShardError",
     "build_federation",
     "load_client",
+    "load_server_data",
     "load_shard",
     "shard_file_name",
     "synthetic_mixture_truth",
-    "validate_spec",
     "write_shards",
 ]
 
 SHARD_FORMAT = "pflarena-shard"
-SHARD_FORMAT_VERSION = 1
-SHARD_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
+#: Version written by :func:`write_shards`; 2 added the validation split.
+SHARD_FORMAT_VERSION = 2
+#: Versions :func:`load_shard` reads (a version-1 shard has no validation split).
+SHARD_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)
+SHARD_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
+#: Arrays every shard version holds.
+_V1_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
 MANIFEST_NAME = "manifest.json"
 _METADATA_KEY = "metadata"
 _METADATA_FIELDS: tuple[str, ...] = (
@@ -88,51 +112,91 @@ class ShardError(ValueError):
     """
 
 
-@dataclass(frozen=True)
-class FederationSpec:
-    """Everything that determines a federation; plain values only.
+class FederationSpec(BaseModel):
+    """Everything that determines a federation: the data keys of a run.
 
-    Parameters
-    ----------
-    dataset : str
-        One of :data:`~pflarena.core.datasets.DATASETS`.
-    num_clients : int
-        Number of clients.
-    partition : str
-        ``"iid"``, ``"dirichlet"``, ``"pathological"``, ``"shards"``,
-        ``"pfllib-dirichlet"`` for pooled data sets; ``"natural"`` for natively federated
-        ones (``synthetic``, ``synthetic-mixture``, ``har``).
-    alpha : float
-        Dirichlet concentration (``dirichlet``, ``pfllib-dirichlet``).
-    classes_per_client : int
-        Classes per client (``pathological``).
-    shards_per_client : int
-        Shards per client (``shards``).
-    test_fraction : float
-        Share of each client's samples held out for its test split, in ``[0, 1)``.
-    seed : int
-        Seed of the partition, the generators and the train/test splits.
-    data_dir : str
-        Folder of torchvision files / offline copies / UCI HAR; ``""`` = not given.
-    synthetic_alpha, synthetic_beta : float
-        FedProx Synthetic(α, β) heterogeneity.
-    mixture_label_mode : str
-        ``synthetic-mixture`` labels: ``"fixed"`` or ``"faithful"`` (reproduces the
-        reference generator's ``current_index`` bug).
+    A frozen (hence hashable) pydantic model that owns each field's type, range and
+    description. Field names use underscores; the hyphenated aliases (``num-clients``)
+    are the run-config keys, and both are accepted. Names are checked against the data
+    set and partition registries, and a natively federated data set must use the
+    ``"natural"`` partition (and only it). Invalid values raise
+    :class:`pydantic.ValidationError` (a :class:`ValueError`) naming the field.
     """
 
-    dataset: str
-    num_clients: int
-    partition: str = "dirichlet"
-    alpha: float = 0.5
-    classes_per_client: int = 2
-    shards_per_client: int = 2
-    test_fraction: float = 0.25
-    seed: int = 0
-    data_dir: str = ""
-    synthetic_alpha: float = 0.5
-    synthetic_beta: float = 0.5
-    mixture_label_mode: str = "fixed"
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+        allow_inf_nan=False,
+        alias_generator=lambda s: s.replace("_", "-"),
+    )
+
+    dataset: str = Field("digits", description="dataset name")
+    num_clients: int = Field(10, ge=1, description="number of clients (SuperNodes)")
+    partition: str = Field("dirichlet", description="how pooled data is split over clients")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
+    classes_per_client: int = Field(2, ge=1, description="classes per client (pathological)")
+    shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
+    validation_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of each client's training split held out for validation (0: none)",
+    )
+    server_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of the pooled data held by the server, removed before "
+        "partitioning (0: none)",
+    )
+    seed: int = Field(0, ge=0, description="seed for data, models and client sampling")
+    data_dir: str = Field("", description="directory with real datasets (torchvision layout)")
+    synthetic_alpha: float = Field(0.5, ge=0, description="Synthetic(α, β): model heterogeneity")
+    synthetic_beta: float = Field(0.5, ge=0, description="Synthetic(α, β): data heterogeneity")
+    mixture_label_mode: Literal["fixed", "faithful"] = Field(
+        "fixed", description="synthetic-mixture labels ('faithful': the reference generator's)"
+    )
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        check_dataset_name(value)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset_default_partition(cls, values: Any) -> Any:
+        """No partition given: the dataset's own default (``natural`` for natural ones)."""
+        if isinstance(values, dict) and "partition" not in values:
+            dataset = values.get("dataset", "digits")
+            if isinstance(dataset, str) and dataset in DATASETS:
+                return {**values, "partition": dataset_spec(dataset).default_partition}
+        return values
+
+    @field_validator("partition")
+    @classmethod
+    def _known_partition(cls, value: str) -> str:
+        check_partition_name(value)
+        return value
+
+    @model_validator(mode="after")
+    def _partition_fits_dataset(self) -> FederationSpec:
+        natural_dataset = dataset_spec(self.dataset).kind == "natural"
+        natural_partition = partition_spec(self.partition).natural
+        if natural_dataset and not natural_partition:
+            raise ValueError(
+                f"dataset {self.dataset!r} is natively federated: partition must be "
+                f"'natural', got {self.partition!r}"
+            )
+        if natural_partition and not natural_dataset:
+            raise ValueError(
+                f"partition {self.partition!r} only applies to "
+                f"{', '.join(dataset_names('natural'))}; for {self.dataset!r} use one of: "
+                f"{', '.join(partition_names(natural=False))}"
+            )
+        return self
 
 
 @dataclass
@@ -147,6 +211,10 @@ class ClientData:
         Training samples and ``int64`` labels.
     x_test, y_test : numpy.ndarray
         Test samples and ``int64`` labels.
+    x_val, y_val : numpy.ndarray, optional
+        Validation samples and ``int64`` labels, held out of the training split. ``None``
+        (the default) means no validation split: they become empty arrays with the
+        trailing shape and dtype of ``x_train`` and ``int64`` labels.
     """
 
     client_id: int
@@ -154,6 +222,14 @@ class ClientData:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    x_val: np.ndarray = None  # type: ignore[assignment]  # set in __post_init__
+    y_val: np.ndarray = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.x_val is None:
+            self.x_val = self.x_train[:0]
+        if self.y_val is None:
+            self.y_val = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -172,64 +248,62 @@ class Federation:
     clients: list[ClientData]
 
 
+@dataclass(frozen=True)
+class ServerData:
+    """The share of a data set held by the server, disjoint from every client's data.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Samples ``(n, *info.input_shape)``.
+    y : numpy.ndarray
+        ``int64`` labels ``(n,)``.
+    info : DatasetInfo
+        Description of the data set.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    info: DatasetInfo
+
+    @property
+    def num_samples(self) -> int:
+        """Number of samples the server holds."""
+        return len(self.y)
+
+    @property
+    def class_histogram(self) -> list[int]:
+        """Samples per class, ``info.num_classes`` counts."""
+        return np.bincount(self.y, minlength=self.info.num_classes).tolist()
+
+
 # --------------------------------------------------------------------------------------
 # Building
 # --------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise DatasetError(f"{name} must be an integer >= {minimum}, got {value!r}")
+@dataclass(frozen=True)
+class _Rows:
+    """Where every sample of a federation comes from: rows of one pool, by role.
 
-
-def _check_number(name: str, value: Any, *, allow_zero: bool = False) -> None:
-    is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not is_number or not (value >= 0 if allow_zero else value > 0):
-        bound = "a number >= 0" if allow_zero else "a positive number"
-        raise DatasetError(f"{name} must be {bound}, got {value!r}")
-
-
-def validate_spec(spec: FederationSpec) -> None:
-    """Check a spec's names and ranges; raise :class:`DatasetError` naming the problem.
-
-    Parameters
-    ----------
-    spec : FederationSpec
-        The spec to check.
+    For a natively federated data set the pool is the clients' shares concatenated in
+    client order.
     """
-    check_dataset_name(spec.dataset)
-    check_partition_name(spec.partition)
-    _check_int("num_clients", spec.num_clients, 1)
-    _check_int("classes_per_client", spec.classes_per_client, 1)
-    _check_int("shards_per_client", spec.shards_per_client, 1)
-    _check_int("seed", spec.seed, 0)
-    _check_number("alpha", spec.alpha)
-    _check_number("synthetic_alpha", spec.synthetic_alpha, allow_zero=True)  # Synthetic(0, 0)
-    _check_number("synthetic_beta", spec.synthetic_beta, allow_zero=True)
-    if isinstance(spec.test_fraction, bool) or not 0.0 <= spec.test_fraction < 1.0:
-        raise DatasetError(f"test_fraction must be in [0, 1), got {spec.test_fraction!r}")
-    if spec.mixture_label_mode not in MIXTURE_LABEL_MODES:
-        raise DatasetError(
-            f"unknown mixture_label_mode {spec.mixture_label_mode!r}; allowed: "
-            f"{', '.join(MIXTURE_LABEL_MODES)}"
-        )
-    natural = spec.dataset in NATURAL_DATASETS
-    if natural and spec.partition != "natural":
-        raise DatasetError(
-            f"dataset {spec.dataset!r} is natively federated: partition must be 'natural', "
-            f"got {spec.partition!r}"
-        )
-    if not natural and spec.partition == "natural":
-        pooled_partitions = [name for name in PARTITIONS if name != "natural"]
-        raise DatasetError(
-            f"partition 'natural' only applies to {', '.join(NATURAL_DATASETS)}; for "
-            f"{spec.dataset!r} use one of: {', '.join(pooled_partitions)}"
-        )
+
+    info: DatasetInfo
+    x: np.ndarray
+    y: np.ndarray
+    train: list[np.ndarray]
+    val: list[np.ndarray]
+    test: list[np.ndarray]
+    server: np.ndarray
 
 
-def _client_shares(spec: FederationSpec) -> tuple[DatasetInfo, list[tuple[np.ndarray, ...]]]:
-    """Each client's samples and labels before the train/test split."""
-    if spec.dataset in NATURAL_DATASETS:
+def _shares(
+    spec: FederationSpec,
+) -> tuple[DatasetInfo, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]:
+    """The pool, each client's rows of it before the train/test split, the server's rows."""
+    if dataset_spec(spec.dataset).kind == "natural":
         natural = load_natural(
             spec.dataset,
             spec.num_clients,
@@ -239,10 +313,20 @@ def _client_shares(spec: FederationSpec) -> tuple[DatasetInfo, list[tuple[np.nda
             synthetic_beta=spec.synthetic_beta,
             mixture_label_mode=spec.mixture_label_mode,
         )
-        return natural.info, [(x, y, np.arange(len(y))) for x, y in natural.clients]
+        x = np.concatenate([client_x for client_x, _ in natural.clients])
+        y = np.concatenate([client_y for _, client_y in natural.clients])
+        shares, server = [], []
+        start = 0
+        for client_id, (_, client_y) in enumerate(natural.clients):
+            kept, held = server_indices(client_y, spec.server_fraction, spec.seed, client_id)
+            shares.append(start + kept)
+            server.append(start + held)
+            start += len(client_y)
+        return natural.info, x, y, shares, np.concatenate(server)
     pooled = load_pooled(spec.dataset, spec.data_dir)
+    kept, held = server_indices(pooled.y, spec.server_fraction, spec.seed)
     parts = partition_indices(
-        pooled.y,
+        pooled.y[kept],
         spec.num_clients,
         spec.partition,
         seed=spec.seed,
@@ -251,12 +335,33 @@ def _client_shares(spec: FederationSpec) -> tuple[DatasetInfo, list[tuple[np.nda
         shards_per_client=spec.shards_per_client,
         num_classes=pooled.info.num_classes,
     )
-    return pooled.info, [(pooled.x, pooled.y, indices) for indices in parts]
+    return pooled.info, pooled.x, pooled.y, [kept[part] for part in parts], held
+
+
+def _federation_rows(spec: FederationSpec) -> _Rows:
+    """Every role's rows of the pool for a spec; :func:`build_federation` takes these rows."""
+    info, x, y, shares, server = _shares(spec)
+    train, val, test = [], [], []
+    for client_id, rows in enumerate(shares):
+        train_split, test_split = train_test_indices(
+            len(rows), spec.test_fraction, spec.seed, client_id
+        )
+        kept, held = validation_indices(
+            len(train_split), spec.validation_fraction, spec.seed, client_id
+        )
+        train.append(rows[train_split[kept]])
+        val.append(rows[train_split[held]])
+        test.append(rows[test_split])
+    return _Rows(info=info, x=x, y=y, train=train, val=val, test=test, server=server)
+
+
+def _labels(y: np.ndarray) -> np.ndarray:
+    return np.asarray(y, dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=4)
 def build_federation(spec: FederationSpec) -> Federation:
-    """Build every client's train and test data for a spec.
+    """Build every client's train, validation and test data for a spec.
 
     Deterministic for a given spec, and memoised for the last four specs in this process
     (the returned arrays are shared between callers: do not modify them in place;
@@ -270,29 +375,62 @@ def build_federation(spec: FederationSpec) -> Federation:
     Returns
     -------
     Federation
-        ``spec.num_clients`` clients, each split ``1 - test_fraction`` / ``test_fraction``.
+        ``spec.num_clients`` clients. Of a client's ``n`` samples (after the server's
+        share), ``ceil(test_fraction · n)`` are for testing; of the remaining training
+        split ``ceil(validation_fraction · n_train)`` are for validation.
 
     Raises
     ------
     DatasetError
-        Unknown names, missing files, impossible partitions, clients too small to split.
+        Missing files, impossible partitions, clients too small to split.
     """
-    validate_spec(spec)
-    info, shares = _client_shares(spec)
-    clients = []
-    for client_id, (x, y, indices) in enumerate(shares):
-        train, test = train_test_indices(len(indices), spec.test_fraction, spec.seed, client_id)
-        train_rows, test_rows = indices[train], indices[test]
-        clients.append(
-            ClientData(
-                client_id=client_id,
-                x_train=x[train_rows],
-                y_train=np.asarray(y[train_rows], dtype=np.int64),
-                x_test=x[test_rows],
-                y_test=np.asarray(y[test_rows], dtype=np.int64),
-            )
+    rows = _federation_rows(spec)
+    clients = [
+        ClientData(
+            client_id=client_id,
+            x_train=rows.x[train],
+            y_train=_labels(rows.y[train]),
+            x_test=rows.x[test],
+            y_test=_labels(rows.y[test]),
+            x_val=rows.x[val],
+            y_val=_labels(rows.y[val]),
         )
-    return Federation(info=info, clients=clients)
+        for client_id, (train, val, test) in enumerate(
+            zip(rows.train, rows.val, rows.test, strict=True)
+        )
+    ]
+    return Federation(info=rows.info, clients=clients)
+
+
+@functools.lru_cache(maxsize=4)
+def load_server_data(spec: FederationSpec) -> ServerData | None:
+    """The server's share of a spec's data, or ``None`` when ``server_fraction == 0``.
+
+    Pooled data sets: ``ceil(server_fraction · N)`` samples of the pool of ``N``, drawn
+    stratified by label (unstratified when a class is too small) before the pool is
+    partitioned. Natively federated data sets: ``ceil(server_fraction · n_i)`` of each
+    client's ``n_i`` samples, drawn the same way before its train/test split, pooled in
+    client order. Memoised like :func:`build_federation` (``load_server_data.cache_clear()``).
+
+    Parameters
+    ----------
+    spec : FederationSpec
+        The federation.
+
+    Returns
+    -------
+    ServerData or None
+        The server's samples, disjoint from every client's.
+
+    Raises
+    ------
+    DatasetError
+        As :func:`build_federation`.
+    """
+    if spec.server_fraction == 0.0:
+        return None
+    rows = _federation_rows(spec)
+    return ServerData(x=rows.x[rows.server], y=_labels(rows.y[rows.server]), info=rows.info)
 
 
 def load_client(spec: FederationSpec, client_id: int) -> tuple[ClientData, DatasetInfo]:
@@ -339,7 +477,6 @@ def synthetic_mixture_truth(spec: FederationSpec) -> tuple[np.ndarray, np.ndarra
         raise DatasetError(
             f"synthetic_mixture_truth needs dataset 'synthetic-mixture', got {spec.dataset!r}"
         )
-    _check_int("num_clients", spec.num_clients, 1)
     mixture = generate_synthetic_mixture(spec.num_clients, spec.seed, truth_only=True)
     return mixture.components, mixture.mixture_weights
 
@@ -383,10 +520,12 @@ def write_shards(
 ) -> list[Path]:
     """Write one shard file per client and a ``manifest.json``.
 
-    Each ``client_NNNN.npz`` holds ``x_train``, ``y_train``, ``x_test``, ``y_test`` and a
-    ``metadata`` array with one JSON string (data set name, classes, input shape,
-    normalisation, client id, format version). Files are written to a temporary name and
-    renamed, so a crash never leaves a half-written shard.
+    Each ``client_NNNN.npz`` holds the :data:`SHARD_ARRAYS` (``x_train``, ``y_train``,
+    ``x_val``, ``y_val``, ``x_test``, ``y_test``) and a ``metadata`` array with one JSON
+    string (data set name, classes, input shape, normalisation, client id, format
+    version :data:`SHARD_FORMAT_VERSION`). Files are written to a temporary name and
+    renamed, so a crash never leaves a half-written shard. The server's share is never
+    written.
 
     Parameters
     ----------
@@ -418,12 +557,13 @@ def write_shards(
         "dataset": federation.info.name,
         "num_clients": len(federation.clients),
         "info": asdict(federation.info),
-        "spec": None if spec is None else asdict(spec),
+        "spec": None if spec is None else spec.model_dump(),
         "shards": [
             {
                 "client_id": client.client_id,
                 "file": path.name,
                 "num_train": len(client.y_train),
+                "num_val": len(client.y_val),
                 "num_test": len(client.y_test),
             }
             for client, path in zip(federation.clients, paths, strict=True)
@@ -435,7 +575,11 @@ def write_shards(
 
 
 def _read_shard_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Read every array of a shard file, raising :class:`ShardError` on any damage."""
+    """Read every array of a shard file, raising :class:`ShardError` on any damage.
+
+    The arrays of every version and the metadata must be there; the validation arrays
+    are read when present (their presence per version is checked by :func:`load_shard`).
+    """
     if not path.exists():
         raise ShardError(f"shard file not found: {path}")
     if not path.is_file():
@@ -445,10 +589,11 @@ def _read_shard_arrays(path: Path) -> dict[str, np.ndarray]:
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise ShardError(f"shard file {path} is a single .npy array, not an .npz archive")
         with archive:
-            missing = [name for name in (*SHARD_ARRAYS, _METADATA_KEY) if name not in archive]
+            missing = [name for name in (*_V1_ARRAYS, _METADATA_KEY) if name not in archive]
             if missing:
                 raise ShardError(f"shard file {path} lacks array(s): {', '.join(missing)}")
-            return {name: np.asarray(archive[name]) for name in (*SHARD_ARRAYS, _METADATA_KEY)}
+            names = [name for name in (*SHARD_ARRAYS, _METADATA_KEY) if name in archive]
+            return {name: np.asarray(archive[name]) for name in names}
     except ShardError:
         raise
     except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as error:
@@ -469,11 +614,11 @@ def _parse_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
     missing = [field for field in _METADATA_FIELDS if field not in metadata]
     if missing:
         raise ShardError(f"shard file {path} metadata lacks: {', '.join(missing)}")
-    if metadata["format"] != SHARD_FORMAT or metadata["version"] != SHARD_FORMAT_VERSION:
+    if metadata["format"] != SHARD_FORMAT or metadata["version"] not in SHARD_FORMAT_VERSIONS:
         raise ShardError(
             f"shard file {path} has format {metadata['format']!r} version "
-            f"{metadata['version']!r}; this version reads {SHARD_FORMAT!r} version "
-            f"{SHARD_FORMAT_VERSION}"
+            f"{metadata['version']!r}; this version reads {SHARD_FORMAT!r} versions "
+            f"{', '.join(map(str, SHARD_FORMAT_VERSIONS))}"
         )
     if metadata["dataset"] not in DATASETS:
         raise ShardError(f"shard file {path} names an unknown dataset {metadata['dataset']!r}")
@@ -481,7 +626,7 @@ def _parse_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
 
 
 def _check_shard_shapes(path: Path, arrays: dict[str, np.ndarray], info: DatasetInfo) -> None:
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
         if y.ndim != 1 or len(x) != len(y):
             raise ShardError(
@@ -496,6 +641,9 @@ def _check_shard_shapes(path: Path, arrays: dict[str, np.ndarray], info: Dataset
 
 def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
     """Read one client's shard file written by :func:`write_shards`.
+
+    Reads every version in :data:`SHARD_FORMAT_VERSIONS`; a version-1 shard has no
+    validation split and loads with empty validation arrays.
 
     Parameters
     ----------
@@ -529,6 +677,13 @@ def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
         client_id = int(metadata["client_id"])
     except (TypeError, ValueError) as error:
         raise ShardError(f"shard file {shard_path} has malformed metadata: {error}") from error
+    if metadata["version"] == 1:
+        arrays["x_val"] = arrays["x_train"][:0]
+        arrays["y_val"] = np.zeros(0, dtype=np.int64)
+    else:
+        missing = [name for name in SHARD_ARRAYS if name not in arrays]
+        if missing:
+            raise ShardError(f"shard file {shard_path} lacks array(s): {', '.join(missing)}")
     _check_shard_shapes(shard_path, arrays, info)
     client = ClientData(
         client_id=client_id,
@@ -536,5 +691,7 @@ def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
         y_train=arrays["y_train"].astype(np.int64, copy=False),
         x_test=arrays["x_test"],
         y_test=arrays["y_test"].astype(np.int64, copy=False),
+        x_val=arrays["x_val"],
+        y_val=arrays["y_val"].astype(np.int64, copy=False),
     )
     return client, info

@@ -20,6 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 import pflarena
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.datasets import dataset_info
+from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
@@ -85,6 +86,12 @@ def main(grid: Grid, context: Context) -> None:
         },
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
+    server_data = load_server_data(cfg.federation_spec())  # None unless server-fraction > 0
+    if server_data is not None:
+        config_record["server_data"] = {
+            "num_samples": server_data.num_samples,
+            "class_histogram": server_data.class_histogram,
+        }
     if cfg.resume:  # config.json stays the original run's; each resume is noted in it
         previous = json.loads((output_dir / "config.json").read_text())
         previous.setdefault("resumes", []).append(
@@ -100,7 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     start = time.monotonic()
     rounds: list[dict] = []
     try:
-        strategy = build_strategy(cfg)
+        strategy = build_strategy(cfg, server_data)
         strategy.summary()
         outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
         rounds = outcome.rounds

@@ -26,24 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
+from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
 
 __all__ = ["main", "simulate", "project_root", "compare_table"]
 
-# Keys that describe data only: the ones `pflarena shards` accepts.
-DATA_KEYS = (
-    "dataset",
-    "partition",
-    "alpha",
-    "classes-per-client",
-    "shards-per-client",
-    "test-fraction",
-    "data-dir",
-    "synthetic-alpha",
-    "synthetic-beta",
-    "mixture-label-mode",
-    "num-clients",
-    "seed",
+# Keys that describe data only (the data layer's FederationSpec): what `pflarena shards` takes.
+DATA_KEYS: tuple[str, ...] = tuple(
+    field.alias or name for name, field in FederationSpec.model_fields.items()
 )
 
 

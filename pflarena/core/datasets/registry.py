@@ -1,0 +1,296 @@
+"""The data set registry: each data set module declares itself once with a :class:`DatasetSpec`.
+
+A declaration names the data set, describes it (:class:`~pflarena.core.datasets.base.DatasetInfo`),
+says whether it is *pooled* (one pool of samples that a partitioner divides) or *natural*
+(natively federated, one share per client), whether it ships with the package, which
+partition it uses by default, and which loader builds it. The loader receives, by
+keyword, exactly the arguments its declaration ``reads`` (:data:`POOLED_LOADER_ARGUMENTS`
+or :data:`LOADER_ARGUMENTS`):
+
+* a pooled loader returns ``(x, y)``, the samples and ``int64`` labels of the pool;
+* a natural loader returns a :class:`~pflarena.core.datasets.base.NaturalDataset`.
+
+:func:`load_pooled` and :func:`load_natural` are the only callers of loaders; every list
+of names (``DATASETS``, ``NATURAL_DATASETS`` ...) is derived from the registry.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from pflarena.core.datasets.base import DatasetError, DatasetInfo, NaturalDataset, PooledDataset
+
+__all__ = [
+    "DATASET_KINDS",
+    "LOADER_ARGUMENTS",
+    "POOLED_LOADER_ARGUMENTS",
+    "DatasetKind",
+    "DatasetSpec",
+    "check_dataset_name",
+    "dataset_info",
+    "dataset_names",
+    "dataset_spec",
+    "load_natural",
+    "load_pooled",
+    "register_dataset",
+]
+
+DatasetKind = Literal["pooled", "natural"]
+DATASET_KINDS: tuple[str, ...] = ("pooled", "natural")
+
+#: The keyword arguments a pooled loader may read: the pool depends on nothing else.
+POOLED_LOADER_ARGUMENTS: tuple[str, ...] = ("data_dir",)
+#: The keyword arguments a natural loader may read: federation-spec fields that shape the data.
+LOADER_ARGUMENTS: tuple[str, ...] = (
+    "num_clients",
+    "seed",
+    "data_dir",
+    "synthetic_alpha",
+    "synthetic_beta",
+    "mixture_label_mode",
+)
+
+#: Partition a data set uses unless it declares another, by kind.
+_DEFAULT_PARTITIONS: dict[str, str] = {"pooled": "dirichlet", "natural": "natural"}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """The declaration of one data set.
+
+    Parameters
+    ----------
+    name : str
+        Data set name, as written in a run config (``"fashion-mnist"``).
+    info : DatasetInfo
+        Static description; ``info.name == name``.
+    kind : {"pooled", "natural"}
+        ``"pooled"``: one pool of samples, divided over the clients by a partitioner.
+        ``"natural"``: natively federated, one share per client (partition ``"natural"``).
+    loader : callable
+        Builds the data from the keyword arguments named in ``reads``; returns ``(x, y)``
+        for a pooled data set, a :class:`NaturalDataset` for a natural one.
+    reads : tuple of str
+        The arguments the loader takes, each a parameter of ``loader``: some of
+        :data:`POOLED_LOADER_ARGUMENTS` for a pooled data set, of
+        :data:`LOADER_ARGUMENTS` for a natural one.
+    embedded : bool
+        Whether the data ships with the installed packages (no ``data_dir`` needed).
+    default_partition : str
+        The partition to use when none is chosen; ``""`` (the default) means
+        ``"dirichlet"`` for pooled and ``"natural"`` for natural data sets.
+    """
+
+    name: str
+    info: DatasetInfo
+    kind: DatasetKind
+    loader: Callable[..., Any]
+    reads: tuple[str, ...] = ()
+    embedded: bool = False
+    default_partition: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in DATASET_KINDS:
+            raise ValueError(f"dataset {self.name!r}: kind must be one of {DATASET_KINDS}")
+        if self.info.name != self.name:
+            raise ValueError(f"dataset {self.name!r}: info names {self.info.name!r}")
+        allowed = POOLED_LOADER_ARGUMENTS if self.kind == "pooled" else LOADER_ARGUMENTS
+        unknown = [name for name in self.reads if name not in allowed]
+        if unknown:
+            raise ValueError(
+                f"dataset {self.name!r} reads {unknown}; {self.kind} loaders may read {allowed}"
+            )
+        parameters = inspect.signature(self.loader).parameters
+        missing = [name for name in self.reads if name not in parameters]
+        if missing:
+            raise ValueError(f"dataset {self.name!r}: the loader takes no {missing}")
+        if not self.default_partition:
+            object.__setattr__(self, "default_partition", _DEFAULT_PARTITIONS[self.kind])
+
+
+_REGISTRY: dict[str, DatasetSpec] = {}
+
+
+def register_dataset(spec: DatasetSpec) -> DatasetSpec:
+    """Add a data set to the registry (once per name; registration order is list order).
+
+    Parameters
+    ----------
+    spec : DatasetSpec
+        The declaration.
+
+    Returns
+    -------
+    DatasetSpec
+        ``spec``, so a module can keep it.
+
+    Raises
+    ------
+    ValueError
+        A data set of that name is already registered.
+    """
+    if spec.name in _REGISTRY:
+        raise ValueError(f"dataset {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def dataset_names(kind: str | None = None, *, embedded: bool | None = None) -> tuple[str, ...]:
+    """Registered data set names, in registration order.
+
+    Parameters
+    ----------
+    kind : {"pooled", "natural"}, optional
+        Only data sets of this kind.
+    embedded : bool, optional
+        Only data sets that do (``True``) or do not (``False``) ship with the packages.
+
+    Returns
+    -------
+    tuple of str
+        The names.
+    """
+    return tuple(
+        name
+        for name, spec in _REGISTRY.items()
+        if (kind is None or spec.kind == kind) and (embedded is None or spec.embedded == embedded)
+    )
+
+
+def check_dataset_name(name: str) -> None:
+    """Raise :class:`DatasetError` unless ``name`` is a registered data set.
+
+    Parameters
+    ----------
+    name : str
+        Data set name to check.
+    """
+    if name not in _REGISTRY:
+        raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(_REGISTRY)}")
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """Return the declaration of a registered data set.
+
+    Parameters
+    ----------
+    name : str
+        Data set name.
+
+    Returns
+    -------
+    DatasetSpec
+        Its declaration.
+
+    Raises
+    ------
+    DatasetError
+        Unknown name (the message lists the registered ones).
+    """
+    check_dataset_name(name)
+    return _REGISTRY[name]
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """Return the :class:`DatasetInfo` of a data set without loading it.
+
+    Parameters
+    ----------
+    name : str
+        Data set name, one of :data:`~pflarena.core.datasets.DATASETS`.
+
+    Returns
+    -------
+    DatasetInfo
+        Static description of the data set.
+    """
+    return dataset_spec(name).info
+
+
+def _call_loader(spec: DatasetSpec, arguments: dict[str, Any]) -> Any:
+    return spec.loader(**{name: arguments[name] for name in spec.reads})
+
+
+def load_pooled(name: str, data_dir: str | Path = "") -> PooledDataset:
+    """Load a pooled data set (train and test concatenated, train first).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`~pflarena.core.datasets.POOLED_DATASETS`.
+    data_dir : str or pathlib.Path
+        Folder with the torchvision files or the offline copies; ``""`` means not given
+        (only embedded data sets work without it).
+
+    Returns
+    -------
+    PooledDataset
+        All samples of the data set.
+
+    Raises
+    ------
+    DatasetError
+        Unknown or natively federated name, or the files are not found.
+    """
+    spec = dataset_spec(name)
+    if spec.kind != "pooled":
+        raise DatasetError(
+            f"dataset {name!r} is natively federated and has no pooled form; "
+            f"pooled datasets: {', '.join(dataset_names('pooled'))}"
+        )
+    x, y = _call_loader(spec, {"data_dir": data_dir})
+    return PooledDataset(x=x, y=np.asarray(y, dtype=np.int64), info=spec.info)
+
+
+def load_natural(
+    name: str,
+    num_clients: int,
+    seed: int = 0,
+    data_dir: str | Path = "",
+    synthetic_alpha: float = 0.5,
+    synthetic_beta: float = 0.5,
+    mixture_label_mode: str = "fixed",
+) -> NaturalDataset:
+    """Load or generate a natively federated data set.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`~pflarena.core.datasets.NATURAL_DATASETS`.
+    num_clients : int
+        Number of clients; for ``har`` it must equal the number of subjects (30).
+    seed : int
+        Generator seed (synthetic data sets).
+    data_dir : str or pathlib.Path
+        Folder for data sets read from files (``har``).
+    synthetic_alpha, synthetic_beta : float
+        Synthetic(α, β) parameters.
+    mixture_label_mode : {"fixed", "faithful"}
+        See :func:`~pflarena.core.datasets.mixture_labels`.
+
+    Returns
+    -------
+    NaturalDataset
+        One ``(x, y)`` per client.
+    """
+    spec = dataset_spec(name)
+    if spec.kind != "natural":
+        raise DatasetError(
+            f"dataset {name!r} is pooled; natively federated datasets: "
+            f"{', '.join(dataset_names('natural'))}"
+        )
+    arguments = {
+        "num_clients": num_clients,
+        "seed": seed,
+        "data_dir": data_dir,
+        "synthetic_alpha": synthetic_alpha,
+        "synthetic_beta": synthetic_beta,
+        "mixture_label_mode": mixture_label_mode,
+    }
+    return _call_loader(spec, arguments)

@@ -1,0 +1,85 @@
+"""Partitions of pooled data over clients, and the seeded splits of each client's data.
+
+Every partitioner takes the pooled label array and returns one array of sample indices
+per client. ``iid``, ``dirichlet``, ``pathological`` and ``shards`` run flwr-datasets
+partitioners (:mod:`~pflarena.core.partition.flwr_partitioners`); ``pfllib-dirichlet``
+is PFLlib's ``separate_data`` Dirichlet procedure, the split behind the pFedGT paper's
+Table 5 (:mod:`~pflarena.core.partition.pfllib`); ``natural`` is the partition of the
+natively federated data sets (:mod:`~pflarena.core.partition.natural`).
+
+Each partitioner module declares its partitions once with :func:`register_partition`
+(:mod:`~pflarena.core.partition.registry`); :data:`PARTITIONS` is derived from the
+registry, in import order below. The train/test, validation and server splits are in
+:mod:`~pflarena.core.partition.split`.
+"""
+
+from __future__ import annotations
+
+# The partitioner modules, each registering itself on import; this order is PARTITIONS'.
+# isort: off
+from pflarena.core.partition import flwr_partitioners  # noqa: F401
+from pflarena.core.partition import pfllib  # noqa: F401
+from pflarena.core.partition import natural  # noqa: F401
+# isort: on
+
+from pflarena.core.partition.flwr_partitioners import (
+    DIRICHLET_MIN_PARTITION_SIZE,
+    FLWR_PARTITIONS,
+    dirichlet_partition,
+    iid_partition,
+    pathological_partition,
+    shard_partition,
+)
+from pflarena.core.partition.pfllib import (
+    PFLLIB_LEAST_SAMPLES,
+    PFLLIB_MAX_ATTEMPTS,
+    pfllib_dirichlet_attempt,
+    pfllib_dirichlet_partition,
+)
+from pflarena.core.partition.registry import (
+    PARTITION_ARGUMENTS,
+    PartitionSpec,
+    check_partition_name,
+    partition_indices,
+    partition_names,
+    partition_spec,
+    register_partition,
+)
+from pflarena.core.partition.split import (
+    server_indices,
+    server_seed,
+    split_seed,
+    train_test_indices,
+    validation_indices,
+    validation_seed,
+)
+
+#: Every registered partition, in registration order.
+PARTITIONS: tuple[str, ...] = partition_names()
+
+__all__ = [
+    "DIRICHLET_MIN_PARTITION_SIZE",
+    "FLWR_PARTITIONS",
+    "PARTITIONS",
+    "PARTITION_ARGUMENTS",
+    "PFLLIB_LEAST_SAMPLES",
+    "PFLLIB_MAX_ATTEMPTS",
+    "PartitionSpec",
+    "check_partition_name",
+    "dirichlet_partition",
+    "iid_partition",
+    "partition_indices",
+    "partition_names",
+    "partition_spec",
+    "pathological_partition",
+    "pfllib_dirichlet_attempt",
+    "pfllib_dirichlet_partition",
+    "register_partition",
+    "server_indices",
+    "server_seed",
+    "shard_partition",
+    "split_seed",
+    "train_test_indices",
+    "validation_indices",
+    "validation_seed",
+]

@@ -1,0 +1,251 @@
+"""Partitioners built on flwr-datasets: ``iid``, ``dirichlet``, ``pathological``, ``shards``.
+
+Each runs a flwr-datasets partitioner over an in-memory ``datasets.Dataset`` with a
+``label`` and an ``index`` column and reads back every partition's ``index`` column.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from pflarena.core.datasets import DatasetError
+from pflarena.core.partition.registry import PartitionSpec, check_clients, register_partition
+
+__all__ = [
+    "DIRICHLET_MIN_PARTITION_SIZE",
+    "FLWR_PARTITIONS",
+    "dirichlet_partition",
+    "iid_partition",
+    "pathological_partition",
+    "shard_partition",
+]
+
+#: Dirichlet (flwr-datasets) minimum partition size, capped by what the data allows.
+DIRICHLET_MIN_PARTITION_SIZE = 10
+
+
+def _label_dataset(labels: np.ndarray, order: np.ndarray | None = None) -> Any:
+    """Build an in-memory ``datasets.Dataset`` with columns ``label`` and ``index``."""
+    import datasets
+
+    index = np.arange(len(labels), dtype=np.int64) if order is None else order
+    return datasets.Dataset.from_dict({"label": np.asarray(labels)[index], "index": index})
+
+
+def _run_partitioner(
+    partitioner: Any, labels: np.ndarray, num_clients: int, order: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Attach the label data set and read each partition's ``index`` column."""
+    partitioner.dataset = _label_dataset(labels, order)
+    with warnings.catch_warnings():
+        # Re-sampling notices and pyarrow deprecations; failures still raise.
+        warnings.simplefilter("ignore")
+        try:
+            return [
+                np.asarray(
+                    partitioner.load_partition(client).with_format("numpy")[:]["index"],
+                    dtype=np.int64,
+                )
+                for client in range(num_clients)
+            ]
+        except ValueError as error:
+            raise DatasetError(f"{type(partitioner).__name__}: {error}") from error
+
+
+def iid_partition(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+    """Uniformly random, (almost) equal-size partition.
+
+    flwr-datasets' ``IidPartitioner`` cuts contiguous shards, so the rows are put in a
+    seeded random order first.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Pooled labels ``(N,)``.
+    num_clients : int
+        Number of clients.
+    seed : int
+        Seed of the row permutation.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sample indices of each client.
+    """
+    from flwr_datasets.partitioner import IidPartitioner
+
+    check_clients(labels, num_clients)
+    order = np.random.default_rng(seed).permutation(len(labels)).astype(np.int64)
+    return _run_partitioner(IidPartitioner(num_partitions=num_clients), labels, num_clients, order)
+
+
+def dirichlet_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    min_partition_size: int | None = None,
+) -> list[np.ndarray]:
+    """Per-class Dirichlet split (Hsu et al. 2019) with flwr-datasets.
+
+    ``DirichletPartitioner(partition_by="label", alpha, min_partition_size,
+    self_balancing=False, seed)``. It re-draws until every client has at least
+    ``min_partition_size`` samples and gives up after 11 draws, which surfaces here as
+    :class:`DatasetError`.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Pooled labels ``(N,)``.
+    num_clients : int
+        Number of clients.
+    alpha : float
+        Dirichlet concentration; smaller is more skewed.
+    seed : int
+        Partitioner seed.
+    min_partition_size : int, optional
+        Default ``min(10, N // (2 * num_clients))`` but at least 2, so that each client
+        can be split into train and test.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sample indices of each client.
+    """
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    check_clients(labels, num_clients)
+    if alpha <= 0:
+        raise DatasetError(f"alpha must be positive, got {alpha}")
+    if min_partition_size is None:
+        min_partition_size = max(
+            2, min(DIRICHLET_MIN_PARTITION_SIZE, len(labels) // (2 * num_clients))
+        )
+    if min_partition_size * num_clients > len(labels):
+        raise DatasetError(
+            f"dirichlet: {num_clients} clients with at least {min_partition_size} samples "
+            f"need {min_partition_size * num_clients} samples, the dataset has {len(labels)}; "
+            "use fewer clients"
+        )
+    partitioner = DirichletPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        alpha=float(alpha),
+        min_partition_size=min_partition_size,
+        self_balancing=False,
+        seed=seed,
+    )
+    try:
+        return _run_partitioner(partitioner, labels, num_clients)
+    except DatasetError as error:
+        raise DatasetError(
+            f"dirichlet: could not give every one of {num_clients} clients at least "
+            f"{min_partition_size} samples with alpha={alpha} ({error}); use a larger alpha "
+            "or fewer clients"
+        ) from error
+
+
+def pathological_partition(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int
+) -> list[np.ndarray]:
+    """Each client holds exactly ``classes_per_client`` classes (flwr-datasets).
+
+    ``PathologicalPartitioner(class_assignment_mode="first-deterministic")``: client i
+    gets class ``i mod C`` and ``classes_per_client - 1`` further random classes; each
+    class is split evenly over the clients that hold it. With fewer than
+    ``C / classes_per_client`` clients some classes are held by nobody and their samples
+    are left out (flwr-datasets behaviour).
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Pooled labels ``(N,)``.
+    num_clients : int
+        Number of clients.
+    classes_per_client : int
+        Classes per client.
+    seed : int
+        Seed of the class assignment and shuffles.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sample indices of each client.
+    """
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    check_clients(labels, num_clients)
+    num_present = len(np.unique(labels))
+    if not 1 <= classes_per_client <= num_present:
+        raise DatasetError(
+            f"pathological: classes_per_client={classes_per_client} is impossible, the "
+            f"dataset has {num_present} classes"
+        )
+    partitioner = PathologicalPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        num_classes_per_partition=classes_per_client,
+        class_assignment_mode="first-deterministic",
+        seed=seed,
+    )
+    return _run_partitioner(partitioner, labels, num_clients)
+
+
+def shard_partition(
+    labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int
+) -> list[np.ndarray]:
+    """McMahan et al. shards: sort by label, cut equal shards, deal them out at random.
+
+    flwr-datasets' ``ShardPartitioner(num_shards_per_partition=shards_per_client)``.
+    Shards hold ``N // (num_clients * shards_per_client)`` samples each; the remaining
+    ``N mod (num_clients * shards_per_client)`` samples are left out.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Pooled labels ``(N,)``.
+    num_clients : int
+        Number of clients.
+    shards_per_client : int
+        Shards per client.
+    seed : int
+        Seed of the shard assignment and shuffles.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sample indices of each client.
+    """
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    check_clients(labels, num_clients)
+    if shards_per_client < 1 or num_clients * shards_per_client > len(labels):
+        raise DatasetError(
+            f"shards: {num_clients} clients x {shards_per_client} shards is impossible "
+            f"with {len(labels)} samples"
+        )
+    partitioner = ShardPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        num_shards_per_partition=shards_per_client,
+        seed=seed,
+    )
+    return _run_partitioner(partitioner, labels, num_clients)
+
+
+_DECLARATIONS: tuple[PartitionSpec, ...] = (
+    PartitionSpec("iid", iid_partition, reads=("num_clients", "seed")),
+    PartitionSpec("dirichlet", dirichlet_partition, reads=("num_clients", "alpha", "seed")),
+    PartitionSpec(
+        "pathological", pathological_partition, reads=("num_clients", "classes_per_client", "seed")
+    ),
+    PartitionSpec("shards", shard_partition, reads=("num_clients", "shards_per_client", "seed")),
+)
+for _declaration in _DECLARATIONS:
+    register_partition(_declaration)
+
+#: The partitions this module declares.
+FLWR_PARTITIONS: tuple[str, ...] = tuple(declaration.name for declaration in _DECLARATIONS)

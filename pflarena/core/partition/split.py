@@ -1,0 +1,251 @@
+"""Seeded splits of one sample set into roles: train/test, validation, server-held.
+
+Every split draws from its own seed, derived from the run seed (and the client id where
+the split is per client) with :class:`numpy.random.SeedSequence`, so that no two splits
+share a random stream:
+
+* :func:`train_test_indices` splits a client's share into training and test samples
+  (seed :func:`split_seed`);
+* :func:`validation_indices` carves a validation split out of a client's training split
+  (seed :func:`validation_seed`);
+* :func:`server_indices` sets aside the samples the server holds, from the pool of a
+  pooled data set or from each client's share of a natural one (seed :func:`server_seed`).
+
+Each takes ``ceil(fraction · n)`` samples for the part it sets aside (the rule of
+``sklearn.model_selection.train_test_split``), and a fraction of 0 sets nothing aside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pflarena.core.datasets import DatasetError
+
+__all__ = [
+    "server_indices",
+    "server_seed",
+    "split_seed",
+    "train_test_indices",
+    "validation_indices",
+    "validation_seed",
+]
+
+#: Spawn-key tags that keep the validation and server streams apart from each other and
+#: from :func:`split_seed`'s.
+_VALIDATION_STREAM = 1
+_SERVER_STREAM = 2
+
+
+def _seed(sequence: np.random.SeedSequence) -> int:
+    return int(sequence.generate_state(1)[0])
+
+
+def split_seed(seed: int, client_id: int) -> int:
+    """Seed of one client's train/test split, derived from the run seed and client id.
+
+    Parameters
+    ----------
+    seed, client_id : int
+        Run seed and client id.
+
+    Returns
+    -------
+    int
+        A 32-bit seed.
+    """
+    return _seed(np.random.SeedSequence([seed, client_id]))
+
+
+def validation_seed(seed: int, client_id: int) -> int:
+    """Seed of one client's validation split (a different stream from :func:`split_seed`).
+
+    Parameters
+    ----------
+    seed, client_id : int
+        Run seed and client id.
+
+    Returns
+    -------
+    int
+        A 32-bit seed.
+    """
+    return _seed(np.random.SeedSequence(seed, spawn_key=(_VALIDATION_STREAM, client_id)))
+
+
+def server_seed(seed: int, client_id: int | None = None) -> int:
+    """Seed of the server's share: of the whole pool, or of one client's natural share.
+
+    Parameters
+    ----------
+    seed : int
+        Run seed.
+    client_id : int, optional
+        The client whose share is split (natural data sets); ``None`` for the pool.
+
+    Returns
+    -------
+    int
+        A 32-bit seed.
+    """
+    key = (_SERVER_STREAM,) if client_id is None else (_SERVER_STREAM, client_id)
+    return _seed(np.random.SeedSequence(seed, spawn_key=key))
+
+
+def train_test_indices(
+    num_samples: int, test_fraction: float, seed: int, client_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded random train/test split of one client's samples.
+
+    ``sklearn.model_selection.train_test_split`` (not stratified) with
+    ``random_state = split_seed(seed, client_id)``; the test part has
+    ``ceil(test_fraction · n)`` samples. ``test_fraction == 0`` keeps everything for
+    training.
+
+    Parameters
+    ----------
+    num_samples : int
+        The client's number of samples.
+    test_fraction : float
+        Share of samples for testing, in ``[0, 1)``.
+    seed, client_id : int
+        Run seed and client id.
+
+    Returns
+    -------
+    train, test : numpy.ndarray
+        Positions into the client's samples.
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise DatasetError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if num_samples < 2:
+        raise DatasetError(
+            f"client {client_id} has {num_samples} sample(s), at least 2 are needed for a "
+            "train/test split; use fewer clients or a larger alpha"
+        )
+    positions = np.arange(num_samples, dtype=np.int64)
+    if test_fraction == 0.0:
+        return positions, np.zeros(0, dtype=np.int64)
+    from sklearn.model_selection import train_test_split
+
+    try:
+        train, test = train_test_split(
+            positions, test_size=test_fraction, random_state=split_seed(seed, client_id)
+        )
+    except ValueError as error:
+        raise DatasetError(
+            f"client {client_id}: cannot split {num_samples} samples with "
+            f"test_fraction={test_fraction} ({error}); use fewer clients or a larger alpha"
+        ) from error
+    return np.asarray(train), np.asarray(test)
+
+
+def validation_indices(
+    num_train: int, validation_fraction: float, seed: int, client_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded random validation split of one client's training split.
+
+    ``train_test_split`` (not stratified) with ``random_state = validation_seed(seed,
+    client_id)``: the validation part has ``ceil(validation_fraction · num_train)``
+    samples, the rest stays for training. Both parts are returned in increasing order,
+    so the remaining training samples keep the order of the training split.
+    ``validation_fraction == 0`` keeps everything for training.
+
+    Parameters
+    ----------
+    num_train : int
+        Size of the client's training split.
+    validation_fraction : float
+        Share of the training split for validation, in ``[0, 1)``.
+    seed, client_id : int
+        Run seed and client id.
+
+    Returns
+    -------
+    train, validation : numpy.ndarray
+        Positions into the client's training split.
+
+    Raises
+    ------
+    DatasetError
+        The fraction is out of range, or it would leave no training sample.
+    """
+    if not 0.0 <= validation_fraction < 1.0:
+        raise DatasetError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+    positions = np.arange(num_train, dtype=np.int64)
+    if validation_fraction == 0.0:
+        return positions, np.zeros(0, dtype=np.int64)
+    from sklearn.model_selection import train_test_split
+
+    try:
+        train, validation = train_test_split(
+            positions,
+            test_size=validation_fraction,
+            random_state=validation_seed(seed, client_id),
+        )
+    except ValueError as error:
+        raise DatasetError(
+            f"client {client_id}: cannot hold out validation_fraction={validation_fraction} "
+            f"of its {num_train} training samples ({error}); use fewer clients or a smaller "
+            "validation_fraction"
+        ) from error
+    return np.sort(train), np.sort(validation)
+
+
+def server_indices(
+    labels: np.ndarray, server_fraction: float, seed: int, client_id: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of a sample set into what the clients keep and what the server holds.
+
+    ``train_test_split`` with ``random_state = server_seed(seed, client_id)``, stratified
+    by label; when stratifying is impossible (a class with a single sample, or fewer
+    server samples than classes) the split is drawn unstratified instead. The server
+    part has ``ceil(server_fraction · n)`` samples. Both parts are returned in increasing
+    order, so the kept samples keep their original order. ``server_fraction == 0`` keeps
+    everything.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Labels of the sample set ``(n,)``: the pool, or one client's natural share.
+    server_fraction : float
+        Share held by the server, in ``[0, 1)``.
+    seed : int
+        Run seed.
+    client_id : int, optional
+        The client whose share is split; ``None`` for a pool.
+
+    Returns
+    -------
+    kept, server : numpy.ndarray
+        Positions into ``labels``.
+
+    Raises
+    ------
+    DatasetError
+        The fraction is out of range, or it would leave nothing to the clients.
+    """
+    if not 0.0 <= server_fraction < 1.0:
+        raise DatasetError(f"server_fraction must be in [0, 1), got {server_fraction}")
+    labels = np.asarray(labels)
+    positions = np.arange(len(labels), dtype=np.int64)
+    if server_fraction == 0.0:
+        return positions, np.zeros(0, dtype=np.int64)
+    from sklearn.model_selection import train_test_split
+
+    random_state = server_seed(seed, client_id)
+    owner = "the pool" if client_id is None else f"client {client_id}'s share"
+    try:
+        try:
+            kept, server = train_test_split(
+                positions, test_size=server_fraction, random_state=random_state, stratify=labels
+            )
+        except ValueError:  # a class too small to stratify: draw unstratified
+            kept, server = train_test_split(
+                positions, test_size=server_fraction, random_state=random_state
+            )
+    except ValueError as error:
+        raise DatasetError(
+            f"cannot hold out server_fraction={server_fraction} of the {len(labels)} "
+            f"samples of {owner} ({error}); use a smaller server_fraction"
+        ) from error
+    return np.sort(kept), np.sort(server)
