@@ -6,9 +6,11 @@ They prove the plug-in path: each is one strategy class with its declaration and
 * ``toy-avg``: FedAvg with a server step size (``toy-avg.server-step``), the smallest useful
   method with a parameter of its own.
 * ``line-search``: a round of two exchanges. ``gradients``: each sampled client returns its
-  full training gradient at θ; the server averages them into a direction d. ``line-search``:
-  the server sends θ and d back, each client returns its training loss at θ − η d for every
-  candidate step η, and the server moves θ by the step with the lowest mean loss.
+  full training gradient at θ, which the server keeps in a per-client pool (on disk, like
+  FedPG's stale gradients); the direction d is the mean of every client's latest gradient,
+  fresh or stale (as in SAG). ``line-search``: the server sends θ and d back, each client
+  returns its training loss at θ − η d for every candidate step η, and the server moves θ by
+  the step with the lowest mean loss.
 """
 
 from __future__ import annotations
@@ -136,11 +138,14 @@ class LineSearch(MultiExchangeStrategy):
         gradients = self.valid_replies(first, lambda c: array_problem(c, reference, GRADIENT))
         if not gradients:
             return None, None
+        pool = self.pool("gradients")
+        for msg in gradients:
+            pool.put(
+                self.client_ids[first.node_of(msg)], server_round, {GRADIENT: msg.content[GRADIENT]}
+            )
+        latest = [pool.get(client, GRADIENT) for client in pool.clients()]
         direction = ArrayRecord(
-            {
-                n: Array(np.mean([m.content[GRADIENT][n].numpy() for m in gradients], axis=0))
-                for n in trainable
-            }
+            {n: Array(np.mean([g[n].numpy() for g in latest], axis=0)) for n in trainable}
         )
         survivors = [first.node_of(m) for m in gradients]
         second = send(

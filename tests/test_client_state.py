@@ -85,3 +85,22 @@ def test_run_key_ignores_resume_only():
     config = {"strategy": "ditto", "seed": 0, "output-dir": "/r"}
     assert run_key(config) == run_key(config | {"resume": True})
     assert run_key(config) != run_key(config | {"seed": 1})
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_a_pool_keeps_per_client_versions_in_step_with_checkpoints(on_disk, tmp_path):
+    from pflarena.core.versions import ClientPool
+
+    pool = ClientPool(tmp_path / "pool" if on_disk else None)
+    for round_ in (1, 2, 3, 4):
+        pool.put(7, round_, {"g": _record(round_)})
+    pool.put(8, 2, {"g": _record(20.0)})
+    assert pool.clients() == [7, 8]
+    assert float(pool.get(7, "g")["w"].numpy()[0]) == 4.0
+
+    pool.checkpoint(3)  # a resume from round 3 needs version 3 (and the later 4)
+    assert pool._store(7).versions() == [3, 4] and pool._store(8).versions() == [2]
+    pool.rollback(3)  # the run resumed from round 3: round 4's write never happened
+    assert float(pool.get(7, "g")["w"].numpy()[0]) == 3.0
+    assert float(pool.get(8, "g")["w"].numpy()[0]) == 20.0
+    assert pool.get(9, "g") is None

@@ -55,16 +55,19 @@ def _run(cfg, out: Path, grid: LocalGrid, resume: bool = False):
     if not resume:
         writer.write_config({"run_config": cfg.to_run_config()})
     try:
-        return run_rounds(
-            grid, cfg, build_strategy(cfg), initial_arrays(cfg), writer, resume=checkpoint
-        )
+        strategy = build_strategy(cfg, state_dir=out / "server-state")
+        return run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
     finally:
         writer.close()
 
 
-@pytest.mark.parametrize("strategy", ["ditto", "pfedgt"])
-def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(strategy, tmp_path):
-    cfg = config(strategy=strategy, num_clients=5, num_rounds=6, fraction_train=0.4)
+@pytest.mark.parametrize("strategy", ["ditto", "pfedgt", "line-search"])
+def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
+    strategy, tmp_path, monkeypatch
+):
+    """ditto and pfedgt keep client state; line-search a server-side pool of gradients."""
+    monkeypatch.setenv("PFLARENA_PLUGINS", "pflarena_test_methods")
+    cfg = config(strategy=strategy, num_clients=5, num_rounds=6, fraction_train=0.4, local_epochs=2)
     whole = _run(cfg, tmp_path / "whole", _grid(cfg, tmp_path / "state-whole", 1_000_003))
 
     # The second run dies in round 4, after some clients trained and stored new state.
@@ -72,9 +75,11 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(strategy, t
 
     def die_in_round_four(reply):
         sent = grid.sent[-1]
+        config = sent.content[keys.CONFIG]
         if (
             sent.metadata.message_type == MessageType.TRAIN
-            and sent.content[keys.CONFIG][keys.SERVER_ROUND] == 4
+            and config[keys.SERVER_ROUND] == 4
+            and config.get(keys.PHASE) != "gradients"  # line-search: after its pool was written
         ):
             raise KeyboardInterrupt("killed in round 4")
         return reply

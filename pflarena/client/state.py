@@ -29,136 +29,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from collections import OrderedDict
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import ArrayRecord
+
+from pflarena.core.versions import DiskVersions, MemoryVersions
 
 __all__ = ["ClientState", "DiskVersions", "MemoryVersions", "run_key"]
 
 #: Versions kept before the accepted one (a server restarts at most a round behind).
 KEEP_VERSIONS = 3
-_CACHE_ENTRIES = 16
 
 
 def run_key(run_config: Mapping[str, Any]) -> str:
     """A short stable name for a run: a hash of its config (``resume`` left out)."""
     items = sorted((k, v) for k, v in run_config.items() if k != "resume")
     return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:16]
-
-
-def _file_name(entry: str) -> str:
-    return entry.replace("/", "__") + ".npz"
-
-
-def _entry_name(file_name: str) -> str:
-    return file_name[: -len(".npz")].replace("__", "/")
-
-
-class DiskVersions:
-    """Versions as folders of ``.npz`` files (one per entry), written atomically."""
-
-    _cache: OrderedDict[tuple[str, str], ArrayRecord] = OrderedDict()
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def _path(self, version: int) -> Path:
-        return self.folder / f"v{version}"
-
-    def versions(self) -> list[int]:
-        if not self.folder.is_dir():
-            return []
-        return sorted(
-            int(p.name[1:])
-            for p in self.folder.iterdir()
-            if p.name[:1] == "v" and p.name[1:].isdigit()
-        )
-
-    def entries(self, version: int) -> list[str]:
-        return sorted(_entry_name(p.name) for p in self._path(version).glob("*.npz"))
-
-    def read(self, version: int, entry: str) -> ArrayRecord | None:
-        path = self._path(version) / _file_name(entry)
-        key = (str(path), str(path.stat().st_mtime_ns) if path.exists() else "")
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        if not path.exists():
-            return None
-        with np.load(path, allow_pickle=False) as data:
-            record = ArrayRecord({name: Array(data[name]) for name in data.files})
-        self._cache[key] = record
-        while len(self._cache) > _CACHE_ENTRIES:
-            self._cache.popitem(last=False)
-        return record
-
-    def write(self, version: int, base: int | None, changed: Mapping[str, ArrayRecord]) -> None:
-        """Version ``version``: ``base``'s entries (hard-linked) with ``changed`` on top."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.folder))
-        try:
-            if base is not None:
-                for source in self._path(base).glob("*.npz"):
-                    if _entry_name(source.name) not in changed:
-                        os.link(source, staging / source.name)
-            for entry, record in changed.items():
-                arrays = {name: array.numpy() for name, array in record.items()}
-                with open(staging / _file_name(entry), "wb") as handle:
-                    np.savez(handle, **arrays)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-            target = self._path(version)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    def delete(self, version: int) -> None:
-        shutil.rmtree(self._path(version), ignore_errors=True)
-
-
-class MemoryVersions:
-    """The same versions in a RecordDict (Flower's ``context.state``): ``v<id>/<entry>``."""
-
-    def __init__(self, records: RecordDict) -> None:
-        self.records = records
-
-    def _keys(self) -> list[tuple[int, str]]:
-        found = []
-        for key in self.records.array_records.keys():
-            head, _, entry = key.partition("/")
-            if head[:1] == "v" and head[1:].isdigit() and entry:
-                found.append((int(head[1:]), entry))
-        return found
-
-    def versions(self) -> list[int]:
-        return sorted({version for version, _ in self._keys()})
-
-    def entries(self, version: int) -> list[str]:
-        return sorted(entry for v, entry in self._keys() if v == version)
-
-    def read(self, version: int, entry: str) -> ArrayRecord | None:
-        return self.records.array_records.get(f"v{version}/{entry}")
-
-    def write(self, version: int, base: int | None, changed: Mapping[str, ArrayRecord]) -> None:
-        if base is not None:
-            for entry in self.entries(base):
-                if entry not in changed:
-                    self.records[f"v{version}/{entry}"] = self.records[f"v{base}/{entry}"]
-        for entry, record in changed.items():
-            self.records[f"v{version}/{entry}"] = record
-
-    def delete(self, version: int) -> None:
-        for entry in self.entries(version):
-            del self.records[f"v{version}/{entry}"]
 
 
 class ClientState:

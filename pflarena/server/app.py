@@ -107,7 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     start = time.monotonic()
     rounds: list[dict] = []
     try:
-        strategy = build_strategy(cfg, server_data)
+        strategy = build_strategy(cfg, server_data, state_dir=output_dir / "server-state")
         strategy.summary()
         outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
         rounds = outcome.rounds

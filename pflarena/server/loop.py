@@ -247,6 +247,7 @@ def run_rounds(
 
     for server_round in range(first_round, cfg.num_rounds + 1):
         round_start = time.monotonic()
+        strategy.server_round = server_round
         send = RoundExchanges(grid, strategy, server_round, cfg.round_timeout)
         new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
         if new_arrays is not None:

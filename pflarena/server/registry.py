@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import RunConfig, parse_run_config
@@ -31,13 +32,20 @@ def _trainable_names(cfg: RunConfig) -> tuple[str, ...]:
     return tuple(trainable_names(model))
 
 
-def build_strategy(cfg: RunConfig, server_data: Any = None) -> PflStrategy:
-    """The strategy ``cfg`` names, built with its method's parameters."""
+def build_strategy(
+    cfg: RunConfig, server_data: Any = None, state_dir: Path | None = None
+) -> PflStrategy:
+    """The strategy ``cfg`` names, built with its method's parameters.
+
+    ``state_dir`` is where its per-client pools go (the ServerApp passes
+    ``<output-dir>/server-state``); None keeps them in memory.
+    """
     cls = strategy_classes()[cfg.strategy]
     setup = StrategySetup(
         cfg=cfg,
         params=cfg.params(cls.declaration),
         trainable=_trainable_names(cfg),
         server_data=server_data,
+        state_dir=state_dir,
     )
     return cls.from_setup(setup)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -27,6 +28,7 @@ from flwr.serverapp.strategy import Strategy
 from pflarena.core import keys
 from pflarena.core.evaluation import AccuracyStats, accuracy_stats
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.versions import ClientPool
 from pflarena.strategies.replies import (
     ClientEvaluation,
     array_problem,
@@ -86,12 +88,16 @@ class StrategySetup:
         Names of the model's trainable parameters, in ``state_dict`` order.
     server_data
         The server-held dataset when the run has one (``server-fraction`` > 0), else None.
+    state_dir
+        Where the strategy's per-client pools live (``<output-dir>/server-state``); None
+        keeps them in memory.
     """
 
     cfg: RunConfig
     params: MethodParams
     trainable: tuple[str, ...] = ()
     server_data: Any = None
+    state_dir: Path | None = None
 
     def common(self, declaration: MethodDeclaration) -> dict[str, Any]:
         """The keyword arguments every :class:`PflStrategy` takes, from the run config."""
@@ -108,6 +114,7 @@ class StrategySetup:
             "min_train_nodes": cfg.min_train_clients,
             "seed": cfg.seed,
             "num_clients": cfg.num_clients,
+            "state_dir": self.state_dir,
         }
 
 
@@ -240,6 +247,7 @@ class PflStrategy(Strategy):
         min_train_nodes: int = 1,
         seed: int = 0,
         num_clients: int | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         if fraction_train is None:
             fraction_train = self.declaration.default_fraction_train
@@ -251,6 +259,10 @@ class PflStrategy(Strategy):
         self.seed = seed
         #: the federation's size, when known: replies claiming another client id are refused
         self.num_clients = num_clients
+        self.state_dir = state_dir
+        self._pools: dict[str, ClientPool] = {}
+        #: the round being trained (set by the run loop and by ``configure_train``)
+        self.server_round = 0
         self._rng = np.random.default_rng(seed)
         #: (node id, why) of the latest evaluation's unusable replies
         self.last_eval_failures: list[tuple[int, str]] = []
@@ -276,7 +288,11 @@ class PflStrategy(Strategy):
         The base class keeps the sampler's RNG state, the nodes' client ids and the update
         each client last had accepted; a method with state of its own extends both parts.
         """
+        for pool in self._pools.values():  # what a resume from here no longer needs
+            pool.checkpoint(self.server_round)
         meta = {
+            "round": self.server_round,
+            "pools": sorted(self._pools),
             "rng": self._rng.bit_generator.state,
             "client_ids": {str(node): client for node, client in self.client_ids.items()},
             "accepted": {str(client): update for client, update in self.accepted.items()},
@@ -286,8 +302,22 @@ class PflStrategy(Strategy):
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Undo :meth:`checkpoint_state`."""
         self._rng.bit_generator.state = meta["rng"]
+        self.server_round = int(meta["round"])
+        for name in meta["pools"]:  # forget what was written after the checkpoint
+            self.pool(name).rollback(self.server_round)
         self.client_ids = {int(node): int(client) for node, client in meta["client_ids"].items()}
         self.accepted = {int(client): int(update) for client, update in meta["accepted"].items()}
+
+    def pool(self, name: str) -> ClientPool:
+        """A per-client store of arrays on the server (pFedSV's models, FedPG's gradients).
+
+        On disk under ``state_dir`` (so a simulation's memory does not grow with its
+        clients), versioned by round, and kept consistent with the checkpoints: write with
+        ``pool.put(client_id, self.server_round, {...})``, read with ``pool.get``.
+        """
+        if name not in self._pools:
+            self._pools[name] = ClientPool(self.state_dir / name if self.state_dir else None)
+        return self._pools[name]
 
     # ------------------------------------------------------------------ rounds
     def train_round(
@@ -364,6 +394,7 @@ class PflStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample clients and send each the current server arrays and the solver config."""
+        self.server_round = server_round
         self._round_arrays = arrays
         nodes = self.sample_train_nodes(grid)
         self.last_sampled = nodes

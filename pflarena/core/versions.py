@@ -1,0 +1,198 @@
+"""Versioned stores of named ArrayRecords, on disk or in memory.
+
+A *version* is a numbered full snapshot of a set of named entries (ArrayRecords). Writing a
+version copies the base version's unchanged entries forward (hard links on disk, so a
+version costs only what changed) and is atomic (a staging folder, then a rename). Versions
+let state move with the server's decisions and roll back with a restarted server:
+
+* a client's method state (:mod:`pflarena.client.state`): one version per message, made
+  current only once the server accepted the update;
+* a strategy's per-client pools (:class:`ClientPool`: pFedSV's model pool, FedPG's stale
+  gradients), one version per round, rolled back to the checkpoint on a resume.
+
+Entries read from disk go through a small per-process cache, so memory does not grow with
+the number of clients.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+__all__ = ["ClientPool", "DiskVersions", "MemoryVersions"]
+
+_CACHE_ENTRIES = 16
+
+
+def _file_name(entry: str) -> str:
+    return entry.replace("/", "__") + ".npz"
+
+
+def _entry_name(file_name: str) -> str:
+    return file_name[: -len(".npz")].replace("__", "/")
+
+
+class DiskVersions:
+    """Versions as folders of ``.npz`` files (one per entry), written atomically."""
+
+    _cache: OrderedDict[tuple[str, str], ArrayRecord] = OrderedDict()
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _path(self, version: int) -> Path:
+        return self.folder / f"v{version}"
+
+    def versions(self) -> list[int]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(
+            int(p.name[1:])
+            for p in self.folder.iterdir()
+            if p.name[:1] == "v" and p.name[1:].isdigit()
+        )
+
+    def entries(self, version: int) -> list[str]:
+        return sorted(_entry_name(p.name) for p in self._path(version).glob("*.npz"))
+
+    def read(self, version: int, entry: str) -> ArrayRecord | None:
+        path = self._path(version) / _file_name(entry)
+        key = (str(path), str(path.stat().st_mtime_ns) if path.exists() else "")
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if not path.exists():
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            record = ArrayRecord({name: Array(data[name]) for name in data.files})
+        self._cache[key] = record
+        while len(self._cache) > _CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        return record
+
+    def write(self, version: int, base: int | None, changed: Mapping[str, ArrayRecord]) -> None:
+        """Version ``version``: ``base``'s entries (hard-linked) with ``changed`` on top."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.folder))
+        try:
+            if base is not None:
+                for source in self._path(base).glob("*.npz"):
+                    if _entry_name(source.name) not in changed:
+                        os.link(source, staging / source.name)
+            for entry, record in changed.items():
+                arrays = {name: array.numpy() for name, array in record.items()}
+                with open(staging / _file_name(entry), "wb") as handle:
+                    np.savez(handle, **arrays)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            target = self._path(version)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def delete(self, version: int) -> None:
+        shutil.rmtree(self._path(version), ignore_errors=True)
+
+
+class MemoryVersions:
+    """The same versions in a RecordDict (Flower's ``context.state``): ``v<id>/<entry>``."""
+
+    def __init__(self, records: RecordDict) -> None:
+        self.records = records
+
+    def _keys(self) -> list[tuple[int, str]]:
+        found = []
+        for key in self.records.array_records.keys():
+            head, _, entry = key.partition("/")
+            if head[:1] == "v" and head[1:].isdigit() and entry:
+                found.append((int(head[1:]), entry))
+        return found
+
+    def versions(self) -> list[int]:
+        return sorted({version for version, _ in self._keys()})
+
+    def entries(self, version: int) -> list[str]:
+        return sorted(entry for v, entry in self._keys() if v == version)
+
+    def read(self, version: int, entry: str) -> ArrayRecord | None:
+        return self.records.array_records.get(f"v{version}/{entry}")
+
+    def write(self, version: int, base: int | None, changed: Mapping[str, ArrayRecord]) -> None:
+        if base is not None:
+            for entry in self.entries(base):
+                if entry not in changed:
+                    self.records[f"v{version}/{entry}"] = self.records[f"v{base}/{entry}"]
+        for entry, record in changed.items():
+            self.records[f"v{version}/{entry}"] = record
+
+    def delete(self, version: int) -> None:
+        for entry in self.entries(version):
+            del self.records[f"v{version}/{entry}"]
+
+
+class ClientPool:
+    """Per-client arrays a strategy keeps on the server, one versioned store per client.
+
+    What is put in round r becomes that client's version r; :meth:`get` reads the newest.
+    :meth:`checkpoint` (after the server's checkpoint of round r) drops what a resume from
+    r can no longer need, and :meth:`rollback` (on a resume from r) drops what came after.
+
+    Parameters
+    ----------
+    root
+        A folder (``<output-dir>/server-state/<name>``), or ``None`` to keep the versions in
+        memory (a run without an output directory cannot be resumed anyway).
+    """
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self._memory: dict[int, MemoryVersions] = {}
+
+    def _store(self, client_id: int) -> DiskVersions | MemoryVersions:
+        if self.root is None:
+            return self._memory.setdefault(client_id, MemoryVersions(RecordDict()))
+        return DiskVersions(self.root / f"client-{client_id}")
+
+    def clients(self) -> list[int]:
+        if self.root is None:
+            return sorted(c for c, store in self._memory.items() if store.versions())
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.name.split("-", 1)[1]) for p in self.root.glob("client-*"))
+
+    def put(self, client_id: int, server_round: int, entries: Mapping[str, ArrayRecord]) -> None:
+        """``entries`` become (part of) the client's version for ``server_round``."""
+        store = self._store(client_id)
+        older = [v for v in store.versions() if v <= server_round]
+        store.write(server_round, older[-1] if older else None, entries)
+
+    def get(self, client_id: int, entry: str) -> ArrayRecord | None:
+        """The client's newest value of ``entry``, or None."""
+        store = self._store(client_id)
+        versions = store.versions()
+        return store.read(versions[-1], entry) if versions else None
+
+    def checkpoint(self, server_round: int) -> None:
+        """Keep, per client, the newest version up to ``server_round`` and any later ones."""
+        for client_id in self.clients():
+            store = self._store(client_id)
+            kept = [v for v in store.versions() if v <= server_round]
+            for version in kept[:-1]:
+                store.delete(version)
+
+    def rollback(self, server_round: int) -> None:
+        """Forget every version after ``server_round`` (a resume from that checkpoint)."""
+        for client_id in self.clients():
+            store = self._store(client_id)
+            for version in store.versions():
+                if version > server_round:
+                    store.delete(version)
