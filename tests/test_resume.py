@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from pflarena.client.app import app as client_app
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
-from pflarena.server.loop import CRASH_ENV, run_rounds
+from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy
 from pflarena.server.results import ResultsWriter, read_rounds
 
@@ -134,33 +137,70 @@ def test_resume_refuses_a_directory_without_a_run(tmp_path):
     assert result.returncode == 1 and "no run to resume" in result.stderr
 
 
+def _last_round(out: Path) -> int:
+    path = out / "rounds.jsonl"
+    return max((r["round"] for r in read_rounds(path)), default=-1) if path.exists() else -1
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (Flower's SuperLink, the simulation, Ray)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [root], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            tree.append(child)
+            todo.append(child)
+    return tree
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ditto", "pfedgt"])
-def test_flower_simulation_crashed_after_round_3_resumes_identically(strategy, tmp_path):
+def test_flower_simulation_killed_after_round_3_resumes_identically(strategy, tmp_path):
+    """SIGKILL the whole simulation (SuperLink, ServerApp, Ray) once round 3 is recorded."""
     common = [
         "--strategy", strategy, "--num-clients", "4", "--num-rounds", "6",
         "--fraction-train", "0.5", "--quiet",
     ]  # fmt: skip
-    env = dict(os.environ)
+    cli = [sys.executable, "-m", "pflarena.server.cli", "run"]
 
-    def pflarena_run(*args, crash=None):
-        run_env = env | ({CRASH_ENV: str(crash)} if crash else {})
-        run_env.pop(CRASH_ENV, None) if crash is None else None
+    def pflarena_run(*args):
         return subprocess.run(
-            [sys.executable, "-m", "pflarena.server.cli", "run", *args],
-            capture_output=True, text=True, timeout=600, env=run_env, cwd=tmp_path,
-        )  # fmt: skip
+            [*cli, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path
+        )
 
     whole = pflarena_run(*common, "--output-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
-    crashed = pflarena_run(*common, "--output-dir", str(tmp_path / "run"), crash=3)
-    assert crashed.returncode == 1 and CRASH_ENV in crashed.stderr
-    assert [r["round"] for r in read_rounds(tmp_path / "run" / "rounds.jsonl")] == [0, 1, 2, 3]
-    resumed = pflarena_run("--resume", str(tmp_path / "run"))
+
+    out = tmp_path / "run"
+    victim = subprocess.Popen(
+        [*cli, *common, "--output-dir", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 600
+    while _last_round(out) < 3:
+        assert victim.poll() is None and time.monotonic() < deadline, "the run ended early"
+        time.sleep(0.2)
+    for pid in reversed(_process_tree(victim.pid)):  # all of it, no chance to clean up
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    killed_at = _last_round(out)
+    assert 3 <= killed_at < 6 and not (out / "summary.json").exists()
+
+    resumed = pflarena_run("--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
-    assert comparable(read_rounds(tmp_path / "run" / "rounds.jsonl")) == comparable(
+    assert comparable(read_rounds(out / "rounds.jsonl")) == comparable(
         read_rounds(tmp_path / "whole" / "rounds.jsonl")
     )
-    config_json = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert [r["after_round"] for r in config_json["resumes"]] == [3]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    resumes = json.loads((out / "config.json").read_text())["resumes"]
+    assert len(resumes) == 1 and 2 <= resumes[0]["after_round"] <= killed_at
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"

@@ -8,7 +8,6 @@ round, and one ``rounds.jsonl`` line per round written as it happens.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -129,9 +128,6 @@ def with_sync(
         )
     return stamped
 
-
-#: Fault injection for tests of resuming: the ServerApp raises right after this round.
-CRASH_ENV = "PFLARENA_CRASH_AFTER_ROUND"
 
 #: Exchanges a round may have: update ids are ``round * MAX_EXCHANGES + index``.
 MAX_EXCHANGES = 100
@@ -274,8 +270,6 @@ def run_rounds(
         if server_round % cfg.checkpoint_every == 0 or server_round == cfg.num_rounds:
             save_checkpoint(writer.dir, server_round, outcome.arrays, strategy)
         log(INFO, _progress(record, cfg.num_rounds))
-        if os.environ.get(CRASH_ENV) == str(server_round):
-            raise RuntimeError(f"{CRASH_ENV}={server_round}: the ServerApp stops here")
     return outcome
 
 
