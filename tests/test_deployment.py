@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import grid_for, run_local
+from processes import cmdline, descendants, proc_state
 
 from pflarena.core.config import RunConfig
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
@@ -65,40 +66,6 @@ RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
 LOG_TAIL_LINES = 25
 TESTS_DIR = Path(__file__).resolve().parent
 PLUGINS = "pflarena_test_methods"
-
-
-# --------------------------------------------------------------------------- /proc helpers
-def _proc_state(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a live process, or ``None`` when it is gone or a zombie."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else (fields[0], int(fields[1]))
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    """Live descendants (children, grandchildren, ...) of ``roots``."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (state := _proc_state(int(entry.name))) is not None:
-            children.setdefault(state[1], []).append(int(entry.name))
-    found: set[int] = set()
-    todo = list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -327,7 +294,7 @@ class Deployment:
 
     def note_children(self) -> None:
         """Remember the processes Flower has started below ours so far."""
-        self.children |= _descendants({p.pid for p in self.started if p.poll() is None})
+        self.children |= descendants({p.pid for p in self.started if p.poll() is None})
 
     # ------------------------------------------------------------------ diagnostics
     def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -364,24 +331,24 @@ class Deployment:
         """
         deadline = time.monotonic() + timeout
         while True:
-            alive = [pid for pid in sorted(self.children) if _proc_state(pid) is not None]
+            alive = [pid for pid in sorted(self.children) if proc_state(pid) is not None]
             if not alive or time.monotonic() > deadline:
-                return [f"{pid} {_cmdline(pid)[:160]}" for pid in alive]
+                return [f"{pid} {cmdline(pid)[:160]}" for pid in alive]
             time.sleep(0.5)
 
 
 def _stop_pids(pids: set[int], grace: float = GRACE_S) -> None:
     """SIGTERM the processes that still run, SIGKILL those left after ``grace`` seconds."""
     for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        alive = {pid for pid in pids if _proc_state(pid) is not None}
+        alive = {pid for pid in pids if proc_state(pid) is not None}
         for pid in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
         deadline = time.monotonic() + wait
         while alive and time.monotonic() < deadline:
-            alive = {pid for pid in alive if _proc_state(pid) is not None}
+            alive = {pid for pid in alive if proc_state(pid) is not None}
             time.sleep(0.2)
-    assert not any(_proc_state(pid) for pid in pids), f"could not stop {pids}"
+    assert not any(proc_state(pid) for pid in pids), f"could not stop {pids}"
 
 
 def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
@@ -541,8 +508,8 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
     # minutes later, re-parented to init); they are ours to stop, after the resumed run.
     interrupted = {
         pid
-        for pid in _descendants({p.pid for p in deployment.supernodes})
-        if "flwr-clientapp" in _cmdline(pid)
+        for pid in descendants({p.pid for p in deployment.supernodes})
+        if "flwr-clientapp" in cmdline(pid)
     }
     resumed = deployment.submit(parse_config(resume_config(out)))
     rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])

@@ -15,6 +15,7 @@ import pytest
 from flwr.app import MessageType
 from helpers import config
 from local_grid import LocalGrid
+from processes import descendants
 
 from pflarena.client.app import app as client_app
 from pflarena.core import keys
@@ -142,24 +143,6 @@ def _last_round(out: Path) -> int:
     return max((r["round"] for r in read_rounds(path)), default=-1) if path.exists() else -1
 
 
-def _process_tree(root: int) -> list[int]:
-    """``root`` and every live descendant (Flower's SuperLink, the simulation, Ray)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [root], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            tree.append(child)
-            todo.append(child)
-    return tree
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ditto", "pfedgt"])
 def test_flower_simulation_killed_after_round_3_resumes_identically(strategy, tmp_path):
@@ -189,7 +172,7 @@ def test_flower_simulation_killed_after_round_3_resumes_identically(strategy, tm
     while _last_round(out) < 3:
         assert victim.poll() is None and time.monotonic() < deadline, "the run ended early"
         time.sleep(0.2)
-    for pid in reversed(_process_tree(victim.pid)):  # all of it, no chance to clean up
+    for pid in {victim.pid} | descendants({victim.pid}):  # all of it, no chance to clean up
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     victim.wait(timeout=30)

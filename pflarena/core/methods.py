@@ -13,16 +13,19 @@ on the server.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
+    "PLUGINS_ENV",
     "TRAINING_SETTINGS",
     "MethodDeclaration",
     "MethodParams",
     "hyphenate",
+    "plugin_modules",
 ]
 
 #: The common local-training settings of a run. A method declares which of them its
@@ -34,6 +37,16 @@ TRAINING_SETTINGS: tuple[str, ...] = (
     "momentum",
     "weight-decay",
 )
+
+
+#: Environment variable naming plug-in modules (comma-separated) that declare more methods;
+#: the server loads their strategies, a client accepts them as solvers.
+PLUGINS_ENV = "PFLARENA_PLUGINS"
+
+
+def plugin_modules() -> list[str]:
+    """The module names in ``PFLARENA_PLUGINS``."""
+    return [name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(",") if name.strip()]
 
 
 def hyphenate(name: str) -> str:

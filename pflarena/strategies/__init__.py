@@ -10,9 +10,8 @@ module attribute ``PFLARENA_STRATEGIES``.
 from __future__ import annotations
 
 import importlib
-import os
 
-from pflarena.core.methods import MethodDeclaration
+from pflarena.core.methods import PLUGINS_ENV, MethodDeclaration, plugin_modules
 from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.ditto import Ditto
 from pflarena.strategies.fedavg import FedAvg
@@ -32,14 +31,6 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedProx,
     Ditto,
 )
-
-#: Environment variable naming plugin modules (comma-separated) that declare more methods.
-PLUGINS_ENV = "PFLARENA_PLUGINS"
-
-
-def plugin_modules() -> list[str]:
-    """The module names in ``PFLARENA_PLUGINS``."""
-    return [name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(",") if name.strip()]
 
 
 def strategy_classes() -> dict[str, type[PflStrategy]]:

@@ -10,7 +10,6 @@ client import arbitrary code).
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,11 +17,11 @@ from functools import lru_cache
 from flwr.app import ArrayRecord
 
 from pflarena.client.job import ClientJob
+from pflarena.core.methods import PLUGINS_ENV, plugin_modules
 
 __all__ = ["Solver", "SolverError", "load_solver"]
 
 _PACKAGE = __name__ + "."
-PLUGINS_ENV = "PFLARENA_PLUGINS"  # the same variable pflarena.strategies reads
 
 
 class SolverError(ValueError):
@@ -39,8 +38,7 @@ class Solver:
 
 
 def _allowed(module_name: str) -> bool:
-    plugins = {n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()}
-    return module_name.startswith(_PACKAGE) or module_name in plugins
+    return module_name.startswith(_PACKAGE) or module_name in plugin_modules()
 
 
 @lru_cache(maxsize=64)
