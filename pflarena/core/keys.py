@@ -84,3 +84,13 @@ PFEDSV_PEER_PREFIX = "peer/"  # personalize message: one ArrayRecord per peer, p
 # FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names.
 FEDFOMO_PEER_PREFIX = "peer/"  # train message: one ArrayRecord per peer, peer/<client id>
 FEDFOMO_WEIGHTS = "fomo"  # train reply: the peers weighed, their weights, affinity increments
+
+# FedPG (strategies/fedpg.py, strategies/fedmgda.py <-> client/solvers/fedpg.py).
+FEDPG_GRADIENT = "gradient"  # gradients reply: g_i (trainable parameters), ArrayRecord
+FEDPG_DIRECTION = "direction"  # line-search / personalize message: d^t, ArrayRecord
+FEDPG_PHASE_GRADIENTS = "gradients"  # g_i and L_i at θ^t
+FEDPG_PHASE_LINE_SEARCH = "line-search"  # S-FedPG: L_i(θ^t − η d) for one trial η
+FEDPG_PHASE_PERSONALIZE = "personalize"  # build θ_i = θ^t − η((1 − γ_i) d + γ_i g_i)
+FEDPG_GAMMA = "fedpg-drift-gamma"  # personalize message: this client's γ_i
+FEDPG_STEP = "fedpg-step"  # line-search: the trial η; personalize: the accepted η^t
+FEDPG_TRIAL_LOSS = "fedpg-trial-loss"  # line-search reply: L_i(θ^t − η d)

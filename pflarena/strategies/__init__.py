@@ -17,6 +17,8 @@ from pflarena.strategies.ditto import Ditto
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.fedavg_ft import FedAvgFT
 from pflarena.strategies.fedfomo import FedFomo
+from pflarena.strategies.fedmgda import FedMGDA
+from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.local import Local
 from pflarena.strategies.pfedgt import PFedGT
@@ -34,6 +36,8 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedProx,
     Ditto,
     FedFomo,
+    FedPG,
+    FedMGDA,
 )
 
 
