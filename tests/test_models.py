@@ -19,6 +19,8 @@ CASES = [
     ("cnn", "mnist"),
     ("cnn", "cifar"),
     ("small-cnn", "digits"),
+    ("tf-cnn", "cifar"),
+    ("tf-cnn", "mnist"),
     ("lenet5", "mnist"),
     ("lenet5", "cifar"),
     ("harcnn", "har"),
@@ -52,6 +54,8 @@ def test_parameter_counts_match_the_papers():
     assert (
         sum(p.numel() for p in build_model("resnet18", (3, 32, 32), 10).parameters()) == 11_181_642
     )
+    # FedPG spec §5.3: the TensorFlow-tutorial CIFAR-10 CNN has 797,962 parameters.
+    assert sum(p.numel() for p in build_model("tf-cnn", (3, 32, 32), 10).parameters()) == 797_962
 
 
 def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():
@@ -81,3 +85,4 @@ def test_errors_name_the_problem():
         build_model("vgg", (3, 32, 32), 10)
     with pytest.raises(ModelError, match="image-shaped"):
         build_model("cnn", (30,), 10)
+

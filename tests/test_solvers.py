@@ -86,3 +86,24 @@ def test_fedavg_ft_finetuning_leaves_no_trace(tmp_path):
     evaluation = outcome.rounds[-1]["evaluation"]
     # Fine-tuning on local data beats the un-tuned global model on local test data.
     assert evaluation["personalized"]["mean"] > evaluation["global"]["mean"]
+
+
+def test_each_message_seeds_torchs_global_rng_the_same_way_in_any_process():
+    """Dropout (the ``tf-cnn`` model) draws from torch's global RNG. The ClientApp seeds it
+    per message from (run seed, client, round, phase), so a client's draws do not depend on
+    what its process ran before; catches a missing or process-dependent seeding."""
+    from pflarena.client.app import _job
+
+    cfg = config(strategy="fedavg")
+    grid = grid_for(cfg)
+    messages = list(
+        build_strategy(cfg).configure_train(1, initial_arrays(cfg), ConfigRecord(), grid)
+    )
+    draws = []
+    for disturb, msg in [(0, messages[0]), (1, messages[0]), (0, messages[1])]:
+        torch.manual_seed(disturb)
+        torch.rand(17)  # whatever the process did before
+        _job(msg, grid.contexts[msg.metadata.dst_node_id], train=True)
+        draws.append(torch.rand(4))
+    assert torch.equal(draws[0], draws[1])  # same message, different history
+    assert not torch.equal(draws[0], draws[2])  # another client draws differently

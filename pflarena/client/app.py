@@ -84,6 +84,10 @@ def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Sol
         content=msg.content,
         device=device,
     )
+    # Stochastic layers (dropout) draw from torch's global RNG; seeding it per message makes
+    # a client's result independent of which process ran it and what that process ran before.
+    kind = "train" if train else "evaluate"
+    torch.manual_seed(job.seed(f"torch/{kind}/{job.phase}"))
     return job, solver
 
 

@@ -194,11 +194,14 @@ class ClientJob:
     def save_state_model(self, key: str, model: nn.Module) -> None:
         self.state[key] = ArrayRecord(model.state_dict())
 
+    def seed(self, purpose: str) -> int:
+        """A 64-bit seed derived from (run seed, client, round, purpose)."""
+        text = f"{self.cfg.seed}/{self.client_id}/{self.server_round}/{purpose}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
     def generator(self, purpose: str) -> torch.Generator:
         """A CPU generator seeded by (run seed, client, round, purpose), for batch order."""
-        text = f"{self.cfg.seed}/{self.client_id}/{self.server_round}/{purpose}"
-        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator().manual_seed(self.seed(purpose))
 
     def train_kwargs(self) -> dict:
         """SGD hyperparameters from the message config."""

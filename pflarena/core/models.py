@@ -87,6 +87,43 @@ class FedAvgCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class TFCifarCNN(nn.Module):
+    """The CIFAR-10 CNN of TensorFlow's tutorial that McMahan et al. (2017) train, as FedPG
+    uses it (specs/fedpg.md §5.3): 797,962 parameters for CIFAR-10.
+
+    Two unpadded 5x5 convolutions with 64 channels, each followed by ReLU and 2x2 max
+    pooling, then fully connected layers of 384 and 192 units with dropout (0.2 and 0.5)
+    before their ReLUs. Dropout draws from torch's global RNG, which the ClientApp seeds per
+    message, so runs stay reproducible.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, _, _ = _image_shape(input_shape, "tf-cnn")
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 64, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        flat = _flat_size(self.features, input_shape)
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 384),
+            nn.Dropout(0.2),
+            nn.ReLU(),
+            nn.Linear(384, 192),
+            nn.Dropout(0.5),
+            nn.ReLU(),
+            nn.Linear(192, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 class LeNet5(nn.Module):
     """LeNet-5 (LeCun et al., 1998) with ReLU and max pooling, for 28x28 or 32x32 input."""
 
@@ -209,6 +246,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
     "cnn": FedAvgCNN,
     "small-cnn": SmallCNN,
+    "tf-cnn": TFCifarCNN,
     "lenet5": LeNet5,
     "harcnn": HARCNN,
     "resnet18": resnet18,
