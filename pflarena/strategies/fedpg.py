@@ -38,58 +38,9 @@ Ablations (Table 2): ``direction=average`` (M1, d = d_r), ``fairness=false`` (M2
 ``absent-clients=false`` (M4). ``gamma`` = a number gives the "FedPG γ = 0.3/0.6/1.0"
 variants of Table 1 as a floor, ``γ_i = max(eq. 8, γ)`` (spec A9).
 
-Decisions where the spec or paper leaves room (drafted for docs/architecture.md as
-"FedPG decisions"):
-
-* **Gradient (A1).** ``grad-mode=full`` by default: the exact training-set gradient at θ^t,
-  one G-model step per round, as the paper's equations, Algorithm 1 and the step-size bound
-  (10) imply. So FedPG moves like FedSGD and needs a larger ``lr`` (its η_0) or many more
-  rounds than FedAvg: on ``digits`` (4 clients, Dirichlet 0.5, full participation, 3
-  rounds: the setting of ``tests/test_simulation.py``) the mean personalized accuracy goes
-  from 0.073 to 0.163 at lr 0.1 (Flower simulation and in process alike), to 0.334 at lr
-  1.0, and to 0.363 with ``grad-mode=pseudo`` at lr 0.1. ``grad-mode=pseudo``
-  (``local-epochs`` of SGD, upload ``(θ^t − θ_E)/lr``) moves like FedAvg at ``η = lr``.
-  A fixed η_0 = 1.0 diverges on 10 clients at Dirichlet 0.1 (the loss falls to 1.33 by
-  round 8, then the gradient norm grows and the run reaches NaN by round 19); at 0.5 the
-  loss spikes from 1.01 to 2.54 in rounds 16-18 and recovers; S-FedPG's line search makes
-  1.0 stable (loss 0.47 at round 20).
-* **Step size.** ``η_0`` is the run's ``lr``; ``η^t = lr · lr-decay^(t−1)`` for rounds
-  t = 1, 2, ... (the paper's 0.999 per round). The P-model uses the same η^t (A16), the
-  line-searched one with S-FedPG.
-* **Stale window (§2.5, A8).** ``M`` counts distinct clients whose gradient was ever
-  accepted, this round's included; ``|S^t|`` counts this round's usable gradient replies;
-  ``τ = ⌈M/|S^t|⌉``; client a's last gradient joins the QP when it was uploaded in
-  ``[t − τ, t − 1]``. Stale gradients enter only the QP, never F', d_r or the drift
-  constraints (``drift-absent=true`` adds them to the latter, A18). After the round, a
-  gradient uploaded before ``t + 1 − τ`` is evicted from the pool (an empty record
-  replaces it, so checkpoints and resumes stay consistent), which bounds the server's
-  memory by the window; a later round with a larger τ then lacks it (the spec's
-  ``τ_next`` is unknown when evicting). Each round reports ``window-tau``,
-  ``window-stale`` (stale columns used) and ``window-bytes`` (gradients held after
-  eviction); ``summary.json`` the largest.
-* **Direction and fair column** as ``core/mgda.py`` resolves A5-A7: scaled fair column
-  ``f = Σ (h_i/‖h‖) g̃_i``, ``d_r`` the mean of the scaled gradients (``rescale``).
-* **Drift (§2.7, A9).** γ_i from the raw g_i and the final (rescaled) d, against the other
-  online clients; a numeric ``gamma`` is a floor. A client whose gradient was dropped as
-  zero still gets a γ_i and a P-model (its drift term is ~0).
-* **Line search (§3.3, A10).** s = 5, β = 1e-4, lower bound ``(1/2)^s η σ``
-  (``line-search-lower=over-sigma`` for the sibling code's ``/σ``). Armijo on each ``L_i``
-  and, when ``fairness`` is on, on ``F'`` with ``∇F'·d = Σ_i h_i (g_i·d)`` (raw g, exact
-  h, A4) **only where that is a descent rate** (``Σ h_i g_i·d > 0``): d descends the QP's
-  fair column, built from the norm-equalized gradients, not necessarily F' of the raw
-  losses, and where it does not no step meets F''s condition. A client that fails a trial
-  leaves the search (the conditions are then checked on those who answered). **Fallback**
-  at the bound: the largest tried η that raised no online client's loss, else the smallest
-  tried η (``line-search-fallback`` = 1 in the round's metrics). The spec's (sibling)
-  fallback, the largest η whose *mean* loss fell, was measured to diverge: on ``digits``
-  (10 clients, Dirichlet 0.1, full participation, lr 1.0) with F' always checked, round 5
-  found no Armijo step, took η = 16 (a mean decrease), the loss rose from 2.24 to 2.63 and
-  the run reached NaN by round 19; with the two changes the same run ends at loss 0.47,
-  personalized 0.924, global 0.894 (FedAvg: 0.879).
-* **Buffers.** θ, d and the P-models cover the trainable parameters; buffers (BatchNorm
-  statistics, absent from the paper's MLP/CNN) stay θ^t's.
-* **Equal client weights** everywhere (A3); the round's ``train-loss`` is the
-  example-weighted mean of the L_i, as for every method.
+Every decision where the spec or the paper leaves room (the gradient, the step size, the
+stale window, the fair column, the line search's fallback), with the measurements behind
+it, is in ``docs/architecture.md`` ("FedPG decisions").
 """
 
 from __future__ import annotations
