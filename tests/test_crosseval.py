@@ -127,3 +127,17 @@ def test_off_by_default_and_more_owners_than_clients_is_refused(tmp_path):
     assert all("cross_eval_bytes_down" not in r for r in rounds)
     with pytest.raises(ConfigError, match="cross-eval-clients=4 is more than num-clients=3"):
         config(strategy="fedavg", num_clients=3, cross_eval_clients=4)
+
+
+def test_cross_eval_every_k_rounds_and_at_the_last(tmp_path):
+    cfg = config(
+        strategy="fedavg", num_clients=3, num_rounds=5, cross_eval_clients=2, cross_eval_every=2
+    )
+    rounds = run_local(cfg, tmp_path).rounds
+    crossed = [r["round"] for r in rounds if "cross" in r["evaluation"]]
+    assert crossed == [0, 2, 4, 5]  # every 2 rounds, round 0 included, and the last
+    assert [r["round"] for r in rounds if "cross_eval_bytes_down" in r] == crossed
+    summary = summarize_rounds(rounds)
+    assert summary["cross"]["round"] == 5
+    with pytest.raises(ConfigError, match="cross-eval-every=3 is not a multiple of eval-every=2"):
+        config(strategy="fedavg", cross_eval_clients=2, eval_every=2, cross_eval_every=3)

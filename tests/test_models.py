@@ -85,4 +85,3 @@ def test_errors_name_the_problem():
         build_model("vgg", (3, 32, 32), 10)
     with pytest.raises(ModelError, match="image-shaped"):
         build_model("cnn", (30,), 10)
-

@@ -90,6 +90,12 @@ class RunConfig(FederationSpec):
         "split, giving local, synthetic and global accuracy; 0: off (the models leave their "
         "clients)",
     )
+    cross_eval_every: int = Field(
+        0,
+        ge=0,
+        description="cross-evaluate every k rounds (at the evaluations on those rounds, round 0 "
+        "included) and at the last round; a multiple of eval-every; 0: at every evaluation",
+    )
     cross_eval_fraction: float = Field(
         0.5,
         ge=0,
@@ -238,6 +244,11 @@ def _method_problems(
         problems.append(f"{cfg.strategy} needs a validation split: set validation-fraction > 0")
     if declaration.needs_server_data and cfg.server_fraction == 0:
         problems.append(f"{cfg.strategy} needs server-held data: set server-fraction > 0")
+    if cfg.cross_eval_every % cfg.eval_every:
+        problems.append(
+            f"cross-eval-every={cfg.cross_eval_every} is not a multiple of eval-every="
+            f"{cfg.eval_every}: cross-evaluations happen only at evaluations"
+        )
     if cfg.cross_eval_clients > cfg.num_clients:
         problems.append(
             f"cross-eval-clients={cfg.cross_eval_clients} is more than num-clients="

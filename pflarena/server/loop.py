@@ -102,7 +102,7 @@ def _evaluate(
         },
         "failures": len(failures) + missing,
     }
-    if cfg.cross_eval_clients > 0:
+    if cfg.cross_eval_clients > 0 and cross_evaluates(cfg, server_round):
         cross = run_cross_evaluation(
             grid,
             strategy,
@@ -118,6 +118,12 @@ def _evaluate(
             "cross_eval_bytes_up": cross.bytes_up,
         }
     return record, traffic
+
+
+def cross_evaluates(cfg: RunConfig, server_round: int) -> bool:
+    """Whether the evaluation of ``server_round`` includes the cross-evaluation."""
+    every = cfg.cross_eval_every
+    return every == 0 or server_round % every == 0 or server_round == cfg.num_rounds
 
 
 def _client_time(replies: list[Message]) -> float:
