@@ -30,7 +30,7 @@ Usage::
     python benchmarks/fedpg.py                      # preset fedpg-digits, the methods
     python benchmarks/fedpg.py --labels fedpg fedpg-g1.0 fedpg-m3
     python benchmarks/fedpg.py --preset fedpg-cifar10 --data-dir ../shared/data \
-        --labels fedavg ditto fedmgda fedpg --rounds fedavg=100 fedpg=400
+        --labels fedavg ditto fedmgda fedpg --rounds fedavg=100 fedpg=200 --set fedpg:lr=0.1
     python benchmarks/fedpg.py --report-only
 """
 
@@ -83,6 +83,11 @@ def run_config(label: str, args: argparse.Namespace, out: Path) -> dict:
     config |= {"seed": args.seed, "output-dir": str(out), "num-rounds": rounds_for(label, args)}
     if args.data_dir:
         config["data-dir"] = args.data_dir
+    for item in args.set:
+        target, _, assignment = item.partition(":")
+        key, _, value = assignment.partition("=")
+        if target == label:
+            config[key] = value
     return config
 
 
@@ -189,6 +194,13 @@ def main() -> None:
         help="R for every run, or label=R (default: the preset's)",
     )
     parser.add_argument("--data-dir", default="", help="where the real datasets are")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="LABEL:KEY=VALUE",
+        help="a run-config value for one run",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpus-per-client", type=float, default=1.0)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "fedpg"))
