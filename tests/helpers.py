@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from local_grid import LocalGrid
 
 from pflarena.client.app import app as client_app
 from pflarena.client.state import ClientState, MemoryVersions
 from pflarena.core.config import RunConfig
 from pflarena.server.app import initial_arrays
+from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import RunOutcome, run_rounds
 from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter
+from pflarena.strategies.base import PflStrategy
+
+#: Wall-clock fields: the only ones two runs of one config may differ in.
+TIMING = {"elapsed_s", "round_time_s", "train_time_s"}
 
 
 def config(**overrides) -> RunConfig:
@@ -44,3 +51,47 @@ def stored(context, key: str, accepted: int | None = None):
     """A client's stored state entry (its newest version, or the ``accepted`` one)."""
     state = ClientState(MemoryVersions(context.state), accepted, None, prune=False)
     return state.get(key)
+
+
+def comparable(rounds: list[dict]) -> list[dict]:
+    """The rounds without wall-clock times (the only fields two identical runs may differ in)."""
+    out = []
+    for record in rounds:
+        record = {k: v for k, v in record.items() if k not in TIMING}
+        if "train" in record:
+            record["train"] = {k: v for k, v in record["train"].items() if k != "client_time_s"}
+        out.append(record)
+    return out
+
+
+def stateful_grid(cfg: RunConfig, state_dir: Path, node_id_base: int) -> LocalGrid:
+    """A LocalGrid whose clients keep their state on disk under ``state_dir``; new node ids
+    (another ``node_id_base``) over the same directory are a restarted simulation."""
+    nodes = [
+        {"partition-id": i, "num-partitions": cfg.num_clients, "state-dir": str(state_dir)}
+        for i in range(cfg.num_clients)
+    ]
+    return LocalGrid(
+        client_app,
+        cfg.to_run_config(),
+        cfg.num_clients,
+        node_configs=nodes,
+        node_id_base=node_id_base,
+    )
+
+
+def run_resumable(
+    cfg: RunConfig, out: Path, grid: LocalGrid, resume: bool = False
+) -> tuple[RunOutcome, PflStrategy]:
+    """Run ``cfg`` into ``out`` as the ServerApp does (checkpoints, server pools on disk), or
+    continue it from its checkpoint with ``resume``."""
+    checkpoint = load_checkpoint(out, cfg.strategy) if resume else None
+    writer = ResultsWriter(out, resume_after=checkpoint.server_round if checkpoint else None)
+    if not resume:
+        writer.write_config({"run_config": cfg.to_run_config()})
+    try:
+        strategy = build_strategy(cfg, state_dir=out / "server-state")
+        outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
+        return outcome, strategy
+    finally:
+        writer.close()

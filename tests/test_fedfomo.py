@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
-from helpers import config, grid_for, run_local, stored
-from local_grid import LocalGrid
+from helpers import comparable, config, grid_for, run_local, run_resumable, stateful_grid, stored
 
-from pflarena.client.app import app as client_app
 from pflarena.client.solvers.fedfomo import (
     FOMO,
     MODEL_KEY,
@@ -24,10 +22,8 @@ from pflarena.client.solvers.fedfomo import (
 )
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
-from pflarena.server.checkpoint import load_checkpoint
-from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy, parse_config
-from pflarena.server.results import ResultsWriter, read_rounds
+from pflarena.server.results import read_rounds
 from pflarena.strategies.fedfomo import PEER_PREFIX, epsilon_at, select_peers
 
 
@@ -207,27 +203,10 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(tmp_path):
         **{"fedfomo.num-models": 2},
     )
 
-    def grid(state: str, base: int) -> LocalGrid:
-        nodes = [
-            {"partition-id": i, "num-partitions": 4, "state-dir": str(tmp_path / state)}
-            for i in range(4)
-        ]
-        return LocalGrid(client_app, cfg.to_run_config(), 4, node_configs=nodes, node_id_base=base)
-
-    def run(out, grid_, resume=False):
-        checkpoint = load_checkpoint(out, cfg.strategy) if resume else None
-        writer = ResultsWriter(out, resume_after=checkpoint.server_round if checkpoint else None)
-        if not resume:
-            writer.write_config({"run_config": cfg.to_run_config()})
-        try:
-            strategy = build_strategy(cfg, state_dir=out / "server-state")
-            run_rounds(grid_, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
-            return strategy
-        finally:
-            writer.close()
-
-    whole = run(tmp_path / "whole", grid("state-whole", 1_000_003))
-    broken = grid("state-broken", 2_000_003)
+    _, whole = run_resumable(
+        cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
+    )
+    broken = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
 
     def die_in_round_three(reply):
         sent = broken.sent[-1]
@@ -240,18 +219,16 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(tmp_path):
 
     broken.reply_filter = die_in_round_three
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "broken", broken)
-    resumed = run(tmp_path / "broken", grid("state-broken", 3_000_017), resume=True)
+        run_resumable(cfg, tmp_path / "broken", broken)
+    _, resumed = run_resumable(
+        cfg,
+        tmp_path / "broken",
+        stateful_grid(cfg, tmp_path / "state-broken", 3_000_017),
+        resume=True,
+    )
 
-    def comparable(path):
-        drop = {"elapsed_s", "round_time_s", "train_time_s"}
-        rounds = [{k: v for k, v in r.items() if k not in drop} for r in read_rounds(path)]
-        for r in rounds:
-            r.get("train", {}).pop("client_time_s", None)
-        return rounds
-
-    assert comparable(tmp_path / "broken" / "rounds.jsonl") == comparable(
-        tmp_path / "whole" / "rounds.jsonl"
+    assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(
+        read_rounds(tmp_path / "whole" / "rounds.jsonl")
     )
     np.testing.assert_array_equal(resumed.affinity, whole.affinity)
 

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MessageType
-from helpers import config, grid_for, run_local, stored
+from helpers import comparable, config, grid_for, run_local, run_resumable, stateful_grid, stored
 from local_grid import LocalGrid
 from torch.nn import functional as F
 
-from pflarena.client.app import app as client_app
 from pflarena.client.solvers.fedpg import full_gradient, training_loss
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
@@ -24,10 +23,8 @@ from pflarena.core.federation import load_client
 from pflarena.core.mgda import fair_objective, fairness_weights
 from pflarena.core.models import build_model
 from pflarena.server.app import initial_arrays
-from pflarena.server.checkpoint import load_checkpoint
-from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy, parse_config
-from pflarena.server.results import ResultsWriter, read_rounds
+from pflarena.server.results import read_rounds
 from pflarena.strategies.fedpg import (
     FedPG,
     common_descent_direction,
@@ -377,26 +374,9 @@ def test_stale_gradients_age_out_and_a_killed_run_resumes_to_the_same_results(tm
         eval_every=10,
     )  # fmt: skip
 
-    def grid(state: str, base: int) -> LocalGrid:
-        nodes = [
-            {"partition-id": i, "num-partitions": 4, "state-dir": str(tmp_path / state)}
-            for i in range(4)
-        ]
-        return LocalGrid(client_app, cfg.to_run_config(), 4, node_configs=nodes, node_id_base=base)
-
-    def run(out, grid_, resume=False):
-        checkpoint = load_checkpoint(out, cfg.strategy) if resume else None
-        writer = ResultsWriter(out, resume_after=checkpoint.server_round if checkpoint else None)
-        if not resume:
-            writer.write_config({"run_config": cfg.to_run_config()})
-        try:
-            strategy = build_strategy(cfg, state_dir=out / "server-state")
-            run_rounds(grid_, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
-            return strategy
-        finally:
-            writer.close()
-
-    whole = run(tmp_path / "whole", grid("state-whole", 1_000_003))
+    _, whole = run_resumable(
+        cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
+    )
     rounds = read_rounds(tmp_path / "whole" / "rounds.jsonl")
     # replay the window and the evictions from the sampled clients
     params = sum(a.numpy().size for a in initial_arrays(cfg).values())
@@ -419,7 +399,7 @@ def test_stale_gradients_age_out_and_a_killed_run_resumes_to_the_same_results(tm
         assert record["train"]["server"]["window-bytes"] == 4 * params * len(held)
     assert whole.held == held and used > 0
 
-    broken = grid("state-broken", 2_000_003)
+    broken = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
 
     def die_in_round_four(reply):
         sent = broken.sent[-1]
@@ -434,18 +414,16 @@ def test_stale_gradients_age_out_and_a_killed_run_resumes_to_the_same_results(tm
 
     broken.reply_filter = die_in_round_four
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "broken", broken)
-    resumed = run(tmp_path / "broken", grid("state-broken", 3_000_017), resume=True)
+        run_resumable(cfg, tmp_path / "broken", broken)
+    _, resumed = run_resumable(
+        cfg,
+        tmp_path / "broken",
+        stateful_grid(cfg, tmp_path / "state-broken", 3_000_017),
+        resume=True,
+    )
 
-    def comparable(path):
-        drop = {"elapsed_s", "round_time_s", "train_time_s"}
-        out = [{k: v for k, v in r.items() if k not in drop} for r in read_rounds(path)]
-        for r in out:
-            r.get("train", {}).pop("client_time_s", None)
-        return out
-
-    assert comparable(tmp_path / "broken" / "rounds.jsonl") == comparable(
-        tmp_path / "whole" / "rounds.jsonl"
+    assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(
+        read_rounds(tmp_path / "whole" / "rounds.jsonl")
     )
     assert resumed.weights == whole.weights and resumed.gammas == whole.gammas
     assert resumed.held == whole.held and resumed.last_seen == whole.last_seen

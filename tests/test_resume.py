@@ -13,56 +13,15 @@ from pathlib import Path
 
 import pytest
 from flwr.app import MessageType
-from helpers import config
-from local_grid import LocalGrid
+from helpers import comparable, config, run_resumable, stateful_grid
 from processes import descendants
 
-from pflarena.client.app import app as client_app
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy
 from pflarena.server.results import ResultsWriter, read_rounds
-
-TIMING = {"elapsed_s", "round_time_s", "train_time_s"}
-
-
-def comparable(rounds: list[dict]) -> list[dict]:
-    """The rounds without wall-clock times (the only fields two identical runs may differ in)."""
-    out = []
-    for record in rounds:
-        record = {k: v for k, v in record.items() if k not in TIMING}
-        if "train" in record:
-            record["train"] = {k: v for k, v in record["train"].items() if k != "client_time_s"}
-        out.append(record)
-    return out
-
-
-def _grid(cfg, state_dir: Path, node_id_base: int) -> LocalGrid:
-    nodes = [
-        {"partition-id": i, "num-partitions": cfg.num_clients, "state-dir": str(state_dir)}
-        for i in range(cfg.num_clients)
-    ]
-    return LocalGrid(
-        client_app,
-        cfg.to_run_config(),
-        cfg.num_clients,
-        node_configs=nodes,
-        node_id_base=node_id_base,
-    )
-
-
-def _run(cfg, out: Path, grid: LocalGrid, resume: bool = False):
-    checkpoint = load_checkpoint(out, cfg.strategy) if resume else None
-    writer = ResultsWriter(out, resume_after=checkpoint.server_round if checkpoint else None)
-    if not resume:
-        writer.write_config({"run_config": cfg.to_run_config()})
-    try:
-        strategy = build_strategy(cfg, state_dir=out / "server-state")
-        return run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
-    finally:
-        writer.close()
 
 
 @pytest.mark.parametrize("strategy", ["ditto", "pfedgt", "line-search"])
@@ -72,10 +31,12 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
     """ditto and pfedgt keep client state; line-search a server-side pool of gradients."""
     monkeypatch.setenv("PFLARENA_PLUGINS", "pflarena_test_methods")
     cfg = config(strategy=strategy, num_clients=5, num_rounds=6, fraction_train=0.4, local_epochs=2)
-    whole = _run(cfg, tmp_path / "whole", _grid(cfg, tmp_path / "state-whole", 1_000_003))
+    whole, _ = run_resumable(
+        cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
+    )
 
     # The second run dies in round 4, after some clients trained and stored new state.
-    grid = _grid(cfg, tmp_path / "state-broken", 2_000_003)
+    grid = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
 
     def die_in_round_four(reply):
         sent = grid.sent[-1]
@@ -90,19 +51,21 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
 
     grid.reply_filter = die_in_round_four
     with pytest.raises(KeyboardInterrupt):
-        _run(cfg, tmp_path / "broken", grid)
+        run_resumable(cfg, tmp_path / "broken", grid)
     assert [r["round"] for r in read_rounds(tmp_path / "broken" / "rounds.jsonl")] == [0, 1, 2, 3]
     # ...and continues on new nodes (new node ids, as in a restarted simulation) that find
     # their clients' state in the same state-dir
-    resumed = _run(cfg, tmp_path / "broken", _grid(cfg, tmp_path / "state-broken", 3_000_017), True)
+    resumed, _ = run_resumable(
+        cfg, tmp_path / "broken", stateful_grid(cfg, tmp_path / "state-broken", 3_000_017), True
+    )
     assert comparable(resumed.rounds) == comparable(whole.rounds)
     assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(whole.rounds)
 
 
 def test_a_client_without_its_state_says_so_and_starts_from_the_server_model(tmp_path):
     cfg = config(strategy="ditto", num_clients=3, num_rounds=2, fraction_train=1.0)
-    grid = _grid(cfg, tmp_path / "state", 1_000_003)
-    _run(cfg, tmp_path / "run", grid)
+    grid = stateful_grid(cfg, tmp_path / "state", 1_000_003)
+    run_resumable(cfg, tmp_path / "run", grid)
     # lose every client's state, then continue the same run for two more rounds
     cfg4 = cfg.model_copy(update={"num_rounds": 4})
     for path in (tmp_path / "state").rglob("v*"):
@@ -110,7 +73,7 @@ def test_a_client_without_its_state_says_so_and_starts_from_the_server_model(tmp
             for file in path.iterdir():
                 file.unlink()
             path.rmdir()
-    grid = _grid(cfg4, tmp_path / "state", 1_000_003)
+    grid = stateful_grid(cfg4, tmp_path / "state", 1_000_003)
     grid.contexts = {n: c for n, c in grid.contexts.items()}
     seen = []
     grid.reply_filter = lambda reply: seen.append(reply) or reply

@@ -127,7 +127,7 @@ def test_cli_run_fails_when_the_server_app_fails(tmp_path):
 
 def test_the_same_config_twice_gives_identical_rounds(tmp_path):
     """Two Ray actors finish clients in varying order; the results must not depend on it."""
-    from test_resume import comparable
+    from helpers import comparable
 
     rounds = []
     for name in ("first", "second"):
