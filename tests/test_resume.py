@@ -12,14 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from flwr.app import MessageType
+from flwr.app import Error, Message, MessageType
 from helpers import comparable, config, run_resumable, stateful_grid
+from local_grid import LocalGrid
 from processes import descendants
 
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
-from pflarena.server.loop import run_rounds
+from pflarena.server.loop import TooManyFailures, run_rounds
 from pflarena.server.registry import build_strategy
 from pflarena.server.results import ResultsWriter, read_rounds
 
@@ -150,3 +151,65 @@ def test_flower_simulation_killed_after_round_3_resumes_identically(strategy, tm
     resumes = json.loads((out / "config.json").read_text())["resumes"]
     assert len(resumes) == 1 and 2 <= resumes[0]["after_round"] <= killed_at
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def _crash(grid: LocalGrid, server_round: int, victims: int, message_type: str):
+    """A reply filter: the first ``victims`` nodes answer ``message_type`` messages of
+    ``server_round`` with an error, as Flower does for a crashed simulation actor."""
+
+    def crash(reply):
+        sent = grid.sent[-1]
+        config_ = sent.content[keys.CONFIG]
+        if (
+            sent.metadata.message_type == message_type
+            and config_[keys.SERVER_ROUND] == server_round
+            and grid.node_ids.index(sent.metadata.dst_node_id) < victims
+        ):
+            return Message(Error(code=0, reason="the actor died"), reply_to=sent)
+        return reply
+
+    return crash
+
+
+def test_a_round_most_clients_fail_stops_before_its_checkpoint_and_resumes(tmp_path):
+    """Catches a run that goes on aggregating the few clients left (silently another
+    experiment), and a stop that leaves the failed round in the checkpoint."""
+    cfg = config(strategy="ditto", num_clients=4, num_rounds=4, fraction_train=1.0)
+    whole, _ = run_resumable(
+        cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
+    )
+    grid = stateful_grid(cfg, tmp_path / "state", 2_000_003)
+    grid.reply_filter = _crash(grid, 3, victims=3, message_type=MessageType.TRAIN)
+    match = r"round 3: 3 of 4 clients failed in training .*first problem: error: the actor died"
+    with pytest.raises(TooManyFailures, match=match):
+        run_resumable(cfg, tmp_path / "run", grid)
+    assert [r["round"] for r in read_rounds(tmp_path / "run" / "rounds.jsonl")] == [0, 1, 2]
+    assert load_checkpoint(tmp_path / "run", "ditto").server_round == 2
+    # a fresh set of actors repeats round 3 and ends where the unbroken run did
+    resumed, _ = run_resumable(
+        cfg, tmp_path / "run", stateful_grid(cfg, tmp_path / "state", 3_000_017), resume=True
+    )
+    assert comparable(resumed.rounds) == comparable(whole.rounds)
+
+
+def test_failures_up_to_the_fraction_are_tolerated_and_one_allows_any(tmp_path):
+    cfg = config(strategy="fedavg", num_clients=4, num_rounds=3, fraction_train=1.0)
+    grid = stateful_grid(cfg, tmp_path / "state", 1_000_003)
+    grid.reply_filter = _crash(grid, 2, victims=2, message_type=MessageType.TRAIN)
+    outcome, _ = run_resumable(cfg, tmp_path / "half", grid)  # 2 of 4: not more than half
+    assert [r["train"]["failures"] for r in outcome.rounds[1:]] == [0, 2, 0]
+
+    lenient = cfg.model_copy(update={"max_failure_fraction": 1.0})
+    grid = stateful_grid(lenient, tmp_path / "state-all", 1_000_003)
+    grid.reply_filter = _crash(grid, 2, victims=4, message_type=MessageType.TRAIN)
+    outcome, _ = run_resumable(lenient, tmp_path / "all", grid)
+    assert [r["train"]["failures"] for r in outcome.rounds[1:]] == [0, 4, 0]
+
+
+def test_an_evaluation_most_clients_fail_stops_the_run(tmp_path):
+    cfg = config(strategy="fedavg", num_clients=4, num_rounds=3, fraction_train=1.0)
+    grid = stateful_grid(cfg, tmp_path / "state", 1_000_003)
+    grid.reply_filter = _crash(grid, 2, victims=3, message_type=MessageType.EVALUATE)
+    with pytest.raises(TooManyFailures, match="round 2: 3 of 4 clients failed in the evaluation"):
+        run_resumable(cfg, tmp_path / "run", grid)
+    assert load_checkpoint(tmp_path / "run", "fedavg").server_round == 1

@@ -65,6 +65,13 @@ class RunConfig(FederationSpec):
     )
     min_train_clients: int = Field(1, ge=1, description="at least this many clients per round")
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for replies")
+    max_failure_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="stop the run (resumable from its last checkpoint) when more than this "
+        "share of a round's sampled clients, or of an evaluation's clients, fail; 1: never stop",
+    )
     checkpoint_every: int = Field(
         1, ge=1, description="save the server state to resume from every k rounds (and the last)"
     )

@@ -87,6 +87,8 @@ def _evaluate(
             f"replies unusable, {missing} missing); first problem: "
             f"{failures[0][1] if failures else 'no reply'}"
         )
+    first = failures[0][1] if failures else "no reply within the round timeout"
+    check_eval_failures(cfg, server_round, len(failures) + missing, len(messages), first)
     if not results:
         return None, traffic
     personalized, global_ = evaluation_stats(results)
@@ -194,6 +196,38 @@ class RoundExchanges:
         return exchange
 
 
+class TooManyFailures(RuntimeError):
+    """More clients failed in a round than ``max-failure-fraction`` allows."""
+
+
+def _stop(cfg: RunConfig, server_round: int, what: str, failed: int, total: int, first: str):
+    raise TooManyFailures(
+        f"round {server_round}: {failed} of {total} clients failed in {what} (more than "
+        f"max-failure-fraction={cfg.max_failure_fraction:g}); first problem: {first or 'unknown'}. "
+        f"The run stopped before this round's checkpoint: `pflarena run --resume <output-dir>` "
+        f"repeats the round (a crashed simulation actor gets replaced), and "
+        f"max-failure-fraction=1 lets a run go on whatever fails"
+    )
+
+
+def check_failures(
+    cfg: RunConfig, server_round: int, what: str, strategy: PflStrategy, exchanges: list[Exchange]
+) -> None:
+    """Stop the run when too many of the round's sampled clients failed in its exchanges."""
+    sampled = set(strategy.last_sampled)
+    failed = [n for e in exchanges for n in e.failed if n in sampled]
+    unique = set(failed)
+    if sampled and len(unique) > cfg.max_failure_fraction * len(sampled):
+        first = next(e.problem_of(n) for e in exchanges for n in e.failed if n in sampled)
+        _stop(cfg, server_round, what, len(unique), len(sampled), first)
+
+
+def check_eval_failures(cfg: RunConfig, server_round: int, failed: int, total: int, first: str):
+    """Stop the run when too many clients failed the round's evaluation."""
+    if total and failed > cfg.max_failure_fraction * total:
+        _stop(cfg, server_round, "the evaluation", failed, total, first)
+
+
 def _progress(record: dict[str, Any], num_rounds: int) -> str:
     text = f"[round {record['round']}/{num_rounds}] {record['elapsed_s']:.1f}s"
     evaluation = record.get("evaluation")
@@ -295,6 +329,7 @@ def run_rounds(
             "bytes_up": sum(e["bytes_up"] for e in exchanges),
             "train_time_s": time.monotonic() - round_start,
         }
+        check_failures(cfg, server_round, "training", strategy, send.exchanges)
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
             evaluation, traffic = _evaluate(
                 grid, strategy, server_round, outcome.arrays, cfg, initial_arrays

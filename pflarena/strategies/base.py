@@ -138,6 +138,8 @@ class Exchange:
     messages: list[Message]
     replies: list[Message]
     rejected: list[int] = field(default_factory=list)
+    #: why each rejected reply was unusable, by node
+    problems: dict[int, str] = field(default_factory=dict)
     #: the state version the clients' writes become (set by the run loop; see
     #: client/state.py); a usable reply makes it the client's accepted version
     update_id: int | None = None
@@ -173,6 +175,17 @@ class Exchange:
     def failed(self) -> list[int]:
         """Nodes whose answer was missing, an error, or rejected."""
         return self.missing + self.errors + self.rejected
+
+    def problem_of(self, node_id: int) -> str:
+        """Why ``node_id`` failed in this exchange (empty if it did not)."""
+        for reply in self.replies:
+            if reply.has_error() and self.node_of(reply) == node_id:
+                return f"error: {reply.error.reason}"
+        if node_id in self.problems:
+            return f"unusable reply: {self.problems[node_id]}"
+        if node_id in self.missing:
+            return "no reply within the round timeout"
+        return ""
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -470,6 +483,7 @@ class PflStrategy(Strategy):
             if problem is not None:
                 log(WARNING, "%s: rejected reply from node %d: %s", exchange.name, node_id, problem)
                 exchange.rejected.append(node_id)
+                exchange.problems[node_id] = problem
                 continue
             if isinstance(client_id, int):
                 claimed[client_id] = node_id
