@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument("--cpus-per-client", type=float, default=1.0)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "fedpg"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fedpg.md"))
+    parser.add_argument(
+        "--retries", type=int, default=2, help="resume a failed run this many times"
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
@@ -214,11 +217,20 @@ def main() -> None:
             out = runs_dir / f"{args.preset}-r{rounds}-s{args.seed}--{label}"
             if completed_summary(out) is not None:
                 continue
-            # a run that died after a checkpoint continues from it (`pflarena run --resume`)
-            resume = (out / "checkpoint.npz").exists() and (out / "config.json").exists()
-            config = resume_config(out) if resume else run_config(label, args, out)
             print(f"== {label} on {args.preset} ({rounds} rounds)", flush=True)
-            simulate(parse_config(config), cpus_per_client=args.cpus_per_client, verbosity=0)
+            for attempt in range(args.retries + 1):
+                # a run that died after a checkpoint continues from it (`pflarena run --resume`)
+                resume = (out / "checkpoint.npz").exists() and (out / "config.json").exists()
+                config = resume_config(out) if resume else run_config(label, args, out)
+                try:
+                    simulate(
+                        parse_config(config), cpus_per_client=args.cpus_per_client, verbosity=0
+                    )
+                    break
+                except RuntimeError as exc:  # e.g. too many clients failed: resume the run
+                    print(f"   attempt {attempt + 1} failed: {exc}", flush=True)
+                    if attempt == args.retries:
+                        raise
             write_report(runs_dir, Path(args.out))
     write_report(runs_dir, Path(args.out))
 
