@@ -182,6 +182,7 @@ def toy_dataset():
             info=DatasetInfo("toy", 4, (3,)),
             kind="pooled",
             loader=load,
+            embedded=True,
         )
     )
     yield spec

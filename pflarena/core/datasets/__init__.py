@@ -11,8 +11,9 @@ Two kinds of data set come out of this package:
   (UCI HAR, one client per subject).
 
 Samples stay compact: images are ``uint8`` arrays of shape ``(N, C, H, W)`` until
-:func:`to_tensors` turns them into normalised ``float32`` tensors; tabular and sequence
-data are ``float32``. Nothing here touches the network: torchvision data sets are opened
+:func:`to_tensors` turns them into normalised ``float32`` tensors; tabular and signal
+data are ``float32``; token sequences (Shakespeare's characters) are ``uint8`` ids that
+become ``int64`` tensors. Nothing here touches the network: torchvision data sets are opened
 with ``download=False``.
 
 Layout: :mod:`~pflarena.core.datasets.base` (types), :mod:`~pflarena.core.datasets.registry`
@@ -47,6 +48,7 @@ from pflarena.core.datasets.io import (
 from pflarena.core.datasets.registry import (
     DatasetSpec,
     check_dataset_name,
+    check_files,
     dataset_info,
     dataset_names,
     dataset_spec,
@@ -119,6 +121,7 @@ __all__ = [
     "atomic_write",
     "cache_dir",
     "check_dataset_name",
+    "check_files",
     "dataset_info",
     "dataset_names",
     "dataset_spec",

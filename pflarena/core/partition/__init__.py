@@ -46,6 +46,8 @@ from pflarena.core.partition.registry import (
     register_partition,
 )
 from pflarena.core.partition.split import (
+    cap_indices,
+    cap_seed,
     server_indices,
     server_seed,
     split_seed,
@@ -58,6 +60,8 @@ from pflarena.core.partition.split import (
 PARTITIONS: tuple[str, ...] = partition_names()
 
 __all__ = [
+    "cap_indices",
+    "cap_seed",
     "DIRICHLET_MIN_PARTITION_SIZE",
     "FLWR_PARTITIONS",
     "PARTITIONS",
