@@ -134,9 +134,11 @@ def test_name_lists_are_derived_from_the_registry() -> None:
         "cifar100",
         "emnist",
         "har",
+        "shakespeare",
+        "femnist",
     )
     assert dataset_names() == DATASETS
-    assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har")
+    assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har", "shakespeare", "femnist")
     assert ("digits", *TORCHVISION_DATASETS) == POOLED_DATASETS
     assert set(NATURAL_DATASETS) | set(POOLED_DATASETS) == set(DATASETS)
     for name in DATASETS:

@@ -1,11 +1,13 @@
 import pytest
 import torch
 
+from pflarena.core.datasets import dataset_info
 from pflarena.core.models import (
     MODEL_NAMES,
     TOKEN_MODELS,
     ModelError,
     build_model,
+    check_model_fits,
 )
 
 SHAPES = {
@@ -165,3 +167,15 @@ def test_resnet18_64_ends_at_4x4_maps_on_64x64_input():
         isinstance(m, torch.nn.BatchNorm2d)
         for m in build_model("resnet18-64-gn", (3, 64, 64), 200).modules()
     )
+
+
+def test_token_models_and_token_data_go_together():
+    shakespeare, cifar = dataset_info("shakespeare"), dataset_info("cifar10")
+    check_model_fits("char-lstm", shakespeare)
+    check_model_fits("cnn", cifar)
+    with pytest.raises(ModelError, match="reads token ids"):
+        check_model_fits("char-lstm", cifar)
+    with pytest.raises(ModelError, match="holds token ids"):
+        check_model_fits("mlp", shakespeare)
+    with pytest.raises(ModelError, match="unknown model"):
+        check_model_fits("vgg", cifar)

@@ -7,8 +7,9 @@ Two kinds of data set come out of this package:
   ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100`` and ``emnist``.
 * **Natively federated** data sets (:class:`NaturalDataset`): one array pair per client,
   only the ``"natural"`` partition applies. ``synthetic`` (FedProx Synthetic(α, β)),
-  ``synthetic-mixture`` (the FedEM / PPFL generator of Marfoq et al. 2021) and ``har``
-  (UCI HAR, one client per subject).
+  ``synthetic-mixture`` (the FedEM / PPFL generator of Marfoq et al. 2021), ``har``
+  (UCI HAR, one client per subject), and LEAF's ``shakespeare`` (one client per speaking
+  role) and ``femnist`` (one client per writer).
 
 Samples stay compact: images are ``uint8`` arrays of shape ``(N, C, H, W)`` until
 :func:`to_tensors` turns them into normalised ``float32`` tensors; tabular and signal
@@ -33,10 +34,13 @@ from pflarena.core.datasets import synthetic  # noqa: F401
 from pflarena.core.datasets import synthetic_mixture  # noqa: F401
 from pflarena.core.datasets import torchvision_images  # noqa: F401
 from pflarena.core.datasets import har  # noqa: F401
+from pflarena.core.datasets import shakespeare  # noqa: F401
+from pflarena.core.datasets import femnist  # noqa: F401
 # isort: on
 
 from pflarena.core.datasets.base import DatasetError, DatasetInfo, NaturalDataset, PooledDataset
 from pflarena.core.datasets.digits import load_digits_arrays
+from pflarena.core.datasets.femnist import FEMNIST_CLASSES, load_femnist
 from pflarena.core.datasets.har import HAR_SIGNALS, har_paths, load_har
 from pflarena.core.datasets.io import (
     CIFAR10_CLASSES,
@@ -45,6 +49,7 @@ from pflarena.core.datasets.io import (
     read_cifar10_jpeg_tar,
     read_mnist_npz,
 )
+from pflarena.core.datasets.leaf import LeafUsers, load_leaf_users
 from pflarena.core.datasets.registry import (
     DatasetSpec,
     check_dataset_name,
@@ -55,6 +60,13 @@ from pflarena.core.datasets.registry import (
     load_natural,
     load_pooled,
     register_dataset,
+)
+from pflarena.core.datasets.shakespeare import (
+    SHAKESPEARE_SEQUENCE_LENGTH,
+    SHAKESPEARE_VOCABULARY,
+    decode_characters,
+    encode_text,
+    load_shakespeare,
 )
 from pflarena.core.datasets.synthetic import (
     SYNTHETIC_DIMENSION,
@@ -95,6 +107,7 @@ __all__ = [
     "CIFAR10_CLASSES",
     "DATASETS",
     "EMBEDDED_DATASETS",
+    "FEMNIST_CLASSES",
     "HAR_SIGNALS",
     "MIXTURE_ALPHA",
     "MIXTURE_BOX",
@@ -106,6 +119,8 @@ __all__ = [
     "MIXTURE_NOISE_LEVEL",
     "NATURAL_DATASETS",
     "POOLED_DATASETS",
+    "SHAKESPEARE_SEQUENCE_LENGTH",
+    "SHAKESPEARE_VOCABULARY",
     "SYNTHETIC_DIMENSION",
     "SYNTHETIC_MEAN_SIZE",
     "SYNTHETIC_MIN_SIZE",
@@ -115,6 +130,7 @@ __all__ = [
     "DatasetError",
     "DatasetInfo",
     "DatasetSpec",
+    "LeafUsers",
     "NaturalDataset",
     "PooledDataset",
     "SyntheticMixture",
@@ -125,13 +141,18 @@ __all__ = [
     "dataset_info",
     "dataset_names",
     "dataset_spec",
+    "decode_characters",
+    "encode_text",
     "generate_synthetic",
     "generate_synthetic_mixture",
     "har_paths",
     "load_digits_arrays",
+    "load_femnist",
     "load_har",
+    "load_leaf_users",
     "load_natural",
     "load_pooled",
+    "load_shakespeare",
     "mixture_labels",
     "mixture_sample_counts",
     "read_cifar10_jpeg_tar",
