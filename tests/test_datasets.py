@@ -136,10 +136,11 @@ def test_name_lists_are_derived_from_the_registry() -> None:
         "har",
         "shakespeare",
         "femnist",
+        "tiny-imagenet",
     )
     assert dataset_names() == DATASETS
     assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har", "shakespeare", "femnist")
-    assert ("digits", *TORCHVISION_DATASETS) == POOLED_DATASETS
+    assert ("digits", *TORCHVISION_DATASETS, "tiny-imagenet") == POOLED_DATASETS
     assert set(NATURAL_DATASETS) | set(POOLED_DATASETS) == set(DATASETS)
     for name in DATASETS:
         spec = dataset_spec(name)

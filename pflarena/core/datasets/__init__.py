@@ -4,7 +4,8 @@ Two kinds of data set come out of this package:
 
 * **Pooled** data sets (:class:`PooledDataset`): one array of samples and one of labels.
   A partitioner (:mod:`pflarena.core.partition`) divides them over the clients.
-  ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100`` and ``emnist``.
+  ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``, ``emnist`` and
+  ``tiny-imagenet``.
 * **Natively federated** data sets (:class:`NaturalDataset`): one array pair per client,
   only the ``"natural"`` partition applies. ``synthetic`` (FedProx Synthetic(α, β)),
   ``synthetic-mixture`` (the FedEM / PPFL generator of Marfoq et al. 2021), ``har``
@@ -36,6 +37,7 @@ from pflarena.core.datasets import torchvision_images  # noqa: F401
 from pflarena.core.datasets import har  # noqa: F401
 from pflarena.core.datasets import shakespeare  # noqa: F401
 from pflarena.core.datasets import femnist  # noqa: F401
+from pflarena.core.datasets import tiny_imagenet  # noqa: F401
 # isort: on
 
 from pflarena.core.datasets.base import DatasetError, DatasetInfo, NaturalDataset, PooledDataset
@@ -92,6 +94,7 @@ from pflarena.core.datasets.synthetic_mixture import (
     mixture_sample_counts,
 )
 from pflarena.core.datasets.tensors import to_tensors
+from pflarena.core.datasets.tiny_imagenet import TINY_IMAGENET_CLASSES, load_tiny_imagenet
 from pflarena.core.datasets.torchvision_images import TORCHVISION_DATASETS
 
 #: Every registered data set, in registration order.
@@ -126,6 +129,7 @@ __all__ = [
     "SYNTHETIC_MIN_SIZE",
     "SYNTHETIC_NUM_CLASSES",
     "SYNTHETIC_SIZE_SIGMA",
+    "TINY_IMAGENET_CLASSES",
     "TORCHVISION_DATASETS",
     "DatasetError",
     "DatasetInfo",
@@ -153,6 +157,7 @@ __all__ = [
     "load_natural",
     "load_pooled",
     "load_shakespeare",
+    "load_tiny_imagenet",
     "mixture_labels",
     "mixture_sample_counts",
     "read_cifar10_jpeg_tar",
