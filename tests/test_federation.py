@@ -201,6 +201,7 @@ def test_unknown_names_list_the_allowed_ones() -> None:
         ("synthetic_beta", -1.0),
         ("synthetic_beta", float("nan")),
         ("min_client_samples", -1),
+        ("quantity_sigma", -0.1),
         ("max_client_samples", -1),
     ],
 )
@@ -218,6 +219,7 @@ def test_spec_fields_defaults_and_descriptions() -> None:
         "classes_per_client",
         "class_assignment",
         "shards_per_client",
+        "quantity_sigma",
         "test_fraction",
         "validation_fraction",
         "server_fraction",
@@ -238,6 +240,7 @@ def test_spec_fields_defaults_and_descriptions() -> None:
         "classes-per-client": 2,
         "class-assignment": "first-deterministic",
         "shards-per-client": 2,
+        "quantity-sigma": 0.0,
         "test-fraction": 0.25,
         "validation-fraction": 0.0,
         "server-fraction": 0.0,

@@ -149,6 +149,11 @@ class FederationSpec(BaseModel):
         "'random': k random classes",
     )
     shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
+    quantity_sigma: float = Field(
+        0.0,
+        ge=0,
+        description="inner-dirichlet: log-normal sigma of the client sizes (0: equal sizes)",
+    )
     test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
     validation_fraction: float = Field(
         0.0,
@@ -371,6 +376,7 @@ def _shares(
         class_assignment=spec.class_assignment,
         shards_per_client=spec.shards_per_client,
         num_classes=pooled.info.num_classes,
+        quantity_sigma=spec.quantity_sigma,
     )
     return pooled.info, pooled.x, pooled.y, [kept[part] for part in parts], held
 
