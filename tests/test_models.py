@@ -30,6 +30,7 @@ CASES = [
     ("small-cnn", "digits"),
     ("tf-cnn", "cifar"),
     ("tf-cnn", "mnist"),
+    ("tf-cnn-same", "cifar"),
     ("lenet5", "mnist"),
     ("lenet5", "cifar"),
     ("harcnn", "har"),
@@ -69,6 +70,11 @@ def test_parameter_counts_match_the_papers():
     )
     # FedPG spec §5.3: the TensorFlow-tutorial CIFAR-10 CNN has 797,962 parameters.
     assert sum(p.numel() for p in build_model("tf-cnn", (3, 32, 32), 10).parameters()) == 797_962
+    # pFedSV spec §5.5: its "same"-padded reading has 1,756,426 (10) / 1,773,796 (100).
+    same = build_model("tf-cnn-same", (3, 32, 32), 10)
+    assert sum(p.numel() for p in same.parameters()) == 1_756_426
+    same = build_model("tf-cnn-same", (3, 32, 32), 100)
+    assert sum(p.numel() for p in same.parameters()) == 1_773_796
 
 
 def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():

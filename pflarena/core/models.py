@@ -130,6 +130,40 @@ class TFCifarCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class TFCifarCNNSame(nn.Module):
+    """The TensorFlow-tutorial CIFAR CNN in its "same"-padded form, as the pFedSV spec reads
+    the paper's CNN-CIFAR (specs/pfedsv.md §5.5): 1,756,426 parameters for 10 classes.
+
+    Two 5x5 convolutions with 64 channels and padding 2, each followed by ReLU and 3x3
+    max pooling of stride 2 (padding 1), then fully connected layers of 384 and 192 units
+    with ReLU, on 32x32 input without the tutorial's local response normalisation.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, _, _ = _image_shape(input_shape, "tf-cnn-same")
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 64, kernel_size=5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            nn.Conv2d(64, 64, kernel_size=5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            nn.Flatten(),
+        )
+        flat = _flat_size(self.features, input_shape)
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 384),
+            nn.ReLU(),
+            nn.Linear(384, 192),
+            nn.ReLU(),
+            nn.Linear(192, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 class LeNet5(nn.Module):
     """LeNet-5 (LeCun et al., 1998) with ReLU and max pooling, for 28x28 or 32x32 input."""
 
@@ -313,6 +347,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": FedAvgCNN,
     "small-cnn": SmallCNN,
     "tf-cnn": TFCifarCNN,
+    "tf-cnn-same": TFCifarCNNSame,
     "lenet5": LeNet5,
     "harcnn": HARCNN,
     "resnet18": resnet18,
