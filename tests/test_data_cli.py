@@ -100,6 +100,48 @@ def test_the_command_itself_fails_with_the_message(tmp_path: Path) -> None:
     )
 
 
+#: A fake copy for each new dataset, and the overrides that fit a preset to it.
+FAKES = {
+    "shakespeare": (write_fake_shakespeare, {"num-clients": 5, "min-client-samples": 0}),
+    "femnist": (write_fake_femnist, {"num-clients": 4, "min-client-samples": 0}),
+    "tiny-imagenet": (write_fake_tiny_imagenet, {}),
+}
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["page-shakespeare", "leaf-shakespeare", "ppfl-femnist", "leaf-femnist", "page-tiny-imagenet"],
+)
+def test_a_preset_starts_on_a_copy_in_the_real_layout(preset: str, tmp_path: Path) -> None:
+    """What a run does before its first round: check the files, build every client's data
+    and the server's share, build the model and score a batch."""
+    import torch
+
+    from pflarena.client.job import load_node_data
+    from pflarena.core.datasets import check_files
+    from pflarena.core.federation import load_server_data
+    from pflarena.server.app import initial_arrays
+    from pflarena.server.registry import parse_config
+
+    values = load_preset(preset).overrides("fedavg")
+    write, fit = FAKES[values["dataset"]]
+    write(tmp_path / "data")
+    cfg = parse_config(values | fit | {"strategy": "fedavg", "data-dir": str(tmp_path / "data")})
+    check_files(cfg.dataset, cfg.data_dir)
+    federation = build_federation(cfg.federation_spec())
+    assert len(federation.clients) == cfg.num_clients
+    if cfg.server_fraction:
+        assert len(load_server_data(cfg.federation_spec()).y) > 0
+    assert len(initial_arrays(cfg)) > 0
+    node = load_node_data(cfg, {"partition-id": 0}, torch.device("cpu"))
+    from pflarena.core.models import build_model
+
+    model = build_model(cfg.model_name(), node.info.input_shape, node.info.num_classes, seed=0)
+    with torch.no_grad():
+        logits = model.eval()(node.x_test[:4])
+    assert logits.shape == (min(4, len(node.y_test)), node.info.num_classes)
+
+
 def test_data_lists_every_dataset_and_shows_where_to_get_one() -> None:
     code, out, _ = cli("data")
     assert code == 0

@@ -404,6 +404,15 @@ def test_femnist_federation_is_deterministic_and_splits_each_writer(tmp_path: Pa
     assert dataset_spec("femnist").default_model == "cnn"
 
 
+def test_femnists_default_model_is_the_fedavg_cnn_with_62_outputs() -> None:
+    from pflarena.core.models import build_model
+
+    model = build_model(dataset_spec("femnist").default_model, (1, 28, 28), 62)
+    # 5x5 convolutions of 32 and 64 channels ("same" padding), 512 units, 62 outputs.
+    expected = (25 * 32 + 32) + (32 * 25 * 64 + 64) + (7 * 7 * 64 * 512 + 512) + (512 * 62 + 62)
+    assert sum(p.numel() for p in model.parameters()) == expected == 1_690_046
+
+
 @pytest.mark.parametrize(
     ("x", "y", "problem"),
     [
