@@ -1,5 +1,5 @@
-"""The data sets from the command line: ``pflarena data``, presets that need files, and the
-character LSTM learning next-character prediction on a small synthetic corpus."""
+"""The data sets from the command line: ``pflarena data``, presets that need files, and
+LEAF's character LSTM learning next-character prediction on a small synthetic corpus."""
 
 from __future__ import annotations
 
@@ -203,40 +203,13 @@ MARGIN = 0.3
 
 
 @pytest.mark.slow
-def test_leaf_lstm_learns_next_characters_in_process(tmp_path: Path) -> None:
-    """LEAF's char-lstm (2 x 256) through the real ClientApp and FedAvg: 5 rounds take it
-    from 0 to about 0.80 per-character accuracy against a 0.08 baseline."""
-    from helpers import config, run_local
-
-    write_fake_shakespeare(tmp_path / "leaf", cycle_roles())
-    cfg = config(
-        strategy="fedavg",
-        dataset="shakespeare",
-        data_dir=str(tmp_path / "leaf"),
-        model="char-lstm",
-        num_clients=4,
-        num_rounds=5,
-        fraction_train=1.0,
-        local_epochs=2,
-        batch_size=10,
-        lr=2.0,
-    )
-    run_local(cfg, tmp_path)
-    rounds = [
-        json.loads(line)
-        for line in (tmp_path / "run-fedavg" / "rounds.jsonl").read_text().splitlines()
-    ]
-    baseline = most_frequent_share(build_federation(cfg.federation_spec()).clients)
-    final = rounds[-1]["evaluation"]["personalized"]["mean"]
-    assert final > baseline + MARGIN, (final, baseline)
-
-
-@pytest.mark.slow
 def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
     tmp_path: Path,
 ) -> None:
-    """`pflarena run --preset page-shakespeare` on a fake LEAF tree, scaled down: the run
-    completes in Flower's simulation runtime and FedDyn's LSTM beats the baseline."""
+    """`pflarena run --preset leaf-shakespeare` on a fake LEAF tree, scaled down: the run
+    completes in Flower's simulation runtime and LEAF's character LSTM (2 x 256 units)
+    learns next-character prediction, from 0 to about 0.8 mean per-character accuracy in
+    5 FedAvg rounds against a most-frequent-character baseline of 0.08."""
     write_fake_shakespeare(tmp_path / "leaf", cycle_roles())
     out = tmp_path / "run"
     result = subprocess.run(
@@ -246,7 +219,7 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
             "pflarena.server.cli",
             "run",
             "--preset",
-            "page-shakespeare",
+            "leaf-shakespeare",
             "--strategy",
             "fedavg",
             "--data-dir",
@@ -255,7 +228,7 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
             str(out),
             "--quiet",
             *("--set", "num-clients=4", "--set", "min-client-samples=0"),
-            *("--set", "max-client-samples=0", "--set", "server-fraction=0"),
+            *("--set", "fraction-train=1.0", "--set", "min-train-clients=1"),
             *("--set", "num-rounds=5", "--set", "eval-every=1", "--set", "local-epochs=2"),
             *("--set", "batch-size=10", "--set", "lr=2.0", "--set", "test-fraction=0.25"),
         ],
@@ -269,10 +242,11 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["dataset"] == "shakespeare"
     config = json.loads((out / "config.json").read_text())["run_config"]
-    assert config["model"] == "char-lstm-100"
+    assert config["model"] == "char-lstm"
     from pflarena.core.config import parse_run_config
 
     spec = parse_run_config(config).federation_spec()
     baseline = most_frequent_share(build_federation(spec).clients)
     final = summary["personalized"]["last"]["mean"]
+    print(f"per-character accuracy {final:.3f}, most-frequent-character baseline {baseline:.3f}")
     assert final > baseline + MARGIN, (final, baseline)
