@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
-from pflarena.core.datasets import check_files
+from pflarena.core.datasets import DatasetSpec, check_files
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
 
@@ -507,7 +507,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return _check_data(spec, args)
 
 
-def _check_data(spec: Any, args: argparse.Namespace) -> int:
+def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
     """Read a local copy of a data set and print what the loader found."""
     import numpy as np
 
