@@ -337,9 +337,9 @@ def test_version2_shard_needs_the_validation_arrays(tmp_path: Path) -> None:
     with pytest.raises(ShardError, match="lacks array.*x_val, y_val") as error:
         load_shard(path)
     assert str(path) in str(error.value)
-    metadata["version"] = 3
+    metadata["version"] = 4
     np.savez(path, metadata=np.array([json.dumps(metadata)]), **arrays)
-    with pytest.raises(ShardError, match="versions 1, 2"):
+    with pytest.raises(ShardError, match="versions 1, 2, 3"):
         load_shard(path)
 
 

@@ -134,10 +134,13 @@ def test_name_lists_are_derived_from_the_registry() -> None:
         "cifar100",
         "emnist",
         "har",
+        "shakespeare",
+        "femnist",
+        "tiny-imagenet",
     )
     assert dataset_names() == DATASETS
-    assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har")
-    assert ("digits", *TORCHVISION_DATASETS) == POOLED_DATASETS
+    assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har", "shakespeare", "femnist")
+    assert ("digits", *TORCHVISION_DATASETS, "tiny-imagenet") == POOLED_DATASETS
     assert set(NATURAL_DATASETS) | set(POOLED_DATASETS) == set(DATASETS)
     for name in DATASETS:
         spec = dataset_spec(name)
@@ -182,6 +185,7 @@ def toy_dataset():
             info=DatasetInfo("toy", 4, (3,)),
             kind="pooled",
             loader=load,
+            embedded=True,
         )
     )
     yield spec

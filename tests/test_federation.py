@@ -200,6 +200,9 @@ def test_unknown_names_list_the_allowed_ones() -> None:
         ("synthetic_alpha", -1.0),
         ("synthetic_beta", -1.0),
         ("synthetic_beta", float("nan")),
+        ("min_client_samples", -1),
+        ("quantity_sigma", -0.1),
+        ("max_client_samples", -1),
     ],
 )
 def test_out_of_range_values_are_rejected(field: str, value: float) -> None:
@@ -216,6 +219,7 @@ def test_spec_fields_defaults_and_descriptions() -> None:
         "classes_per_client",
         "class_assignment",
         "shards_per_client",
+        "quantity_sigma",
         "test_fraction",
         "validation_fraction",
         "server_fraction",
@@ -224,6 +228,8 @@ def test_spec_fields_defaults_and_descriptions() -> None:
         "synthetic_alpha",
         "synthetic_beta",
         "mixture_label_mode",
+        "min_client_samples",
+        "max_client_samples",
     ]
     defaults = FederationSpec().model_dump(by_alias=True)
     assert defaults == {
@@ -234,6 +240,7 @@ def test_spec_fields_defaults_and_descriptions() -> None:
         "classes-per-client": 2,
         "class-assignment": "first-deterministic",
         "shards-per-client": 2,
+        "quantity-sigma": 0.0,
         "test-fraction": 0.25,
         "validation-fraction": 0.0,
         "server-fraction": 0.0,
@@ -242,6 +249,8 @@ def test_spec_fields_defaults_and_descriptions() -> None:
         "synthetic-alpha": 0.5,
         "synthetic-beta": 0.5,
         "mixture-label-mode": "fixed",
+        "min-client-samples": 0,
+        "max-client-samples": 0,
     }
     for name, field in FederationSpec.model_fields.items():
         assert field.description and "\n" not in field.description, name
@@ -323,7 +332,7 @@ def test_shard_round_trip(tmp_path: Path, source: str) -> None:
     assert manifest["num_clients"] == len(federation.clients)
     assert [entry["file"] for entry in manifest["shards"]] == [p.name for p in paths]
     assert manifest["spec"] == (None if spec is None else spec.model_dump())
-    assert manifest["version"] == fed.SHARD_FORMAT_VERSION == 2
+    assert manifest["version"] == fed.SHARD_FORMAT_VERSION == 3
     assert [entry["num_val"] for entry in manifest["shards"]] == [
         len(c.y_val) for c in federation.clients
     ]

@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from pflarena.core.models import MODEL_NAMES, ModelError, build_model
+from pflarena.core.datasets import dataset_info
+from pflarena.core.models import (
+    MODEL_NAMES,
+    TOKEN_MODELS,
+    ModelError,
+    build_model,
+    check_model_fits,
+)
 
 SHAPES = {
     "mnist": ((1, 28, 28), 10),
@@ -9,6 +16,8 @@ SHAPES = {
     "digits": ((1, 8, 8), 10),
     "vector": ((30,), 30),
     "har": ((9, 1, 128), 6),
+    "tiny": ((3, 64, 64), 200),
+    "chars": ((80,), 80),
 }
 
 CASES = [
@@ -21,6 +30,7 @@ CASES = [
     ("small-cnn", "digits"),
     ("tf-cnn", "cifar"),
     ("tf-cnn", "mnist"),
+    ("tf-cnn-same", "cifar"),
     ("lenet5", "mnist"),
     ("lenet5", "cifar"),
     ("harcnn", "har"),
@@ -28,6 +38,10 @@ CASES = [
     ("resnet18-gn", "cifar"),
     ("resnet18-cifar", "cifar"),
     ("resnet18-cifar-gn", "cifar"),
+    ("resnet18-64", "tiny"),
+    ("resnet18-64-gn", "tiny"),
+    ("char-lstm", "chars"),
+    ("char-lstm-100", "chars"),
 ]
 
 
@@ -39,7 +53,7 @@ def test_every_model_is_covered():
 def test_forward_shape_and_backward(name, data):
     shape, classes = SHAPES[data]
     model = build_model(name, shape, classes, seed=0)
-    x = torch.randn(3, *shape)
+    x = torch.randint(0, classes, (3, *shape)) if name in TOKEN_MODELS else torch.randn(3, *shape)
     out = model(x)
     assert out.shape == (3, classes)
     out.sum().backward()
@@ -56,6 +70,11 @@ def test_parameter_counts_match_the_papers():
     )
     # FedPG spec §5.3: the TensorFlow-tutorial CIFAR-10 CNN has 797,962 parameters.
     assert sum(p.numel() for p in build_model("tf-cnn", (3, 32, 32), 10).parameters()) == 797_962
+    # pFedSV spec §5.5: its "same"-padded reading has 1,756,426 (10) / 1,773,796 (100).
+    same = build_model("tf-cnn-same", (3, 32, 32), 10)
+    assert sum(p.numel() for p in same.parameters()) == 1_756_426
+    same = build_model("tf-cnn-same", (3, 32, 32), 100)
+    assert sum(p.numel() for p in same.parameters()) == 1_773_796
 
 
 def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():
@@ -85,3 +104,84 @@ def test_errors_name_the_problem():
         build_model("vgg", (3, 32, 32), 10)
     with pytest.raises(ModelError, match="image-shaped"):
         build_model("cnn", (30,), 10)
+
+
+def _lstm_reference(model, ids: torch.Tensor) -> torch.Tensor:
+    """The character LSTM's logits by the literal LSTM equations (Hochreiter and
+    Schmidhuber 1997, with a forget gate), written out with the model's own weights."""
+    x = model.embedding.weight[ids]  # (batch, steps, embedding)
+    for layer in range(model.lstm.num_layers):
+        w_ih = getattr(model.lstm, f"weight_ih_l{layer}")
+        w_hh = getattr(model.lstm, f"weight_hh_l{layer}")
+        bias = getattr(model.lstm, f"bias_ih_l{layer}") + getattr(model.lstm, f"bias_hh_l{layer}")
+        hidden = w_hh.shape[1]
+        h = torch.zeros(x.shape[0], hidden, dtype=torch.float64)
+        c = torch.zeros(x.shape[0], hidden, dtype=torch.float64)
+        outputs = []
+        for step in range(x.shape[1]):
+            gates = x[:, step] @ w_ih.T + h @ w_hh.T + bias
+            i, f, g, o = gates.split(
+                hidden, dim=1
+            )  # torch's gate order: input, forget, cell, output
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        x = torch.stack(outputs, dim=1)
+    return x[:, -1] @ model.output.weight.T + model.output.bias
+
+
+@pytest.mark.parametrize("name,hidden", [("char-lstm", 256), ("char-lstm-100", 100)])
+def test_character_lstm_is_the_papers_model(name, hidden):
+    # LEAF / FedAvg: 8-dimensional embedding of the 80 characters, two LSTM layers of 256
+    # units (FedDyn and PAGE: 100), a dense layer on the last step's output.
+    model = build_model(name, (80,), 80, seed=0).double()
+    assert model.embedding.weight.shape == (80, 8)
+    assert model.lstm.num_layers == 2 and model.lstm.hidden_size == hidden
+    assert model.output.weight.shape == (80, hidden)
+    ids = torch.randint(0, 80, (4, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(model(ids), _lstm_reference(model, ids), atol=1e-10)
+    # torch keeps two bias vectors per layer where LEAF's TensorFlow cell keeps one.
+    lstm = sum(4 * hidden * (width + hidden) + 8 * hidden for width in (8, hidden))
+    assert sum(p.numel() for p in model.parameters()) == 80 * 8 + lstm + hidden * 80 + 80
+
+
+def test_character_lstm_reads_only_the_last_window_step_for_its_output():
+    model = build_model("char-lstm-100", (80,), 80, seed=0)
+    ids = torch.randint(0, 80, (2, 80), generator=torch.Generator().manual_seed(2))
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 80
+    with torch.no_grad():
+        assert not torch.allclose(model(ids), model(changed))
+
+
+def _layer4_side(model, side: int) -> int:
+    shapes = []
+    model.layer4.register_forward_hook(lambda _m, _i, out: shapes.append(out.shape))
+    model(torch.zeros(1, 3, side, side))
+    return shapes[0][-1]
+
+
+def test_resnet18_64_ends_at_4x4_maps_on_64x64_input():
+    # Its stem (3x3 stride 1, then max pooling) sends 32x32 maps into the residual stages
+    # as the CIFAR form does at 32x32; the ImageNet stem ends at 2x2, the CIFAR stem at 8x8.
+    assert _layer4_side(build_model("resnet18-64", (3, 64, 64), 200), 64) == 4
+    assert _layer4_side(build_model("resnet18", (3, 64, 64), 200), 64) == 2
+    assert _layer4_side(build_model("resnet18-cifar", (3, 64, 64), 200), 64) == 8
+    assert _layer4_side(build_model("resnet18-cifar", (3, 32, 32), 200), 32) == 4
+    assert not any(
+        isinstance(m, torch.nn.BatchNorm2d)
+        for m in build_model("resnet18-64-gn", (3, 64, 64), 200).modules()
+    )
+
+
+def test_token_models_and_token_data_go_together():
+    shakespeare, cifar = dataset_info("shakespeare"), dataset_info("cifar10")
+    check_model_fits("char-lstm", shakespeare)
+    check_model_fits("cnn", cifar)
+    with pytest.raises(ModelError, match="reads token ids"):
+        check_model_fits("char-lstm", cifar)
+    with pytest.raises(ModelError, match="holds token ids"):
+        check_model_fits("mlp", shakespeare)
+    with pytest.raises(ModelError, match="unknown model"):
+        check_model_fits("vgg", cifar)

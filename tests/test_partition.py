@@ -64,6 +64,7 @@ def test_partition_names_are_derived_from_the_registry() -> None:
         "pathological",
         "shards",
         "pfllib-dirichlet",
+        "inner-dirichlet",
         "natural",
     )
     assert partition_names() == PARTITIONS
@@ -77,6 +78,7 @@ def test_partition_names_are_derived_from_the_registry() -> None:
         "pathological": ("num_clients", "classes_per_client", "seed", "class_assignment"),
         "shards": ("num_clients", "shards_per_client", "seed"),
         "pfllib-dirichlet": ("num_clients", "alpha", "seed", "num_classes"),
+        "inner-dirichlet": ("num_clients", "alpha", "seed", "num_classes", "quantity_sigma"),
     }
     assert all(set(fields) <= set(PARTITION_ARGUMENTS) for fields in reads.values())
 

@@ -102,15 +102,19 @@ def test_cli_run_prints_table_and_exits_zero(tmp_path):
 
 
 def test_cli_run_fails_when_the_server_app_fails(tmp_path):
-    # Every client fails to load MNIST from a missing directory: the run must fail, say why,
-    # and exit non-zero (flwr run itself exits 0 here).
+    # The MNIST file is there (so the check before the start passes) but damaged: the
+    # ServerApp fails to load it, and the run must fail, say why, and exit non-zero (flwr
+    # run itself exits 0 here).
+    damaged = tmp_path / "data" / "mnist" / "mnist-70k.npz"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"not an npz archive")
     out = tmp_path / "run"
     result = _cli(
         "run",
         "--dataset",
         "mnist",
         "--data-dir",
-        str(tmp_path / "nowhere"),
+        str(tmp_path / "data"),
         "--num-clients",
         "2",
         "--num-rounds",

@@ -20,7 +20,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration, MethodParams
@@ -124,6 +124,15 @@ class RunConfig(FederationSpec):
         if value and value not in MODEL_NAMES:
             raise ValueError(f"unknown model {value!r}; allowed: {', '.join(MODEL_NAMES)}")
         return value
+
+    @model_validator(mode="after")
+    def _model_fits_dataset(self) -> RunConfig:
+        """Token models need token data and the other models numbers (``model`` or default)."""
+        from pflarena.core.datasets import dataset_info
+        from pflarena.core.models import check_model_fits
+
+        check_model_fits(self.model_name(), dataset_info(self.dataset))
+        return self
 
     # ------------------------------------------------------------------ method keys
     def method_values(self, method: str | None = None) -> dict[str, Any]:

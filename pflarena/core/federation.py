@@ -10,8 +10,9 @@ Samples are given out in this order:
    data set before it is partitioned, or from each client's share of a natively
    federated one. No client ever sees these samples.
 2. **Client shares**: pooled data sets are partitioned by :mod:`pflarena.core.partition`;
-   natively federated ones (``synthetic``, ``synthetic-mixture``, ``har``) come one share
-   per client.
+   natively federated ones (``synthetic``, ``synthetic-mixture``, ``har``, ``shakespeare``,
+   ``femnist``) come one share per client, which ``max_client_samples`` may cap (a seeded
+   choice of that many of the samples the client keeps).
 3. **Train/test**: each client's share is split with a seeded ``train_test_split``
    whose seed is derived from ``spec.seed`` and the client id.
 4. **Validation** (``validation_fraction``, default none): a seeded share of each
@@ -52,6 +53,7 @@ from pflarena.core.datasets import (
     load_pooled,
 )
 from pflarena.core.partition import (
+    cap_indices,
     check_partition_name,
     partition_indices,
     partition_names,
@@ -84,10 +86,12 @@ __all__ = [
 ]
 
 SHARD_FORMAT = "pflarena-shard"
-#: Version written by :func:`write_shards`; 2 added the validation split.
-SHARD_FORMAT_VERSION = 2
-#: Versions :func:`load_shard` reads (a version-1 shard has no validation split).
-SHARD_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)
+#: Version written by :func:`write_shards`; 2 added the validation split, 3 the vocabulary
+#: size of token data in the metadata.
+SHARD_FORMAT_VERSION = 3
+#: Versions :func:`load_shard` reads (a version-1 shard has no validation split; shards
+#: before version 3 hold no token data).
+SHARD_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3)
 SHARD_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 #: Arrays every shard version holds.
 _V1_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
@@ -103,6 +107,8 @@ _METADATA_FIELDS: tuple[str, ...] = (
     "std",
     "client_id",
 )
+#: Metadata fields added by a format version, absent from the versions before it.
+_METADATA_FIELDS_SINCE: dict[int, tuple[str, ...]] = {3: ("vocabulary_size",)}
 
 
 class ShardError(ValueError):
@@ -143,6 +149,11 @@ class FederationSpec(BaseModel):
         "'random': k random classes",
     )
     shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
+    quantity_sigma: float = Field(
+        0.0,
+        ge=0,
+        description="inner-dirichlet: log-normal sigma of the client sizes (0: equal sizes)",
+    )
     test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
     validation_fraction: float = Field(
         0.0,
@@ -163,6 +174,18 @@ class FederationSpec(BaseModel):
     synthetic_beta: float = Field(0.5, ge=0, description="Synthetic(α, β): data heterogeneity")
     mixture_label_mode: Literal["fixed", "faithful"] = Field(
         "fixed", description="synthetic-mixture labels ('faithful': the reference generator's)"
+    )
+    min_client_samples: int = Field(
+        0,
+        ge=0,
+        description="LEAF datasets (shakespeare, femnist): drop users with this many samples "
+        "or fewer before choosing the clients (LEAF's -k)",
+    )
+    max_client_samples: int = Field(
+        0,
+        ge=0,
+        description="natively federated datasets: each client keeps at most this many "
+        "samples, a seeded choice (0: all)",
     )
 
     @field_validator("dataset")
@@ -201,6 +224,16 @@ class FederationSpec(BaseModel):
                 f"partition {self.partition!r} only applies to "
                 f"{', '.join(dataset_names('natural'))}; for {self.dataset!r} use one of: "
                 f"{', '.join(partition_names(natural=False))}"
+            )
+        if self.max_client_samples and not natural_dataset:
+            raise ValueError(
+                f"max-client-samples applies to natively federated datasets "
+                f"({', '.join(dataset_names('natural'))}), not to {self.dataset!r}"
+            )
+        if self.min_client_samples and "min_client_samples" not in dataset_spec(self.dataset).reads:
+            readers = [n for n in DATASETS if "min_client_samples" in dataset_spec(n).reads]
+            raise ValueError(
+                f"min-client-samples applies to {', '.join(readers)}, not to {self.dataset!r}"
             )
         return self
 
@@ -318,6 +351,7 @@ def _shares(
             synthetic_alpha=spec.synthetic_alpha,
             synthetic_beta=spec.synthetic_beta,
             mixture_label_mode=spec.mixture_label_mode,
+            min_client_samples=spec.min_client_samples,
         )
         x = np.concatenate([client_x for client_x, _ in natural.clients])
         y = np.concatenate([client_y for _, client_y in natural.clients])
@@ -325,6 +359,7 @@ def _shares(
         start = 0
         for client_id, (_, client_y) in enumerate(natural.clients):
             kept, held = server_indices(client_y, spec.server_fraction, spec.seed, client_id)
+            kept = kept[cap_indices(len(kept), spec.max_client_samples, spec.seed, client_id)]
             shares.append(start + kept)
             server.append(start + held)
             start += len(client_y)
@@ -341,6 +376,7 @@ def _shares(
         class_assignment=spec.class_assignment,
         shards_per_client=spec.shards_per_client,
         num_classes=pooled.info.num_classes,
+        quantity_sigma=spec.quantity_sigma,
     )
     return pooled.info, pooled.x, pooled.y, [kept[part] for part in parts], held
 
@@ -518,6 +554,7 @@ def _shard_metadata(info: DatasetInfo, client_id: int) -> dict[str, Any]:
         "input_shape": list(info.input_shape),
         "mean": None if info.mean is None else list(info.mean),
         "std": None if info.std is None else list(info.std),
+        "vocabulary_size": info.vocabulary_size,
         "client_id": client_id,
     }
 
@@ -627,6 +664,12 @@ def _parse_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
             f"{metadata['version']!r}; this version reads {SHARD_FORMAT!r} versions "
             f"{', '.join(map(str, SHARD_FORMAT_VERSIONS))}"
         )
+    for version, fields in _METADATA_FIELDS_SINCE.items():
+        missing = [
+            field for field in fields if metadata["version"] >= version and field not in metadata
+        ]
+        if missing:
+            raise ShardError(f"shard file {path} metadata lacks: {', '.join(missing)}")
     if metadata["dataset"] not in DATASETS:
         raise ShardError(f"shard file {path} names an unknown dataset {metadata['dataset']!r}")
     return metadata
@@ -680,6 +723,7 @@ def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
             input_shape=tuple(int(size) for size in metadata["input_shape"]),
             mean=None if metadata["mean"] is None else tuple(map(float, metadata["mean"])),
             std=None if metadata["std"] is None else tuple(map(float, metadata["std"])),
+            vocabulary_size=int(metadata.get("vocabulary_size", 0)),
         )
         client_id = int(metadata["client_id"])
     except (TypeError, ValueError) as error:

@@ -2,7 +2,10 @@
 
 Every builder takes the dataset's per-sample ``input_shape`` and ``num_classes`` so the
 same name works across datasets (``cnn`` is the FedAvg paper's CNN in its MNIST form for
-1-channel 28x28 input and its CIFAR form for 3-channel 32x32 input).
+1-channel 28x28 input and its CIFAR form for 3-channel 32x32 input). The character models
+(``char-lstm``, ``char-lstm-100``) take sequences of token ids and predict the next token,
+so they are classifiers over the vocabulary like any other model here;
+:func:`check_model_fits` keeps token models and token data together.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from math import prod
 import torch
 from torch import nn
 
+from pflarena.core.datasets import DatasetInfo
+
 __all__ = [
     "MODEL_NAMES",
-    "DEFAULT_MODEL",
+    "TOKEN_MODELS",
     "build_model",
+    "check_model_fits",
     "default_model_for",
     "ModelError",
 ]
@@ -124,6 +130,40 @@ class TFCifarCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class TFCifarCNNSame(nn.Module):
+    """The TensorFlow-tutorial CIFAR CNN in its "same"-padded form, as the pFedSV spec reads
+    the paper's CNN-CIFAR (specs/pfedsv.md §5.5): 1,756,426 parameters for 10 classes.
+
+    Two 5x5 convolutions with 64 channels and padding 2, each followed by ReLU and 3x3
+    max pooling of stride 2 (padding 1), then fully connected layers of 384 and 192 units
+    with ReLU, on 32x32 input without the tutorial's local response normalisation.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, _, _ = _image_shape(input_shape, "tf-cnn-same")
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 64, kernel_size=5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            nn.Conv2d(64, 64, kernel_size=5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            nn.Flatten(),
+        )
+        flat = _flat_size(self.features, input_shape)
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 384),
+            nn.ReLU(),
+            nn.Linear(384, 192),
+            nn.ReLU(),
+            nn.Linear(192, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 class LeNet5(nn.Module):
     """LeNet-5 (LeCun et al., 1998) with ReLU and max pooling, for 28x28 or 32x32 input."""
 
@@ -205,8 +245,61 @@ class HARCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class CharLSTM(nn.Module):
+    """The character LSTM of LEAF's Shakespeare baseline and the FedAvg paper.
+
+    McMahan et al. (2017, Sec. 3): each character is embedded in an 8-dimensional learned
+    space, two LSTM layers process the sequence, and a softmax layer with one output per
+    character reads the second layer's output at the last step. LEAF
+    (``models/shakespeare/stacked_lstm.py``) uses 256 hidden units and 80-character
+    windows; FedDyn's ``shakes_LSTM`` (the PAGE paper's model) uses 100. As in LEAF the
+    embedding has one row per class: the classes are the vocabulary.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        ``(sequence_length,)``: token ids ``0 .. num_classes - 1``.
+    num_classes : int
+        Vocabulary size, which is also the number of outputs.
+    hidden : int
+        Units per LSTM layer.
+    embedding : int
+        Embedding dimension.
+    layers : int
+        Stacked LSTM layers.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        *,
+        hidden: int = 256,
+        embedding: int = 8,
+        layers: int = 2,
+    ) -> None:
+        super().__init__()
+        if len(input_shape) != 1:
+            raise ModelError(
+                f"the character LSTM needs sequences of token ids, input_shape (length,); "
+                f"got {tuple(input_shape)}"
+            )
+        self.embedding = nn.Embedding(num_classes, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
+        self.output = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sequence, _ = self.lstm(self.embedding(x))
+        return self.output(sequence[:, -1, :])
+
+
 def resnet18(
-    input_shape: tuple[int, ...], num_classes: int, *, norm: str = "batch", cifar_stem: bool = False
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    norm: str = "batch",
+    cifar_stem: bool = False,
+    small_stem: bool = False,
 ) -> nn.Module:
     """ResNet-18 from torchvision, randomly initialised.
 
@@ -220,6 +313,11 @@ def resnet18(
         Replace the ImageNet stem (7x7 stride-2 convolution and max pooling) by a 3x3
         stride-1 convolution, the usual choice for 32x32 input. The pFedGT paper's PFLlib
         setup keeps the ImageNet stem, which is the default here.
+    small_stem
+        For 64x64 input (Tiny-ImageNet): a 3x3 stride-1 convolution followed by
+        torchvision's max pooling, so the residual stages see 32x32 maps as the CIFAR
+        form does at 32x32 and end at 4x4 (the ImageNet stem ends at 2x2, the CIFAR stem
+        at 8x8 for four times the compute).
     """
     from torchvision.models import resnet18 as tv_resnet18
 
@@ -233,8 +331,10 @@ def resnet18(
 
     else:
         raise ModelError(f"resnet18 norm must be 'batch' or 'group', got {norm!r}")
+    if cifar_stem and small_stem:
+        raise ModelError("resnet18: choose cifar_stem or small_stem, not both")
     model = tv_resnet18(weights=None, num_classes=num_classes, norm_layer=norm_layer)
-    if cifar_stem or channels != 3:
+    if cifar_stem or small_stem or channels != 3:
         model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     if cifar_stem:
         model.maxpool = nn.Identity()
@@ -247,6 +347,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "cnn": FedAvgCNN,
     "small-cnn": SmallCNN,
     "tf-cnn": TFCifarCNN,
+    "tf-cnn-same": TFCifarCNNSame,
     "lenet5": LeNet5,
     "harcnn": HARCNN,
     "resnet18": resnet18,
@@ -255,27 +356,60 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "resnet18-cifar-gn": lambda shape, classes: resnet18(
         shape, classes, norm="group", cifar_stem=True
     ),
+    "resnet18-64": lambda shape, classes: resnet18(shape, classes, small_stem=True),
+    "resnet18-64-gn": lambda shape, classes: resnet18(
+        shape, classes, norm="group", small_stem=True
+    ),
+    "char-lstm": CharLSTM,
+    "char-lstm-100": lambda shape, classes: CharLSTM(shape, classes, hidden=100),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
-#: The model each dataset gets when the run config leaves ``model`` empty.
-DEFAULT_MODEL: dict[str, str] = {
-    "digits": "mlp",
-    "synthetic": "logreg",
-    "synthetic-mixture": "logreg",
-    "mnist": "cnn",
-    "fashion-mnist": "cnn",
-    "emnist": "cnn",
-    "cifar10": "cnn",
-    "cifar100": "cnn",
-    "har": "harcnn",
-}
+#: Models that take sequences of token ids (data sets with a ``vocabulary_size``).
+TOKEN_MODELS: frozenset[str] = frozenset({"char-lstm", "char-lstm-100"})
+
+
+def check_model_fits(name: str, info: DatasetInfo) -> None:
+    """Raise :class:`ModelError` when model ``name`` cannot read data set ``info``'s samples.
+
+    Token models (:data:`TOKEN_MODELS`) need token data whose ids index their embedding
+    (``vocabulary_size <= num_classes``); every other model needs numeric samples.
+
+    Parameters
+    ----------
+    name : str
+        Model name.
+    info : DatasetInfo
+        The data set's description.
+    """
+    if name not in _BUILDERS:
+        raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if name in TOKEN_MODELS and not info.tokens:
+        raise ModelError(
+            f"model {name!r} reads token ids, but dataset {info.name!r} has numeric samples; "
+            "choose a model for images or features"
+        )
+    if name not in TOKEN_MODELS and info.tokens:
+        raise ModelError(
+            f"dataset {info.name!r} holds token ids (a vocabulary of {info.vocabulary_size}); "
+            f"model {name!r} reads numbers: choose one of {', '.join(sorted(TOKEN_MODELS))}"
+        )
+    if name in TOKEN_MODELS and info.vocabulary_size > info.num_classes:
+        raise ModelError(
+            f"model {name!r} embeds one row per class ({info.num_classes}), fewer than "
+            f"dataset {info.name!r}'s vocabulary of {info.vocabulary_size}"
+        )
 
 
 def default_model_for(dataset: str) -> str:
-    """The default model name for ``dataset`` (``mlp`` for anything not listed)."""
-    return DEFAULT_MODEL.get(dataset, "mlp")
+    """The model ``dataset`` gets when the run config leaves ``model`` empty.
+
+    Each data set declares it (:attr:`~pflarena.core.datasets.DatasetSpec.default_model`).
+    """
+    from pflarena.core.datasets import dataset_spec
+
+    return dataset_spec(dataset).default_model
 
 
 def build_model(

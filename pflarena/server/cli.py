@@ -1,5 +1,5 @@
 """The ``pflarena`` command: ``run`` a simulation, ``compare`` runs, write ``shards``, list
-``methods`` and ``presets``.
+``methods``, ``presets`` and ``data`` sets (and check a local copy of one).
 
 ``pflarena run`` is ``flwr run`` made into a plain command. It starts a private
 simulation SuperLink on a free loopback port (with runtime dependency installation off),
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
+from pflarena.core.datasets import DatasetSpec, check_files
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
 
@@ -415,6 +416,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.check:
         print("".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
+    # Before the simulation's start-up: files that are not there fail the run now, with
+    # the path looked at, the layout expected and where to get them.
+    check_files(cfg.dataset, cfg.data_dir)
     summary = simulate(
         cfg,
         cpus_per_client=args.cpus_per_client,
@@ -465,6 +469,82 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         return 0
     for name in preset_names():
         print(f"{name:28s} {load_preset(name).description}")
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from pflarena.core.datasets import DATASETS, dataset_spec
+
+    if args.name is None:
+        print("| dataset | kind | classes | sample | default model | files |")
+        print("|---|---|---|---|---|---|")
+        for name in DATASETS:
+            spec = dataset_spec(name)
+            shape = "x".join(map(str, spec.info.input_shape))
+            sample = f"{shape} ids < {spec.info.vocabulary_size}" if spec.info.tokens else shape
+            files = "embedded" if spec.check is None else spec.layout
+            print(
+                f"| {name} | {spec.kind} | {spec.info.num_classes} | {sample} "
+                f"| {spec.default_model} | {files} |"
+            )
+        print(
+            "\n`pflarena data NAME` shows where to get a data set; "
+            "`pflarena data NAME --check --data-dir DIR` reads a local copy."
+        )
+        return 0
+    spec = dataset_spec(args.name)
+    if not args.check:
+        print(
+            f"{spec.name}: {spec.kind}, {spec.info.num_classes} classes, samples "
+            f"{spec.info.input_shape}, default partition {spec.default_partition}, "
+            f"default model {spec.default_model}"
+        )
+        if spec.check is None:
+            print("ships with pflarena: no files needed")
+        else:
+            print(f"layout under data-dir: {spec.layout}\nget it: {spec.source}")
+        return 0
+    return _check_data(spec, args)
+
+
+def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
+    """Read a local copy of a data set and print what the loader found."""
+    import numpy as np
+
+    from pflarena.core.datasets import load_natural, load_pooled
+
+    check_files(spec.name, args.data_dir)
+    if spec.kind == "pooled":
+        pooled = load_pooled(spec.name, args.data_dir)
+        shares = [pooled.y]
+        x = pooled.x
+        print(f"{spec.name}: {len(pooled.y)} samples in one pool")
+    else:
+        natural = load_natural(
+            spec.name,
+            args.num_clients if args.num_clients is not None else (10 if spec.embedded else 0),
+            seed=args.seed,
+            data_dir=args.data_dir,
+            min_client_samples=args.min_client_samples,
+        )
+        shares = [y for _, y in natural.clients]
+        x = np.concatenate([client_x[:1] for client_x, _ in natural.clients])
+        sizes = np.array([len(y) for y in shares])
+        print(
+            f"{spec.name}: {len(shares)} clients, {sizes.sum()} samples "
+            f"(per client min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})"
+        )
+    labels = np.concatenate(shares)
+    present = np.unique(labels)
+    print(f"samples: shape {tuple(x.shape[1:])}, dtype {x.dtype}")
+    print(
+        f"labels: {len(present)} of {spec.info.num_classes} classes present, "
+        f"range {labels.min()}..{labels.max()}"
+    )
+    if labels.min() < 0 or labels.max() >= spec.info.num_classes:
+        print(f"error: labels outside 0..{spec.info.num_classes - 1}", file=sys.stderr)
+        return 1
+    print("ok")
     return 0
 
 
@@ -545,6 +625,26 @@ def build_parser() -> argparse.ArgumentParser:
     presets = sub.add_parser("presets", help="list the experiment presets, or show one")
     presets.add_argument("name", nargs="?", help="a preset name")
     presets.set_defaults(func=_cmd_presets)
+
+    data = sub.add_parser(
+        "data", help="list the data sets, show where to get one, or check a local copy"
+    )
+    data.add_argument("name", nargs="?", help="a data set name")
+    data.add_argument(
+        "--check", action="store_true", help="read the local copy in --data-dir and summarise it"
+    )
+    data.add_argument("--data-dir", default="", help="folder holding the data set's files")
+    data.add_argument(
+        "--num-clients",
+        type=int,
+        default=None,
+        help="natively federated data sets: clients to form (default: every eligible one)",
+    )
+    data.add_argument(
+        "--min-client-samples", type=int, default=0, help="LEAF data sets: LEAF's -k filter"
+    )
+    data.add_argument("--seed", type=int, default=0, help="seed of the choice of clients")
+    data.set_defaults(func=_cmd_data)
 
     shards = sub.add_parser("shards", help="write one data file per client for deployments")
     _add_config_flags(shards, DATA_KEYS)

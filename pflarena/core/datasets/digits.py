@@ -31,6 +31,11 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 register_dataset(
     DatasetSpec(
-        name="digits", info=DIGITS_INFO, kind="pooled", loader=load_digits_arrays, embedded=True
+        name="digits",
+        info=DIGITS_INFO,
+        kind="pooled",
+        loader=load_digits_arrays,
+        embedded=True,
+        default_model="mlp",
     )
 )

@@ -9,7 +9,7 @@ import numpy as np
 from pflarena.core.datasets.base import DatasetError, DatasetInfo, NaturalDataset
 from pflarena.core.datasets.registry import DatasetSpec, register_dataset
 
-__all__ = ["HAR_INFO", "HAR_SIGNALS", "har_paths", "load_har"]
+__all__ = ["HAR_INFO", "HAR_SIGNALS", "check_har_files", "har_paths", "load_har"]
 
 HAR_INFO = DatasetInfo("har", 6, (9, 1, 128))
 
@@ -47,6 +47,25 @@ def har_paths(data_dir: str | Path, split: str) -> list[Path]:
     base = Path(data_dir) / _HAR_ROOT / split
     signals = [base / "Inertial Signals" / f"{signal}_{split}.txt" for signal in HAR_SIGNALS]
     return [*signals, base / f"y_{split}.txt", base / f"subject_{split}.txt"]
+
+
+def check_har_files(data_dir: Path) -> None:
+    """Raise :class:`DatasetError` naming the missing files unless the UCI HAR tree is complete.
+
+    Parameters
+    ----------
+    data_dir : pathlib.Path
+        Folder that should contain ``UCI HAR Dataset/``.
+    """
+    expected = har_paths(data_dir, "train") + har_paths(data_dir, "test")
+    missing = [str(path) for path in expected if not path.is_file()]
+    if missing:
+        raise DatasetError(
+            f"UCI HAR files not found under {data_dir / _HAR_ROOT}; missing: "
+            f"{'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+            f"({len(missing)} of {len(expected)}). Download 'UCI HAR Dataset.zip' from "
+            f"{_HAR_URL} and unzip it into {data_dir}."
+        )
 
 
 def _read_har_split(data_dir: str | Path, split: str) -> tuple[np.ndarray, ...]:
@@ -96,15 +115,7 @@ def load_har(data_dir: str | Path) -> NaturalDataset:
             f"dataset 'har' needs data_dir: a folder that contains '{_HAR_ROOT}/' "
             f"(download and unzip it from {_HAR_URL})"
         )
-    expected = har_paths(data_dir, "train") + har_paths(data_dir, "test")
-    missing = [str(path) for path in expected if not path.is_file()]
-    if missing:
-        raise DatasetError(
-            f"UCI HAR files not found under {Path(data_dir) / _HAR_ROOT}; missing: "
-            f"{'; '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
-            f"({len(missing)} of {len(expected)}). Download 'UCI HAR Dataset.zip' from "
-            f"{_HAR_URL} and unzip it into {data_dir}."
-        )
+    check_har_files(Path(data_dir))
     try:
         splits = [_read_har_split(data_dir, split) for split in ("train", "test")]
     except ValueError as error:
@@ -119,9 +130,9 @@ def load_har(data_dir: str | Path) -> NaturalDataset:
 
 
 def _load_federated(data_dir: str | Path, num_clients: int) -> NaturalDataset:
-    """:func:`load_har`, checking that there is one client per subject."""
+    """:func:`load_har`, checking that there is one client per subject (``0``: any number)."""
     dataset = load_har(data_dir)
-    if len(dataset.clients) != num_clients:
+    if num_clients and len(dataset.clients) != num_clients:
         raise DatasetError(
             f"dataset 'har' has one client per subject: {len(dataset.clients)} subjects "
             f"found, but num_clients={num_clients} (the real UCI HAR has 30)"
@@ -136,5 +147,10 @@ register_dataset(
         kind="natural",
         loader=_load_federated,
         reads=("data_dir", "num_clients"),
+        default_model="harcnn",
+        check=check_har_files,
+        source=_HAR_URL,
+        layout=f"'{_HAR_ROOT}/' (train/ and test/, each with 'Inertial Signals/', y_*.txt, "
+        "subject_*.txt)",
     )
 )

@@ -33,6 +33,7 @@ __all__ = [
     "DatasetKind",
     "DatasetSpec",
     "check_dataset_name",
+    "check_files",
     "dataset_info",
     "dataset_names",
     "dataset_spec",
@@ -54,6 +55,7 @@ LOADER_ARGUMENTS: tuple[str, ...] = (
     "synthetic_alpha",
     "synthetic_beta",
     "mixture_label_mode",
+    "min_client_samples",
 )
 
 #: Partition a data set uses unless it declares another, by kind.
@@ -85,6 +87,17 @@ class DatasetSpec:
     default_partition : str
         The partition to use when none is chosen; ``""`` (the default) means
         ``"dirichlet"`` for pooled and ``"natural"`` for natural data sets.
+    default_model : str
+        The model a run gets when its config leaves ``model`` empty (a name of
+        :data:`~pflarena.core.models.MODEL_NAMES`).
+    check : callable, optional
+        ``check(data_dir)`` raises :class:`DatasetError` naming the missing or misplaced
+        path and the expected layout, without reading the data; ``None`` for data sets
+        that need no files.
+    source : str
+        Where to get the files (for messages and ``pflarena data``).
+    layout : str
+        The layout the loader expects under ``data_dir``, in one line.
     """
 
     name: str
@@ -94,6 +107,10 @@ class DatasetSpec:
     reads: tuple[str, ...] = ()
     embedded: bool = False
     default_partition: str = ""
+    default_model: str = "mlp"
+    check: Callable[[Path], None] | None = None
+    source: str = ""
+    layout: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in DATASET_KINDS:
@@ -112,6 +129,8 @@ class DatasetSpec:
             raise ValueError(f"dataset {self.name!r}: the loader takes no {missing}")
         if not self.default_partition:
             object.__setattr__(self, "default_partition", _DEFAULT_PARTITIONS[self.kind])
+        if not self.embedded and self.check is None:
+            raise ValueError(f"dataset {self.name!r} reads files: it needs a check")
 
 
 _REGISTRY: dict[str, DatasetSpec] = {}
@@ -213,6 +232,36 @@ def dataset_info(name: str) -> DatasetInfo:
     return dataset_spec(name).info
 
 
+def check_files(name: str, data_dir: str | Path) -> None:
+    """Check, without reading them, that a data set's files are where its loader looks.
+
+    Embedded data sets need nothing. For the others ``data_dir`` must be given and hold
+    the files in the data set's layout.
+
+    Parameters
+    ----------
+    name : str
+        Data set name.
+    data_dir : str or pathlib.Path
+        The run's ``data-dir``; ``""`` means not given.
+
+    Raises
+    ------
+    DatasetError
+        Unknown name, no ``data_dir``, or files missing; the message names the path
+        looked at, the layout expected and where to get the files.
+    """
+    spec = dataset_spec(name)
+    if spec.check is None:
+        return
+    if not str(data_dir):
+        raise DatasetError(
+            f"dataset {name!r} needs data-dir: a folder holding {spec.layout}. "
+            f"Nothing is downloaded; get the files from {spec.source}"
+        )
+    spec.check(Path(data_dir))
+
+
 def _call_loader(spec: DatasetSpec, arguments: dict[str, Any]) -> Any:
     return spec.loader(**{name: arguments[name] for name in spec.reads})
 
@@ -256,6 +305,7 @@ def load_natural(
     synthetic_alpha: float = 0.5,
     synthetic_beta: float = 0.5,
     mixture_label_mode: str = "fixed",
+    min_client_samples: int = 0,
 ) -> NaturalDataset:
     """Load or generate a natively federated data set.
 
@@ -273,6 +323,8 @@ def load_natural(
         Synthetic(α, β) parameters.
     mixture_label_mode : {"fixed", "faithful"}
         See :func:`~pflarena.core.datasets.mixture_labels`.
+    min_client_samples : int
+        LEAF data sets: users with this many samples or fewer are dropped (LEAF's ``-k``).
 
     Returns
     -------
@@ -292,5 +344,6 @@ def load_natural(
         "synthetic_alpha": synthetic_alpha,
         "synthetic_beta": synthetic_beta,
         "mixture_label_mode": mixture_label_mode,
+        "min_client_samples": min_client_samples,
     }
     return _call_loader(spec, arguments)

@@ -116,5 +116,6 @@ register_dataset(
         loader=_load,
         reads=("num_clients", "seed", "synthetic_alpha", "synthetic_beta"),
         embedded=True,
+        default_model="logreg",
     )
 )

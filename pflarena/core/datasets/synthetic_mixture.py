@@ -241,5 +241,6 @@ register_dataset(
         loader=_load,
         reads=("num_clients", "seed", "mixture_label_mode"),
         embedded=True,
+        default_model="logreg",
     )
 )

@@ -25,7 +25,12 @@ from pflarena.core.datasets.io import (
 )
 from pflarena.core.datasets.registry import DatasetSpec, register_dataset
 
-__all__ = ["TORCHVISION_DATASETS", "TorchvisionSource", "load_torchvision_pool"]
+__all__ = [
+    "TORCHVISION_DATASETS",
+    "TorchvisionSource",
+    "check_torchvision_files",
+    "load_torchvision_pool",
+]
 
 
 @dataclass(frozen=True)
@@ -136,11 +141,48 @@ def _read_torchvision(
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def check_torchvision_files(name: str, source: TorchvisionSource, data_dir: Path) -> None:
+    """Raise :class:`DatasetError` unless the torchvision folder or the offline copy is there.
+
+    Parameters
+    ----------
+    name : str
+        Data set name, for messages.
+    source : TorchvisionSource
+        Where its files are.
+    data_dir : pathlib.Path
+        Root folder.
+    """
+    if (data_dir / source.layout).is_dir():
+        return
+    if source.offline is not None and (data_dir / source.offline).is_file():
+        return
+    tried = [f"{data_dir / source.layout} (torchvision layout)"]
+    if source.offline is not None:
+        tried.append(f"{data_dir / source.offline} ({source.offline_label})")
+    raise DatasetError(
+        f"dataset {name!r} not found; tried: {'; '.join(tried)}. Nothing is downloaded: "
+        "fetch the files on a machine with network, e.g. "
+        f"torchvision.datasets.{source.class_name}({str(data_dir)!r}, "
+        f"download=True){source.offline_hint()}."
+    )
+
+
 def _register(info: DatasetInfo, source: TorchvisionSource) -> None:
     _SOURCES[info.name] = source
-    loader = functools.partial(load_torchvision_pool, info.name, source)
     register_dataset(
-        DatasetSpec(name=info.name, info=info, kind="pooled", loader=loader, reads=("data_dir",))
+        DatasetSpec(
+            name=info.name,
+            info=info,
+            kind="pooled",
+            loader=functools.partial(load_torchvision_pool, info.name, source),
+            reads=("data_dir",),
+            default_model="cnn",
+            check=functools.partial(check_torchvision_files, info.name, source),
+            source=f"torchvision.datasets.{source.class_name}(root, download=True)"
+            + source.offline_hint().replace(", or", " or"),
+            layout=f"the torchvision folder {source.layout}{source.offline_hint()}",
+        )
     )
 
 

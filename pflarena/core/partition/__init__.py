@@ -4,7 +4,9 @@ Every partitioner takes the pooled label array and returns one array of sample i
 per client. ``iid``, ``dirichlet``, ``pathological`` and ``shards`` run flwr-datasets
 partitioners (:mod:`~pflarena.core.partition.flwr_partitioners`); ``pfllib-dirichlet``
 is PFLlib's ``separate_data`` Dirichlet procedure, the split behind the pFedGT paper's
-Table 5 (:mod:`~pflarena.core.partition.pfllib`); ``natural`` is the partition of the
+Table 5 (:mod:`~pflarena.core.partition.pfllib`); ``inner-dirichlet`` is FedLab's split
+into clients of set sizes with Dirichlet class priors, the PAGE paper's
+(:mod:`~pflarena.core.partition.inner_dirichlet`); ``natural`` is the partition of the
 natively federated data sets (:mod:`~pflarena.core.partition.natural`).
 
 Each partitioner module declares its partitions once with :func:`register_partition`
@@ -19,6 +21,7 @@ from __future__ import annotations
 # isort: off
 from pflarena.core.partition import flwr_partitioners  # noqa: F401
 from pflarena.core.partition import pfllib  # noqa: F401
+from pflarena.core.partition import inner_dirichlet  # noqa: F401
 from pflarena.core.partition import natural  # noqa: F401
 # isort: on
 
@@ -29,6 +32,11 @@ from pflarena.core.partition.flwr_partitioners import (
     iid_partition,
     pathological_partition,
     shard_partition,
+)
+from pflarena.core.partition.inner_dirichlet import (
+    client_sizes,
+    fill_clients,
+    inner_dirichlet_partition,
 )
 from pflarena.core.partition.pfllib import (
     PFLLIB_LEAST_SAMPLES,
@@ -46,6 +54,8 @@ from pflarena.core.partition.registry import (
     register_partition,
 )
 from pflarena.core.partition.split import (
+    cap_indices,
+    cap_seed,
     server_indices,
     server_seed,
     split_seed,
@@ -58,6 +68,8 @@ from pflarena.core.partition.split import (
 PARTITIONS: tuple[str, ...] = partition_names()
 
 __all__ = [
+    "cap_indices",
+    "cap_seed",
     "DIRICHLET_MIN_PARTITION_SIZE",
     "FLWR_PARTITIONS",
     "PARTITIONS",
@@ -66,8 +78,11 @@ __all__ = [
     "PFLLIB_MAX_ATTEMPTS",
     "PartitionSpec",
     "check_partition_name",
+    "client_sizes",
     "dirichlet_partition",
+    "fill_clients",
     "iid_partition",
+    "inner_dirichlet_partition",
     "partition_indices",
     "partition_names",
     "partition_spec",

@@ -31,7 +31,7 @@ __all__ = [
 
 #: Keyword arguments a partitioner may read: the federation spec's ``num_clients``,
 #: ``seed``, ``alpha``, ``classes_per_client``, ``class_assignment``, ``shards_per_client``,
-#: and the data set's ``num_classes``.
+#: ``quantity_sigma``, and the data set's ``num_classes``.
 PARTITION_ARGUMENTS: tuple[str, ...] = (
     "num_clients",
     "seed",
@@ -40,6 +40,7 @@ PARTITION_ARGUMENTS: tuple[str, ...] = (
     "class_assignment",
     "shards_per_client",
     "num_classes",
+    "quantity_sigma",
 )
 
 
@@ -194,6 +195,7 @@ def partition_indices(
     class_assignment: str = "first-deterministic",
     shards_per_client: int = 2,
     num_classes: int | None = None,
+    quantity_sigma: float = 0.0,
 ) -> list[np.ndarray]:
     """Divide a pooled data set's labels over clients with the named partitioner.
 
@@ -216,7 +218,10 @@ def partition_indices(
     shards_per_client : int
         For ``shards``.
     num_classes : int, optional
-        Number of classes (``pfllib-dirichlet``); default ``labels.max() + 1``.
+        Number of classes (``pfllib-dirichlet``, ``inner-dirichlet``); default
+        ``labels.max() + 1``.
+    quantity_sigma : float
+        For ``inner-dirichlet``: log-normal σ of the client sizes (0: equal sizes).
 
     Returns
     -------
@@ -237,5 +242,6 @@ def partition_indices(
         "class_assignment": class_assignment,
         "shards_per_client": shards_per_client,
         "num_classes": num_classes,
+        "quantity_sigma": quantity_sigma,
     }
     return spec.function(np.asarray(labels), **{name: arguments[name] for name in spec.reads})

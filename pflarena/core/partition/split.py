@@ -9,7 +9,9 @@ share a random stream:
 * :func:`validation_indices` carves a validation split out of a client's training split
   (seed :func:`validation_seed`);
 * :func:`server_indices` sets aside the samples the server holds, from the pool of a
-  pooled data set or from each client's share of a natural one (seed :func:`server_seed`).
+  pooled data set or from each client's share of a natural one (seed :func:`server_seed`);
+* :func:`cap_indices` keeps a seeded choice of at most a given number of a natural
+  client's samples (seed :func:`cap_seed`).
 
 Each takes ``ceil(fraction · n)`` samples for the part it sets aside (the rule of
 ``sklearn.model_selection.train_test_split``), and a fraction of 0 sets nothing aside.
@@ -22,6 +24,8 @@ import numpy as np
 from pflarena.core.datasets import DatasetError
 
 __all__ = [
+    "cap_indices",
+    "cap_seed",
     "server_indices",
     "server_seed",
     "split_seed",
@@ -34,6 +38,7 @@ __all__ = [
 #: from :func:`split_seed`'s.
 _VALIDATION_STREAM = 1
 _SERVER_STREAM = 2
+_CAP_STREAM = 3
 
 
 def _seed(sequence: np.random.SeedSequence) -> int:
@@ -249,3 +254,47 @@ def server_indices(
             f"samples of {owner} ({error}); use a smaller server_fraction"
         ) from error
     return np.sort(kept), np.sort(server)
+
+
+def cap_seed(seed: int, client_id: int) -> int:
+    """Seed of the choice of a natural client's kept samples (:func:`cap_indices`).
+
+    Parameters
+    ----------
+    seed, client_id : int
+        Run seed and client id.
+
+    Returns
+    -------
+    int
+        A 32-bit seed.
+    """
+    return _seed(np.random.SeedSequence(seed, spawn_key=(_CAP_STREAM, client_id)))
+
+
+def cap_indices(num_samples: int, max_samples: int, seed: int, client_id: int) -> np.ndarray:
+    """Seeded choice of at most ``max_samples`` of a client's ``num_samples`` samples.
+
+    A uniform draw without replacement (PAGE's "7 000 random samples" of each Shakespeare
+    role), returned in increasing order so the kept samples keep their order.
+    ``max_samples == 0``, or no more samples than that, keeps everything.
+
+    Parameters
+    ----------
+    num_samples : int
+        The client's number of samples.
+    max_samples : int
+        The cap; ``0`` for none.
+    seed, client_id : int
+        Run seed and client id.
+
+    Returns
+    -------
+    numpy.ndarray
+        Positions into the client's samples.
+    """
+    positions = np.arange(num_samples, dtype=np.int64)
+    if max_samples == 0 or num_samples <= max_samples:
+        return positions
+    rng = np.random.default_rng(cap_seed(seed, client_id))
+    return np.sort(rng.choice(num_samples, size=max_samples, replace=False))
