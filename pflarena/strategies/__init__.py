@@ -23,6 +23,7 @@ from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.local import Local
 from pflarena.strategies.pfedgt import PFedGT
 from pflarena.strategies.pfedsv import PFedSV
+from pflarena.strategies.ppfl import PPFL
 
 __all__ = ["BUILTIN_STRATEGIES", "PLUGINS_ENV", "declarations", "strategy_classes"]
 
@@ -38,6 +39,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedFomo,
     FedPG,
     FedMGDA,
+    PPFL,
 )
 
 
