@@ -65,6 +65,7 @@ def test_partition_names_are_derived_from_the_registry() -> None:
         "shards",
         "pfllib-dirichlet",
         "natural",
+        "label-groups",
     )
     assert partition_names() == PARTITIONS
     assert partition_names(natural=True) == ("natural",)
@@ -77,6 +78,7 @@ def test_partition_names_are_derived_from_the_registry() -> None:
         "pathological": ("num_clients", "classes_per_client", "seed", "class_assignment"),
         "shards": ("num_clients", "shards_per_client", "seed"),
         "pfllib-dirichlet": ("num_clients", "alpha", "seed", "num_classes"),
+        "label-groups": ("num_clients", "label_groups", "seed", "num_classes"),
     }
     assert all(set(fields) <= set(PARTITION_ARGUMENTS) for fields in reads.values())
 

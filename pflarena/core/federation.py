@@ -143,6 +143,9 @@ class FederationSpec(BaseModel):
         "'random': k random classes",
     )
     shards_per_client: int = Field(2, ge=1, description="shards per client (shards)")
+    label_groups: int = Field(
+        4, ge=1, description="class groups, one per group of clients (label-groups)"
+    )
     test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
     validation_fraction: float = Field(
         0.0,
@@ -340,6 +343,7 @@ def _shares(
         classes_per_client=spec.classes_per_client,
         class_assignment=spec.class_assignment,
         shards_per_client=spec.shards_per_client,
+        label_groups=spec.label_groups,
         num_classes=pooled.info.num_classes,
     )
     return pooled.info, pooled.x, pooled.y, [kept[part] for part in parts], held

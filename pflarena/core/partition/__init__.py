@@ -5,7 +5,9 @@ per client. ``iid``, ``dirichlet``, ``pathological`` and ``shards`` run flwr-dat
 partitioners (:mod:`~pflarena.core.partition.flwr_partitioners`); ``pfllib-dirichlet``
 is PFLlib's ``separate_data`` Dirichlet procedure, the split behind the pFedGT paper's
 Table 5 (:mod:`~pflarena.core.partition.pfllib`); ``natural`` is the partition of the
-natively federated data sets (:mod:`~pflarena.core.partition.natural`).
+natively federated data sets (:mod:`~pflarena.core.partition.natural`); ``label-groups`` is
+the PPFL paper's split of the classes into groups of clients
+(:mod:`~pflarena.core.partition.label_groups`).
 
 Each partitioner module declares its partitions once with :func:`register_partition`
 (:mod:`~pflarena.core.partition.registry`); :data:`PARTITIONS` is derived from the
@@ -20,6 +22,7 @@ from __future__ import annotations
 from pflarena.core.partition import flwr_partitioners  # noqa: F401
 from pflarena.core.partition import pfllib  # noqa: F401
 from pflarena.core.partition import natural  # noqa: F401
+from pflarena.core.partition import label_groups  # noqa: F401
 # isort: on
 
 from pflarena.core.partition.flwr_partitioners import (
@@ -30,6 +33,7 @@ from pflarena.core.partition.flwr_partitioners import (
     pathological_partition,
     shard_partition,
 )
+from pflarena.core.partition.label_groups import group_labels, label_group_partition
 from pflarena.core.partition.pfllib import (
     PFLLIB_LEAST_SAMPLES,
     PFLLIB_MAX_ATTEMPTS,
@@ -67,7 +71,9 @@ __all__ = [
     "PartitionSpec",
     "check_partition_name",
     "dirichlet_partition",
+    "group_labels",
     "iid_partition",
+    "label_group_partition",
     "partition_indices",
     "partition_names",
     "partition_spec",

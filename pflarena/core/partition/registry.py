@@ -31,7 +31,7 @@ __all__ = [
 
 #: Keyword arguments a partitioner may read: the federation spec's ``num_clients``,
 #: ``seed``, ``alpha``, ``classes_per_client``, ``class_assignment``, ``shards_per_client``,
-#: and the data set's ``num_classes``.
+#: ``label_groups``, and the data set's ``num_classes``.
 PARTITION_ARGUMENTS: tuple[str, ...] = (
     "num_clients",
     "seed",
@@ -39,6 +39,7 @@ PARTITION_ARGUMENTS: tuple[str, ...] = (
     "classes_per_client",
     "class_assignment",
     "shards_per_client",
+    "label_groups",
     "num_classes",
 )
 
@@ -193,6 +194,7 @@ def partition_indices(
     classes_per_client: int = 2,
     class_assignment: str = "first-deterministic",
     shards_per_client: int = 2,
+    label_groups: int = 4,
     num_classes: int | None = None,
 ) -> list[np.ndarray]:
     """Divide a pooled data set's labels over clients with the named partitioner.
@@ -215,6 +217,8 @@ def partition_indices(
         For ``pathological``: how classes are assigned to clients.
     shards_per_client : int
         For ``shards``.
+    label_groups : int
+        For ``label-groups``: the number of class groups.
     num_classes : int, optional
         Number of classes (``pfllib-dirichlet``); default ``labels.max() + 1``.
 
@@ -236,6 +240,7 @@ def partition_indices(
         "classes_per_client": classes_per_client,
         "class_assignment": class_assignment,
         "shards_per_client": shards_per_client,
+        "label_groups": label_groups,
         "num_classes": num_classes,
     }
     return spec.function(np.asarray(labels), **{name: arguments[name] for name in spec.reads})
