@@ -109,3 +109,9 @@ PPFL_PHASE_GRADIENT = "membership-gradient"  # C-block (Algorithm 1): ∇_c f_i 
 PPFL_PHASE_SYNC = "membership"  # Algorithm 1's synchronisation: the server's new c_i
 PPFL_PHASE_STEPS = "membership-steps"  # the authors' code: c_i steps at θ^{t+1}
 PPFL_PHASE_ALTERNATE = "alternate"  # Algorithm 2: a c_i step, then local SGD on θ
+
+# IFCA (strategies/ifca.py <-> client/solvers/ifca.py).
+IFCA_CLUSTER = "ifca-cluster"  # train reply: the cluster identity the client estimated
+
+# FedEM (strategies/fedem.py <-> client/solvers/fedem.py).
+FEDEM_ENTROPY = "fedem-mixture-entropy"  # train reply: the entropy of the client's new π_i

@@ -16,10 +16,12 @@ from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.ditto import Ditto
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.fedavg_ft import FedAvgFT
+from pflarena.strategies.fedem import FedEM
 from pflarena.strategies.fedfomo import FedFomo
 from pflarena.strategies.fedmgda import FedMGDA
 from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
+from pflarena.strategies.ifca import IFCA
 from pflarena.strategies.local import Local
 from pflarena.strategies.pfedgt import PFedGT
 from pflarena.strategies.pfedsv import PFedSV
@@ -40,6 +42,8 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedPG,
     FedMGDA,
     PPFL,
+    IFCA,
+    FedEM,
 )
 
 
