@@ -525,6 +525,7 @@ def test_two_exchanges_per_round_on_the_deployment(
 SEED_METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "pfedgt": ({}, "pfedgt/personal-model"),
     "pfedsv": ({"validation-fraction": 0.2}, "pfedsv/personal-model"),
+    "ppfl": ({}, "ppfl/membership"),
 }
 
 

@@ -93,7 +93,7 @@ class PPFLParams(MethodParams):
 
     num_canonical: int = Field(3, ge=1, le=64, description="K, the number of canonical models")
     form: Literal["interpolate", "mix"] = Field(
-        "interpolate",
+        "mix",
         description="'interpolate': PPFL2, one model with parameters Σ c_k θ_k (Eq. 8); "
         "'mix': PPFL1, the canonical models' outputs mixed with weights c (Eq. 7)",
     )
@@ -109,7 +109,7 @@ class PPFLParams(MethodParams):
         "θ_com (0: the whole model is canonical, no trunk)",
     )
     schedule: Literal["rbcd", "alternate", "theta-first"] = Field(
-        "rbcd",
+        "theta-first",
         description="'rbcd': Algorithm 1 (a random block per round); 'alternate': Algorithm 2 "
         "(c step, then θ); 'theta-first': the authors' code (θ, then c steps at θ^{t+1})",
     )
@@ -229,10 +229,10 @@ class PPFL(MultiExchangeStrategy):
         input_shape: Sequence[int] = (),
         num_classes: int = 2,
         num_canonical: int = 3,
-        form: str = "interpolate",
+        form: str = "mix",
         mix: str = "prob",
         canonical_layers: int = 0,
-        schedule: str = "rbcd",
+        schedule: str = "theta-first",
         theta_probability: float = 0.5,
         membership_lr: float = 0.5,
         membership_steps: str = "auto",
