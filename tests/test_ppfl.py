@@ -294,3 +294,42 @@ def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically
     np.testing.assert_array_equal(resumed.memberships, whole.memberships)
     assert resumed.blocks == whole.blocks and resumed.objective == whole.objective
     assert sorted(resumed.history) == sorted(whole.history)
+
+
+# --------------------------------------------------------------------------- recovery
+@pytest.mark.slow  # about 30 s on an idle 2-core machine, 100 s under load
+def test_memberships_recover_the_true_mixture_weights_and_the_objective_decreases(tmp_path):
+    """``synthetic-mixture`` (fixed labels, K* = 3): p(y|x, i) = Σ_k α_ik σ(±x·θ_k*) is
+    PPFL1's probability mixture (Eq. 7), so c_i should recover α_i. After 10 rounds of the
+    default schedule on 40 clients, with the components matched to the truth by the
+    Hungarian algorithm on Σ_i |c_ik − α_il|: the mean total variation ½‖c_i − α_i‖₁ is below
+    0.2 (uniform memberships are at 0.42; measured 0.135), every nearly pure client
+    (max α > 0.9) has its component as the argmax, and F(θ^t, C^t) falls round after round
+    up to minibatch noise (spec §8, checks 5 and 8)."""
+    from scipy.optimize import linear_sum_assignment
+
+    from pflarena.core.federation import synthetic_mixture_truth
+
+    cfg = config(
+        strategy="ppfl", dataset="synthetic-mixture", num_clients=40, num_rounds=10,
+        local_epochs=5, lr=0.3, eval_every=10, test_fraction=0.2,
+        **{"ppfl.membership-lr": 2.0},
+    )  # fmt: skip
+    strategy = build_strategy(cfg)
+    outcome = run_local(cfg, tmp_path, strategy=strategy)
+    _, alpha = synthetic_mixture_truth(cfg.federation_spec())
+    learnt = strategy.memberships
+    cost = np.abs(learnt[:, :, None] - alpha[:, None, :]).sum(axis=0)  # K × K*
+    rows, cols = linear_sum_assignment(cost)
+    aligned = np.zeros_like(alpha)
+    aligned[:, cols] = learnt[:, rows]
+    tv = 0.5 * np.abs(aligned - alpha).sum(axis=1)
+    uniform = 0.5 * np.abs(1 / 3 - alpha).sum(axis=1)
+    assert tv.mean() < 0.2 and uniform.mean() > 0.4, (tv.mean(), uniform.mean())
+    pure = alpha.max(axis=1) > 0.9
+    assert pure.sum() >= 5
+    assert (aligned[pure].argmax(axis=1) == alpha[pure].argmax(axis=1)).all()
+    objective = [strategy.objective[r] for r in range(1, 11)]
+    assert all(b <= a + 0.01 for a, b in zip(objective, objective[1:], strict=False)), objective
+    assert objective[-1] < 0.75 * objective[0]
+    assert outcome.rounds[-1]["evaluation"]["personalized"]["mean"] > 0.75
