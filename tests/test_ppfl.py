@@ -333,3 +333,24 @@ def test_memberships_recover_the_true_mixture_weights_and_the_objective_decrease
     assert all(b <= a + 0.01 for a, b in zip(objective, objective[1:], strict=False)), objective
     assert objective[-1] < 0.75 * objective[0]
     assert outcome.rounds[-1]["evaluation"]["personalized"]["mean"] > 0.75
+
+
+def test_ppfl2_is_cross_evaluated_and_ppfl1_says_why_it_cannot_be(tmp_path):
+    """PPFL2's personalized model is one model of the architecture, Σ_k c_ik θ_k: its own
+    column of the cross-evaluation is the protocol's personalized accuracy. PPFL1 mixes K
+    outputs and has none to export."""
+    cfg = config(
+        strategy="ppfl", num_clients=3, num_rounds=1, cross_eval_clients=3,
+        **{"ppfl.form": "interpolate", "ppfl.affinity": "none"},
+    )  # fmt: skip
+    last = run_local(cfg, tmp_path / "ppfl2").rounds[-1]["evaluation"]
+    cross = last["cross"]
+    assert cross["failures"] == 0
+    for owner, values in cross["per_owner"].items():
+        assert values["local"] == pytest.approx(last["per_client"][owner]["personalized"])
+    mixed = config(
+        strategy="ppfl", num_clients=3, num_rounds=1, cross_eval_clients=1,
+        **{"ppfl.form": "mix", "ppfl.affinity": "none"},
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="PPFL1"):
+        run_local(mixed, tmp_path / "ppfl1")
