@@ -160,6 +160,7 @@ def costs(run_dir: Path) -> dict[str, float]:
         "up": float(np.mean([r["bytes_up"] for r in rounds])),
         "round_s": float(np.mean(timed)),
         "exchanges": float(np.mean([len(r["exchanges"]) for r in rounds])),
+        "failures": float(sum(r["train"]["failures"] for r in rounds)),
     }
 
 
@@ -221,8 +222,8 @@ def write_report(runs_dir: Path, out: Path) -> None:
             f"{load_preset(preset).description}.",
             "",
             "| run | weighted | mean | paper (Table 1) | exchanges / round | MB down / up per "
-            "round | bytes vs FedAvg | round time vs FedAvg |",
-            "|---|---|---|---|---|---|---|---|",
+            "round | bytes vs FedAvg | round time vs FedAvg | failed client-rounds |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for label in LABELS:
             if label not in runs:
@@ -237,7 +238,7 @@ def write_report(runs_dir: Path, out: Path) -> None:
             lines.append(
                 f"| {label} | {_pct(last['weighted'])} | {_pct(last['mean'])} | "
                 f"{paper.get(label, '—')} | {c['exchanges']:.1f} | {c['down'] / 1e6:.3f} / "
-                f"{c['up'] / 1e6:.3f} | {ratio_bytes} | {ratio_time} |"
+                f"{c['up'] / 1e6:.3f} | {ratio_bytes} | {ratio_time} | {c['failures']:.0f} |"
             )
         for label in ("ppfl1", "ppfl2", "ppfl1-rbcd", "ppfl1-alternate", "ppfl1-no-histograms"):
             if label not in runs:

@@ -224,6 +224,11 @@ def test_a_membership_off_the_simplex_is_rejected_and_changes_nothing(tmp_path):
         ({"ppfl.schedule": "rbcd", "ppfl.membership-steps": "epoch"}, "membership-steps=epoch"),
         ({"ppfl.membership-floor": 0.01}, "ppfl.membership-floor"),
         ({"ppfl.theta-probability": 1.5}, "ppfl.theta-probability"),
+        ({"ppfl.canonical-layers": 7}, "ppfl.canonical-layers=7"),
+        (
+            {"ppfl.form": "interpolate", "model": "resnet18", "dataset": "cifar10"},
+            "holds buffers",
+        ),
     ],
 )
 def test_bad_config_is_refused_with_the_key_named(overrides, message):

@@ -63,9 +63,10 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
-from pflarena.core.canonical import initial_stacked_state
+from pflarena.core.canonical import copied_entries, initial_stacked_state
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.models import build_model
 from pflarena.core.population import (
     affinity_from_histograms,
     affinity_problem,
@@ -155,7 +156,29 @@ class PPFLParams(MethodParams):
                 "ppfl.membership-steps=epoch needs the client to step c itself; with "
                 "schedule=rbcd the server takes one step per C-block: use full or minibatch"
             )
+        if cfg is not None:
+            problems += _canonical_problems(cfg, self.canonical_layers, self.form)
         return problems
+
+
+def _canonical_problems(cfg: Any, layers: int, form: str) -> list[str]:
+    """The model must have the canonical layers asked for, and PPFL2, which interpolates
+    parameters, needs canonical layers without buffers."""
+    info = dataset_info(cfg.dataset)
+    model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        entries = copied_entries(list(model.state_dict()), trainable, layers)
+    except ValueError as exc:
+        return [f"ppfl.canonical-layers={layers}: {exc}"]
+    buffers = [n for n in entries if n not in set(trainable)]
+    if buffers and form == "interpolate":
+        return [
+            f"ppfl.form=interpolate averages parameters, but ppfl.canonical-layers={layers} "
+            f"of model {cfg.model_name()!r} holds buffers ({', '.join(buffers[:3])}); use "
+            "form=mix or canonical layers without normalization"
+        ]
+    return []
 
 
 def weighted_average(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
