@@ -14,14 +14,19 @@ mixture of Eq. 7) and ``ppfl2`` (PPFL2, parameter interpolation), with the per-m
 settings of the authors' scripts (spec §4: PPFL1 K = 4 and PPFL2 K = 3 on Synthetic with
 c-lr 0.9; K = 4 with c-lr 0.3 / 0.5 on MNIST; local lr 0.03 on MNIST). ``ppfl1-rbcd`` and
 ``ppfl1-alternate`` run PPFL1 with the other two schedules, ``ppfl1-no-histograms`` without
-the label histograms (``affinity=none``: no Laplacian term). The paper trains 200 rounds;
+the label histograms (``affinity=none``: no Laplacian term), ``ppfl1-head`` with only the
+last layer canonical on a shared trunk (the paper's O(d + Ks) communication). The paper
+trains 200 rounds;
 ``--rounds`` scales that down (the report says how far).
 
 The report gives, per run, the personalized accuracy after the last round, sample-weighted
 as the paper reports it (Σ correct / Σ test) and as the unweighted client mean; the paper's
-Table 1 figure beside it; bytes per round and the mean training-round time, each as a ratio
-to FedAvg's in the same setting; for PPFL the memberships' picture, and on
-``ppfl-synthetic-mixture`` their mean total variation from the true mixture weights.
+Table 1 figure beside it; bytes per round as a ratio to FedAvg's; for PPFL the memberships'
+picture, and on ``ppfl-synthetic-mixture`` their mean total variation from the true mixture
+weights. Round times of runs made at different times on a shared machine cannot be compared,
+so ``--timing`` runs short pairs back to back (FedAvg, then the method, ``--timing-rounds``
+rounds each, no evaluation between) and reports the ratio of their mean training-round
+times (rounds 2 onwards).
 
 Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again.
 
@@ -30,6 +35,7 @@ Usage::
     python benchmarks/ppfl.py --preset ppfl-synthetic-mixture
     python benchmarks/ppfl.py --preset ppfl-synthetic --rounds 30 --eval-every 10
     python benchmarks/ppfl.py --preset ppfl-mnist --rounds 20 --eval-every 5
+    python benchmarks/ppfl.py --preset ppfl-mnist --timing --timing-rounds 4
     python benchmarks/ppfl.py --report-only
 """
 
@@ -59,6 +65,7 @@ LABELS = (
     "ppfl1-rbcd",
     "ppfl1-alternate",
     "ppfl1-no-histograms",
+    "ppfl1-head",
 )
 DEFAULT_LABELS = LABELS[:6]
 
@@ -89,6 +96,9 @@ SCHEDULES = {
     "ppfl1-rbcd": {"ppfl.schedule": "rbcd", "ppfl.membership-steps": "full"},
     "ppfl1-alternate": {"ppfl.schedule": "alternate", "ppfl.membership-steps": "full"},
     "ppfl1-no-histograms": {"ppfl.affinity": "none"},
+    # the canonical models are the last layer only, on a shared trunk: the paper's
+    # O(d + Ks) communication (meaningful for models with more than one layer)
+    "ppfl1-head": {"ppfl.canonical-layers": 1},
 }
 
 #: PPFL paper, Table 1 (5 trials, 200 rounds), sample-weighted test accuracy in %. The paper
@@ -123,7 +133,7 @@ def run_config(label: str, args: argparse.Namespace, rounds: int, out: Path) -> 
     if label in SCHEDULES:
         strategy, overrides = variants["ppfl1"]
         overrides = overrides | SCHEDULES[label]
-        if label != "ppfl1-no-histograms" and args.preset == "ppfl-synthetic-mixture":
+        if label in ("ppfl1-rbcd", "ppfl1-alternate") and args.preset == "ppfl-synthetic-mixture":
             # one full-gradient step per round needs a larger step (docs/architecture.md)
             overrides = overrides | {"ppfl.membership-lr": 5.0}
     else:
@@ -162,6 +172,35 @@ def costs(run_dir: Path) -> dict[str, float]:
         "exchanges": float(np.mean([len(r["exchanges"]) for r in rounds])),
         "failures": float(sum(r["train"]["failures"] for r in rounds)),
     }
+
+
+def timing_ratios(runs_dir: Path, preset: str) -> dict[str, list[float]]:
+    """Label -> round-time ratios to the FedAvg run made just before it (``--timing``)."""
+    out: dict[str, list[float]] = {}
+    for pair in sorted((runs_dir / "timing").glob(f"{preset}-t*--*")):
+        fedavg, method = pair / "fedavg", pair / "method"
+        if completed_summary(fedavg) is None or completed_summary(method) is None:
+            continue
+        label = pair.name.split("--")[1]
+        out.setdefault(label, []).append(costs(method)["round_s"] / costs(fedavg)["round_s"])
+    return out
+
+
+def run_timing(args: argparse.Namespace) -> None:
+    """FedAvg then each method, back to back, ``--timing-rounds`` rounds each."""
+    for label in args.labels:
+        if label == "fedavg":
+            continue
+        pair = Path(args.runs_dir) / "timing" / f"{args.preset}-t{args.timing_rounds}--{label}"
+        for role, which in (("fedavg", "fedavg"), ("method", label)):
+            out = pair / role
+            if completed_summary(out) is not None:
+                continue
+            shutil.rmtree(out, ignore_errors=True)
+            config = run_config(which, args, args.timing_rounds, out)
+            config["eval-every"] = args.timing_rounds  # evaluate only at the end
+            print(f"== timing {which} on {args.preset}", flush=True)
+            simulate(parse_config(config), cpus_per_client=args.cpus_per_client, verbosity=0)
 
 
 def membership_error(run_dir: Path) -> float | None:
@@ -222,8 +261,8 @@ def write_report(runs_dir: Path, out: Path) -> None:
             f"{load_preset(preset).description}.",
             "",
             "| run | weighted | mean | paper (Table 1) | exchanges / round | MB down / up per "
-            "round | bytes vs FedAvg | round time vs FedAvg | failed client-rounds |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "round | bytes vs FedAvg | failed client-rounds |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for label in LABELS:
             if label not in runs:
@@ -231,14 +270,13 @@ def write_report(runs_dir: Path, out: Path) -> None:
             summary = completed_summary(runs[label])
             last = summary["personalized"]["last"]
             c = costs(runs[label])
-            ratio_bytes = ratio_time = "—"
+            ratio_bytes = "—"
             if baseline and baseline["down"] + baseline["up"] > 0:
                 ratio_bytes = f"{(c['down'] + c['up']) / (baseline['down'] + baseline['up']):.2f}x"
-                ratio_time = f"{c['round_s'] / baseline['round_s']:.2f}x"
             lines.append(
                 f"| {label} | {_pct(last['weighted'])} | {_pct(last['mean'])} | "
                 f"{paper.get(label, '—')} | {c['exchanges']:.1f} | {c['down'] / 1e6:.3f} / "
-                f"{c['up'] / 1e6:.3f} | {ratio_bytes} | {ratio_time} | {c['failures']:.0f} |"
+                f"{c['up'] / 1e6:.3f} | {ratio_bytes} | {c['failures']:.0f} |"
             )
         for label in ("ppfl1", "ppfl2", "ppfl1-rbcd", "ppfl1-alternate", "ppfl1-no-histograms"):
             if label not in runs:
@@ -258,6 +296,19 @@ def write_report(runs_dir: Path, out: Path) -> None:
                 shutil.copyfile(picture, out.parent / name)
                 text += f" ([memberships]({name}))"
             lines.append(text + ".")
+        timing = timing_ratios(runs_dir, preset)
+        if timing:
+            lines += [
+                "",
+                "Training-round time against FedAvg, runs made back to back (`--timing`):",
+                "",
+                "| run | round time vs FedAvg (each pair) |",
+                "|---|---|",
+            ]
+            for label in LABELS:
+                if label in timing:
+                    pairs = ", ".join(f"{r:.2f}x" for r in timing[label])
+                    lines.append(f"| {label} | {pairs} |")
         plot = out.parent / f"{out.stem}_{preset}_r{rounds}.png"
         compare_plot([runs[label] for label in LABELS if label in runs], plot)
         lines += ["", f"![{preset}]({plot.name})"]
@@ -275,9 +326,13 @@ def main() -> None:
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "ppfl"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ppfl.md"))
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--timing", action="store_true", help="back-to-back round timing")
+    parser.add_argument("--timing-rounds", type=int, default=4)
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
-    if not args.report_only:
+    if args.timing:
+        run_timing(args)
+    elif not args.report_only:
         rounds = args.rounds or int(load_preset(args.preset).overrides()["num-rounds"])
         for label in args.labels:
             out = runs_dir / run_name(args.preset, rounds, label)
