@@ -249,3 +249,15 @@ def test_mm_and_eg_converge_to_the_exact_convex_membership_block():
 
     assert value(c) == pytest.approx(value(var.value), abs=1e-7)
     assert np.max(np.abs(c - var.value)) < 1e-3
+
+
+def test_the_codes_scaling_leaves_the_penalty_row_as_it_is():
+    grads, penalty = np.array([[0.5, -0.5]]), np.array([[2.0, 1.0]])
+    p = np.array([0.25])
+    np.testing.assert_allclose(membership_step_gradient(grads, p, penalty, "code"), [[2.5, 0.5]])
+    np.testing.assert_allclose(
+        membership_step_gradient(grads, p, penalty, "normalized"), [[8.5, 3.5]]
+    )
+    np.testing.assert_allclose(
+        membership_step_gradient(grads, p, penalty, "paper"), [[2.125, 0.875]]
+    )

@@ -244,14 +244,16 @@ def membership_step_gradient(
     loss_gradient: np.ndarray,
     weight: np.ndarray | float,
     penalty: np.ndarray,
-    scaling: Literal["paper", "normalized"] = "paper",
+    scaling: Literal["paper", "normalized", "code"] = "paper",
 ) -> np.ndarray:
     """``G_{c_i}`` of Eq. 14 from client i's loss gradient ``∇_c f_i`` and its penalty row.
 
     ``paper``: ``G = p_i ∇_c f_i + π_i`` (Eq. 14-15 as printed). ``normalized``:
-    ``G = ∇_c f_i + π_i / p_i``, the same direction on each client's block with the step
-    η/p_i; the authors' code drops p_i this way (spec A3), and its step sizes (0.2-0.9) are
-    for this scale. ``weight`` is ``p_i`` (a scalar, or one per row).
+    ``G = ∇_c f_i + π_i / p_i``, the paper's G divided by p_i: the same direction on each
+    client's block with the step η/p_i, so the same fixed points as F (spec A3).
+    ``code``: ``G = ∇_c f_i + π_i``, what the authors' code computes (the loss gradient
+    without p_i, the penalty row as it is): the Laplacian weighs about p_i times less
+    than in F. ``weight`` is ``p_i`` (a scalar, or one per row).
     """
     g = np.asarray(loss_gradient, dtype=np.float64)
     pi = np.asarray(penalty, dtype=np.float64)
@@ -264,7 +266,9 @@ def membership_step_gradient(
         return p * g + pi
     if scaling == "normalized":
         return g + pi / p
-    raise ValueError(f"unknown scaling {scaling!r}; use 'paper' or 'normalized'")
+    if scaling == "code":
+        return g + pi
+    raise ValueError(f"unknown scaling {scaling!r}; use 'paper', 'normalized' or 'code'")
 
 
 def population_objective(

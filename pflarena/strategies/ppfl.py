@@ -29,8 +29,9 @@ the math is :mod:`pflarena.core.population`. Three schedules (``schedule``, spec
     Exchange ``theta`` as above, then ``membership-steps``: θ^{t+1} and π_i down, and one
     local epoch of exponentiated-gradient steps on c_i, one per minibatch, at θ^{t+1}.
 
-``scaling=normalized`` (default) uses ``G_i = ∇_c f_i + π_i / p_i`` (the code's scale, A3);
-``paper`` the printed ``p_i ∇_c f_i + π_i``. ``penalty=degree-only`` reproduces the code's
+``scaling=normalized`` (default) uses ``G_i = ∇_c f_i + π_i / p_i`` (Eq. 14 divided by p_i,
+the scale of the code's step sizes, A3); ``paper`` the printed ``p_i ∇_c f_i + π_i``; ``code``
+the authors' ``∇_c f_i + π_i``. ``penalty=degree-only`` reproduces the code's
 ``λ D C`` (A4). W is the cosine similarity of the clients' label histograms
 (``affinity=labels``; ``centered-labels`` for the code's Dirichlet variant), which clients
 send once, in an ``affinity`` exchange at the start, only when the run asks for it: the
@@ -126,10 +127,10 @@ class PPFLParams(MethodParams):
     membership_floor: float = Field(
         1e-6, gt=0, lt=0.01, description="ε: every membership coordinate stays ≥ ε (Remark 3.2)"
     )
-    scaling: Literal["normalized", "paper"] = Field(
+    scaling: Literal["normalized", "paper", "code"] = Field(
         "normalized",
-        description="membership gradient: 'normalized' ∇f_i + π_i/p_i (the code's scale), "
-        "'paper' p_i ∇f_i + π_i (Eq. 14)",
+        description="membership gradient: 'normalized' ∇f_i + π_i/p_i (Eq. 14 over p_i), "
+        "'paper' p_i ∇f_i + π_i (Eq. 14), 'code' ∇f_i + π_i (the authors' code)",
     )
     lambda_: float = Field(1e-5, ge=0, description="λ, the Laplacian regularization strength")
     penalty: Literal["laplacian", "degree-only"] = Field(
@@ -412,6 +413,8 @@ class PPFL(MultiExchangeStrategy):
         pi = self.penalty_rows()[client]
         if self.params.scaling == "paper":
             return p, pi
+        if self.params.scaling == "code":
+            return 1.0, pi
         return 1.0, pi / p
 
     # ------------------------------------------------------------------ messages
