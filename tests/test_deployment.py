@@ -526,6 +526,7 @@ SEED_METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "pfedgt": ({}, "pfedgt/personal-model"),
     "pfedsv": ({"validation-fraction": 0.2}, "pfedsv/personal-model"),
     "fedpg": ({}, "fedpg/personal-model"),
+    "ppfl": ({}, "ppfl/membership"),
 }
 
 

@@ -25,6 +25,7 @@ CASES = [
     ("logreg", "digits"),
     ("mlp", "vector"),
     ("mlp", "mnist"),
+    ("mlp-128", "mnist"),
     ("cnn", "mnist"),
     ("cnn", "cifar"),
     ("small-cnn", "digits"),

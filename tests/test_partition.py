@@ -66,6 +66,7 @@ def test_partition_names_are_derived_from_the_registry() -> None:
         "pfllib-dirichlet",
         "inner-dirichlet",
         "natural",
+        "label-groups",
     )
     assert partition_names() == PARTITIONS
     assert partition_names(natural=True) == ("natural",)
@@ -79,6 +80,7 @@ def test_partition_names_are_derived_from_the_registry() -> None:
         "shards": ("num_clients", "shards_per_client", "seed"),
         "pfllib-dirichlet": ("num_clients", "alpha", "seed", "num_classes"),
         "inner-dirichlet": ("num_clients", "alpha", "seed", "num_classes", "quantity_sigma"),
+        "label-groups": ("num_clients", "label_groups", "seed", "num_classes"),
     }
     assert all(set(fields) <= set(PARTITION_ARGUMENTS) for fields in reads.values())
 

@@ -154,6 +154,9 @@ class FederationSpec(BaseModel):
         ge=0,
         description="inner-dirichlet: log-normal sigma of the client sizes (0: equal sizes)",
     )
+    label_groups: int = Field(
+        4, ge=1, description="class groups, one per group of clients (label-groups)"
+    )
     test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's test split")
     validation_fraction: float = Field(
         0.0,
@@ -375,6 +378,7 @@ def _shares(
         classes_per_client=spec.classes_per_client,
         class_assignment=spec.class_assignment,
         shards_per_client=spec.shards_per_client,
+        label_groups=spec.label_groups,
         num_classes=pooled.info.num_classes,
         quantity_sigma=spec.quantity_sigma,
     )

@@ -94,3 +94,24 @@ FEDPG_PHASE_PERSONALIZE = "personalize"  # build θ_i = θ^t − η((1 − γ_i)
 FEDPG_GAMMA = "fedpg-drift-gamma"  # personalize message: this client's γ_i
 FEDPG_STEP = "fedpg-step"  # line-search: the trial η; personalize: the accepted η^t
 FEDPG_TRIAL_LOSS = "fedpg-trial-loss"  # line-search reply: L_i(θ^t − η d)
+
+# PPFL (strategies/ppfl.py <-> client/solvers/ppfl.py).
+PPFL_MEMBERSHIP = "membership"  # ArrayRecord: c_i ("c"), and the penalty row ("penalty")
+PPFL_MEMBERSHIP_C = "c"  # the membership vector c_i (K floats)
+PPFL_MEMBERSHIP_PENALTY = "penalty"  # π_i: the Laplacian term of client i's step (K floats)
+PPFL_MEMBERSHIP_GRADIENT = "membership-gradient"  # reply: ∇_c f_i (ArrayRecord, "c")
+PPFL_LABEL_COUNTS = "label-counts"  # affinity reply: the client's label histogram
+PPFL_LOSS_WEIGHT = "ppfl-loss-weight"  # config: the weight of ∇_c f_i in G (p_i or 1)
+PPFL_START_LOSS = "ppfl-start-loss"  # metric: f_i(θ^t, c_i^t) over the training split
+PPFL_PHASE_AFFINITY = "affinity"  # label histograms (and n_i) for W
+PPFL_PHASE_THETA = "theta"  # θ-block: local SGD on θ with c_i fixed
+PPFL_PHASE_GRADIENT = "membership-gradient"  # C-block (Algorithm 1): ∇_c f_i at (θ^t, c_i^t)
+PPFL_PHASE_SYNC = "membership"  # Algorithm 1's synchronisation: the server's new c_i
+PPFL_PHASE_STEPS = "membership-steps"  # the authors' code: c_i steps at θ^{t+1}
+PPFL_PHASE_ALTERNATE = "alternate"  # Algorithm 2: a c_i step, then local SGD on θ
+
+# IFCA (strategies/ifca.py <-> client/solvers/ifca.py).
+IFCA_CLUSTER = "ifca-cluster"  # train reply: the cluster identity the client estimated
+
+# FedEM (strategies/fedem.py <-> client/solvers/fedem.py).
+FEDEM_ENTROPY = "fedem-mixture-entropy"  # train reply: the entropy of the client's new π_i

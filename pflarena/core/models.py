@@ -344,6 +344,8 @@ def resnet18(
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "logreg": LogisticRegression,
     "mlp": MLP,
+    # one hidden layer of 128 units: the MNIST model of FedEM (Marfoq et al. 2021) and PPFL
+    "mlp-128": lambda shape, classes: MLP(shape, classes, hidden=(128,)),
     "cnn": FedAvgCNN,
     "small-cnn": SmallCNN,
     "tf-cnn": TFCifarCNN,

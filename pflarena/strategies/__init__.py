@@ -16,13 +16,16 @@ from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.ditto import Ditto
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.fedavg_ft import FedAvgFT
+from pflarena.strategies.fedem import FedEM
 from pflarena.strategies.fedfomo import FedFomo
 from pflarena.strategies.fedmgda import FedMGDA
 from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
+from pflarena.strategies.ifca import IFCA
 from pflarena.strategies.local import Local
 from pflarena.strategies.pfedgt import PFedGT
 from pflarena.strategies.pfedsv import PFedSV
+from pflarena.strategies.ppfl import PPFL
 
 __all__ = ["BUILTIN_STRATEGIES", "PLUGINS_ENV", "declarations", "strategy_classes"]
 
@@ -38,6 +41,9 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedFomo,
     FedPG,
     FedMGDA,
+    PPFL,
+    IFCA,
+    FedEM,
 )
 
 

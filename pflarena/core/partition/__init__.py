@@ -8,6 +8,10 @@ Table 5 (:mod:`~pflarena.core.partition.pfllib`); ``inner-dirichlet`` is FedLab'
 into clients of set sizes with Dirichlet class priors, the PAGE paper's
 (:mod:`~pflarena.core.partition.inner_dirichlet`); ``natural`` is the partition of the
 natively federated data sets (:mod:`~pflarena.core.partition.natural`).
+Table 5 (:mod:`~pflarena.core.partition.pfllib`); ``natural`` is the partition of the
+natively federated data sets (:mod:`~pflarena.core.partition.natural`); ``label-groups`` is
+the PPFL paper's split of the classes into groups of clients
+(:mod:`~pflarena.core.partition.label_groups`).
 
 Each partitioner module declares its partitions once with :func:`register_partition`
 (:mod:`~pflarena.core.partition.registry`); :data:`PARTITIONS` is derived from the
@@ -23,6 +27,7 @@ from pflarena.core.partition import flwr_partitioners  # noqa: F401
 from pflarena.core.partition import pfllib  # noqa: F401
 from pflarena.core.partition import inner_dirichlet  # noqa: F401
 from pflarena.core.partition import natural  # noqa: F401
+from pflarena.core.partition import label_groups  # noqa: F401
 # isort: on
 
 from pflarena.core.partition.flwr_partitioners import (
@@ -38,6 +43,7 @@ from pflarena.core.partition.inner_dirichlet import (
     fill_clients,
     inner_dirichlet_partition,
 )
+from pflarena.core.partition.label_groups import group_labels, label_group_partition
 from pflarena.core.partition.pfllib import (
     PFLLIB_LEAST_SAMPLES,
     PFLLIB_MAX_ATTEMPTS,
@@ -83,6 +89,9 @@ __all__ = [
     "fill_clients",
     "iid_partition",
     "inner_dirichlet_partition",
+    "group_labels",
+    "iid_partition",
+    "label_group_partition",
     "partition_indices",
     "partition_names",
     "partition_spec",

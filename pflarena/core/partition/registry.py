@@ -32,6 +32,7 @@ __all__ = [
 #: Keyword arguments a partitioner may read: the federation spec's ``num_clients``,
 #: ``seed``, ``alpha``, ``classes_per_client``, ``class_assignment``, ``shards_per_client``,
 #: ``quantity_sigma``, and the data set's ``num_classes``.
+#: ``label_groups``, and the data set's ``num_classes``.
 PARTITION_ARGUMENTS: tuple[str, ...] = (
     "num_clients",
     "seed",
@@ -39,6 +40,7 @@ PARTITION_ARGUMENTS: tuple[str, ...] = (
     "classes_per_client",
     "class_assignment",
     "shards_per_client",
+    "label_groups",
     "num_classes",
     "quantity_sigma",
 )
@@ -194,6 +196,7 @@ def partition_indices(
     classes_per_client: int = 2,
     class_assignment: str = "first-deterministic",
     shards_per_client: int = 2,
+    label_groups: int = 4,
     num_classes: int | None = None,
     quantity_sigma: float = 0.0,
 ) -> list[np.ndarray]:
@@ -217,6 +220,8 @@ def partition_indices(
         For ``pathological``: how classes are assigned to clients.
     shards_per_client : int
         For ``shards``.
+    label_groups : int
+        For ``label-groups``: the number of class groups.
     num_classes : int, optional
         Number of classes (``pfllib-dirichlet``, ``inner-dirichlet``); default
         ``labels.max() + 1``.
@@ -241,6 +246,7 @@ def partition_indices(
         "classes_per_client": classes_per_client,
         "class_assignment": class_assignment,
         "shards_per_client": shards_per_client,
+        "label_groups": label_groups,
         "num_classes": num_classes,
         "quantity_sigma": quantity_sigma,
     }

@@ -1,0 +1,399 @@
+"""Local solver for PPFL (specs/ppfl.md): canonical-model SGD, membership gradients and steps.
+
+The server (``strategies/ppfl.py``) holds θ (the trunk and the K canonical models, a stacked
+state: :mod:`pflarena.core.canonical`) and every client's membership c_i; each train message
+carries θ and the client's c_i (ArrayRecord ``membership``). The client keeps the latest
+c_i it was given or computed in its state (``ppfl/membership``), which is what its
+evaluation and its exported personalized model use. The messages, told apart by
+``job.phase``:
+
+``affinity``
+    Reply: the label histogram of the training split (``label-counts``) and ``n_i``. Sent
+    only when the run builds W from label histograms (``ppfl.affinity``).
+``theta`` (the θ-block, Eq. 11 / Algorithm 3)
+    Local SGD on θ (trunk and every canonical model) with c_i fixed, for ``local-epochs``
+    epochs or ``ppfl.local-steps`` steps. Reply: the trained θ and ``f_i(θ^t, c_i^t)``.
+``membership-gradient`` (the C-block of Algorithm 1)
+    Reply: ``∇_c f_i(θ^t, c_i^t)`` (``membership-gradient``): over the whole training split
+    (``membership-steps=full``, σ₂ = 0 as the theory wants, B3) or one minibatch.
+``membership`` (Algorithm 1's synchronisation)
+    The server's new c_i, stored.
+``membership-steps`` (the authors' code, after the θ-block)
+    At θ^{t+1}: exponentiated-gradient steps on c_i with the server's penalty row π_i and
+    weight w_i: one per minibatch for an epoch (``epoch``, the code), one full-gradient step
+    (``full``) or one minibatch step. Reply: the new c_i.
+``alternate`` (Algorithm 2)
+    One such c_i step at θ^t, then the θ-block's SGD with the new c_i. Reply: θ and c_i.
+
+Every step is :func:`~pflarena.core.population.exponentiated_gradient_step` on
+``G = w_i ∇_c f_i + π_i`` (Eq. 14-15; ``w_i = p_i`` with the paper's scaling, 1 with the
+normalized one, π_i from the server).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+from torch import nn
+
+from pflarena.client.job import ClientJob
+from pflarena.client.solvers.common import eval_metrics, train_metrics
+from pflarena.core import keys
+from pflarena.core.canonical import CanonicalModel, PersonalizedModel
+from pflarena.core.population import exponentiated_gradient_step
+from pflarena.core.training import batches
+
+__all__ = [
+    "evaluate",
+    "membership_gradient",
+    "membership_steps",
+    "personalized_model",
+    "train",
+    "train_theta",
+]
+
+PREFIX = "canonical"  # the stacked state's copy prefix (strategies/ppfl.py: CANONICAL_PREFIX)
+
+
+def _key(job: ClientJob, name: str) -> str:
+    return f"{job.method}/{name}"
+
+
+def _vector_record(**vectors: np.ndarray) -> ArrayRecord:
+    return ArrayRecord(
+        {
+            n: Array(np.ascontiguousarray(np.asarray(v, dtype=np.float64)))
+            for n, v in vectors.items()
+        }
+    )
+
+
+def population_model(job: ClientJob) -> CanonicalModel:
+    """θ from the message as a :class:`CanonicalModel` over this run's architecture."""
+    if job.arrays is None or not len(job.arrays):
+        raise RuntimeError(f"{job.method}: the message carries no θ (ArrayRecord 'arrays')")
+    state = {k: v.to(job.device) for k, v in job.arrays.to_torch_state_dict().items()}
+    return CanonicalModel(job.new_model(), state, PREFIX)
+
+
+def _message_membership(job: ClientJob) -> tuple[np.ndarray | None, np.ndarray | None]:
+    record = job.content.array_records.get(keys.PPFL_MEMBERSHIP)
+    if record is None:
+        return None, None
+    c = record[keys.PPFL_MEMBERSHIP_C].numpy().astype(np.float64)
+    penalty = (
+        record[keys.PPFL_MEMBERSHIP_PENALTY].numpy().astype(np.float64)
+        if keys.PPFL_MEMBERSHIP_PENALTY in record
+        else None
+    )
+    return c, penalty
+
+
+def stored_membership(job: ClientJob, count: int) -> np.ndarray:
+    """The client's membership: the latest it stored, else uniform ``1/K`` (O4.3)."""
+    record = job.state.get(_key(job, "membership"))
+    if record is not None:
+        c = record[keys.PPFL_MEMBERSHIP_C].numpy().astype(np.float64)
+        if c.shape == (count,):
+            return c
+    return np.full(count, 1.0 / count)
+
+
+def _store(job: ClientJob, c: np.ndarray) -> None:
+    job.state[_key(job, "membership")] = _vector_record(**{keys.PPFL_MEMBERSHIP_C: c})
+
+
+def _check_membership(c: np.ndarray, count: int) -> np.ndarray:
+    if c.shape != (count,):
+        raise ValueError(f"ppfl: membership of shape {c.shape} for {count} canonical models")
+    if not np.isfinite(c).all() or (c < 0).any() or abs(float(c.sum()) - 1.0) > 1e-6:
+        raise ValueError(f"ppfl: the membership {c.tolist()} is not on the simplex")
+    return c
+
+
+def _personalized(job: ClientJob, model: CanonicalModel, c: np.ndarray) -> PersonalizedModel:
+    membership = torch.as_tensor(c, dtype=torch.float32, device=job.device)
+    return PersonalizedModel(model, membership, str(job.param("form")), str(job.param("mix")))
+
+
+def train_theta(
+    person: PersonalizedModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    max_steps: int | None = None,
+) -> tuple[float, int]:
+    """Local SGD on θ with the membership fixed (Eq. 11): ``(mean loss, steps)``.
+
+    The loop of :func:`pflarena.core.training.train_epochs` with the personalized loss, so
+    that K = 1 trains exactly like FedAvg (same batches, same optimizer, same arithmetic).
+    """
+    person.train()
+    optimizer = torch.optim.SGD(
+        person.model.shared_parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
+    total, steps = 0.0, 0
+    for _ in range(epochs):
+        for idx in batches(len(y), batch_size, generator=generator):
+            optimizer.zero_grad(set_to_none=True)
+            loss = person.loss(x[idx], y[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                return total / steps, steps
+    return (total / steps if steps else float("nan")), steps
+
+
+def membership_gradient(
+    person: PersonalizedModel, x: torch.Tensor, y: torch.Tensor, *, batch_size: int
+) -> tuple[np.ndarray, float]:
+    """``(∇_c f_i, f_i)`` at the person's membership, over all of ``(x, y)``.
+
+    ``f_i`` is the mean training loss; summed per minibatch and divided once, so it is the
+    full-batch gradient of the mean.
+    """
+    person.train()
+    membership = person.membership.detach().clone().requires_grad_(True)
+    person.membership = membership
+    total = torch.zeros_like(membership, dtype=torch.float64)
+    loss_sum = 0.0
+    n = len(y)
+    for start in range(0, n, batch_size):
+        loss = person.loss(x[start : start + batch_size], y[start : start + batch_size], "sum")
+        (grad,) = torch.autograd.grad(loss, membership)
+        total += grad.to(torch.float64)
+        loss_sum += float(loss.detach())
+    person.membership = membership.detach()
+    return (total / max(n, 1)).cpu().numpy(), loss_sum / max(n, 1)
+
+
+@torch.no_grad()
+def training_loss(person: PersonalizedModel, x: torch.Tensor, y: torch.Tensor) -> float:
+    """``f_i``: the mean training loss of the personalized model, in eval mode."""
+    person.eval()
+    total = 0.0
+    for start in range(0, len(y), 512):
+        total += float(person.loss(x[start : start + 512], y[start : start + 512], "sum"))
+    return total / max(len(y), 1)
+
+
+def membership_steps(
+    person: PersonalizedModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    c: np.ndarray,
+    *,
+    mode: str,
+    lr: float,
+    weight: float,
+    penalty: np.ndarray,
+    batch_size: int,
+    generator: torch.Generator,
+    floor: float,
+) -> tuple[np.ndarray, float, int]:
+    """Exponentiated-gradient steps on c_i: ``(new c_i, f_i at the start, steps)``.
+
+    ``full``: one step with the full local gradient. ``minibatch``: one step with the
+    gradient of one minibatch's mean loss. ``epoch``: one step per minibatch over one
+    shuffled pass (the authors' code). Each step's gradient is ``weight · ∇_c f + penalty``.
+    """
+    device, dtype = person.membership.device, person.membership.dtype
+    if mode == "full":
+        person.membership = torch.as_tensor(c, dtype=dtype, device=device)
+        grad, loss = membership_gradient(person, x, y, batch_size=batch_size)
+        return exponentiated_gradient_step(c, weight * grad + penalty, lr, floor), loss, 1
+    if mode not in ("minibatch", "epoch"):
+        raise ValueError(f"ppfl: unknown membership-steps {mode!r}")
+    start_loss = float("nan")
+    steps = 0
+    for idx in batches(len(y), batch_size, generator=generator):
+        person.membership = torch.as_tensor(c, dtype=dtype, device=device)
+        grad, loss = membership_gradient(person, x[idx], y[idx], batch_size=len(idx))
+        if steps == 0:
+            start_loss = loss
+        c = exponentiated_gradient_step(c, weight * grad + penalty, lr, floor)
+        steps += 1
+        if mode == "minibatch":
+            break
+    return c, start_loss, steps
+
+
+# ------------------------------------------------------------------ messages
+def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    handlers = {
+        keys.PPFL_PHASE_AFFINITY: _affinity,
+        keys.PPFL_PHASE_THETA: _theta,
+        keys.PPFL_PHASE_GRADIENT: _gradient,
+        keys.PPFL_PHASE_SYNC: _sync,
+        keys.PPFL_PHASE_STEPS: _steps,
+        keys.PPFL_PHASE_ALTERNATE: _alternate,
+    }
+    if job.phase not in handlers:
+        raise ValueError(f"ppfl: unknown phase {job.phase!r}")
+    return handlers[job.phase](job)
+
+
+def _ids(job: ClientJob) -> dict:
+    return {keys.CLIENT_ID: job.client_id, keys.NUM_EXAMPLES: int(len(job.data.y_train))}
+
+
+def _affinity(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    counts = np.bincount(
+        job.data.y_train.cpu().numpy(), minlength=job.data.info.num_classes
+    ).astype(np.float64)
+    return {keys.PPFL_LABEL_COUNTS: _vector_record(counts=counts)}, _ids(job)
+
+
+def _current(job: ClientJob, model: CanonicalModel) -> tuple[np.ndarray, np.ndarray | None]:
+    c, penalty = _message_membership(job)
+    if c is None:
+        c = stored_membership(job, model.count)
+    return _check_membership(c, model.count), penalty
+
+
+def _local_sgd(job: ClientJob, person: PersonalizedModel) -> tuple[float, int]:
+    kwargs = job.train_kwargs()
+    local_steps = int(job.param("local-steps"))
+    if local_steps > 0:  # exactly E steps (the theory's E), cycling through epochs
+        kwargs["epochs"] = 1 + local_steps * kwargs["batch_size"] // max(len(job.data.y_train), 1)
+    return train_theta(
+        person,
+        job.data.x_train,
+        job.data.y_train,
+        generator=job.generator("train"),
+        max_steps=local_steps if local_steps > 0 else None,
+        **kwargs,
+    )
+
+
+def _theta(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    model = population_model(job)
+    c, _ = _current(job, model)
+    person = _personalized(job, model, c)
+    start = training_loss(person, job.data.x_train, job.data.y_train)
+    loss, steps = _local_sgd(job, person)
+    _store(job, c)
+    metrics = train_metrics(job, loss, steps)
+    metrics[keys.PPFL_START_LOSS] = start
+    return {keys.ARRAYS: ArrayRecord(model.stacked_state())}, metrics
+
+
+def _gradient(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    model = population_model(job)
+    c, _ = _current(job, model)
+    person = _personalized(job, model, c)
+    if str(job.param("membership-steps")) == "full":
+        grad, loss = membership_gradient(
+            person, job.data.x_train, job.data.y_train, batch_size=int(job.config[keys.BATCH_SIZE])
+        )
+    else:  # one minibatch: Algorithm 1's stochastic ξ_i^t
+        idx = next(
+            batches(
+                len(job.data.y_train),
+                int(job.config[keys.BATCH_SIZE]),
+                generator=job.generator("membership"),
+            )
+        )
+        grad, _ = membership_gradient(
+            person, job.data.x_train[idx], job.data.y_train[idx], batch_size=len(idx)
+        )
+        loss = training_loss(person, job.data.x_train, job.data.y_train)
+    _store(job, c)
+    metrics = train_metrics(job, loss, 0)
+    metrics[keys.PPFL_START_LOSS] = loss
+    return {
+        keys.PPFL_MEMBERSHIP_GRADIENT: _vector_record(**{keys.PPFL_MEMBERSHIP_C: grad})
+    }, metrics
+
+
+def _sync(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    c, _ = _message_membership(job)
+    if c is None:
+        raise ValueError("ppfl: a membership message without a membership")
+    _store(job, _check_membership(c, len(c)))
+    return {}, _ids(job)
+
+
+def _step_membership(
+    job: ClientJob, person: PersonalizedModel, c: np.ndarray, penalty: np.ndarray | None
+) -> tuple[np.ndarray, float, int]:
+    if penalty is None:
+        raise ValueError("ppfl: a membership step needs the server's penalty row")
+    return membership_steps(
+        person,
+        job.data.x_train,
+        job.data.y_train,
+        c,
+        mode=str(job.param("membership-steps")),
+        lr=float(job.param("membership-lr")),
+        weight=float(job.config[keys.PPFL_LOSS_WEIGHT]),
+        penalty=penalty,
+        batch_size=int(job.config[keys.BATCH_SIZE]),
+        generator=job.generator("membership"),
+        floor=float(job.param("membership-floor")),
+    )
+
+
+def _steps(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    model = population_model(job)
+    c, penalty = _current(job, model)
+    person = _personalized(job, model, c)
+    new, loss, steps = _step_membership(job, person, c, penalty)
+    _store(job, new)
+    metrics = train_metrics(job, loss, steps)
+    return {keys.PPFL_MEMBERSHIP: _vector_record(**{keys.PPFL_MEMBERSHIP_C: new})}, metrics
+
+
+def _alternate(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    model = population_model(job)
+    c, penalty = _current(job, model)
+    person = _personalized(job, model, c)
+    new, start, _ = _step_membership(job, person, c, penalty)
+    if str(job.param("membership-steps")) != "full":
+        start = training_loss(_personalized(job, model, c), job.data.x_train, job.data.y_train)
+    person = _personalized(job, model, new)
+    loss, steps = _local_sgd(job, person)
+    _store(job, new)
+    metrics = train_metrics(job, loss, steps)
+    metrics[keys.PPFL_START_LOSS] = start
+    return {
+        keys.ARRAYS: ArrayRecord(model.stacked_state()),
+        keys.PPFL_MEMBERSHIP: _vector_record(**{keys.PPFL_MEMBERSHIP_C: new}),
+    }, metrics
+
+
+# ------------------------------------------------------------------ evaluation
+def _evaluated(job: ClientJob) -> PersonalizedModel:
+    model = population_model(job)
+    return _personalized(job, model, stored_membership(job, model.count))
+
+
+def personalized_model(job: ClientJob) -> nn.Module:
+    """PPFL2's personalized model ``θ̃_i = Σ_k c_ik θ_k`` as the run's architecture.
+
+    PPFL1 mixes K models' outputs, which no single model of the architecture computes, so
+    it has none to export (cross-evaluation needs ``ppfl.form=interpolate``).
+    """
+    person = _evaluated(job)
+    if person.form != "interpolate":
+        raise ValueError(
+            "ppfl: PPFL1 (form=mix) combines K models' outputs and has no single personalized "
+            "model of the run's architecture to export; cross-evaluate with form=interpolate"
+        )
+    model = job.new_model()
+    model.load_state_dict(person.model.personalized_state(person.membership))
+    return model
+
+
+def evaluate(job: ClientJob) -> dict:
+    """The personalized model (θ from the message, this client's stored c_i) on its test split."""
+    return eval_metrics(job, job.test(_evaluated(job)), None)

@@ -1,0 +1,255 @@
+"""IFCA: the Iterative Federated Clustering Algorithm (the clustered-FL ancestor of PPFL).
+
+Ghosh, Chung, Yin and Ramchandran, "An Efficient Framework for Clustered Federated
+Learning", NeurIPS 2020, Algorithm 1. The server keeps k cluster models θ_1..θ_k (a stacked
+state, :mod:`pflarena.core.canonical`, copies ``cluster.<j>.<name>``, each initialised
+differently). Each round (one exchange):
+
+1. the server sends every cluster model to the sampled clients;
+2. client i estimates its cluster identity ``ĵ = argmin_j F_i(θ_j)``, F_i its empirical loss
+   over its training split (Algorithm 1, "cluster identity estimate"), the one-hot ``s_i``;
+3. Option II, model averaging (``averaging=model``, the default): it runs local SGD on
+   θ_ĵ (``local-epochs`` of ``lr``) and returns θ̃_i; the server sets
+   ``θ_j ← Σ_i s_ij θ̃_i / Σ_i s_ij`` for every cluster that received a model.
+   Option I, gradient averaging (``averaging=gradient``): it returns ``g_i = ∇F_i(θ_ĵ)``
+   over its training split and the server steps ``θ_j ← θ_j − (γ/m) Σ_i s_ij g_i`` with
+   γ = ``lr`` and m the number of clients that answered.
+
+A cluster no client chose keeps its model. A client's personalized model is the cluster
+model with the lowest loss on its training split at evaluation time (the same estimate
+as in training). PPFL's paper shows IFCA is PPFL with a private trunk per cluster, λ = 0
+and memberships replaced by the argmin (specs/ppfl.md §10, Eq. O19).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from pydantic import Field
+
+from pflarena.core import keys
+from pflarena.core.canonical import copy_name, initial_stacked_state, parse_stacked
+from pflarena.core.datasets import dataset_info
+from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
+
+__all__ = ["IFCA", "IFCAParams"]
+
+CLUSTER_PREFIX = "cluster"  # client/solvers/ifca.py: PREFIX
+
+
+class IFCAParams(MethodParams):
+    """IFCA's parameters (Ghosh et al. 2020, Algorithm 1)."""
+
+    num_clusters: int = Field(3, ge=1, le=64, description="k, the number of cluster models")
+    averaging: Literal["model", "gradient"] = Field(
+        "model",
+        description="Option II 'model' (local SGD, cluster-wise model average) or Option I "
+        "'gradient' (one full-gradient step per round)",
+    )
+
+
+class IFCA(MultiExchangeStrategy):
+    """Algorithm 1 of Ghosh et al. (2020) over Flower: k cluster models, argmin-loss identity.
+
+    It has one exchange per round, but its replies are cluster-tagged models, not updates
+    of the message's arrays, so it runs in pflarena's loop like the multi-exchange methods.
+    """
+
+    declaration = MethodDeclaration(
+        name="ifca",
+        kind="baseline",
+        reference="Ghosh, Chung, Yin, Ramchandran, An Efficient Framework for Clustered "
+        "Federated Learning, NeurIPS 2020",
+        summary="k cluster models; each client trains the one with its lowest loss, the "
+        "server averages each cluster's models",
+        solver="pflarena.client.solvers.ifca",
+        params=IFCAParams,
+        global_model=False,
+    )
+
+    @classmethod
+    def from_setup(cls, setup: StrategySetup) -> IFCA:
+        info = dataset_info(setup.cfg.dataset)
+        return cls(
+            model_name=setup.cfg.model_name(),
+            input_shape=tuple(info.input_shape),
+            num_classes=info.num_classes,
+            **setup.common(cls.declaration),
+            **dict(setup.params),
+        )
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "logreg",
+        input_shape: tuple[int, ...] = (),
+        num_classes: int = 2,
+        num_clusters: int = 3,
+        averaging: str = "model",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        IFCAParams(num_clusters=num_clusters, averaging=averaging)
+        self.model_name = model_name
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.count = num_clusters
+        self.averaging = averaging
+        #: round -> client id -> the cluster it chose
+        self.assignments: dict[int, dict[int, int]] = {}
+
+    # ------------------------------------------------------------------ state
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = super().checkpoint_state()
+        meta["ifca"] = {
+            str(r): {str(c): j for c, j in v.items()} for r, v in self.assignments.items()
+        }
+        return arrays, meta
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        super().restore_state(arrays, meta)
+        self.assignments = {
+            int(r): {int(c): int(j) for c, j in v.items()} for r, v in meta["ifca"].items()
+        }
+
+    def clusters(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The k cluster models as a stacked state (built from the run's initial model)."""
+        if any(name.startswith(CLUSTER_PREFIX + ".") for name in arrays.keys()):
+            return arrays
+        stacked = initial_stacked_state(
+            self.model_name,
+            self.input_shape,
+            self.num_classes,
+            self.seed,
+            self.count,
+            0,
+            CLUSTER_PREFIX,
+            base={n: arrays[n].numpy() for n in arrays.keys()},
+        )
+        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in stacked.items()})
+
+    # ------------------------------------------------------------------ messages
+    def _config(self, server_round: int) -> ConfigRecord:
+        return ConfigRecord(
+            {
+                keys.SERVER_ROUND: server_round,
+                keys.METHOD: self.method,
+                keys.SOLVER: self.declaration.solver,
+                **self.training.to_config(),
+                **self.method_config(averaging=self.averaging),
+            }
+        )
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Every client evaluates the cluster model it would choose: all k go down, shared."""
+        record = RecordDict(
+            {
+                keys.ARRAYS: self.clusters(arrays),
+                keys.CONFIG: ConfigRecord({**dict(config), **self.evaluate_config(server_round)}),
+            }
+        )
+        return [
+            Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node)
+            for node in self.ordered_nodes(grid)
+        ]
+
+    def _check(self, content: RecordDict, template: ArrayRecord) -> str | None:
+        metrics = content[keys.METRICS]
+        cluster = metrics.get(keys.IFCA_CLUSTER)
+        if (
+            not isinstance(cluster, int)
+            or isinstance(cluster, bool)
+            or not 0 <= cluster < self.count
+        ):
+            return f"metric {keys.IFCA_CLUSTER!r} must be a cluster in [0, {self.count}), got {cluster!r}"
+        return array_problem(content, template, keys.ARRAYS)
+
+    # ------------------------------------------------------------------ the round
+    def train_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        self.server_round = server_round
+        stacked = self.clusters(arrays)
+        self._round_arrays = stacked
+        _, entries, _ = parse_stacked(list(stacked.keys()), CLUSTER_PREFIX)
+        template = ArrayRecord({n: stacked[copy_name(CLUSTER_PREFIX, 0, n)] for n in entries})
+        self.last_sampled = nodes = self.sample_train_nodes(grid)
+        config = self._config(server_round)
+        exchange = send(
+            "train",
+            [
+                Message(
+                    content=RecordDict({keys.ARRAYS: stacked, keys.CONFIG: config}),
+                    message_type=MessageType.TRAIN,
+                    dst_node_id=node,
+                )
+                for node in nodes
+            ],
+        )
+        replies = self.valid_replies(exchange, lambda c: self._check(c, template))
+        self.last_failed = exchange.failed
+        if not replies:
+            return None, None
+        chosen: dict[int, list[ArrayRecord]] = {j: [] for j in range(self.count)}
+        assignment: dict[int, int] = {}
+        for msg in replies:
+            cluster = int(msg.content[keys.METRICS][keys.IFCA_CLUSTER])
+            chosen[cluster].append(msg.content[keys.ARRAYS])
+            assignment[self.client_ids[exchange.node_of(msg)]] = cluster
+        self.assignments[server_round] = assignment
+        new = {n: stacked[n].numpy() for n in stacked.keys()}
+        for cluster, records in chosen.items():
+            if not records:
+                continue
+            for name in entries:
+                key = copy_name(CLUSTER_PREFIX, cluster, name)
+                values = [r[name].numpy() for r in records]
+                if self.averaging == "model":  # Option II: Σ s_ij θ̃_i / Σ s_ij
+                    new[key] = (sum(values) / len(values)).astype(new[key].dtype)
+                else:  # Option I: θ_j − (γ/m) Σ s_ij g_i, m = the clients that answered
+                    step = self.training.lr / len(replies) * sum(values)
+                    new[key] = (new[key] - step).astype(new[key].dtype)
+        metrics = self.train_metrics(replies) or MetricRecord({})
+        for cluster in range(self.count):
+            metrics[f"cluster-{cluster}-clients"] = len(chosen[cluster])
+        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in new.items()}), metrics
+
+    # ------------------------------------------------------------------ results
+    def run_summary(self) -> dict[str, Any]:
+        last = self.assignments[max(self.assignments)] if self.assignments else {}
+        return {
+            "num_clusters": self.count,
+            "averaging": self.averaging,
+            "last_cluster_sizes": [
+                sum(1 for j in last.values() if j == c) for c in range(self.count)
+            ],
+        }
+
+    def write_artifacts(self, output_dir: Path) -> list[Path]:
+        """``clusters.csv``: every round's chosen cluster per client."""
+        if not self.assignments:
+            return []
+        output_dir.mkdir(parents=True, exist_ok=True)
+        path = output_dir / "clusters.csv"
+        lines = ["round,client,cluster"] + [
+            f"{r},{c},{j}"
+            for r, v in sorted(self.assignments.items())
+            for c, j in sorted(v.items())
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return [path]

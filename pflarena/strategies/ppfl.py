@@ -1,0 +1,812 @@
+"""PPFL: canonical models shared by all, membership vectors per client, an affinity graph.
+
+Di, Yang, Ye and Chang, "PPFL: A Personalized Federated Learning Framework for
+Heterogeneous Population", INFORMS Journal on Computing (specs/ppfl.md). The population is
+described by K canonical models θ_1..θ_K (optionally on a shared trunk θ_com); client i's
+personalized model combines them with its membership c_i ∈ Δ^K (PPFL1: the models' outputs
+mixed, Eq. 7; PPFL2: their parameters interpolated, Eq. 8). Training minimizes (Eq. 4, 9)
+
+    F(θ, C) = Σ_i p_i f_i(θ, c_i) + (λ/2) Σ_ij w_ij ‖c_i − c_j‖².
+
+The server holds θ (a stacked state, :mod:`pflarena.core.canonical`: the trunk, then
+``canonical.<k>.<name>``), every c_i (the rows of C), each client's n_i, and the affinity W;
+the math is :mod:`pflarena.core.population`. Three schedules (``schedule``, spec §3.6):
+
+``rbcd`` (Algorithm 1, the paper's main algorithm)
+    Each round the server draws one block: θ with probability ``theta-probability`` (ρ_1),
+    else C. θ-block (exchange ``theta``): every client runs local SGD on θ with its c_i
+    fixed (Eq. 11) and θ^{t+1} = Σ_i p_i θ_i (Eq. 12, FedAvg with server step 1). C-block
+    (exchange ``membership-gradient``): every client returns ``∇_c f_i(θ^t, c_i^t)``; the
+    server forms ``G_i = p_i ∇_c f_i + 2λ(LC^t)_i`` (Eq. 14, the gradient of the MM
+    surrogate of Eq. 13 at C^t) and takes one exponentiated-gradient step per client
+    (Eq. 15); exchange ``membership`` then sends each client its new c_i (Algorithm 1's
+    synchronisation, K floats).
+``alternate`` (Algorithm 2, printed as the communication-efficient variant)
+    One exchange: the server sends θ^t and each client its penalty row π_i = 2λ(LC^t)_i; the
+    client takes one exponentiated-gradient step on c_i at θ^t, then local SGD on θ with the
+    new c_i, and returns both.
+``theta-first`` (what the authors' code runs, §3.5)
+    Exchange ``theta`` as above, then ``membership-steps``: θ^{t+1} and π_i down, and one
+    local epoch of exponentiated-gradient steps on c_i, one per minibatch, at θ^{t+1}.
+
+``scaling=normalized`` (default) uses ``G_i = ∇_c f_i + π_i / p_i`` (Eq. 14 divided by p_i,
+the scale of the code's step sizes, A3); ``paper`` the printed ``p_i ∇_c f_i + π_i``; ``code``
+the authors' ``∇_c f_i + π_i``. ``penalty=degree-only`` reproduces the code's
+``λ D C`` (A4). W is the cosine similarity of the clients' label histograms
+(``affinity=labels``; ``centered-labels`` for the code's Dirichlet variant), which clients
+send once, in an ``affinity`` exchange at the start, only when the run asks for it: the
+histograms reveal each client's label distribution to the server. ``affinity=complete``
+(W = 11ᵀ, every pair alike) and ``none`` (no Laplacian term) reveal nothing.
+
+Each round logs the objective F(θ^t, C^t) from the clients' losses at the round's start
+(``objective``), the block, and the memberships' mean entropy; the run writes the
+memberships per round (``memberships.csv``) and their picture (``memberships.png``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from pydantic import Field
+
+from pflarena.core import keys
+from pflarena.core.canonical import copied_entries, initial_stacked_state
+from pflarena.core.datasets import dataset_info
+from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.models import build_model
+from pflarena.core.population import (
+    affinity_from_histograms,
+    affinity_problem,
+    exponentiated_gradient_step,
+    laplacian_penalty,
+    membership_step_gradient,
+    penalty_gradient,
+    uniform_memberships,
+)
+from pflarena.strategies.base import (
+    Exchange,
+    MultiExchangeStrategy,
+    Send,
+    StrategySetup,
+    array_problem,
+)
+
+__all__ = ["PPFL", "PPFLParams", "weighted_average"]
+
+CANONICAL_PREFIX = "canonical"  # client/solvers/ppfl.py: PREFIX
+
+
+class PPFLParams(MethodParams):
+    """PPFL's parameters; defaults are the paper's settings and the spec's resolutions."""
+
+    num_canonical: int = Field(3, ge=1, le=64, description="K, the number of canonical models")
+    form: Literal["interpolate", "mix"] = Field(
+        "mix",
+        description="'interpolate': PPFL2, one model with parameters Σ c_k θ_k (Eq. 8); "
+        "'mix': PPFL1, the canonical models' outputs mixed with weights c (Eq. 7)",
+    )
+    mix: Literal["prob", "logit", "loss"] = Field(
+        "prob",
+        description="PPFL1's mixture: of class probabilities (Eq. 7), of logits, or of the "
+        "models' losses (Appendix O3.4, spec A1-A2)",
+    )
+    canonical_layers: int = Field(
+        0,
+        ge=0,
+        description="the last N layers with weights are canonical, the rest the shared trunk "
+        "θ_com (0: the whole model is canonical, no trunk)",
+    )
+    schedule: Literal["rbcd", "alternate", "theta-first"] = Field(
+        "theta-first",
+        description="'rbcd': Algorithm 1 (a random block per round); 'alternate': Algorithm 2 "
+        "(c step, then θ); 'theta-first': the authors' code (θ, then c steps at θ^{t+1})",
+    )
+    theta_probability: float = Field(
+        0.5, ge=0, le=1, description="rbcd: probability ρ_1 of the θ-block (the C-block: 1 − ρ_1)"
+    )
+    membership_lr: float = Field(0.5, gt=0, description="η_c, the membership step size (Eq. 15)")
+    membership_steps: Literal["auto", "full", "minibatch", "epoch"] = Field(
+        "auto",
+        description="c steps: one with the full local gradient, one with a minibatch's, or one "
+        "per minibatch over an epoch (the code); auto: epoch for theta-first, else full",
+    )
+    membership_floor: float = Field(
+        1e-6, gt=0, lt=0.01, description="ε: every membership coordinate stays ≥ ε (Remark 3.2)"
+    )
+    scaling: Literal["normalized", "paper", "code"] = Field(
+        "normalized",
+        description="membership gradient: 'normalized' ∇f_i + π_i/p_i (Eq. 14 over p_i), "
+        "'paper' p_i ∇f_i + π_i (Eq. 14), 'code' ∇f_i + π_i (the authors' code)",
+    )
+    lambda_: float = Field(1e-5, ge=0, description="λ, the Laplacian regularization strength")
+    penalty: Literal["laplacian", "degree-only"] = Field(
+        "laplacian",
+        description="the Laplacian term of each c step: 2λ(LC)_i (Eq. 14) or the code's λ(DC)_i",
+    )
+    affinity: Literal["labels", "centered-labels", "complete", "none"] = Field(
+        "labels",
+        description="W: cosine of label histograms (clients reveal them), its centered variant, "
+        "all ones (reveals nothing), or none (no Laplacian term)",
+    )
+    theta_weights: Literal["examples", "uniform"] = Field(
+        "examples", description="θ aggregation weights: p_i = n_i/n (paper) or uniform (code)"
+    )
+    local_steps: int = Field(
+        0, ge=0, description="local SGD steps E per θ-block (0: local-epochs epochs instead)"
+    )
+
+    def run_problems(self, cfg: Any) -> list[str]:
+        # (K ≤ 64 and ε < 0.01 keep K·ε < 1, which the floor needs)
+        problems = []
+        if self.schedule == "rbcd" and self.membership_steps == "epoch":
+            problems.append(
+                "ppfl.membership-steps=epoch needs the client to step c itself; with "
+                "schedule=rbcd the server takes one step per C-block: use full or minibatch"
+            )
+        if cfg is not None:
+            problems += _canonical_problems(cfg, self.canonical_layers, self.form)
+        return problems
+
+
+def _canonical_problems(cfg: Any, layers: int, form: str) -> list[str]:
+    """The model must have the canonical layers asked for, and PPFL2, which interpolates
+    parameters, needs canonical layers without buffers."""
+    info = dataset_info(cfg.dataset)
+    model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        entries = copied_entries(list(model.state_dict()), trainable, layers)
+    except ValueError as exc:
+        return [f"ppfl.canonical-layers={layers}: {exc}"]
+    buffers = [n for n in entries if n not in set(trainable)]
+    if buffers and form == "interpolate":
+        return [
+            f"ppfl.form=interpolate averages parameters, but ppfl.canonical-layers={layers} "
+            f"of model {cfg.model_name()!r} holds buffers ({', '.join(buffers[:3])}); use "
+            "form=mix or canonical layers without normalization"
+        ]
+    return []
+
+
+def weighted_average(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
+    """``Σ_i (w_i / Σ w) θ_i`` entry by entry (Eq. 12), in the arithmetic of Flower's
+    ``aggregate_arrayrecords``, so that PPFL with K = 1 aggregates exactly like FedAvg."""
+    total = sum(weights)
+    factors = [w / total for w in weights]
+    out: dict[str, np.ndarray] = {}
+    for record, factor in zip(records, factors, strict=True):
+        for name, value in record.items():
+            if name not in out:
+                out[name] = value.numpy() * factor
+            else:
+                out[name] += value.numpy() * factor
+    return ArrayRecord({n: Array(np.asarray(v)) for n, v in out.items()})
+
+
+def _vector_record(**vectors: np.ndarray) -> ArrayRecord:
+    return ArrayRecord(
+        {
+            n: Array(np.ascontiguousarray(np.asarray(v, dtype=np.float64)))
+            for n, v in vectors.items()
+        }
+    )
+
+
+def _entropy(memberships: np.ndarray) -> float:
+    c = np.clip(memberships, 1e-300, 1.0)
+    return float(np.mean(-np.sum(c * np.log(c), axis=1)))
+
+
+class PPFL(MultiExchangeStrategy):
+    """PPFL with the RBCD schedule (Algorithm 1), Algorithm 2, or the authors' code order.
+
+    Parameters
+    ----------
+    model_name, input_shape, num_classes
+        The run's architecture, to build the K canonical models (copy 0 is the run's initial
+        model, copy k a fresh seeded initialisation: spec B7).
+    Others
+        See :class:`PPFLParams`.
+    """
+
+    declaration = MethodDeclaration(
+        name="ppfl",
+        kind="paper",
+        reference="Di, Yang, Ye, Chang, PPFL: A Personalized Federated Learning Framework for "
+        "Heterogeneous Population, INFORMS Journal on Computing (specs/ppfl.md)",
+        summary="K canonical models shared by all, a membership vector on the simplex per "
+        "client (mirror descent), a Laplacian over client affinities; RBCD",
+        solver="pflarena.client.solvers.ppfl",
+        params=PPFLParams,
+        global_model=False,
+    )
+
+    @classmethod
+    def from_setup(cls, setup: StrategySetup) -> PPFL:
+        info = dataset_info(setup.cfg.dataset)
+        return cls(
+            model_name=setup.cfg.model_name(),
+            input_shape=tuple(info.input_shape),
+            num_classes=info.num_classes,
+            **setup.common(cls.declaration),
+            **dict(setup.params),
+        )
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "logreg",
+        input_shape: Sequence[int] = (),
+        num_classes: int = 2,
+        num_canonical: int = 3,
+        form: str = "mix",
+        mix: str = "prob",
+        canonical_layers: int = 0,
+        schedule: str = "theta-first",
+        theta_probability: float = 0.5,
+        membership_lr: float = 0.5,
+        membership_steps: str = "auto",
+        membership_floor: float = 1e-6,
+        scaling: str = "normalized",
+        lambda_: float = 1e-5,
+        penalty: str = "laplacian",
+        affinity: str = "labels",
+        theta_weights: str = "examples",
+        local_steps: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        params = PPFLParams(
+            num_canonical=num_canonical,
+            form=form,
+            mix=mix,
+            canonical_layers=canonical_layers,
+            schedule=schedule,
+            theta_probability=theta_probability,
+            membership_lr=membership_lr,
+            membership_steps=membership_steps,
+            membership_floor=membership_floor,
+            scaling=scaling,
+            lambda_=lambda_,
+            penalty=penalty,
+            affinity=affinity,
+            theta_weights=theta_weights,
+            local_steps=local_steps,
+        )
+        problems = params.run_problems(None)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.num_clients is None:
+            raise ValueError("ppfl needs num_clients: the server holds every client's membership")
+        self.params = params
+        self.model_name = model_name
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.count = num_canonical
+        self.steps_mode = (
+            membership_steps
+            if membership_steps != "auto"
+            else ("epoch" if schedule == "theta-first" else "full")
+        )
+        #: C: row i is client i's membership c_i (Algorithm 1: C^0 = 1/K)
+        self.memberships = uniform_memberships(self.num_clients, num_canonical)
+        #: n_i as the clients last reported it (0: not heard from yet)
+        self.num_examples = np.zeros(self.num_clients)
+        #: the clients' label histograms (affinity=labels), rows of zeros until received
+        self.histograms: np.ndarray | None = None
+        self._affinity: np.ndarray | None = None
+        self.block_rng = np.random.default_rng([self.seed, 0x9F1])
+        #: round -> block ("theta", "membership", "both")
+        self.blocks: dict[int, str] = {}
+        #: round -> F(θ^t, C^t) over the clients that reported their loss
+        self.objective: dict[int, float] = {}
+        #: round -> C after the round
+        self.history: dict[int, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ state
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = super().checkpoint_state()
+        rounds = sorted(self.history)
+        arrays |= {
+            "ppfl-memberships": self.memberships,
+            "ppfl-num-examples": self.num_examples,
+            "ppfl-history": np.stack([self.history[r] for r in rounds])
+            if rounds
+            else np.zeros((0, self.num_clients, self.count)),
+        }
+        if self.histograms is not None:
+            arrays["ppfl-histograms"] = self.histograms
+        meta["ppfl"] = {
+            "block_rng": self.block_rng.bit_generator.state,
+            "blocks": {str(r): b for r, b in self.blocks.items()},
+            "objective": {str(r): v for r, v in self.objective.items()},
+            "history_rounds": rounds,
+        }
+        return arrays, meta
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        super().restore_state(arrays, meta)
+        own = meta["ppfl"]
+        self.memberships = np.array(arrays["ppfl-memberships"], dtype=np.float64)
+        self.num_examples = np.array(arrays["ppfl-num-examples"], dtype=np.float64)
+        if "ppfl-histograms" in arrays:
+            self.histograms = np.array(arrays["ppfl-histograms"], dtype=np.float64)
+            self._affinity = None
+        self.block_rng.bit_generator.state = own["block_rng"]
+        self.blocks = {int(r): b for r, b in own["blocks"].items()}
+        self.objective = {int(r): float(v) for r, v in own["objective"].items()}
+        history = arrays["ppfl-history"]
+        self.history = {int(r): np.array(history[i]) for i, r in enumerate(own["history_rounds"])}
+
+    # ------------------------------------------------------------------ θ and W
+    def population(self, arrays: ArrayRecord) -> ArrayRecord:
+        """θ as a stacked state: ``arrays`` itself once it is one, else built from the run's
+        initial model (the loop's round-0 arrays) and K − 1 fresh seeded copies."""
+        if any(name.startswith(CANONICAL_PREFIX + ".") for name in arrays.keys()):
+            return arrays
+        stacked = initial_stacked_state(
+            self.model_name,
+            self.input_shape,
+            self.num_classes,
+            self.seed,
+            self.count,
+            self.params.canonical_layers,
+            CANONICAL_PREFIX,
+            base={n: arrays[n].numpy() for n in arrays.keys()},
+        )
+        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in stacked.items()})
+
+    def affinity(self) -> np.ndarray | None:
+        """W (M × M), or None when the run has no Laplacian term."""
+        mode = self.params.affinity
+        if mode == "none" or self.params.lambda_ == 0:
+            return None
+        if self._affinity is not None:
+            return self._affinity
+        if mode == "complete":
+            w = np.ones((self.num_clients, self.num_clients))
+        elif self.histograms is None:
+            return None
+        else:
+            w = affinity_from_histograms(
+                self.histograms, "cosine" if mode == "labels" else "centered-cosine"
+            )
+        problem = affinity_problem(w)
+        if problem is not None:
+            raise ValueError(f"ppfl: the affinity matrix cannot be used: {problem}")
+        self._affinity = w
+        return w
+
+    def client_weights(self) -> np.ndarray:
+        """p_i = n_i / n over all clients; a client not heard from counts as the mean n_i."""
+        n = self.num_examples.copy()
+        known = n > 0
+        n[~known] = n[known].mean() if known.any() else 1.0
+        if self.params.theta_weights == "uniform":
+            n = np.ones_like(n)
+        return n / n.sum()
+
+    def penalty_rows(self) -> np.ndarray:
+        """π = the Laplacian term of every client's step at C^t (M × K; zeros without W)."""
+        w = self.affinity()
+        if w is None:
+            return np.zeros_like(self.memberships)
+        return penalty_gradient(w, self.memberships, self.params.lambda_, self.params.penalty)
+
+    def step_inputs(self, client: int) -> tuple[float, np.ndarray]:
+        """``(w_i, π_i)`` such that client i's step gradient is ``w_i ∇_c f_i + π_i``."""
+        p = float(self.client_weights()[client])
+        pi = self.penalty_rows()[client]
+        if self.params.scaling == "paper":
+            return p, pi
+        if self.params.scaling == "code":
+            return 1.0, pi
+        return 1.0, pi / p
+
+    # ------------------------------------------------------------------ messages
+    def _config(self, server_round: int, phase: str, **extra: Any) -> ConfigRecord:
+        return ConfigRecord(
+            {
+                keys.SERVER_ROUND: server_round,
+                keys.METHOD: self.method,
+                keys.SOLVER: self.declaration.solver,
+                keys.PHASE: phase,
+                **self.training.to_config(),
+                **self.method_config(
+                    **{
+                        "form": self.params.form,
+                        "mix": self.params.mix,
+                        "membership-lr": self.params.membership_lr,
+                        "membership-steps": self.steps_mode,
+                        "membership-floor": self.params.membership_floor,
+                        "local-steps": self.params.local_steps,
+                    }
+                ),
+                **extra,
+            }
+        )
+
+    def evaluate_config(self, server_round: int) -> dict:
+        return {
+            **super().evaluate_config(server_round),
+            **self.method_config(form=self.params.form, mix=self.params.mix),
+        }
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Every client evaluates (θ, its c_i): θ goes down once, shared by every message."""
+        record = RecordDict(
+            {
+                keys.ARRAYS: self.population(arrays),
+                keys.CONFIG: ConfigRecord({**dict(config), **self.evaluate_config(server_round)}),
+            }
+        )
+        return [
+            Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
+            for node_id in self.ordered_nodes(grid)
+        ]
+
+    def _client(self, node: int) -> int | None:
+        return self.client_ids.get(node)
+
+    def _membership_of(self, node: int) -> np.ndarray:
+        client = self._client(node)
+        if client is None:  # not identified yet: every row is still C^0
+            return np.full(self.count, 1.0 / self.count)
+        return self.memberships[client]
+
+    def _messages(
+        self,
+        nodes: Sequence[int],
+        server_round: int,
+        phase: str,
+        theta: ArrayRecord | None,
+        with_penalty: bool = False,
+        memberships: dict[int, np.ndarray] | None = None,
+    ) -> list[Message]:
+        out = []
+        for node in nodes:
+            body: dict[str, Any] = {}
+            if theta is not None:
+                body[keys.ARRAYS] = theta  # one record shared by every message
+            c = memberships[node] if memberships is not None else self._membership_of(node)
+            vectors = {keys.PPFL_MEMBERSHIP_C: c}
+            extra: dict[str, Any] = {}
+            if with_penalty:
+                client = self._client(node)
+                if client is None:
+                    weight, pi = 1.0, np.zeros(self.count)
+                else:
+                    weight, pi = self.step_inputs(client)
+                vectors[keys.PPFL_MEMBERSHIP_PENALTY] = pi
+                extra[keys.PPFL_LOSS_WEIGHT] = float(weight)
+            body[keys.PPFL_MEMBERSHIP] = _vector_record(**vectors)
+            body[keys.CONFIG] = self._config(server_round, phase, **extra)
+            out.append(
+                Message(content=RecordDict(body), message_type=MessageType.TRAIN, dst_node_id=node)
+            )
+        return out
+
+    # ------------------------------------------------------------------ reply checks
+    def _check_vector(self, content: RecordDict, key: str, simplex: bool) -> str | None:
+        if key not in content.array_records:
+            return f"no ArrayRecord {key!r} in reply"
+        record = content.array_records[key]
+        if keys.PPFL_MEMBERSHIP_C not in record:
+            return f"ArrayRecord {key!r} has no {keys.PPFL_MEMBERSHIP_C!r}"
+        try:
+            vector = record[keys.PPFL_MEMBERSHIP_C].numpy()
+        except Exception as exc:  # noqa: BLE001 - undecodable bytes are the client's fault
+            return f"{key!r} cannot be decoded: {exc}"
+        if vector.shape != (self.count,):
+            return f"{key!r} has shape {vector.shape}, expected ({self.count},)"
+        if not np.isfinite(vector).all():
+            return f"{key!r} contains NaN or infinity"
+        if simplex and ((vector < 0).any() or abs(float(vector.sum()) - 1.0) > 1e-6):
+            return f"{key!r} is not on the simplex (sum {float(vector.sum()):.6g})"
+        return None
+
+    @staticmethod
+    def _check_loss(content: RecordDict) -> str | None:
+        metrics = content[keys.METRICS]
+        for name in (keys.NUM_EXAMPLES, keys.PPFL_START_LOSS):
+            value = metrics.get(name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                return f"metric {name!r} must be a number >= 0, got {value!r}"
+        if metrics[keys.NUM_EXAMPLES] <= 0:
+            return f"metric {keys.NUM_EXAMPLES!r} must be > 0"
+        return None
+
+    def _check_theta(self, content: RecordDict, theta: ArrayRecord) -> str | None:
+        return self._check_loss(content) or array_problem(content, theta, keys.ARRAYS)
+
+    def _check_alternate(self, content: RecordDict, theta: ArrayRecord) -> str | None:
+        return self._check_theta(content, theta) or self._check_vector(
+            content, keys.PPFL_MEMBERSHIP, simplex=True
+        )
+
+    def _check_gradient(self, content: RecordDict) -> str | None:
+        return self._check_loss(content) or self._check_vector(
+            content, keys.PPFL_MEMBERSHIP_GRADIENT, simplex=False
+        )
+
+    def _check_steps(self, content: RecordDict) -> str | None:
+        return self._check_vector(content, keys.PPFL_MEMBERSHIP, simplex=True)
+
+    def _check_histogram(self, content: RecordDict) -> str | None:
+        record = content.array_records.get(keys.PPFL_LABEL_COUNTS)
+        if record is None or "counts" not in record:
+            return f"no label histogram {keys.PPFL_LABEL_COUNTS!r} in reply"
+        counts = record["counts"].numpy()
+        if counts.shape != (self.num_classes,):
+            return f"label histogram of shape {counts.shape}, expected ({self.num_classes},)"
+        if not np.isfinite(counts).all() or (counts < 0).any():
+            return "the label histogram is not a histogram (negative or not finite)"
+        return None
+
+    # ------------------------------------------------------------------ the round
+    def train_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        self.server_round = server_round
+        theta = self.population(arrays)
+        self._round_arrays = theta
+        start = self.memberships.copy()  # C^t, for the round's objective
+        if self.params.affinity in ("labels", "centered-labels") and self.histograms is None:
+            self._collect_histograms(server_round, grid, send)
+        self.last_sampled = nodes = self.sample_train_nodes(grid)
+        schedule = self.params.schedule
+        if schedule == "rbcd":
+            if self.block_rng.random() < self.params.theta_probability:
+                new_theta, replies, losses = self._theta_block(server_round, nodes, theta, send)
+                block = "theta"
+            else:
+                replies, losses = self._membership_block(server_round, nodes, theta, send)
+                new_theta, block = None, "membership"
+        elif schedule == "alternate":
+            new_theta, replies, losses = self._alternate(server_round, nodes, theta, send)
+            block = "both"
+        else:
+            new_theta, replies, losses = self._theta_block(server_round, nodes, theta, send)
+            if new_theta is not None:
+                self._membership_steps(server_round, nodes, new_theta, send)
+            block = "both"
+        self.blocks[server_round] = block
+        self.history[server_round] = self.memberships.copy()
+        metrics = self.train_metrics(replies) or MetricRecord({})
+        metrics["block-theta"] = int(block in ("theta", "both"))
+        metrics["block-membership"] = int(block in ("membership", "both"))
+        metrics["membership-entropy"] = _entropy(self.memberships)
+        if losses:
+            objective = self._objective(losses, start)
+            self.objective[server_round] = objective
+            metrics["objective"] = objective
+        return new_theta, metrics
+
+    def _collect_histograms(self, server_round: int, grid: Grid, send: Send) -> None:
+        """The ``affinity`` exchange: every connected client's label histogram and n_i."""
+        nodes = self.ordered_nodes(grid)
+        messages = [
+            Message(
+                content=RecordDict(
+                    {keys.CONFIG: self._config(server_round, keys.PPFL_PHASE_AFFINITY)}
+                ),
+                message_type=MessageType.TRAIN,
+                dst_node_id=node,
+            )
+            for node in nodes
+        ]
+        exchange = send(keys.PPFL_PHASE_AFFINITY, messages)
+        histograms = np.zeros((self.num_clients, self.num_classes))
+        for msg in self.valid_replies(exchange, self._check_histogram):
+            client = self.client_ids[exchange.node_of(msg)]
+            histograms[client] = msg.content[keys.PPFL_LABEL_COUNTS]["counts"].numpy()
+            self.num_examples[client] = float(msg.content[keys.METRICS][keys.NUM_EXAMPLES])
+        self.histograms = histograms
+        self._affinity = None
+
+    def _learn(self, exchange: Exchange, replies: Sequence[Message]) -> dict[int, float]:
+        """n_i of every usable reply, and its client's loss at the round's start."""
+        losses: dict[int, float] = {}
+        for msg in replies:
+            client = self.client_ids[exchange.node_of(msg)]
+            metrics = msg.content[keys.METRICS]
+            self.num_examples[client] = float(metrics[keys.NUM_EXAMPLES])
+            if keys.PPFL_START_LOSS in metrics:
+                losses[client] = float(metrics[keys.PPFL_START_LOSS])
+        return losses
+
+    def _aggregate_theta(
+        self, exchange: Exchange, replies: Sequence[Message]
+    ) -> ArrayRecord | None:
+        if not replies:
+            return None
+        records = [msg.content[keys.ARRAYS] for msg in replies]
+        if self.params.theta_weights == "uniform":
+            weights = [1.0] * len(replies)
+        else:
+            weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in replies]
+        return weighted_average(records, weights)
+
+    def _theta_block(
+        self, server_round: int, nodes: list[int], theta: ArrayRecord, send: Send
+    ) -> tuple[ArrayRecord | None, list[Message], dict[int, float]]:
+        exchange = send(
+            keys.PPFL_PHASE_THETA,
+            self._messages(nodes, server_round, keys.PPFL_PHASE_THETA, theta),
+        )
+        replies = self.valid_replies(exchange, lambda c: self._check_theta(c, theta))
+        self.last_failed = exchange.failed
+        losses = self._learn(exchange, replies)
+        return self._aggregate_theta(exchange, replies), replies, losses
+
+    def _membership_block(
+        self, server_round: int, nodes: list[int], theta: ArrayRecord, send: Send
+    ) -> tuple[list[Message], dict[int, float]]:
+        """Algorithm 1's C-block: gradients up, one server-side step per client, c_i down."""
+        exchange = send(
+            keys.PPFL_PHASE_GRADIENT,
+            self._messages(nodes, server_round, keys.PPFL_PHASE_GRADIENT, theta),
+        )
+        replies = self.valid_replies(exchange, self._check_gradient)
+        self.last_failed = exchange.failed
+        losses = self._learn(exchange, replies)
+        if not replies:
+            return replies, losses
+        clients = [self.client_ids[exchange.node_of(m)] for m in replies]
+        grads = np.stack(
+            [
+                m.content[keys.PPFL_MEMBERSHIP_GRADIENT][keys.PPFL_MEMBERSHIP_C].numpy()
+                for m in replies
+            ]
+        )
+        weights = self.client_weights()[clients]
+        penalty = self.penalty_rows()[clients]  # at C^t, before any row moves
+        step = membership_step_gradient(grads, weights, penalty, self.params.scaling)
+        new = exponentiated_gradient_step(
+            self.memberships[clients], step, self.params.membership_lr, self.params.membership_floor
+        )
+        self.memberships[clients] = new
+        # Algorithm 1's synchronisation: each client gets its new c_i
+        sync_nodes = [exchange.node_of(m) for m in replies]
+        memberships = {node: new[i] for i, node in enumerate(sync_nodes)}
+        sync = send(
+            keys.PPFL_PHASE_SYNC,
+            self._messages(
+                sync_nodes, server_round, keys.PPFL_PHASE_SYNC, None, memberships=memberships
+            ),
+        )
+        self.valid_replies(sync, lambda c: None)
+        return replies, losses
+
+    def _alternate(
+        self, server_round: int, nodes: list[int], theta: ArrayRecord, send: Send
+    ) -> tuple[ArrayRecord | None, list[Message], dict[int, float]]:
+        """Algorithm 2: θ^t and π_i down; the client steps c_i, trains θ, returns both."""
+        exchange = send(
+            keys.PPFL_PHASE_ALTERNATE,
+            self._messages(
+                nodes, server_round, keys.PPFL_PHASE_ALTERNATE, theta, with_penalty=True
+            ),
+        )
+        replies = self.valid_replies(exchange, lambda c: self._check_alternate(c, theta))
+        self.last_failed = exchange.failed
+        losses = self._learn(exchange, replies)
+        self._take_memberships(exchange, replies)
+        return self._aggregate_theta(exchange, replies), replies, losses
+
+    def _membership_steps(
+        self, server_round: int, nodes: list[int], theta: ArrayRecord, send: Send
+    ) -> None:
+        """The authors' code after the θ-block: θ^{t+1} and π_i down, c_i steps, c_i up."""
+        exchange = send(
+            keys.PPFL_PHASE_STEPS,
+            self._messages(nodes, server_round, keys.PPFL_PHASE_STEPS, theta, with_penalty=True),
+        )
+        replies = self.valid_replies(exchange, self._check_steps)
+        self.last_failed = sorted(set(self.last_failed) | set(exchange.failed))
+        self._take_memberships(exchange, replies)
+
+    def _take_memberships(self, exchange: Exchange, replies: Sequence[Message]) -> None:
+        for msg in replies:
+            client = self.client_ids[exchange.node_of(msg)]
+            self.memberships[client] = msg.content[keys.PPFL_MEMBERSHIP][
+                keys.PPFL_MEMBERSHIP_C
+            ].numpy()
+
+    def _objective(self, losses: dict[int, float], memberships: np.ndarray) -> float:
+        """F(θ^t, C^t) (Eq. 9) from the reported losses (p renormalized over the clients that
+        reported) and ``memberships`` = C^t."""
+        clients = sorted(losses)
+        weights = self.client_weights()[clients]
+        value = float(np.dot(weights / weights.sum(), [losses[c] for c in clients]))
+        w = self.affinity()
+        if w is not None:
+            value += self.params.lambda_ * laplacian_penalty(w, memberships)
+        return value
+
+    # ------------------------------------------------------------------ results
+    def run_summary(self) -> dict[str, Any]:
+        last = self.memberships
+        return {
+            "schedule": self.params.schedule,
+            "form": self.params.form
+            if self.params.form == "interpolate"
+            else f"mix-{self.params.mix}",
+            "num_canonical": self.count,
+            "blocks": {
+                "theta": sum(b in ("theta", "both") for b in self.blocks.values()),
+                "membership": sum(b in ("membership", "both") for b in self.blocks.values()),
+            },
+            "objective_first": self.objective[min(self.objective)] if self.objective else None,
+            "objective_last": self.objective[max(self.objective)] if self.objective else None,
+            "membership_entropy": _entropy(last),
+            "membership_max_mean": float(last.max(axis=1).mean()),
+            "affinity": self.params.affinity,
+        }
+
+    def write_artifacts(self, output_dir: Path) -> list[Path]:
+        """``memberships.csv`` (round, client, k, c_ik) and ``memberships.png``."""
+        if not self.history:
+            return []
+        output_dir.mkdir(parents=True, exist_ok=True)
+        csv = output_dir / "memberships.csv"
+        lines = ["round,client," + ",".join(f"c{k}" for k in range(self.count))]
+        for r in sorted(self.history):
+            for client, row in enumerate(self.history[r]):
+                lines.append(f"{r},{client}," + ",".join(f"{v:.6g}" for v in row))
+        csv.write_text("\n".join(lines) + "\n")
+        return [csv, membership_picture(output_dir / "memberships.png", self.history)]
+
+
+def membership_picture(path: Path, history: dict[int, np.ndarray], panels: int = 4) -> Path:
+    """The clients × K membership matrix as heatmaps at up to ``panels`` rounds (Fig. 5a):
+    the first round, evenly spaced ones, and the last."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = sorted(history)
+    picks = sorted(
+        {rounds[round(i * (len(rounds) - 1) / max(panels - 1, 1))] for i in range(panels)}
+    )
+    clients, count = history[rounds[-1]].shape
+    fig, axes = plt.subplots(
+        1,
+        len(picks),
+        figsize=(1.2 + 1.6 * len(picks) * max(1.0, count / 4), min(12.0, 2.0 + 0.12 * clients)),
+        squeeze=False,
+    )
+    image = None
+    for ax, r in zip(axes[0], picks, strict=True):
+        image = ax.imshow(
+            history[r], aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest"
+        )
+        ax.set_title(f"round {r}")
+        ax.set_xlabel("canonical model k")
+        ax.set_xticks(range(count))
+        step = max(1, math.ceil(clients / 25))
+        ax.set_yticks(range(0, clients, step))
+    axes[0][0].set_ylabel("client id")
+    fig.suptitle("PPFL memberships c_ik")
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
