@@ -50,6 +50,7 @@ them from (run seed, client, round) gets identical runs and resumes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -65,6 +66,8 @@ __all__ = [
     "DDPGConfig",
     "ReplayBuffer",
     "UpdateStats",
+    "derive_seed",
+    "reciprocal_reward",
     "soft_update",
 ]
 
@@ -77,6 +80,38 @@ PAGE_TABLE7: dict[str, tuple[float, float, float]] = {
 }
 
 ActionSpace = Literal["box", "simplex"]
+
+
+#: A loss of exactly 0 under an unbounded reciprocal reward (``floor=0``) counts as this,
+#: so that 1/f stays finite.
+ZERO_LOSS = 1e-12
+
+
+def reciprocal_reward(loss: float, floor: float, scale: float = 1.0) -> tuple[float, bool]:
+    """``(k / max(f, f_min), whether the floor bounded it)``: PAGE's u = 1/f (Definition 1),
+    bounded above by k / f_min (spec A11); ``floor=0`` is the paper's unbounded k/f.
+
+    Parameters
+    ----------
+    loss
+        The loss f >= 0.
+    floor
+        f_min; 0 leaves the reward unbounded (a zero loss then counts as 1e-12).
+    scale
+        The reward scale k (PAGE's biased variants, §3.7).
+    """
+    if not math.isfinite(loss) or loss < 0:
+        raise ValueError(f"a reward needs a finite loss >= 0, got {loss}")
+    if floor > 0:
+        return scale / max(loss, floor), loss < floor
+    return scale / max(loss, ZERO_LOSS), loss < ZERO_LOSS
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from ``parts`` (run seed, client, round, purpose): the same parts give
+    the same seed in every process, different parts independent streams."""
+    text = "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pflarena.strategies.fedmgda import FedMGDA
 from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.local import Local
+from pflarena.strategies.page import Page
 from pflarena.strategies.pfedgt import PFedGT
 from pflarena.strategies.pfedsv import PFedSV
 
@@ -38,6 +39,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedFomo,
     FedPG,
     FedMGDA,
+    Page,
 )
 
 
