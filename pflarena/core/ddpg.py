@@ -227,8 +227,14 @@ class UpdateStats:
     batch: int
 
 
-def _linear(width_in: int, width_out: int, bound: float, generator: torch.Generator) -> nn.Linear:
-    layer = nn.Linear(width_in, width_out)
+def _linear(
+    width_in: int, width_out: int, bound: float, generator: torch.Generator | None
+) -> nn.Linear:
+    """A linear layer uniform in ``±bound``; uninitialized without a generator (its
+    weights are about to be loaded)."""
+    if generator is None:
+        return nn.utils.skip_init(nn.Linear, width_in, width_out)
+    layer = nn.utils.skip_init(nn.Linear, width_in, width_out)
     with torch.no_grad():
         layer.weight.uniform_(-bound, bound, generator=generator)
         layer.bias.uniform_(-bound, bound, generator=generator)
@@ -236,7 +242,11 @@ def _linear(width_in: int, width_out: int, bound: float, generator: torch.Genera
 
 
 def _mlp(
-    width_in: int, hidden: tuple[int, ...], width_out: int, final: float, g: torch.Generator
+    width_in: int,
+    hidden: tuple[int, ...],
+    width_out: int,
+    final: float,
+    g: torch.Generator | None,
 ) -> nn.Sequential:
     """ReLU MLP; hidden layers start in ``±1/sqrt(fan-in)``, the output in ``±final``."""
     layers: list[nn.Module] = []
@@ -251,7 +261,7 @@ def _mlp(
 class Actor(nn.Module):
     """``μ(s)``: a sigmoid box point in ``[0, 1]^d`` or a softmax point of the simplex."""
 
-    def __init__(self, config: DDPGConfig, generator: torch.Generator) -> None:
+    def __init__(self, config: DDPGConfig, generator: torch.Generator | None) -> None:
         super().__init__()
         self.space = config.action_space
         self.body = _mlp(
@@ -274,7 +284,7 @@ class Actor(nn.Module):
 class Critic(nn.Module):
     """``Q(s, a)`` on the concatenation ``[s ‖ a]`` (``a`` normalized: ``u`` or weights)."""
 
-    def __init__(self, config: DDPGConfig, generator: torch.Generator) -> None:
+    def __init__(self, config: DDPGConfig, generator: torch.Generator | None) -> None:
         super().__init__()
         self.body = _mlp(
             config.state_dim + config.action_dim,
@@ -367,13 +377,14 @@ class DDPGAgent:
         ``(state, action, reward)`` of the latest step, waiting for its next state.
     """
 
-    def __init__(self, config: DDPGConfig, seed: int = 0) -> None:
+    def __init__(self, config: DDPGConfig, seed: int | None = 0) -> None:
         self.config = config
-        generator = torch.Generator().manual_seed(int(seed) % 2**63)
+        # seed None: weights left uninitialized, for from_arrays to load
+        generator = None if seed is None else torch.Generator().manual_seed(int(seed) % 2**63)
         self.actor = Actor(config, generator)
         self.critic = Critic(config, generator)
-        self.target_actor = Actor(config, generator)
-        self.target_critic = Critic(config, generator)
+        self.target_actor = Actor(config, None)
+        self.target_critic = Critic(config, None)
         self.target_actor.load_state_dict(self.actor.state_dict())
         self.target_critic.load_state_dict(self.critic.state_dict())
         for net in (self.target_actor, self.target_critic):
@@ -565,7 +576,7 @@ class DDPGAgent:
         if config is not None and config != saved_config:
             changed = sorted(k for k, v in asdict(config).items() if saved[k] != v)
             raise ValueError(f"the saved DDPG agent was built with other settings: {changed}")
-        agent = cls(saved_config)
+        agent = cls(saved_config, seed=None)
         for name, net in agent._networks().items():
             own = net.state_dict()
             loaded = {}

@@ -98,7 +98,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     )
     config = agent_config(job)
     learning = str(job.param("agents")) == "ddpg"
-    agent = load_agent(job, config) if learning else DDPGAgent(config)
+    agent = load_agent(job, config) if learning else DDPGAgent(config, seed=None)
     stats = None
     if learning:
         agent.complete(state)
