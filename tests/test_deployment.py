@@ -389,12 +389,14 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 # --------------------------------------------------------------------------- helpers
 def _shards(tmp_path: Path) -> list[Path]:
-    # Each shard carries a validation split, for the methods that value on one (pFedSV).
+    # Each shard carries a validation split, for the methods that value on one (pFedSV),
+    # and leaves out the server's share, for the methods whose server holds data (PAGE).
     spec = FederationSpec(
         dataset="digits",
         num_clients=NUM_NODES,
         partition="iid",
         validation_fraction=0.2,
+        server_fraction=0.1,
         seed=0,
     )
     return write_shards(build_federation(spec), tmp_path / "shards", spec)
@@ -525,6 +527,7 @@ def test_two_exchanges_per_round_on_the_deployment(
 SEED_METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "pfedgt": ({}, "pfedgt/personal-model"),
     "pfedsv": ({"validation-fraction": 0.2}, "pfedsv/personal-model"),
+    "page": ({"server-fraction": 0.1}, "page/agent"),
 }
 
 

@@ -337,6 +337,32 @@ def test_untuned_weights_and_actions_are_the_fedavg_settings(tmp_path):
             assert (metrics[keys.PAGE_EPOCHS], metrics[keys.PAGE_LR]) == (2, 0.05)
 
 
+def test_partial_participation_renormalizes_over_the_uploads_and_carries_the_state(tmp_path):
+    """An extension (spec §9.15): half the clients a round; p is renormalized over those
+    that uploaded, and an absent client's state entry is its last accuracy (before its
+    first upload, the accuracy of W(t) on D_CS)."""
+    cfg = page_config(num_clients=6, num_rounds=3, fraction_train=1 / 3)
+    grid = grid_for(cfg)
+    capture = Capture(grid)
+    strategy = page_run(cfg, tmp_path, grid)
+    server = load_server_data(cfg.federation_spec())
+    seen: dict[int, float] = {}
+    unseen_later = 0
+    for i, t in enumerate((1, 2, 3)):
+        uploaded = sorted(capture.replies[t])
+        assert len(uploaded) == 2
+        weights, state = strategy.history["weights"][i], strategy.history["state"][i]
+        assert weights.sum() == pytest.approx(1.0)
+        assert all(weights[c] == 0.0 for c in range(6) if c not in uploaded)
+        for c in uploaded:
+            seen[c] = np_accuracy(capture.replies[t][c][0], server.x, server.y)
+        broadcast = np_accuracy(capture.sent[t], server.x, server.y)
+        expected = [seen.get(c, broadcast) for c in range(6)]
+        np.testing.assert_allclose(state, expected)
+        unseen_later += t > 1 and len(seen) < 6
+    assert unseen_later  # the case of a never-seen client after round 1 was exercised
+
+
 # --------------------------------------------------------------------------- bad input
 def test_a_reply_without_the_agents_metrics_is_rejected_and_named(tmp_path, caplog):
     cfg = page_config(num_rounds=1)

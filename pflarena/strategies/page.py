@@ -457,12 +457,12 @@ class Page(PflStrategy):
         state = self.last_accuracy.copy()
         for client, record in zip(clients, models, strict=True):
             state[client] = self.evaluate_record(record, self.state_x, self.state_y).accuracy
-        if np.isnan(state).any():  # clients never seen yet: the accuracy of W(t)
+        self.last_accuracy = state.copy()
+        if np.isnan(state).any():  # clients that never uploaded: the accuracy of W(t)
             assert self._round_arrays is not None
             state[np.isnan(state)] = self.evaluate_record(
                 self._round_arrays, self.state_x, self.state_y
             ).accuracy
-        self.last_accuracy = state.copy()
         state_time = time.perf_counter() - started
 
         # 2-3. the pending transition gets its next state; the agent acts
