@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +249,18 @@ def write_report(runs_dir: Path, out: Path, rounds: int, seed: int) -> None:
         plot = out.parent / f"{out.stem}_synthetic_r{rounds}.png"
         compare_plot(list(runs.values()), plot)
         lines += ["", f"![accuracy per round]({plot.name})"]
+    for label in ("page", "page-random"):
+        if label not in runs:
+            continue
+        lines += [
+            "",
+            f"The `{label}` run's pictures: the server's weights, the clients' actions.",
+            "",
+        ]
+        for picture in ("page-weights", "page-client-actions"):
+            copy = out.parent / f"{out.stem}_{label}_{picture.removeprefix('page-')}.png"
+            shutil.copyfile(runs[label] / f"{picture}.png", copy)
+            lines.append(f"![{label} {picture}]({copy.name})")
     degenerate = {
         label: runs_dir / f"degenerate--{label}"
         for label in DEGENERATE

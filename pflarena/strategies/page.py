@@ -654,7 +654,11 @@ class Page(PflStrategy):
 
         n = weights.shape[1]
         fig, (top, bottom) = plt.subplots(
-            2, 1, figsize=(min(14.0, 4.0 + 0.05 * len(rounds)), 7.5), height_ratios=[3, 1]
+            2,
+            1,
+            figsize=(min(14.0, 4.0 + 0.05 * len(rounds)), 7.5),
+            height_ratios=[3, 1],
+            layout="constrained",
         )
         image = top.imshow(
             weights.T,
@@ -668,7 +672,7 @@ class Page(PflStrategy):
             f"PAGE server aggregation weights p_i(t) ({self.params.agents}, "
             f"reward {self.params.server_reward}); uniform = {1 / n:.3g}"
         )
-        fig.colorbar(image, ax=top, shrink=0.8, label="p_i(t)")
+        fig.colorbar(image, ax=[top, bottom], shrink=0.8, label="p_i(t)")
         ratio = [weight_entropy(w) / math.log(n) if n > 1 else 1.0 for w in weights]
         bottom.plot(rounds, ratio, color="tab:blue", label="entropy / log N")
         bottom.plot(rounds, weights.max(axis=1), color="tab:red", label="max p_i")
@@ -676,7 +680,6 @@ class Page(PflStrategy):
         bottom.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
         bottom.set_xlabel("round")
         bottom.legend(loc="lower left", fontsize=8)
-        fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
