@@ -288,6 +288,32 @@ def test_the_papers_reward_is_the_inverse_weighted_client_loss(tmp_path):
         assert rounds[t]["train"]["server"]["reward"] == pytest.approx(1.0 / float(p @ losses))
 
 
+def test_the_biased_variants_scale_each_sides_reward(tmp_path):
+    """k_g : k_l = 10 : 1 multiplies the server's reward by 10 and leaves the clients';
+    1 : 10 the other way round (§3.7)."""
+    for k_g, k_l in ((10.0, 1.0), (1.0, 10.0)):
+        cfg = page_config(
+            num_rounds=1,
+            **{"page.server-reward-scale": k_g, "page.client-reward-scale": k_l},
+        )
+        grid = grid_for(cfg)
+        capture = Capture(grid)
+        out = tmp_path / f"k{k_g:g}-{k_l:g}"
+        page_run(cfg, out, grid)
+        server = load_server_data(cfg.federation_spec())
+        loss = np_loss(capture.sent.get(2) or _final_model(out), server.x, server.y)
+        reward = read_rounds(out / "rounds.jsonl")[1]["train"]["server"]["reward"]
+        assert reward == pytest.approx(k_g / max(loss, 0.01), rel=1e-5)
+        for c in range(4):
+            metrics = capture.replies[1][c][1]
+            expected = k_l / max(metrics[keys.PAGE_LOSS], 0.01)
+            assert metrics[keys.PAGE_REWARD] == pytest.approx(expected)
+
+
+def _final_model(out: Path) -> ArrayRecord:
+    return load_checkpoint(out, "page").arrays
+
+
 def test_the_global_test_set_choice_warns_and_reads_the_clients_test_splits(tmp_path, caplog):
     cfg = page_config(num_rounds=1, **{"page.server-data": "client-test"})
     with caplog.at_level(logging.WARNING):
