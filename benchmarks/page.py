@@ -115,6 +115,13 @@ def completed_summary(run_dir: Path) -> dict | None:
     return summary if summary.get("status") == "completed" else None
 
 
+def failures(run_dir: Path) -> int:
+    """Client-rounds that failed (an error reply, a rejected or a missing one)."""
+    return sum(
+        (r.get("train") or {}).get("failures", 0) for r in read_rounds(run_dir / "rounds.jsonl")
+    )
+
+
 def rl_costs(run_dir: Path) -> dict[str, float]:
     """Seconds per round (means over the rounds after the first, whose process start-up
     inflates it), each summed over clients where the clients do it."""
@@ -199,8 +206,9 @@ def write_report(runs_dir: Path, out: Path, rounds: int, seed: int) -> None:
         "the digits.",
         "",
         "| run | global | local | local std | paper global | paper local | weights' "
-        "entropy / log N (last) | mean α (last) | mean η (last) | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "entropy / log N (last) | mean α (last) | mean η (last) | failed client-rounds "
+        "| wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, run_dir in runs.items():
         s = completed_summary(run_dir)
@@ -215,7 +223,8 @@ def write_report(runs_dir: Path, out: Path, rounds: int, seed: int) -> None:
             f"{paper[0] or '—'} | {paper[1] or '—'} | "
             f"{f'{entropy:.4f}' if entropy is not None else '—'} | "
             f"{method.get('mean_epochs_last', float('nan')):.2f} | "
-            f"{method.get('mean_lr_last', float('nan')):.4f} | {s['wall_time_s']:.0f} |"
+            f"{method.get('mean_lr_last', float('nan')):.4f} | {failures(run_dir)} | "
+            f"{s['wall_time_s']:.0f} |"
         )
     if "page" in runs:
         costs = rl_costs(runs["page"])
@@ -312,13 +321,15 @@ def main() -> None:
             if completed_summary(run_dir) is None:
                 print(f"== {label} ({rounds} rounds, seed {seed})", flush=True)
                 cfg = parse_config(run_config(label, rounds, seed, run_dir))
-                simulate(cfg, cpus_per_client=args.cpus_per_client, verbosity=0)
+                log = runs_dir / f"{run_dir.name}.log"  # the simulation's own log
+                simulate(cfg, cpus_per_client=args.cpus_per_client, log_file=log, verbosity=0)
                 write_report(runs_dir, out, rounds, seed)
         for label in DEGENERATE if args.degenerate else ():
             run_dir = runs_dir / f"degenerate--{label}"
             if completed_summary(run_dir) is None:
                 print(f"== degenerate: {label}", flush=True)
-                simulate(parse_config(degenerate_config(label, run_dir)), verbosity=0)
+                log = runs_dir / f"{run_dir.name}.log"
+                simulate(parse_config(degenerate_config(label, run_dir)), log_file=log, verbosity=0)
                 write_report(runs_dir, out, rounds, args.seeds[0])
     write_report(runs_dir, out, rounds, args.seeds[0])
 
