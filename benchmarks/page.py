@@ -12,7 +12,11 @@ Runs (labels):
 * ``page-10-1`` / ``page-1-10``: the biased variants, reward scales k_g:k_l = 10:1 / 1:10;
 * ``page-paper-reward``: Algorithm 1's reward, 1/Σ p_i f_i, unbounded;
 * ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the spec's non-RL setting (1 epoch,
-  lr 0.1, batch 32).
+  lr 0.1, batch 32);
+* ``fedavg-page-mid``: FedAvg at the middle of PAGE's action box (3 epochs, lr 0.01), the
+  action PAGE's untrained client actors play;
+* ``fedavg-ft``: FedAvg with its global model fine-tuned one epoch as the personalized
+  model (PAGE's local model is the global model trained by the client, too).
 
 The report gives, per run, the global accuracy (the global model on the union of the
 clients' test splits) and the local accuracy (each client's personalized model, for PAGE
@@ -61,6 +65,12 @@ VARIANTS = {
     "page-10-1": ("page", {"page.server-reward-scale": 10.0}),
     "page-1-10": ("page", {"page.client-reward-scale": 10.0}),
     "page-paper-reward": ("page", {"page.server-reward": "client-loss", "page.loss-floor": 0.0}),
+    # FedAvg at the action PAGE's untrained client actors play (the middle of the box:
+    # α = 3, η = 0.01), to tell what the agents add from what the action ranges do
+    "fedavg-page-mid": ("fedavg", {"local-epochs": 3, "lr": 0.01}),
+    # FedAvg whose personalized model is the global model fine-tuned for one epoch, as
+    # PAGE's ŵ_i(t) is W(t) trained by the client
+    "fedavg-ft": ("fedavg-ft", {}),
 }
 LABELS = ("page", "page-random", "fedavg", "fedprox", "ditto", "local", *list(VARIANTS)[1:])
 
