@@ -405,9 +405,38 @@ def test_a_reply_without_the_agents_metrics_is_rejected_and_named(tmp_path, capl
         strategy = page_run(cfg, tmp_path, grid)
     rounds = read_rounds(tmp_path / "rounds.jsonl")
     assert rounds[1]["train"]["failures"] == 1
-    assert "page-loss" in caplog.text
+    assert "metric 'page-loss' must be a loss >= 0, got None" in caplog.text
     assert strategy.history["weights"][0][2] == 0.0  # not aggregated
     assert strategy.history["weights"][0].sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("metric", "value", "message"),
+    [
+        (keys.PAGE_LR, 0.0, "a learning rate > 0"),
+        (keys.PAGE_EPOCHS, 0, "a number of epochs >= 1"),
+        (keys.PAGE_LOSS, -1.0, "a loss >= 0"),
+    ],
+)
+def test_malformed_agent_metrics_are_named(metric, value, message):
+    import torch
+
+    x, y = torch.zeros((3, 30)), torch.zeros(3, dtype=torch.long)
+    strategy = Page(server_x=x, server_y=y, model_builder=lambda: None, num_clients=2)
+    metrics = {
+        keys.CLIENT_ID: 0,
+        keys.NUM_EXAMPLES: 10,
+        keys.PAGE_LOSS: 1.0,
+        keys.PAGE_EPOCHS: 2,
+        keys.PAGE_LR: 0.01,
+        metric: value,
+    }
+    from flwr.app import MetricRecord, RecordDict
+
+    content = RecordDict({keys.METRICS: MetricRecord(metrics)})
+    assert message in strategy.check_train_reply(content)
+    del metrics[metric]
+    assert message in strategy.check_train_reply(RecordDict({keys.METRICS: MetricRecord(metrics)}))
 
 
 def test_bad_settings_are_refused_before_the_run():

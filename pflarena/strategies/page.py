@@ -413,15 +413,15 @@ class Page(PflStrategy):
     def check_train_reply(self, content: RecordDict) -> str | None:
         """The model, and the metrics the server's agent reads: f_i, α_i, η_i, n_i."""
         metrics = content.metric_records[keys.METRICS]
-        for name, low in (
-            (keys.PAGE_LOSS, 0.0),
-            (keys.PAGE_EPOCHS, 0.0),
-            (keys.PAGE_LR, 0.0),
-            (keys.NUM_EXAMPLES, 1.0),
+        for name, valid, wanted in (
+            (keys.PAGE_LOSS, lambda v: v >= 0, "a loss >= 0"),
+            (keys.PAGE_EPOCHS, lambda v: v >= 1, "a number of epochs >= 1"),
+            (keys.PAGE_LR, lambda v: v > 0, "a learning rate > 0"),
+            (keys.NUM_EXAMPLES, lambda v: v >= 1, "a count >= 1"),
         ):
             value = metrics.get(name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < low:
-                return f"metric {name!r} must be a number >= {low:g}, got {value!r}"
+            if not isinstance(value, int | float) or isinstance(value, bool) or not valid(value):
+                return f"metric {name!r} must be {wanted}, got {value!r}"
         if keys.CLIENT_ID not in metrics:
             return f"metric {keys.CLIENT_ID!r} is missing: the server state is per client"
         return super().check_train_reply(content)
