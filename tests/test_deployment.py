@@ -389,12 +389,14 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 # --------------------------------------------------------------------------- helpers
 def _shards(tmp_path: Path) -> list[Path]:
-    # Each shard carries a validation split, for the methods that value on one (pFedSV).
+    # Each shard carries a validation split, for the methods that value on one (pFedSV),
+    # and leaves out the server's share, for the methods whose server holds data (PAGE).
     spec = FederationSpec(
         dataset="digits",
         num_clients=NUM_NODES,
         partition="iid",
         validation_fraction=0.2,
+        server_fraction=0.1,
         seed=0,
     )
     return write_shards(build_federation(spec), tmp_path / "shards", spec)
@@ -527,6 +529,7 @@ SEED_METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "pfedsv": ({"validation-fraction": 0.2}, "pfedsv/personal-model"),
     "fedpg": ({}, "fedpg/personal-model"),
     "ppfl": ({}, "ppfl/membership"),
+    "page": ({"server-fraction": 0.1}, "page/agent"),
 }
 
 

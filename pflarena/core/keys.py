@@ -115,3 +115,12 @@ IFCA_CLUSTER = "ifca-cluster"  # train reply: the cluster identity the client es
 
 # FedEM (strategies/fedem.py <-> client/solvers/fedem.py).
 FEDEM_ENTROPY = "fedem-mixture-entropy"  # train reply: the entropy of the client's new π_i
+# PAGE (strategies/page.py <-> client/solvers/page.py): train-reply metrics.
+PAGE_LOSS = "page-loss"  # f_i(ŵ_i(t)): mean training loss of the trained model, eval mode
+PAGE_STATE = "page-state"  # s_i(t): accuracy of the received W(t) on the training split
+PAGE_EPOCHS = "page-epochs"  # α_i(t) the client's agent chose
+PAGE_LR = "page-lr"  # η_i(t) the client's agent chose
+PAGE_REWARD = "page-reward"  # r_i(t), as the client's agent stored it
+PAGE_CLAMPED = "page-clamped"  # 1 when the loss floor bounded r_i(t)
+PAGE_AGENT_TIME = "page-agent-time-s"  # the client's DDPG work this round (seconds)
+PAGE_SGD_TIME = "page-sgd-time-s"  # the client's local SGD this round (seconds)

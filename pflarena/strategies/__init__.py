@@ -23,6 +23,7 @@ from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.ifca import IFCA
 from pflarena.strategies.local import Local
+from pflarena.strategies.page import Page
 from pflarena.strategies.pfedgt import PFedGT
 from pflarena.strategies.pfedsv import PFedSV
 from pflarena.strategies.ppfl import PPFL
@@ -44,6 +45,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     PPFL,
     IFCA,
     FedEM,
+    Page,
 )
 
 

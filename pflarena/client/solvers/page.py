@@ -1,0 +1,165 @@
+"""Local solver for PAGE (specs/page.md §3.4): each client's own DDPG agent picks α and η.
+
+Algorithm 2 as the spec reconstructs it, once per train message:
+
+1. ``w_i(t) ← W(t)``; the state ``s_i(t) = acc(W(t); D_i^train)`` (§2.5, spec A4: the
+   training split, never the test split);
+2. the agent's pending transition of the client's previous round gets ``s_i(t)`` as its
+   next state;
+3. the first ``warmup-rounds`` actions are uniform in the box (the paper: round 1); later,
+   one minibatch update, then ``a = clip(μ(s) + N(0, σ²))``;
+4. the box is ``[α_min, α_max] × [ln η_min, ln η_max]``: ``α_i = round(a_0)``,
+   ``η_i = exp(a_1)`` (log-scale, spec A8; the agent stores ``a`` before rounding);
+5. ``ŵ_i(t)``: α_i epochs of plain SGD at η_i from W(t) (Eq. 4; no proximal term, P0);
+6. ``f_i = f_i(ŵ_i(t))``, the mean cross-entropy on the training split in eval mode (A3);
+   the reward ``r_i = k_l / max(f_i, f_min)`` (Definition 1's u_i = 1/f_i, bounded, A11);
+7. ``(s_i(t), a, r_i)`` waits for the next state;
+8. ŵ_i(t) is the client's personalized model (A17) until its next round; it and the
+   agent are kept in the client's versioned state, never sent anywhere but ŵ_i(t) itself.
+
+``agents=random`` (the control) draws ``a`` uniformly every round and keeps no agent.
+``tune-epochs=false`` / ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr``.
+Randomness (initial weights, noise, minibatches, random actions) is seeded by (run seed,
+client, round), so two runs of a config, or a resumed run, are identical.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+from torch import nn
+
+from pflarena.client.job import ClientJob
+from pflarena.client.solvers.common import eval_metrics, train_metrics
+from pflarena.core import keys
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed, reciprocal_reward
+from pflarena.core.training import evaluate as evaluate_model
+from pflarena.core.training import train_epochs
+
+__all__ = [
+    "AGENT_KEY",
+    "MODEL_KEY",
+    "agent_config",
+    "evaluate",
+    "load_agent",
+    "personalized_model",
+    "train",
+]
+
+AGENT_KEY = "page/agent"
+MODEL_KEY = "page/personal-model"
+
+
+def agent_config(job: ClientJob) -> DDPGConfig:
+    """The client agent the message describes: state of size 1, a box action (α, ln η)."""
+    hidden = int(job.param("hidden"))
+    return DDPGConfig(
+        state_dim=1,
+        action_dim=2,
+        action_space="box",
+        low=(float(job.param("min-epochs")), math.log(float(job.param("min-lr")))),
+        high=(float(job.param("max-epochs")), math.log(float(job.param("max-lr")))),
+        actor_hidden=(hidden, hidden),
+        critic_hidden=(hidden, hidden),
+        critic_lr=float(job.param("critic-lr")),
+        actor_lr=float(job.param("actor-lr")),
+        tau=float(job.param("tau")),
+        gamma=float(job.param("gamma")),
+        batch_size=int(job.param("rl-batch-size")),
+        buffer_capacity=int(job.param("rl-buffer")),
+        optimizer=str(job.param("rl-optimizer")),
+        noise_sigma=float(job.param("noise-sigma")),
+        noise_decay=float(job.param("noise-decay")),
+        noise_min=float(job.param("noise-min")),
+    )
+
+
+def load_agent(job: ClientJob, config: DDPGConfig) -> DDPGAgent:
+    """This client's agent from its state; a new one (seeded by run seed and client) if none."""
+    record = job.state.get(AGENT_KEY)
+    if record is None:
+        return DDPGAgent(config, seed=derive_seed(job.cfg.seed, job.client_id, "page-client"))
+    return DDPGAgent.from_arrays({k: record[k].numpy() for k in record.keys()}, config)
+
+
+def _accuracy(model: nn.Module, job: ClientJob) -> float:
+    return evaluate_model(model, job.data.x_train, job.data.y_train).accuracy
+
+
+def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+    model = job.global_model()
+    started = time.perf_counter()
+    state = np.array([_accuracy(model, job)])  # s_i(t)
+    rng = np.random.default_rng(
+        derive_seed(job.cfg.seed, job.client_id, job.server_round, "page-client")
+    )
+    config = agent_config(job)
+    learning = str(job.param("agents")) == "ddpg"
+    agent = load_agent(job, config) if learning else DDPGAgent(config, seed=None)
+    stats = None
+    if learning:
+        agent.complete(state)
+    if not learning or agent.steps < int(job.param("warmup-rounds")):
+        action = agent.random_action(rng)
+    else:
+        stats = agent.update(rng)
+        action = agent.act(state, rng)
+    agent_time = time.perf_counter() - started
+
+    epochs = int(round(action[0])) if bool(job.param("tune-epochs")) else None
+    lr = float(math.exp(action[1])) if bool(job.param("tune-lr")) else None
+    kwargs = job.train_kwargs()
+    kwargs["epochs"] = epochs if epochs is not None else kwargs["epochs"]
+    kwargs["lr"] = lr if lr is not None else kwargs["lr"]
+    kwargs["momentum"], kwargs["weight_decay"] = 0.0, 0.0  # plain SGD (spec §4.2)
+    started = time.perf_counter()
+    running_loss, steps = train_epochs(
+        model, job.data.x_train, job.data.y_train, generator=job.generator("train"), **kwargs
+    )
+    sgd_time = time.perf_counter() - started
+
+    started = time.perf_counter()
+    trained = evaluate_model(model, job.data.x_train, job.data.y_train)
+    loss = trained.loss  # f_i(ŵ_i(t))
+    reward, clamped = reciprocal_reward(
+        loss, float(job.param("loss-floor")), float(job.param("reward-scale"))
+    )
+    if learning:
+        agent.set_pending(state, action, reward)
+        job.state[AGENT_KEY] = ArrayRecord(
+            {k: Array(np.ascontiguousarray(v)) for k, v in agent.to_arrays().items()}
+        )
+    agent_time += time.perf_counter() - started
+    job.save_state_model(MODEL_KEY, model)
+
+    metrics = train_metrics(job, running_loss, steps)
+    metrics |= {
+        keys.PAGE_LOSS: loss,
+        keys.PAGE_STATE: float(state[0]),
+        keys.PAGE_EPOCHS: int(kwargs["epochs"]),
+        keys.PAGE_LR: float(kwargs["lr"]),
+        keys.PAGE_REWARD: reward,
+        keys.PAGE_CLAMPED: int(clamped),
+        keys.PAGE_AGENT_TIME: agent_time,
+        keys.PAGE_SGD_TIME: sgd_time,
+    }
+    if stats is not None:
+        metrics["page-critic-loss"] = stats.critic_loss
+    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
+
+
+def personalized_model(job: ClientJob) -> nn.Module:
+    """ŵ_i of the client's latest round (the global model before its first)."""
+    stored = job.load_state_model(MODEL_KEY)
+    return stored if stored is not None else job.global_model()
+
+
+def evaluate(job: ClientJob) -> dict:
+    """Local accuracy: ŵ_i(t) on the client's test split; global: W(t+1) on it."""
+    global_ = job.test(job.global_model())
+    stored = job.load_state_model(MODEL_KEY)
+    personal = global_ if stored is None else job.test(stored)
+    return eval_metrics(job, personal, global_)

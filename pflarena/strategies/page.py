@@ -1,0 +1,728 @@
+"""PAGE: a client-server co-opetition game, each side played by DDPG agents.
+
+"PAGE: Equilibrate Personalization and Generalization in Federated Learning"
+(specs/page.md). The clients (leaders) choose their local epochs α_i(t) and learning rates
+η_i(t); the server (follower) chooses the aggregation weights p(t) on the simplex; each side
+learns its choice with DDPG (:mod:`pflarena.core.ddpg`). This module is the server's side,
+Algorithm 1 as the spec reconstructs it (§3.3); the clients' side is
+:mod:`pflarena.client.solvers.page`.
+
+One round (one exchange, §3.5):
+
+1. every client gets W(t), runs its own agent (state: the accuracy of W(t) on its training
+   split; action: α_i, η_i), trains ŵ_i(t) = Train(η_i, α_i; W(t)) (Eq. 4) and uploads it
+   with the loss f_i(ŵ_i(t)) (spec A5);
+2. the server's state is s_CS(t) = [acc(ŵ_i(t); D_CS)]_i (§2.4), computed by the server on
+   its own data; the pending transition of the previous round gets it as its next state;
+3. round 1 (``warmup-rounds``): p(t) ~ Dirichlet(1_N), "DDPG models cannot update without
+   prior experience"; later rounds: one minibatch update, then p(t) = softmax(μ(s) + noise);
+4. W(t+1) = Σ_i p_i(t) ŵ_i(t) (Eq. 5), no data-size factor;
+5. the reward r_CS(t) (below) waits in the pending transition for s_CS(t+1).
+
+**Reward, bounded by default (spec A11, A12).** Definition 1 gives u_CS(t) = 1/F(W(t+1))
+and then identifies F(W(t+1)) with Σ_i p_i f_i(ŵ_i(t)), the weighted clients' own losses.
+That identification has a degenerate myopic optimum: all weight on the client with the
+smallest training loss. The default ``server-reward=global-loss`` computes F(W(t+1))
+itself, the mean cross-entropy of the aggregated model on the server's data, whose optimum
+is an interior mixture; ``client-loss`` is Algorithm 1's form. Both are bounded with the
+loss floor, r = k_g / max(F, f_min), f_min = ``loss-floor`` = 0.01 (rewards ≤ 100 k_g);
+``loss-floor=0`` is the paper's unbounded 1/F (a loss of exactly 0 is then taken as 1e-12,
+so the reward stays finite). The paper's form is ``server-reward=client-loss loss-floor=0``.
+Clients bound theirs the same way, r_i = k_l / max(f_i, f_min).
+
+**The server's data.** ``server-data=held-out`` (default) is the run's server-held split
+(``server-fraction`` > 0), disjoint from every client's data. ``client-test`` is the paper's
+choice, the global test set, here the union of the clients' test splits: the agent then
+learns from the data the results are measured on, and the run warns that it leaks.
+
+**Biased variants** (§3.7, Table 4): ``server-reward-scale`` k_g and
+``client-reward-scale`` k_l, 10:1 (generalization) or 1:10 (personalization).
+**Control**: ``agents=random`` draws p ~ Dirichlet(1_N) and every client's (α, η)
+uniformly in their ranges every round, with no learning, so a run can show what the RL adds.
+**Ablations** (Fig. 3): ``tune-weights=false`` aggregates with data-size weights,
+``tune-epochs=false`` / ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr``.
+
+Participation is full by default (the state has one slot per client, §9.15). With
+``fraction-train`` < 1, an extension not in the paper: a client that did not upload keeps
+its last accuracy in the state (the accuracy of W(t) until it first uploads) and p is
+renormalized over those that did.
+
+The server's agent, its pending transition and the histories for the pictures are in the
+checkpoint, so a resumed run continues identically; the clients' agents live in their own
+versioned state and never leave them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from pydantic import Field
+from torch import nn
+
+from pflarena.core import keys
+from pflarena.core.datasets import to_tensors
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed, reciprocal_reward
+from pflarena.core.federation import build_federation
+from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.models import build_model
+from pflarena.core.training import evaluate
+from pflarena.strategies.base import PflStrategy, StrategySetup
+
+__all__ = [
+    "Page",
+    "PageParams",
+    "aggregate",
+    "data_size_weights",
+    "weight_entropy",
+]
+
+
+class PageParams(MethodParams):
+    """PAGE's parameters: the paper's Synthetic settings (Table 7) where it gives them, the
+    spec's resolutions (§4.2, §9) where it does not."""
+
+    agents: Literal["ddpg", "random"] = Field(
+        "ddpg", description="'ddpg' agents, or 'random' actions every round (the control)"
+    )
+    server_reward: Literal["global-loss", "client-loss"] = Field(
+        "global-loss",
+        description="F in r_CS = k_g/F: the loss of W(t+1) on the server's data, or the "
+        "paper's Σ p_i f_i(ŵ_i) of the clients' reported losses (degenerate optimum, A12)",
+    )
+    loss_floor: float = Field(
+        0.01, ge=0, description="f_min in r = k/max(f, f_min); 0: the paper's unbounded 1/f"
+    )
+    server_reward_scale: float = Field(1.0, gt=0, description="k_g (biased variants: 10 or 1)")
+    client_reward_scale: float = Field(1.0, gt=0, description="k_l (biased variants: 1 or 10)")
+    server_data: Literal["held-out", "client-test"] = Field(
+        "held-out",
+        description="D_CS: the server-held split, or the paper's global test set (the "
+        "clients' test splits; leaks them into the server's agent)",
+    )
+    state_samples: int = Field(
+        0, ge=0, description="samples of D_CS the server state is computed on; 0: all"
+    )
+    weight_floor: float = Field(
+        0.0, ge=0, lt=1, description="ε: p ← (1 − ε) p + ε/n over the uploads (0: the paper)"
+    )
+    min_epochs: int = Field(1, ge=1, description="α_min, the clients' fewest local epochs")
+    max_epochs: int = Field(5, ge=1, description="α_max, the clients' most local epochs")
+    min_lr: float = Field(1e-3, gt=0, description="η_min (the action is log-scale)")
+    max_lr: float = Field(0.1, gt=0, description="η_max")
+    warmup_rounds: int = Field(1, ge=0, description="first actions taken at random (paper: 1)")
+    critic_lr: float = Field(0.01, gt=0, description="l^Cri, both sides (Table 7, Synthetic)")
+    actor_lr: float = Field(0.001, gt=0, description="l^Act, both sides (Table 7, Synthetic)")
+    tau: float = Field(0.01, gt=0, le=1, description="β, the soft target-update rate (Table 7)")
+    gamma: float = Field(0.99, ge=0, lt=1, description="discount factor γ")
+    rl_batch_size: int = Field(32, ge=1, description="the DDPG minibatch size (the paper's B)")
+    rl_buffer: int = Field(10_000, ge=1, description="replay-buffer capacity (FIFO)")
+    rl_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="'sgd' as Algorithm 1 writes it, or 'adam'"
+    )
+    noise_sigma: float = Field(0.1, ge=0, description="exploration σ₀ (server: on the logits)")
+    noise_decay: float = Field(0.995, gt=0, le=1, description="σ multiplied by this per action")
+    noise_min: float = Field(0.01, ge=0, description="exploration σ floor")
+    server_hidden: int = Field(256, ge=1, description="width of the server agent's 2 layers")
+    client_hidden: int = Field(64, ge=1, description="width of the client agents' 2 layers")
+    tune_weights: bool = Field(True, description="learn p (false: data-size weights)")
+    tune_epochs: bool = Field(True, description="learn α (false: the run's local-epochs)")
+    tune_lr: bool = Field(True, description="learn η (false: the run's lr)")
+
+    def range_problems(self) -> list[str]:
+        problems = []
+        if self.min_epochs > self.max_epochs:
+            problems.append(
+                f"page.min-epochs ({self.min_epochs}) exceeds page.max-epochs ({self.max_epochs})"
+            )
+        if self.min_lr > self.max_lr:
+            problems.append(f"page.min-lr ({self.min_lr}) exceeds page.max-lr ({self.max_lr})")
+        return problems
+
+    def run_problems(self, cfg: Any) -> list[str]:
+        return self.range_problems()
+
+
+# --------------------------------------------------------------------------- the math
+def weight_entropy(weights: np.ndarray) -> float:
+    """Shannon entropy −Σ p log p (nats) of aggregation weights (0 log 0 = 0)."""
+    p = np.asarray(weights, dtype=np.float64)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def data_size_weights(examples: np.ndarray) -> np.ndarray:
+    """FedAvg's n_i / Σ n_j (the untuned p of the ablation, spec A25)."""
+    n = np.asarray(examples, dtype=np.float64)
+    return n / n.sum()
+
+
+def aggregate(records: list[ArrayRecord], weights: np.ndarray) -> ArrayRecord:
+    """Eq. 5: W(t+1) = Σ_i p_i ŵ_i(t) for every floating-point array (in float64, then the
+    array's dtype); other arrays (integer buffers) come from the most-weighted model."""
+    if len(records) != len(weights) or not records:
+        raise ValueError(f"{len(records)} models and {len(weights)} weights")
+    heaviest = records[int(np.argmax(weights))]
+    out = {}
+    for name in records[0].keys():
+        first = records[0][name].numpy()
+        if np.issubdtype(first.dtype, np.floating):
+            total = np.zeros(first.shape, dtype=np.float64)
+            for w, record in zip(weights, records, strict=True):
+                total += float(w) * record[name].numpy().astype(np.float64)
+            out[name] = Array(np.ascontiguousarray(total.astype(first.dtype)))
+        else:
+            out[name] = Array(np.ascontiguousarray(heaviest[name].numpy()))
+    return ArrayRecord(out)
+
+
+@contextlib.contextmanager
+def torch_threads() -> Iterator[None]:
+    """Torch's thread count as ``PFLARENA_TORCH_THREADS`` says (``pflarena run`` sets it for
+    every process of a simulation, 1 by default), restored after: the server's evaluation
+    of N small models is many short forward passes, which a second thread on a busy CPU
+    only slows down (100 logistic models on 1,500 samples: 11 s with 2 threads on a loaded
+    2-core machine, 0.2 s with 1)."""
+    wanted = os.environ.get("PFLARENA_TORCH_THREADS")
+    before = torch.get_num_threads()
+    if wanted:
+        torch.set_num_threads(int(wanted))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- the strategy
+class Page(PflStrategy):
+    """The server side of PAGE (Algorithm 1, reconstructed in spec §3.3).
+
+    Parameters
+    ----------
+    server_x, server_y
+        D_CS as model-ready tensors: the server state and the ``global-loss`` reward are
+        computed on it.
+    model_builder
+        Makes a model of the run's architecture (its weights are replaced by each evaluated
+        record).
+    Others
+        See :class:`PageParams`.
+    """
+
+    declaration = MethodDeclaration(
+        name="page",
+        kind="paper",
+        reference="PAGE: Equilibrate Personalization and Generalization in Federated "
+        "Learning, WWW 2024 submission 1206 / arXiv 2310.08961 (specs/page.md)",
+        summary="a co-opetition game: client DDPG agents choose local epochs and learning "
+        "rate, a server DDPG agent chooses the aggregation weights",
+        solver="pflarena.client.solvers.page",
+        params=PageParams,
+        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+        needs_server_data=True,
+    )
+
+    @classmethod
+    def from_setup(cls, setup: StrategySetup) -> Page:
+        params = setup.params
+        assert isinstance(params, PageParams)
+        cfg = setup.cfg
+        if params.server_data == "client-test":
+            federation = build_federation(cfg.federation_spec())
+            info = federation.info
+            x = np.concatenate([c.x_test for c in federation.clients])
+            y = np.concatenate([c.y_test for c in federation.clients])
+            log(
+                WARNING,
+                "page.server-data=client-test: the server's agent learns from the clients' "
+                "test splits (%d samples), the data the results are measured on; the "
+                "accuracies of this run are not held-out results (the paper's choice)",
+                len(y),
+            )
+        else:
+            if setup.server_data is None:
+                raise ValueError(
+                    "page needs server-held data: set server-fraction > 0 (or "
+                    "page.server-data=client-test, the paper's leaking choice)"
+                )
+            info, x, y = setup.server_data.info, setup.server_data.x, setup.server_data.y
+        server_x, server_y = to_tensors(x, y, info)
+
+        def model_builder() -> nn.Module:
+            return build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=0)
+
+        return cls(
+            server_x=server_x,
+            server_y=server_y,
+            model_builder=model_builder,
+            **setup.common(cls.declaration),
+            **dict(params),
+        )
+
+    def __init__(
+        self,
+        *,
+        server_x: torch.Tensor,
+        server_y: torch.Tensor,
+        model_builder: Callable[[], nn.Module],
+        agents: str = "ddpg",
+        server_reward: str = "global-loss",
+        loss_floor: float = 0.01,
+        server_reward_scale: float = 1.0,
+        client_reward_scale: float = 1.0,
+        server_data: str = "held-out",
+        state_samples: int = 0,
+        weight_floor: float = 0.0,
+        min_epochs: int = 1,
+        max_epochs: int = 5,
+        min_lr: float = 1e-3,
+        max_lr: float = 0.1,
+        warmup_rounds: int = 1,
+        critic_lr: float = 0.01,
+        actor_lr: float = 0.001,
+        tau: float = 0.01,
+        gamma: float = 0.99,
+        rl_batch_size: int = 32,
+        rl_buffer: int = 10_000,
+        rl_optimizer: str = "sgd",
+        noise_sigma: float = 0.1,
+        noise_decay: float = 0.995,
+        noise_min: float = 0.01,
+        server_hidden: int = 256,
+        client_hidden: int = 64,
+        tune_weights: bool = True,
+        tune_epochs: bool = True,
+        tune_lr: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.params = PageParams(
+            agents=agents,
+            server_reward=server_reward,
+            loss_floor=loss_floor,
+            server_reward_scale=server_reward_scale,
+            client_reward_scale=client_reward_scale,
+            server_data=server_data,
+            state_samples=state_samples,
+            weight_floor=weight_floor,
+            min_epochs=min_epochs,
+            max_epochs=max_epochs,
+            min_lr=min_lr,
+            max_lr=max_lr,
+            warmup_rounds=warmup_rounds,
+            critic_lr=critic_lr,
+            actor_lr=actor_lr,
+            tau=tau,
+            gamma=gamma,
+            rl_batch_size=rl_batch_size,
+            rl_buffer=rl_buffer,
+            rl_optimizer=rl_optimizer,
+            noise_sigma=noise_sigma,
+            noise_decay=noise_decay,
+            noise_min=noise_min,
+            server_hidden=server_hidden,
+            client_hidden=client_hidden,
+            tune_weights=tune_weights,
+            tune_epochs=tune_epochs,
+            tune_lr=tune_lr,
+        )
+        if problems := self.params.range_problems():
+            raise ValueError("; ".join(problems))
+        if self.num_clients is None:
+            raise ValueError("page needs num_clients: the server state has one slot per client")
+        if len(server_y) == 0:
+            raise ValueError("page needs a non-empty server dataset D_CS")
+        self.server_x, self.server_y = server_x, server_y
+        if 0 < state_samples < len(server_y):  # a fixed seeded subsample (spec §10)
+            rng = np.random.default_rng(derive_seed(self.seed, "page-state-samples"))
+            pick = torch.from_numpy(np.sort(rng.choice(len(server_y), state_samples, False)))
+            self.state_x, self.state_y = server_x[pick], server_y[pick]
+        else:
+            self.state_x, self.state_y = server_x, server_y
+        self._model = model_builder()
+        self.agent = DDPGAgent(self.agent_config(), seed=derive_seed(self.seed, "page-server"))
+        n = self.num_clients
+        #: s_CS entries of clients that did not upload: their last accuracy (NaN: unknown)
+        self.last_accuracy = np.full(n, np.nan)
+        #: per round, for the pictures and the summary: p(t), α_i(t), η_i(t), s_CS(t), ...
+        self.history: dict[str, list[np.ndarray]] = {
+            name: [] for name in ("round", "weights", "epochs", "lrs", "state", "server")
+        }
+
+    def agent_config(self) -> DDPGConfig:
+        """The server agent: state and action of size N, simplex actions (§2.4, §4.2)."""
+        p = self.params
+        n = int(self.num_clients or 0)
+        return DDPGConfig(
+            state_dim=n,
+            action_dim=n,
+            action_space="simplex",
+            actor_hidden=(p.server_hidden, p.server_hidden),
+            critic_hidden=(p.server_hidden, p.server_hidden),
+            critic_lr=p.critic_lr,
+            actor_lr=p.actor_lr,
+            tau=p.tau,
+            gamma=p.gamma,
+            batch_size=p.rl_batch_size,
+            buffer_capacity=p.rl_buffer,
+            optimizer=p.rl_optimizer,
+            noise_sigma=p.noise_sigma,
+            noise_decay=p.noise_decay,
+            noise_min=p.noise_min,
+        )
+
+    # ------------------------------------------------------------------ messages
+    def train_config(self, server_round: int, node_id: int) -> dict:
+        """The common settings plus what the clients' agents need (§3.4)."""
+        p = self.params
+        client = {
+            "agents": p.agents,
+            "loss-floor": p.loss_floor,
+            "reward-scale": p.client_reward_scale,
+            "min-epochs": p.min_epochs,
+            "max-epochs": p.max_epochs,
+            "min-lr": p.min_lr,
+            "max-lr": p.max_lr,
+            "warmup-rounds": p.warmup_rounds,
+            "critic-lr": p.critic_lr,
+            "actor-lr": p.actor_lr,
+            "tau": p.tau,
+            "gamma": p.gamma,
+            "rl-batch-size": p.rl_batch_size,
+            "rl-buffer": p.rl_buffer,
+            "rl-optimizer": p.rl_optimizer,
+            "noise-sigma": p.noise_sigma,
+            "noise-decay": p.noise_decay,
+            "noise-min": p.noise_min,
+            "hidden": p.client_hidden,
+            "tune-epochs": p.tune_epochs,
+            "tune-lr": p.tune_lr,
+        }
+        return {**super().train_config(server_round, node_id), **self.method_config(**client)}
+
+    def check_train_reply(self, content: RecordDict) -> str | None:
+        """The model, and the metrics the server's agent reads: f_i, α_i, η_i, n_i."""
+        metrics = content.metric_records[keys.METRICS]
+        for name, valid, wanted in (
+            (keys.PAGE_LOSS, lambda v: v >= 0, "a loss >= 0"),
+            (keys.PAGE_EPOCHS, lambda v: v >= 1, "a number of epochs >= 1"),
+            (keys.PAGE_LR, lambda v: v > 0, "a learning rate > 0"),
+            (keys.NUM_EXAMPLES, lambda v: v >= 1, "a count >= 1"),
+        ):
+            value = metrics.get(name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not valid(value):
+                return f"metric {name!r} must be {wanted}, got {value!r}"
+        if keys.CLIENT_ID not in metrics:
+            return f"metric {keys.CLIENT_ID!r} is missing: the server state is per client"
+        return super().check_train_reply(content)
+
+    # ------------------------------------------------------------------ the round
+    def evaluate_record(self, record: ArrayRecord, x: torch.Tensor, y: torch.Tensor):
+        """A model's loss sum, correct count and count on ``(x, y)``."""
+        self._model.load_state_dict(record.to_torch_state_dict())
+        return evaluate(self._model, x, y)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Algorithm 1 on this round's uploads: state, agent step, p(t), W(t+1), reward."""
+        valid = self.valid_train_replies(replies)
+        if not valid:
+            return None, None
+        with torch_threads():
+            return self._algorithm_1(server_round, valid)
+
+    def _algorithm_1(
+        self, server_round: int, valid: list[Message]
+    ) -> tuple[ArrayRecord, MetricRecord]:
+        p = self.params
+        n = int(self.num_clients or 0)
+        clients = [int(m.content[keys.METRICS][keys.CLIENT_ID]) for m in valid]
+        models = [m.content[keys.ARRAYS] for m in valid]
+        metrics = [m.content[keys.METRICS] for m in valid]
+        losses = np.array([float(m[keys.PAGE_LOSS]) for m in metrics])
+
+        # 1. s_CS(t): each upload's accuracy on D_CS (absent clients: their last one)
+        started = time.perf_counter()
+        state = self.last_accuracy.copy()
+        for client, record in zip(clients, models, strict=True):
+            state[client] = self.evaluate_record(record, self.state_x, self.state_y).accuracy
+        self.last_accuracy = state.copy()
+        if np.isnan(state).any():  # clients that never uploaded: the accuracy of W(t)
+            assert self._round_arrays is not None
+            state[np.isnan(state)] = self.evaluate_record(
+                self._round_arrays, self.state_x, self.state_y
+            ).accuracy
+        state_time = time.perf_counter() - started
+
+        # 2-3. the pending transition gets its next state; the agent acts
+        started = time.perf_counter()
+        rng = np.random.default_rng(derive_seed(self.seed, "page-server", server_round))
+        stats = None
+        if p.agents == "random":
+            weights = rng.dirichlet(np.ones(n))
+        elif not p.tune_weights:
+            weights = np.zeros(n)
+            examples = np.array([float(m[keys.NUM_EXAMPLES]) for m in metrics])
+            weights[clients] = data_size_weights(examples)
+        else:
+            self.agent.complete(state)
+            if self.agent.steps < p.warmup_rounds:
+                weights = self.agent.random_action(rng)
+            else:
+                stats = self.agent.update(rng)
+                weights = self.agent.act(state, rng)
+        agent_time = time.perf_counter() - started
+
+        # 4. the weights executed: over the uploads, with the floor ε; Eq. 5
+        executed = np.zeros(n)
+        chosen = weights[clients]
+        total = chosen.sum()
+        chosen = chosen / total if total > 0 else np.full(len(clients), 1.0 / len(clients))
+        chosen = (1.0 - p.weight_floor) * chosen + p.weight_floor / len(clients)
+        executed[clients] = chosen
+        new_arrays = aggregate(models, chosen)
+
+        # 5. the reward, bounded (A11); the global model on D_CS is also the paper's
+        # global accuracy when D_CS is the global test set
+        started = time.perf_counter()
+        global_eval = self.evaluate_record(new_arrays, self.server_x, self.server_y)
+        reward_time = time.perf_counter() - started
+        client_loss = float(chosen @ losses)
+        objective = global_eval.loss if p.server_reward == "global-loss" else client_loss
+        reward, clamped = reciprocal_reward(objective, p.loss_floor, p.server_reward_scale)
+        if p.agents == "ddpg" and p.tune_weights:
+            self.agent.set_pending(state, executed, reward)
+
+        epochs = np.full(n, np.nan)
+        lrs = np.full(n, np.nan)
+        epochs[clients] = [float(m[keys.PAGE_EPOCHS]) for m in metrics]
+        lrs[clients] = [float(m[keys.PAGE_LR]) for m in metrics]
+        client_agent = [float(m.get(keys.PAGE_AGENT_TIME, 0.0)) for m in metrics]
+        client_sgd = [float(m.get(keys.PAGE_SGD_TIME, 0.0)) for m in metrics]
+        entropy = weight_entropy(executed)
+        server = {
+            "reward": reward,
+            "reward-objective": objective,
+            "reward-clamped": int(clamped),
+            "weight-entropy": entropy,
+            "weight-entropy-ratio": entropy / math.log(n) if n > 1 else 1.0,
+            "max-weight": float(executed.max()),
+            "server-accuracy": global_eval.accuracy,
+            "server-loss": global_eval.loss,
+            "state-mean": float(state.mean()),
+            "mean-epochs": float(np.nanmean(epochs)),
+            "mean-lr": float(np.exp(np.nanmean(np.log(lrs)))),
+            "client-clamped": int(sum(int(m.get(keys.PAGE_CLAMPED, 0)) for m in metrics)),
+            "client-reward": float(np.mean([float(m.get(keys.PAGE_REWARD, 0.0)) for m in metrics])),
+            "server-state-time-s": state_time,
+            "server-agent-time-s": agent_time,
+            "server-reward-time-s": reward_time,
+            "client-agent-time-s": float(np.sum(client_agent)),
+            "client-sgd-time-s": float(np.sum(client_sgd)),
+        }
+        if stats is not None:
+            server["critic-loss"] = stats.critic_loss
+            server["actor-objective"] = stats.actor_objective
+        self.history["round"].append(np.array([server_round], dtype=np.float64))
+        self.history["weights"].append(executed)
+        self.history["epochs"].append(epochs)
+        self.history["lrs"].append(lrs)
+        self.history["state"].append(state)
+        self.history["server"].append(
+            np.array([reward, entropy, server["server-accuracy"], objective, int(clamped)])
+        )
+        log(
+            INFO,
+            "page: round %d reward %.4g, weight entropy %.3f of %.3f, max weight %.3f",
+            server_round,
+            reward,
+            entropy,
+            math.log(n) if n > 1 else 0.0,
+            executed.max(),
+        )
+        out = self.train_metrics(valid)
+        assert out is not None
+        out.update(server)
+        return new_arrays, out
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = super().checkpoint_state()
+        arrays |= {f"page/agent/{k}": v for k, v in self.agent.to_arrays().items()}
+        arrays["page/last-accuracy"] = self.last_accuracy.copy()
+        for name, rows in self.history.items():
+            arrays[f"page/history/{name}"] = (
+                np.stack(rows) if rows else np.zeros((0, 1), dtype=np.float64)
+            )
+        return arrays, meta
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        super().restore_state(arrays, meta)
+        prefix = "page/agent/"
+        saved = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+        self.agent = DDPGAgent.from_arrays(saved, self.agent_config())
+        self.last_accuracy = np.array(arrays["page/last-accuracy"], dtype=np.float64)
+        self.history = {
+            name: list(np.array(arrays[f"page/history/{name}"], dtype=np.float64))
+            for name in self.history
+        }
+
+    # ------------------------------------------------------------------ results
+    def run_summary(self) -> dict[str, Any]:
+        p = self.params
+        out: dict[str, Any] = {
+            "agents": p.agents,
+            "server_reward": p.server_reward,
+            "loss_floor": p.loss_floor,
+            "reward_scales": {"server": p.server_reward_scale, "client": p.client_reward_scale},
+            "server_data": p.server_data,
+            "server_data_leaks": p.server_data == "client-test",
+            "server_samples": len(self.server_y),
+            "state_samples": len(self.state_y),
+        }
+        if not self.history["round"]:
+            return out
+        server = np.stack(self.history["server"])
+        n = int(self.num_clients or 0)
+        ratio = server[:, 1] / math.log(n) if n > 1 else np.ones(len(server))
+        out |= {
+            "rounds": len(server),
+            "weight_entropy_ratio": {
+                "min": float(ratio.min()),
+                "mean": float(ratio.mean()),
+                "last": float(ratio[-1]),
+            },
+            "max_weight_last": float(np.max(self.history["weights"][-1])),
+            "server_reward_clamped_rounds": int(server[:, 4].sum()),
+            "server_accuracy_last": float(server[-1, 2]),
+            "mean_epochs_last": float(np.nanmean(self.history["epochs"][-1])),
+            "mean_lr_last": float(np.exp(np.nanmean(np.log(self.history["lrs"][-1])))),
+            "agent_updates": self.agent.updates,
+        }
+        return out
+
+    def write_artifacts(self, output_dir: Path) -> list[Path]:
+        """``page-weights.csv/.png`` (p(t) per client and round, with its entropy) and
+        ``page-client-actions.csv/.png`` (α_i(t) and η_i(t) per client and round)."""
+        if not self.history["round"]:
+            return []
+        output_dir.mkdir(parents=True, exist_ok=True)
+        rounds = [int(r[0]) for r in self.history["round"]]
+        weights = np.stack(self.history["weights"])
+        epochs = np.stack(self.history["epochs"])
+        lrs = np.stack(self.history["lrs"])
+        state = np.stack(self.history["state"])
+        weights_csv = output_dir / "page-weights.csv"
+        lines = ["round,client,weight,state"]
+        for i, r in enumerate(rounds):
+            lines += [
+                f"{r},{c},{weights[i, c]:.6g},{state[i, c]:.6g}" for c in range(weights.shape[1])
+            ]
+        weights_csv.write_text("\n".join(lines) + "\n")
+        actions_csv = output_dir / "page-client-actions.csv"
+        lines = ["round,client,epochs,lr"]
+        for i, r in enumerate(rounds):
+            lines += [
+                f"{r},{c},{epochs[i, c]:.0f},{lrs[i, c]:.6g}"
+                for c in range(epochs.shape[1])
+                if not np.isnan(epochs[i, c])
+            ]
+        actions_csv.write_text("\n".join(lines) + "\n")
+        return [
+            weights_csv,
+            self._plot_weights(output_dir / "page-weights.png", rounds, weights),
+            actions_csv,
+            self._plot_actions(output_dir / "page-client-actions.png", rounds, epochs, lrs),
+        ]
+
+    def _plot_weights(self, path: Path, rounds: list[int], weights: np.ndarray) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n = weights.shape[1]
+        fig, (top, bottom) = plt.subplots(
+            2,
+            1,
+            figsize=(min(14.0, 4.0 + 0.05 * len(rounds)), 7.5),
+            height_ratios=[3, 1],
+            layout="constrained",
+        )
+        image = top.imshow(
+            weights.T,
+            aspect="auto",
+            cmap="viridis",
+            interpolation="nearest",
+            extent=(rounds[0] - 0.5, rounds[-1] + 0.5, n - 0.5, -0.5),
+        )
+        top.set_ylabel("client id")
+        top.set_title(
+            f"PAGE server aggregation weights p_i(t) ({self.params.agents}, "
+            f"reward {self.params.server_reward}); uniform = {1 / n:.3g}"
+        )
+        fig.colorbar(image, ax=[top, bottom], shrink=0.8, label="p_i(t)")
+        ratio = [weight_entropy(w) / math.log(n) if n > 1 else 1.0 for w in weights]
+        bottom.plot(rounds, ratio, color="tab:blue", label="entropy / log N")
+        bottom.plot(rounds, weights.max(axis=1), color="tab:red", label="max p_i")
+        bottom.set_ylim(0, 1.05)
+        bottom.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
+        bottom.set_xlabel("round")
+        bottom.legend(loc="lower left", fontsize=8)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+    def _plot_actions(
+        self, path: Path, rounds: list[int], epochs: np.ndarray, lrs: np.ndarray
+    ) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import LogNorm
+
+        p = self.params
+        n = epochs.shape[1]
+        extent = (rounds[0] - 0.5, rounds[-1] + 0.5, n - 0.5, -0.5)
+        fig, axes = plt.subplots(1, 2, figsize=(min(16.0, 7.0 + 0.08 * len(rounds)), 6.0))
+        image = axes[0].imshow(
+            epochs.T,
+            aspect="auto",
+            cmap="magma",
+            interpolation="nearest",
+            vmin=p.min_epochs,
+            vmax=p.max_epochs,
+            extent=extent,
+        )
+        axes[0].set_title("local epochs α_i(t)")
+        fig.colorbar(image, ax=axes[0], shrink=0.8)
+        image = axes[1].imshow(
+            lrs.T,
+            aspect="auto",
+            cmap="cividis",
+            interpolation="nearest",
+            norm=LogNorm(vmin=p.min_lr, vmax=p.max_lr),
+            extent=extent,
+        )
+        axes[1].set_title("learning rate η_i(t)")
+        fig.colorbar(image, ax=axes[1], shrink=0.8)
+        for ax in axes:
+            ax.set_xlabel("round")
+            ax.set_ylabel("client id")
+        fig.suptitle(f"PAGE clients' actions ({p.agents}; blank: no upload)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path

@@ -1,0 +1,262 @@
+"""DDPG (core/ddpg.py) on problems with known answers, its bounds, its storage.
+
+* Contextual bandits (γ = 0) whose best action is a known function of the state, in a box
+  and on the simplex: the trained policy must be within a stated tolerance of it.
+* A chain whose value is known in closed form, ``Q(s, a) = s + γ E[s'] / (1 − γ)``: the
+  critic's bootstrapped targets must reach it.
+* The actor's actions stay in the box, and the simplex weights are non-negative and sum
+  to 1, for any state and any noise.
+* The soft update, checked against its formula on copies of the weights.
+* Saving and loading gives the same agent, bit for bit (the client's state, the server's
+  checkpoint); different settings are refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pflarena.core.ddpg import PAGE_TABLE7, DDPGAgent, DDPGConfig, soft_update
+
+HIDDEN = (32, 32)
+BOX_LOW, BOX_HIGH = np.array([-1.0, 2.0]), np.array([1.0, 5.0])
+MIX = np.array([[2.0, 0.0, -1.0, 0.5], [-1.0, 1.5, 0.0, 0.5]])
+
+
+def _box_best(s: np.ndarray) -> np.ndarray:
+    return BOX_LOW + np.array([0.2 + 0.6 * s[0], 0.8 - 0.5 * s[0]]) * (BOX_HIGH - BOX_LOW)
+
+
+def _simplex_best(s: np.ndarray) -> np.ndarray:
+    z = s @ MIX
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _bandit_config(space: str, **overrides) -> DDPGConfig:
+    values = dict(
+        state_dim=1 if space == "box" else 2,
+        action_dim=2 if space == "box" else 4,
+        action_space=space,
+        actor_hidden=HIDDEN,
+        critic_hidden=HIDDEN,
+        gamma=0.0,  # one step: a contextual bandit
+        optimizer="adam",
+        critic_lr=1e-2,
+        actor_lr=1e-3,
+        tau=0.05,
+        batch_size=64,
+        noise_sigma=0.3,
+        noise_decay=0.998,
+        noise_min=0.1,
+    )
+    if space == "box":
+        values |= {"low": tuple(BOX_LOW), "high": tuple(BOX_HIGH)}
+    return DDPGConfig(**(values | overrides))
+
+
+def _train_bandit(space: str, steps: int, seed: int) -> DDPGAgent:
+    """States uniform in [0, 1]^d; reward −‖(a − a*(s))/range‖² (box) or
+    −10‖p − p*(s)‖² (simplex); one update per step, as a federated round takes."""
+    agent = DDPGAgent(_bandit_config(space), seed=seed)
+    rng = np.random.default_rng(seed)
+    dim = agent.config.state_dim
+    for _ in range(steps):
+        s = rng.uniform(0.0, 1.0, dim)
+        a = agent.act(s, rng)
+        if space == "box":
+            reward = -np.sum(((a - _box_best(s)) / (BOX_HIGH - BOX_LOW)) ** 2)
+        else:
+            reward = -10.0 * np.sum((a - _simplex_best(s)) ** 2)
+        agent.remember(s, a, reward, rng.uniform(0.0, 1.0, dim))
+        agent.update(rng)
+    return agent
+
+
+def test_the_box_actor_learns_the_best_action_of_a_contextual_bandit():
+    """Tolerance: within 10 % of each coordinate's range at every tested state (the
+    untrained actor, at the box's middle, is up to 30 % off)."""
+    agent = _train_bandit("box", steps=1500, seed=0)
+    states = np.linspace(0.0, 1.0, 21)[:, None]
+    errors = [np.abs(agent.policy(s) - _box_best(s)) / (BOX_HIGH - BOX_LOW) for s in states]
+    assert np.max(errors) < 0.10, np.max(errors)
+    untrained = DDPGAgent(_bandit_config("box"), seed=0)
+    assert max(np.max(np.abs(untrained.policy(s) - _box_best(s)) / 3) for s in states) > 0.2
+
+
+def test_the_simplex_actor_learns_the_best_weights_of_a_contextual_bandit():
+    """Tolerance: total-variation distance below 0.1 (L1 < 0.2) at every tested state; the
+    untrained actor (uniform weights) is at TV 0.25 or more for some."""
+    agent = _train_bandit("simplex", steps=1500, seed=0)
+    states = np.random.default_rng(99).uniform(0.0, 1.0, (25, 2))
+    l1 = [np.abs(agent.policy(s) - _simplex_best(s)).sum() for s in states]
+    assert np.max(l1) < 0.2, np.max(l1)
+    untrained = [np.abs(np.full(4, 0.25) - _simplex_best(s)).sum() for s in states]
+    assert np.max(untrained) > 0.5
+
+
+def test_the_critic_reaches_the_closed_form_value_of_a_chain():
+    """r = s, s' ~ U(0, 1) whatever the action: Q(s, a) = s + γ · 0.5 / (1 − γ) (= s + 2
+    at γ = 0.8). Only the bootstrapped target r + γ Q'(s', μ'(s')) gives the γ term."""
+    gamma = 0.8
+    config = _bandit_config("box", gamma=gamma, tau=0.1, batch_size=64, critic_lr=3e-3)
+    agent = DDPGAgent(config, seed=1)
+    rng = np.random.default_rng(1)
+    for _ in range(1500):
+        s = rng.uniform(0.0, 1.0, 1)
+        agent.remember(s, agent.random_action(rng), float(s[0]), rng.uniform(0.0, 1.0, 1))
+        agent.update(rng)
+    states = np.linspace(0.0, 1.0, 11)
+    actions = np.random.default_rng(2).uniform(0.0, 1.0, (11, 2))
+    with torch.no_grad():
+        q = agent.critic(
+            torch.tensor(states[:, None], dtype=torch.float32),
+            torch.tensor(actions, dtype=torch.float32),
+        ).numpy()
+    expected = states + gamma * 0.5 / (1 - gamma)
+    assert np.max(np.abs(q - expected)) < 0.15, np.round(q - expected, 3)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5, 50.0])
+def test_box_actions_stay_in_the_bounds(sigma):
+    config = _bandit_config("box", noise_sigma=sigma, noise_min=sigma, noise_decay=1.0)
+    rng = np.random.default_rng(3)
+    for seed in range(5):
+        agent = DDPGAgent(config, seed=seed)
+        with torch.no_grad():  # push the outputs towards saturation
+            agent.actor.body[-1].weight.mul_(1e4)
+        for scale in (1e-3, 1.0, 1e3, 1e6):
+            for _ in range(10):
+                s = rng.normal(0.0, scale, 1)
+                for a in (agent.act(s, rng), agent.policy(s), agent.random_action(rng)):
+                    assert np.all(a >= BOX_LOW) and np.all(a <= BOX_HIGH), a
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5, 500.0])
+def test_simplex_weights_are_non_negative_and_sum_to_one(sigma):
+    config = DDPGConfig(
+        state_dim=6, action_dim=6, action_space="simplex", noise_sigma=sigma, noise_min=sigma
+    )
+    rng = np.random.default_rng(4)
+    for seed in range(5):
+        agent = DDPGAgent(config, seed=seed)
+        with torch.no_grad():
+            agent.actor.body[-1].weight.mul_(1e5)  # logits thousands apart
+        for scale in (1e-3, 1.0, 1e4):
+            for _ in range(10):
+                s = rng.normal(0.0, scale, 6)
+                for p in (agent.act(s, rng), agent.policy(s), agent.random_action(rng)):
+                    assert np.all(p >= 0.0)
+                    assert abs(p.sum() - 1.0) < 1e-12
+
+
+def test_soft_update_is_the_convex_combination():
+    config = DDPGConfig(state_dim=3, action_dim=2)
+    source, target = DDPGAgent(config, seed=1).actor, DDPGAgent(config, seed=2).actor
+    before = [p.detach().clone() for p in target.parameters()]
+    soft_update(target, source, 0.3)
+    for new, old, src in zip(target.parameters(), before, source.parameters(), strict=True):
+        torch.testing.assert_close(new, 0.3 * src.detach() + 0.7 * old)
+
+
+def test_an_update_moves_the_targets_by_tau_towards_the_updated_networks():
+    config = _bandit_config("box", tau=0.25, optimizer="sgd", critic_lr=0.1, actor_lr=0.1)
+    agent = DDPGAgent(config, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        agent.remember([0.5], agent.random_action(rng), 1.0, [0.2])
+    old_targets = [p.detach().clone() for p in agent.target_critic.parameters()]
+    assert agent.update(rng) is not None
+    for new, old, main in zip(
+        agent.target_critic.parameters(), old_targets, agent.critic.parameters(), strict=True
+    ):
+        torch.testing.assert_close(new, 0.25 * main.detach() + 0.75 * old)
+    pairs = zip(old_targets, agent.critic.parameters(), strict=True)
+    assert any(not torch.equal(a, b) for a, b in pairs)
+
+
+def test_updates_wait_for_transitions_and_sample_at_most_the_buffer():
+    agent = DDPGAgent(DDPGConfig(state_dim=1, action_dim=1, batch_size=32), seed=0)
+    rng = np.random.default_rng(0)
+    assert agent.update(rng) is None
+    agent.set_pending([0.1], [0.5], 2.0)
+    assert agent.complete([0.2]) and agent.pending is None and not agent.complete([0.3])
+    stats = agent.update(rng)
+    assert stats is not None and stats.batch == 1
+    np.testing.assert_allclose(agent.buffer.next_states[0], [0.2])
+
+
+def test_exploration_noise_decays_per_action_to_its_floor():
+    config = DDPGConfig(state_dim=1, action_dim=1, noise_sigma=0.1, noise_decay=0.5)
+    agent = DDPGAgent(config, seed=0)
+    rng = np.random.default_rng(0)
+    scales = []
+    for _ in range(6):
+        scales.append(agent.noise_scale)
+        agent.act([0.0], rng)
+    np.testing.assert_allclose(scales, [0.1, 0.05, 0.025, 0.0125, 0.01, 0.01])
+    agent.act([0.0], rng, explore=False)  # evaluation: no noise, no decay
+    assert agent.steps == 6
+
+
+def test_the_defaults_are_the_papers_synthetic_settings():
+    config = DDPGConfig(state_dim=1, action_dim=2)
+    assert (config.critic_lr, config.actor_lr, config.tau) == PAGE_TABLE7["synthetic"]
+    assert config.gamma == 0.99
+    assert config.optimizer == "sgd"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_saving_and_loading_gives_the_same_agent(optimizer):
+    config = _bandit_config("simplex", optimizer=optimizer, buffer_capacity=5)
+    agent = DDPGAgent(config, seed=7)
+    rng = np.random.default_rng(7)
+    for _ in range(8):  # wraps the buffer around
+        s = rng.uniform(0, 1, 2)
+        agent.complete(s)
+        agent.update(rng)
+        agent.set_pending(s, agent.act(s, rng), float(rng.normal()))
+    copy = DDPGAgent.from_arrays(agent.to_arrays(), config)
+    assert len(agent.buffer) == 5 and agent.buffer.position == 2  # 7 transitions, 5 kept
+    assert (copy.steps, copy.updates) == (agent.steps, agent.updates)
+    assert (len(copy.buffer), copy.buffer.position) == (5, 2)
+    first, second = np.random.default_rng(11), np.random.default_rng(11)
+    for _ in range(3):  # the same future, bit for bit
+        s = first.uniform(0, 1, 2)
+        second.uniform(0, 1, 2)
+        assert agent.complete(s) and copy.complete(s)
+        assert agent.update(first) == copy.update(second)
+        a, b = agent.act(s, first), copy.act(s, second)
+        np.testing.assert_array_equal(a, b)
+        agent.set_pending(s, a, 1.0)
+        copy.set_pending(s, b, 1.0)
+
+
+def test_loading_with_other_settings_or_broken_arrays_is_refused():
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=2), seed=0)
+    arrays = agent.to_arrays()
+    with pytest.raises(ValueError, match="actor_lr"):
+        DDPGAgent.from_arrays(arrays, DDPGConfig(state_dim=2, action_dim=2, actor_lr=0.5))
+    broken = dict(arrays)
+    broken["critic/body.0.weight"] = np.zeros((1, 1), np.float32)
+    with pytest.raises(ValueError, match="critic/body.0.weight"):
+        DDPGAgent.from_arrays(broken)
+    with pytest.raises(ValueError, match="config"):
+        DDPGAgent.from_arrays({})
+
+
+def test_bad_settings_and_inputs_are_named():
+    with pytest.raises(ValueError, match="tau"):
+        DDPGConfig(state_dim=1, action_dim=1, tau=0.0)
+    with pytest.raises(ValueError, match="simplex"):
+        DDPGConfig(state_dim=1, action_dim=1, action_space="simplex")
+    with pytest.raises(ValueError, match="low <= high"):
+        DDPGConfig(state_dim=1, action_dim=1, low=(1.0,), high=(0.0,))
+    agent = DDPGAgent(DDPGConfig(state_dim=2, action_dim=1), seed=0)
+    with pytest.raises(ValueError, match="state must have 2"):
+        agent.policy([0.0])
+    with pytest.raises(ValueError, match="outside the bounds"):
+        agent.remember([0.0, 0.0], [2.0], 1.0, [0.0, 0.0])
+    with pytest.raises(ValueError, match="reward must be finite"):
+        agent.set_pending([0.0, 0.0], [0.5], float("nan"))
