@@ -5,7 +5,7 @@ Lemma 1's exact tracking, and the γ = 1 / γ → 0 special cases."""
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 from helpers import config, grid_for, run_local, stored
 from scipy.optimize import minimize
 
@@ -516,3 +516,143 @@ def test_a_rejected_update_leaves_c_tracking_the_stored_messages(tmp_path):
             rtol=1e-5,
             atol=1e-7,
         )
+
+
+# ----------------------------------------------------------------------------- BatchNorm
+def _record_batchnorm_inputs(monkeypatch) -> list[dict[str, list[torch.Tensor]]]:
+    """Per local training (one per train message, in order): each BatchNorm layer's inputs in
+    training mode, batch by batch."""
+    calls: list[dict[str, list[torch.Tensor]]] = []
+    original = solver._module_gradients
+
+    def recording(model, *args, **kwargs):
+        inputs: dict[str, list[torch.Tensor]] = {}
+        calls.append(inputs)
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                assert module.momentum == 0.1  # the EMA below uses PyTorch's default
+
+                def hook(mod, args, name=name):
+                    if mod.training:
+                        inputs.setdefault(name, []).append(args[0].detach().double().clone())
+
+                module.register_forward_pre_hook(hook)
+        yield from original(model, *args, **kwargs)
+
+    monkeypatch.setattr(solver, "_module_gradients", recording)
+    return calls
+
+
+def _running_statistics(start: dict, inputs: list[torch.Tensor]) -> dict[str, np.ndarray]:
+    """BatchNorm's documented update, batch by batch: r ← 0.9 r + 0.1 x̄ for the mean and the
+    unbiased variance of each channel, and one more tracked batch per step."""
+    mean, var = start["running_mean"].astype(np.float64), start["running_var"].astype(np.float64)
+    for x in inputs:
+        x = x.numpy()
+        mean = 0.9 * mean + 0.1 * x.mean(axis=(0, 2, 3))
+        var = 0.9 * var + 0.1 * x.var(axis=(0, 2, 3), ddof=1)
+    tracked = int(start["num_batches_tracked"]) + len(inputs)
+    return {"running_mean": mean, "running_var": var, "num_batches_tracked": tracked}
+
+
+@pytest.mark.parametrize("start_buffers", ["personal", "theta"])
+def test_batchnorm_statistics_come_from_the_clients_own_training(monkeypatch, start_buffers):
+    """With the θ warm start, a client's running statistics after a round are its own previous
+    statistics carried forward by the batches of its own local training (spec §9.14), and
+    θ's are the participants' mean. Catches a client whose training starts from θ's averaged
+    statistics (what ``start-buffers=theta`` asks for, checked here too): from round 2 on,
+    θ's statistics differ from the client's own, which the test asserts it meets."""
+    cfg = config(
+        strategy="pfedgt",
+        model="small-cnn-bn",
+        fraction_train=0.4,
+        **{"pfedgt.start-buffers": start_buffers},
+    )
+    grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
+    strategy.initialise_message(grid, arrays, direct_send(grid, 60))
+    calls = _record_batchnorm_inputs(monkeypatch)
+    layers = ["features.1", "features.4"]
+    own_differs_from_theta = 0
+    for server_round in (1, 2, 3):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        nodes = [m.metadata.dst_node_id for m in messages]
+        before = {n: stored(grid.contexts[n], solver.PERSONAL_KEY) for n in nodes}
+        calls.clear()
+        replies = list(grid.send_and_receive(messages))
+        assert len(calls) == len(nodes) and all(not r.has_error() for r in replies)
+        for node, inputs in zip(nodes, calls, strict=True):
+            after = stored(grid.contexts[node], solver.PERSONAL_KEY)
+            for layer in layers:
+                own = {
+                    k: before[node][f"{layer}.{k}"].numpy()
+                    for k in ("running_mean", "running_var", "num_batches_tracked")
+                }
+                theta = {k: arrays[f"{layer}.{k}"].numpy() for k in own}
+                if not np.allclose(own["running_mean"], theta["running_mean"]):
+                    own_differs_from_theta += 1
+                expected = _running_statistics(
+                    own if start_buffers == "personal" else theta, inputs[layer]
+                )
+                for key in ("running_mean", "running_var"):
+                    np.testing.assert_allclose(
+                        after[f"{layer}.{key}"].numpy(), expected[key], rtol=1e-5, atol=1e-6
+                    )
+                assert (
+                    int(after[f"{layer}.num_batches_tracked"].numpy())
+                    == (expected["num_batches_tracked"])
+                )
+        arrays, _ = strategy.aggregate_train(server_round, replies)
+        # θ's statistics: the plain mean of the participants' (only for evaluating θ)
+        for layer in layers:
+            name = f"{layer}.running_var"
+            held = [stored(grid.contexts[n], solver.PERSONAL_KEY)[name].numpy() for n in nodes]
+            np.testing.assert_allclose(arrays[name].numpy(), np.mean(held, axis=0), rtol=1e-6)
+    assert own_differs_from_theta >= 2
+
+
+def _one_round_replies(cfg):
+    grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
+    strategy.initialise_message(grid, arrays, direct_send(grid, 60))
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    return strategy, arrays, list(grid.send_and_receive(messages))
+
+
+@pytest.mark.parametrize("damage", ["nan", "inf", "shape", "missing"])
+def test_a_bad_buffer_upload_is_rejected_and_never_reaches_theta(caplog, damage):
+    """Uploaded BatchNorm statistics are checked like Δw and Δc: a NaN or infinite running
+    variance, a wrong shape or a missing buffer record rejects the reply (logged), and θ's
+    statistics are the mean over the other participants. Catches a strategy that averages
+    the buffers unchecked (θ's running variance would be NaN)."""
+    cfg = config(strategy="pfedgt", model="small-cnn-bn", fraction_train=0.6)
+    strategy, arrays, replies = _one_round_replies(cfg)
+    name = "features.1.running_var"
+    buffers = replies[0].content.array_records[keys.PFEDGT_BUFFERS]
+    if damage == "missing":
+        del replies[0].content.array_records[keys.PFEDGT_BUFFERS]
+    else:
+        bad = buffers[name].numpy().copy()
+        if damage == "shape":
+            bad = bad[:-1]
+        else:
+            bad.flat[0] = np.nan if damage == "nan" else np.inf
+        buffers[name] = Array(bad)
+    with caplog.at_level("WARNING"):
+        theta, _ = strategy.aggregate_train(1, replies)
+    assert strategy.last_failed == [replies[0].metadata.src_node_id]
+    assert "rejected reply" in caplog.text and (
+        "buffers" in caplog.text and (name in caplog.text or damage == "missing")
+    )
+    rest = [r.content.array_records[keys.PFEDGT_BUFFERS][name].numpy() for r in replies[1:]]
+    assert np.isfinite(theta[name].numpy()).all()
+    np.testing.assert_allclose(theta[name].numpy(), np.mean(rest, axis=0), rtol=1e-6)
+
+
+def test_buffers_from_a_model_without_any_are_rejected():
+    cfg = config(strategy="pfedgt", fraction_train=0.4)  # digits' MLP: no buffers
+    strategy, _, replies = _one_round_replies(cfg)
+    assert keys.PFEDGT_BUFFERS not in replies[0].content.array_records
+    replies[0].content.array_records[keys.PFEDGT_BUFFERS] = ArrayRecord(
+        {"features.1.running_var": Array(np.ones(3, dtype=np.float32))}
+    )
+    strategy.aggregate_train(1, replies)
+    assert strategy.last_failed == [replies[0].metadata.src_node_id]

@@ -9,7 +9,9 @@ along with a server model θ that warm-starts local training (Eq. 6).
 
 Server state: θ (a full model state; its trainable part is tracked by Eq. 6, its buffers,
 e.g. BatchNorm statistics, are the plain mean of the participants' buffers, used only when
-θ is evaluated as a global model) and c (over the trainable parameters).
+θ is evaluated as a global model) and c (over the trainable parameters). Clients start local
+training from θ's trainable parameters and their own BatchNorm statistics, so each w_i keeps
+the statistics of its own data (spec §9.14).
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ class PFedGTParams(MethodParams):
         description="Δw is w_new − θ (default; stable with η_s=1 under partial "
         "participation) or w_new − w_i (Eq. 6 read literally; see docs/architecture.md)",
     )
+    start_buffers: Literal["personal", "theta"] = Field(
+        "personal",
+        description="BatchNorm running statistics local training starts from: the client's "
+        "own (spec §9.14, as PFLlib) or θ's, the mean of the last participants'",
+    )
 
     @field_validator("gammas")
     @classmethod
@@ -146,7 +153,11 @@ def _as_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def _as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    # np.require keeps 0-d arrays (BatchNorm's num_batches_tracked) 0-d; ascontiguousarray
+    # would make them 1-d and θ's buffers would no longer load into the model unchanged.
+    return ArrayRecord(
+        {name: Array(np.require(value, requirements="C")) for name, value in arrays.items()}
+    )
 
 
 def _copy(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -188,6 +199,9 @@ class PFedGT(PflStrategy):
     warm_start, message_init, delta_ref
         Ablations of spec §3.4 and §9.1 (θ or own w_i as the local start; c or stored c_i as
         the local message's start; Δw relative to w_i or to θ).
+    start_buffers
+        The non-trainable state (BatchNorm statistics) local training starts from:
+        ``"personal"``, the client's own (spec §9.14), or ``"theta"``, θ's averaged buffers.
     """
 
     declaration = MethodDeclaration(
@@ -219,6 +233,7 @@ class PFedGT(PflStrategy):
         warm_start: str = "theta",
         message_init: str = "server",
         delta_ref: str = "theta",
+        start_buffers: str = "personal",
         training: LocalTraining | None = None,
         **kwargs,
     ) -> None:
@@ -234,6 +249,7 @@ class PFedGT(PflStrategy):
             ("warm_start", warm_start, ("theta", "personal")),
             ("message_init", message_init, ("server", "stored")),
             ("delta_ref", delta_ref, ("personal", "theta")),
+            ("start_buffers", start_buffers, ("personal", "theta")),
             ("lambda_rule", lambda_rule, ("fixed", "tracking")),
         ):
             if value not in allowed:
@@ -246,6 +262,7 @@ class PFedGT(PflStrategy):
         self.lambda_rule = lambda_rule
         self.variant, self.c_init = variant, c_init
         self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
+        self.start_buffers = start_buffers
         #: c, the tracked average message (None until initialised).
         self.message: dict[str, np.ndarray] | None = None
         #: (1/m) Σ_i c_i over the messages the clients store: what c tracks exactly when
@@ -253,6 +270,7 @@ class PFedGT(PflStrategy):
         self.message_mean: dict[str, np.ndarray] | None = None
         self._message_record: ArrayRecord | None = None  # c^t as sent this round
         self._trainable_reference: ArrayRecord | None = None  # θ^t's trainable arrays
+        self._buffer_reference: ArrayRecord | None = None  # θ^t's other arrays (buffers)
         #: reply timeout of the c⁰ exchange when Flower's ``Strategy.start`` drives the run
         self.init_timeout = 600.0
 
@@ -273,6 +291,7 @@ class PFedGT(PflStrategy):
             warm_start=params.warm_start,
             message_init=params.message_init,
             delta_ref=params.delta_ref,
+            start_buffers=params.start_buffers,
             **setup.common(cls.declaration),
         )
 
@@ -367,6 +386,7 @@ class PFedGT(PflStrategy):
             keys.PFEDGT_WARM_START: self.warm_start,
             keys.PFEDGT_MESSAGE_INIT: self.message_init,
             keys.PFEDGT_DELTA_REF: self.delta_ref,
+            keys.PFEDGT_START_BUFFERS: self.start_buffers,
         }
 
     def train_content(
@@ -389,13 +409,24 @@ class PFedGT(PflStrategy):
         self.initialise_message(grid, arrays, direct_send(grid, self.init_timeout))
         self._message_record = _as_record(self.message)
         self._trainable_reference = ArrayRecord({n: arrays[n] for n in self.trainable})
+        self._buffer_reference = ArrayRecord(
+            {n: arrays[n] for n in arrays.keys() if n not in set(self.trainable)}
+        )
         return super().configure_train(server_round, arrays, config, grid)
 
     def check_train_reply(self, content: RecordDict) -> str | None:
+        """Δw and Δc over θ's trainable arrays; the buffers (when θ has any) under θ's other
+        names, shapes and dtypes, finite: a NaN running variance never reaches θ."""
         for key in (keys.PFEDGT_DELTA_W, keys.PFEDGT_DELTA_C):
             problem = array_problem(content, self._trainable_reference, key)
             if problem is not None:
                 return problem
+        if self._buffer_reference is not None and len(self._buffer_reference):
+            problem = array_problem(content, self._buffer_reference, keys.PFEDGT_BUFFERS)
+            if problem is not None:
+                return f"buffers: {problem}"
+        elif keys.PFEDGT_BUFFERS in content.array_records:
+            return f"ArrayRecord {keys.PFEDGT_BUFFERS!r} sent, but the model has no buffers"
         return None
 
     def aggregate_train(
@@ -418,6 +449,7 @@ class PFedGT(PflStrategy):
             self.message_mean, delta_c, len(delta_c) / self.num_clients
         )
         tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, self.server_lr)
+        # θ's buffers: the participants' own (checked in check_train_reply), for evaluating θ
         buffers = [
             _as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
             for m in valid
@@ -449,7 +481,7 @@ class PFedGT(PflStrategy):
         super().summary()
         log(
             INFO,
-            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%g η_s=%g variant=%s c⁰=%s warm start=%s",
+            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%g η_s=%g variant=%s c⁰=%s warm start=%s (buffers: %s)",
             self.num_clients,
             self.mu,
             self.rho,
@@ -458,4 +490,5 @@ class PFedGT(PflStrategy):
             self.variant,
             self.c_init,
             self.warm_start,
+            self.start_buffers,
         )
