@@ -656,3 +656,157 @@ def test_buffers_from_a_model_without_any_are_rejected():
     )
     strategy.aggregate_train(1, replies)
     assert strategy.last_failed == [replies[0].metadata.src_node_id]
+
+
+# ----------------------------------------------------------------------------- Algorithm 2
+def algorithm2_as_printed(w, c_server, c_stored, gradients, *, gamma, mu, rho, m, lr):
+    """Algorithm 2 (ClientUpdate) line by line, in numpy: line 1 starts c_i at c; each step
+    takes the batch gradient (line 4), steps with the c_i of the previous step (line 5) and
+    sets c_i from that gradient and the updated w (line 6, spec §9 #3). Returns every
+    iterate and the final c_i (line 9)."""
+    c_i = c_server.copy()
+    iterates = []
+    for gradient in gradients:
+        g = gradient(w)
+        w = w - lr * (
+            g + (1 - gamma) * (c_server - c_i) + (1 - gamma) / m * (c_i - c_stored) + rho * w
+        )
+        c_i = g - mu * w
+        iterates.append(w)
+    return iterates, c_i
+
+
+def test_paper_variant_follows_algorithm_2_step_by_step():
+    """``local_solve(variant="paper")`` against :func:`algorithm2_as_printed` with a numpy
+    softmax-regression gradient, iterate by iterate. Catches the exact variant's semantics
+    (line 5 with the message at the current iterate), line 6 with the pre-step w or with a
+    gradient recomputed at the updated w, c_i starting from the stored message instead of c,
+    and a returned message other than the last step's."""
+    rng = np.random.default_rng(4)
+    n, d, k, m = 24, 3, 3, 5
+    gamma, mu, rho, lr = 0.6, 0.4, 0.1, 0.3
+    x, y = rng.normal(size=(n, d)) + 0.5, rng.integers(0, k, n)
+    steps = [rng.permutation(n)[:6] for _ in range(8)]  # one minibatch per step
+    w0 = rng.normal(size=k * d + k)
+    c_server, c_stored = rng.normal(size=w0.size), rng.normal(size=w0.size)
+
+    expected, expected_message = algorithm2_as_printed(
+        w0,
+        c_server,
+        c_stored,
+        [lambda w, idx=idx: _numpy_logistic(x[idx], y[idx], k)(w)[1] for idx in steps],
+        gamma=gamma,
+        mu=mu,
+        rho=rho,
+        m=m,
+        lr=lr,
+    )
+
+    def split(flat):
+        return [torch.tensor(flat[: k * d].reshape(k, d)), torch.tensor(flat[k * d :])]
+
+    params = [p.requires_grad_(True) for p in split(w0)]
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    seen = []
+
+    def oracle(idx):
+        def gradient():
+            seen.append(np.concatenate([p.detach().numpy().ravel() for p in params]))
+            logits = xt[idx] @ params[0].T + params[1]
+            return list(
+                torch.autograd.grad(torch.nn.functional.cross_entropy(logits, yt[idx]), params)
+            )
+
+        return gradient
+
+    message = solver.local_solve(
+        params,
+        [oracle(torch.tensor(idx)) for idx in steps],
+        c_server=split(c_server),
+        c_stored=split(c_stored),
+        weights=solver.GameWeights(gamma, mu, rho, m),
+        lr=lr,
+        variant="paper",
+    )
+    final = np.concatenate([p.detach().numpy().ravel() for p in params])
+    assert len(seen) == len(steps)
+    np.testing.assert_allclose(seen[0], w0, rtol=0, atol=0)
+    for step, (got, want) in enumerate(zip([*seen[1:], final], expected, strict=True)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"step {step}")
+    got_message = np.concatenate([c.detach().numpy().ravel() for c in message])
+    np.testing.assert_allclose(got_message, expected_message, rtol=1e-12, atol=1e-12)
+
+
+def _flat(record, names) -> np.ndarray:
+    """Trainable arrays as one float64 vector, in ``names`` order (numpy arrays or Arrays)."""
+    return np.concatenate(
+        [np.asarray(getattr(record[n], "numpy", lambda n=n: record[n])()).ravel() for n in names]
+    ).astype(np.float64)
+
+
+def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
+    """Two rounds through the real ClientApp and strategy with the defaults (paper variant,
+    θ warm start): each participant's Δw and Δc equal :func:`algorithm2_as_printed` replayed
+    in numpy from θ^t, c^t and the client's stored c_i^t over the minibatches it drew. Catches
+    wiring faults the solver-level test cannot see: another warm start, c_i starting from the
+    stored message, |S| in place of m in (1−γ)/m, Δw not against θ, Δc against c instead
+    of the stored c_i, or another variant as the default."""
+    m, gamma, mu, rho, lr = 6, 0.5, 0.5, 0.1, 0.2
+    cfg = config(
+        strategy="pfedgt",
+        dataset="synthetic",
+        partition="natural",
+        num_clients=m,
+        fraction_train=0.5,
+        batch_size=16,
+        local_epochs=1,
+        lr=lr,
+        **{"pfedgt.gamma": gamma, "pfedgt.mu": mu, "pfedgt.rho": rho},
+    )
+    grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
+    strategy.initialise_message(grid, arrays, direct_send(grid, 60))
+    names = strategy.trainable
+    drawn: list[list[torch.Tensor]] = []
+    original = solver.batches
+
+    def recording(*args, **kwargs):
+        order = list(original(*args, **kwargs))
+        drawn.append(order)
+        yield from order
+
+    monkeypatch.setattr(solver, "batches", recording)
+    for server_round in (1, 2):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        nodes = [msg.metadata.dst_node_id for msg in messages]
+        theta, c = _flat(arrays, names), _flat(strategy.message, names)
+        held = {n: _flat(stored(grid.contexts[n], solver.MESSAGE_KEY), names) for n in nodes}
+        drawn.clear()
+        replies = list(grid.send_and_receive(messages))
+        assert len(drawn) == len(nodes) == m // 2
+        for node, reply, order in zip(nodes, replies, drawn, strict=True):
+            data, info = load_client(
+                cfg.federation_spec(), int(grid.contexts[node].node_config["partition-id"])
+            )
+            x, y = to_tensors(data.x_train, data.y_train, info)
+            x, y = x.numpy().astype(np.float64), y.numpy()
+            iterates, message = algorithm2_as_printed(
+                theta,
+                c,
+                held[node],
+                [
+                    lambda w, idx=idx.numpy(): _numpy_logistic(x[idx], y[idx], info.num_classes)(w)[
+                        1
+                    ]
+                    for idx in order
+                ],
+                gamma=gamma,
+                mu=mu,
+                rho=rho,
+                m=m,
+                lr=lr,
+            )
+            delta_w = _flat(reply.content.array_records[keys.PFEDGT_DELTA_W], names)
+            delta_c = _flat(reply.content.array_records[keys.PFEDGT_DELTA_C], names)
+            np.testing.assert_allclose(delta_w, iterates[-1] - theta, rtol=1e-4, atol=2e-6)
+            np.testing.assert_allclose(delta_c, message - held[node], rtol=1e-4, atol=2e-6)
+        arrays, _ = strategy.aggregate_train(server_round, replies)
