@@ -737,6 +737,12 @@ def test_paper_variant_follows_algorithm_2_step_by_step():
     np.testing.assert_allclose(got_message, expected_message, rtol=1e-12, atol=1e-12)
 
 
+def _batch_gradients(x, y, k, order):
+    """∇f_i on each minibatch of ``order`` (index tensors), from :func:`_numpy_logistic`."""
+    oracles = [_numpy_logistic(x[idx.numpy()], y[idx.numpy()], k) for idx in order]
+    return [lambda w, oracle=oracle: oracle(w)[1] for oracle in oracles]
+
+
 def _flat(record, names) -> np.ndarray:
     """Trainable arrays as one float64 vector, in ``names`` order (numpy arrays or Arrays)."""
     return np.concatenate(
@@ -793,12 +799,7 @@ def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
                 theta,
                 c,
                 held[node],
-                [
-                    lambda w, idx=idx.numpy(): _numpy_logistic(x[idx], y[idx], info.num_classes)(w)[
-                        1
-                    ]
-                    for idx in order
-                ],
+                _batch_gradients(x, y, info.num_classes, order),
                 gamma=gamma,
                 mu=mu,
                 rho=rho,
