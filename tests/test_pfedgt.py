@@ -507,10 +507,13 @@ def test_partial_participation_through_the_client_app_is_best_response_dynamics(
         assert np.linalg.norm(best - after[i]) < 1e-4 * max(1.0, np.linalg.norm(best))
 
 
-def test_gamma_one_is_local_training(tmp_path):
-    """γ = 1 with the own-model warm start: the messages drop out and each w_i is exactly
-    the model the `local` strategy trains."""
-    common = dict(num_rounds=3, fraction_train=1.0, alpha=0.3)
+@pytest.mark.parametrize("model", ["mlp", "small-cnn-bn"])
+def test_gamma_one_with_own_model_warm_start_is_local_training(tmp_path, model):
+    """γ = 1 with the own-model warm start (``warm-start=personal``): the messages drop out
+    and each w_i is exactly the model the `local` strategy trains, BatchNorm statistics
+    included. Catches message terms that survive γ = 1 and, with BatchNorm, statistics that
+    do not stay with the client."""
+    common = dict(num_rounds=3, fraction_train=1.0, alpha=0.3, model=model)
     g_cfg = config(
         strategy="pfedgt", **{"pfedgt.gamma": 1.0}, **{"pfedgt.warm-start": "personal"}, **common
     )
@@ -521,8 +524,57 @@ def test_gamma_one_is_local_training(tmp_path):
     for node_id, ctx in g_grid.contexts.items():
         ours = stored(ctx, solver.PERSONAL_KEY)
         theirs = stored(l_grid.contexts[node_id], MODEL_KEY)
+        assert list(ours.keys()) == list(theirs.keys())
         for name in theirs.keys():
             np.testing.assert_allclose(ours[name].numpy(), theirs[name].numpy(), atol=1e-5)
+
+
+def test_gamma_one_with_theta_warm_start_is_fedavg_then_local_training():
+    """γ = 1 with the paper's θ warm start (the default): θ is FedAvg's global model with
+    unweighted averaging (η_s = 1, Δw against θ), and each participant's w_i is the model its
+    FedAvg client trains from it that round, i.e. FedAvg followed by E epochs of local
+    training, not local training alone. FedAvg runs through its own strategy with every
+    reply's example count set to 1, so its average is unweighted too. Catches Δw measured
+    from w_i (θ leaves FedAvg's path from round 2), a server step other than the plain mean,
+    and message terms that survive γ = 1."""
+    common = dict(num_rounds=3, fraction_train=0.4, alpha=0.3)
+    g_cfg = config(strategy="pfedgt", **{"pfedgt.gamma": 1.0}, **common)
+    f_cfg = config(strategy="fedavg", **common)
+    g_grid, f_grid = grid_for(g_cfg), grid_for(f_cfg)
+    trained: dict[int, dict[str, np.ndarray]] = {}
+
+    def equal_weights(reply):
+        if not reply.has_error() and keys.ARRAYS in reply.content.array_records:  # train
+            reply.content.metric_records[keys.METRICS][keys.NUM_EXAMPLES] = 1
+            trained[reply.metadata.src_node_id] = {
+                n: a.numpy() for n, a in reply.content.array_records[keys.ARRAYS].items()
+            }
+        return reply
+
+    f_grid.reply_filter = equal_weights
+    g_strategy, f_strategy = build_strategy(g_cfg), build_strategy(f_cfg)
+    theta = fedavg = initial_arrays(g_cfg)
+    for strategy, grid in ((g_strategy, g_grid), (f_strategy, f_grid)):  # round 0, as a run
+        messages = list(strategy.configure_evaluate(0, theta, ConfigRecord(), grid))
+        strategy.aggregate_evaluate(0, list(grid.send_and_receive(messages)))
+    for server_round in (1, 2, 3):
+        trained.clear()
+        g_messages = list(g_strategy.configure_train(server_round, theta, ConfigRecord(), g_grid))
+        f_messages = list(f_strategy.configure_train(server_round, fedavg, ConfigRecord(), f_grid))
+        nodes = [msg.metadata.dst_node_id for msg in g_messages]
+        assert nodes == [msg.metadata.dst_node_id for msg in f_messages]
+        theta, _ = g_strategy.aggregate_train(
+            server_round, list(g_grid.send_and_receive(g_messages))
+        )
+        fedavg, _ = f_strategy.aggregate_train(
+            server_round, list(f_grid.send_and_receive(f_messages))
+        )
+        for name in fedavg.keys():
+            np.testing.assert_allclose(theta[name].numpy(), fedavg[name].numpy(), atol=1e-5)
+        for node in nodes:
+            ours = stored(g_grid.contexts[node], solver.PERSONAL_KEY)
+            for name, value in trained[node].items():
+                np.testing.assert_allclose(ours[name].numpy(), value, atol=1e-5)
 
 
 def test_pfedgt_learns_and_beats_fedavg_on_skewed_digits(tmp_path):
