@@ -464,8 +464,9 @@ def test_partial_participation_through_the_client_app_is_best_response_dynamics(
     response to the others' current models (Theorem 2's update, checked against scipy on
     Eq. 2 built from the models, not the messages), and the run ends at the Nash equilibrium.
     Catches |S| in place of m in the client's (1−γ_i)/m (each best response is off by
-    ~15%), and Δc measured from c instead of the stored c_i (c stops being the mean of the
-    messages; the best responses are off by ~20% from round 2 and the run never reaches the
+    13%; the fixed point alone cannot show it, the term vanishes where c_i = c_i^t), and Δc
+    measured from c instead of the stored c_i (c stops being the mean of the messages; the
+    best responses are off by 17–38% from round 2 and the run never reaches the
     equilibrium). ρ = 1 keeps each G_i well conditioned, so 40 full-batch steps solve it."""
     m, gamma, mu, rho, rounds = 4, 0.5, 0.5, 1.0, 25
     cfg = config(
