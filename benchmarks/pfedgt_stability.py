@@ -83,6 +83,13 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--model", default="cnn")
+    parser.add_argument(
+        "--round-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds the server waits for a round's replies (default 3600: on a busy machine "
+        "600 s dropped clients; a row with failures is not comparable)",
+    )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "pfedgt-diag"))
     parser.add_argument("--main-runs-dir", default=str(ROOT / "runs" / "pfedgt-cifar10"))
     parser.add_argument("--out", default=None, help="default: results/pfedgt_stability[_M].md")
@@ -107,7 +114,7 @@ def main() -> None:
                     cfg = (
                         run_config("pfedgt", alpha, args, out)
                         | lambda_overrides(lam)
-                        | {"pfedgt.start-buffers": buffers}
+                        | {"pfedgt.start-buffers": buffers, "round-timeout": args.round_timeout}
                     )
                     simulate(parse_config(cfg), verbosity=0)
                     write_report(args)
@@ -133,12 +140,15 @@ def _row(path: Path, alpha: float, lam: str, label: str) -> str | None:
         if "theta-norm" in server.get(r["round"], {})
     )
     errors = [s["message-tracking-error"] for s in server.values() if "message-tracking-error" in s]
+    failures = sum(r["train"].get("failures", 0) for r in trained) + sum(
+        r["evaluation"].get("failures", 0) for r in evals
+    )
     error = f"{errors[-1]:.2f} (max {max(errors):.2f})" if errors else "—"
     shown = "|S|/m" if lam == TRACKING else lam
     return (
         f"| {alpha} | {shown} | {label} | {pers} | {glob} "
         f"| {worst['train']['loss']:.2f} (round {worst['round']}) | {norms or '—'} "
-        f"| {error} | {summary['status']} |"
+        f"| {error} | {failures} | {summary['status']} |"
     )
 
 
@@ -157,7 +167,8 @@ def write_report(args: argparse.Namespace) -> None:
             f"`python benchmarks/pfedgt_stability.py --model {args.model} --alphas "
             f"{' '.join(map(str, args.alphas))} --lambdas {' '.join(args.lambdas)} "
             f"--start-buffers {' '.join(args.start_buffers)} --rounds {args.rounds} "
-            f"--eval-every {args.eval_every} --lr {args.lr} --data-dir /work/shared/data`"
+            f"--eval-every {args.eval_every} --lr {args.lr} --round-timeout "
+            f"{args.round_timeout:g} --data-dir /work/shared/data`"
         )
         model = f"`{args.model}`"
     lines = [
@@ -170,11 +181,12 @@ def write_report(args: argparse.Namespace) -> None:
         f"in %, mean over the 20 clients, at rounds {evals}. ‖θ‖ (trainable parameters) at the "
         "same rounds. Tracking error: ‖c − (1/m)Σc_i‖ / ‖(1/m)Σc_i‖ over the messages the "
         "clients store, after the last round and its largest value over the run (0 when "
-        "λ = |S|/m = 0.25).",
+        "λ = |S|/m = 0.25). Failed replies: train and evaluation replies the server did not "
+        "get in time or rejected, over the run (a row with failures is not comparable).",
         "",
         f"| α | λ | run | personalized ({evals}) | θ as global model | highest train loss "
-        "| ‖θ‖ | tracking error | status |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ‖θ‖ | tracking error | failed replies | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     plotted: dict[float, list[Path]] = {}
     for alpha in args.alphas:
