@@ -379,7 +379,7 @@ def test_logistic_fixed_point_is_a_nash_equilibrium(tmp_path):
         **{"pfedgt.gamma": gamma},
         **{"pfedgt.mu": mu},
         **{"pfedgt.rho": rho},
-        **{"pfedgt.lambda": 1.0},
+        **{"pfedgt.lambda-rule": "fixed", "pfedgt.lambda": 1.0},
         **{"pfedgt.variant": "exact"},
         **{"pfedgt.warm-start": "personal"},
     )
@@ -636,7 +636,11 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
 
 
 def test_nan_update_is_rejected_and_eq5_uses_the_rest():
-    cfg = config(strategy="pfedgt", fraction_train=1.0, **{"pfedgt.lambda": 0.7})
+    cfg = config(
+        strategy="pfedgt",
+        fraction_train=1.0,
+        **{"pfedgt.lambda-rule": "fixed", "pfedgt.lambda": 0.7},
+    )
     grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
     strategy.initialise_message(grid, arrays, direct_send(grid, 60))
     before = {k: v.copy() for k, v in strategy.message.items()}
@@ -661,7 +665,11 @@ def test_nan_update_is_rejected_and_eq5_uses_the_rest():
 @pytest.mark.parametrize("message_step", [0.4, 0.7])
 def test_tracking_error_measures_c_against_the_stored_messages(message_step):
     # 2 of 5 clients a round: λ = |S|/m = 0.4 tracks the mean exactly (Lemma 1), 0.7 drifts
-    cfg = config(strategy="pfedgt", fraction_train=0.4, **{"pfedgt.lambda": message_step})
+    cfg = config(
+        strategy="pfedgt",
+        fraction_train=0.4,
+        **{"pfedgt.lambda-rule": "fixed", "pfedgt.lambda": message_step},
+    )
     grid, strategy, arrays = grid_for(cfg), build_strategy(cfg), initial_arrays(cfg)
     strategy.initialise_message(grid, arrays, direct_send(grid, 60))
     for server_round in (1, 2, 3):
@@ -1016,3 +1024,15 @@ def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
             np.testing.assert_allclose(delta_w, iterates[-1] - theta, rtol=1e-4, atol=2e-6)
             np.testing.assert_allclose(delta_c, message - held[node], rtol=1e-4, atol=2e-6)
         arrays, _ = strategy.aggregate_train(server_round, replies)
+
+
+def test_lambda_default_is_exact_tracking_and_a_fixed_lambda_needs_its_rule():
+    """λ = |S^t|/m is the default (docs/architecture.md: the paper's 0.7 let θ and c grow on
+    CIFAR-10); a λ set without ``lambda-rule=fixed`` would be ignored, so it is refused."""
+    assert build_strategy(config(strategy="pfedgt")).lambda_rule == "tracking"
+    with pytest.raises(ValueError, match=r"pfedgt.lambda=0.25 takes effect only with"):
+        config(strategy="pfedgt", **{"pfedgt.lambda": 0.25})
+    fixed = build_strategy(
+        config(strategy="pfedgt", **{"pfedgt.lambda-rule": "fixed", "pfedgt.lambda": 0.25})
+    )
+    assert (fixed.lambda_rule, fixed.message_step) == ("fixed", 0.25)

@@ -47,7 +47,10 @@ from pflarena.strategies.base import (
     direct_send,
 )
 
-__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays"]
+__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays", "PAPER_LAMBDA"]
+
+#: λ in the paper's experiments (Eq. 5); used when ``lambda-rule=fixed``.
+PAPER_LAMBDA = 0.7
 
 
 class PFedGTParams(MethodParams):
@@ -60,15 +63,17 @@ class PFedGTParams(MethodParams):
     mu: float = Field(0.05, ge=0, description="surrogate curvature μ")
     rho: float = Field(0.0, ge=0, description="ridge weight ρ (theory needs ρ > L)")
     lambda_: float = Field(
-        0.7,
+        PAPER_LAMBDA,
         gt=0,
-        description="step size λ of the message average c (the paper's 0.7; |S|/m tracks the "
-        "mean exactly and stayed stable on CIFAR-10 where 0.7 did not, see docs/architecture.md)",
+        description="step size λ of the message average c under lambda-rule=fixed (the "
+        "paper's 0.7)",
     )
-    lambda_rule: Literal["fixed", "tracking"] = Field(
-        "fixed",
-        description="'fixed': λ as set; 'tracking': λ = |S^t|/m each round (S^t: the clients "
-        "whose update was used), which keeps c the exact mean of the stored messages (Lemma 1)",
+    lambda_rule: Literal["tracking", "fixed"] = Field(
+        "tracking",
+        description="'tracking': λ = |S^t|/m each round (S^t: the clients whose update was "
+        "used), which keeps c the exact mean of the stored messages (Lemma 1) and kept θ and c "
+        "bounded on CIFAR-10 where the paper's 0.7 did not (docs/architecture.md); 'fixed': "
+        "λ = pfedgt.lambda",
     )
     server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
     variant: Literal["paper", "exact"] = Field(
@@ -106,11 +111,17 @@ class PFedGTParams(MethodParams):
         return value
 
     def run_problems(self, cfg) -> list[str]:
+        problems = []
         try:
             self.client_gammas(cfg.num_clients)
         except ValueError as exc:
-            return [str(exc)]
-        return []
+            problems.append(str(exc))
+        if self.lambda_rule == "tracking" and self.lambda_ != PAPER_LAMBDA:
+            problems.append(
+                f"pfedgt.lambda={self.lambda_:g} takes effect only with "
+                "pfedgt.lambda-rule=fixed (the default rule, tracking, sets λ = |S^t|/m)"
+            )
+        return problems
 
     def client_gammas(self, num_clients: int) -> list[float]:
         """γ_i for every client id; raises ValueError when ``gammas`` has another length."""
@@ -184,10 +195,11 @@ class PFedGT(PflStrategy):
     mu, rho
         Surrogate curvature μ and ridge weight ρ.
     message_step
-        λ in Eq. 5 (the paper's experiments: 0.7; Lemma 1's exact tracking: |S|/m).
+        λ in Eq. 5 under ``lambda_rule="fixed"`` (the paper's experiments: 0.7).
     lambda_rule
-        ``"fixed"``: λ = ``message_step``; ``"tracking"``: λ = |S^t|/m with S^t the clients
-        whose update was used this round (failures do not count).
+        ``"tracking"`` (default): λ = |S^t|/m with S^t the clients whose update was used this
+        round (failures do not count), Lemma 1's exact tracking; ``"fixed"``: λ =
+        ``message_step``.
     server_lr
         η_s in Eq. 6.
     variant
@@ -225,8 +237,8 @@ class PFedGT(PflStrategy):
         gammas: Sequence[float] | None = None,
         mu: float = 0.05,
         rho: float = 0.0,
-        message_step: float = 0.7,
-        lambda_rule: str = "fixed",
+        message_step: float = PAPER_LAMBDA,
+        lambda_rule: str = "tracking",
         server_lr: float = 1.0,
         variant: str = "paper",
         c_init: str = "round",
@@ -481,11 +493,11 @@ class PFedGT(PflStrategy):
         super().summary()
         log(
             INFO,
-            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%g η_s=%g variant=%s c⁰=%s warm start=%s (buffers: %s)",
+            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%s η_s=%g variant=%s c⁰=%s warm start=%s (buffers: %s)",
             self.num_clients,
             self.mu,
             self.rho,
-            self.message_step,
+            "|S|/m" if self.lambda_rule == "tracking" else f"{self.message_step:g}",
             self.server_lr,
             self.variant,
             self.c_init,
