@@ -44,15 +44,22 @@ PAPER = {
 def run_config(strategy: str, alpha: float, args: argparse.Namespace, out: Path) -> dict:
     """The paper's setting (preset ``pfedgt-cifar10-a<α>``), scaled down by the arguments."""
     preset = load_preset(f"pfedgt-cifar10-a{alpha}")
-    return preset.overrides(strategy) | {
-        "strategy": strategy,
-        "data-dir": args.data_dir,
-        "model": args.model,
-        "lr": args.lr,
-        "num-rounds": args.rounds,
-        "eval-every": args.eval_every,
-        "output-dir": str(out),
-    }
+    # pFedGT with the paper's λ = 0.7 (pflarena's default is λ = |S|/m; see
+    # pfedgt_stability.py for the comparison)
+    paper_lambda = {"pfedgt.lambda-rule": "fixed"} if strategy == "pfedgt" else {}
+    return (
+        preset.overrides(strategy)
+        | paper_lambda
+        | {
+            "strategy": strategy,
+            "data-dir": args.data_dir,
+            "model": args.model,
+            "lr": args.lr,
+            "num-rounds": args.rounds,
+            "eval-every": args.eval_every,
+            "output-dir": str(out),
+        }
+    )
 
 
 def main() -> None:

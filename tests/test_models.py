@@ -28,10 +28,13 @@ CASES = [
     ("mlp-128", "mnist"),
     ("cnn", "mnist"),
     ("cnn", "cifar"),
+    ("cnn-bn", "mnist"),
+    ("cnn-bn", "cifar"),
     ("small-cnn", "digits"),
     ("tf-cnn", "cifar"),
     ("tf-cnn", "mnist"),
     ("tf-cnn-same", "cifar"),
+    ("small-cnn-bn", "digits"),
     ("lenet5", "mnist"),
     ("lenet5", "cifar"),
     ("harcnn", "har"),
@@ -76,6 +79,40 @@ def test_parameter_counts_match_the_papers():
     assert sum(p.numel() for p in same.parameters()) == 1_756_426
     same = build_model("tf-cnn-same", (3, 32, 32), 100)
     assert sum(p.numel() for p in same.parameters()) == 1_773_796
+
+
+def _count(name: str, data: str) -> int:
+    shape, classes = SHAPES[data]
+    return sum(p.numel() for p in build_model(name, shape, classes).parameters())
+
+
+def test_batchnorm_variants_count_and_buffers():
+    """``cnn-bn``/``small-cnn-bn``: each convolution loses its bias (out channels) and gains a
+    BatchNorm scale and shift (2 x out channels); the rest is the plain model, counted by hand."""
+    # FedAvg CNN, CIFAR form: conv 3->32 (5x5) 2,432; conv 32->64 (5x5) 51,264;
+    # linear 1600->512 819,712; linear 512->10 5,130.
+    assert _count("cnn", "cifar") == 2_432 + 51_264 + 819_712 + 5_130
+    assert _count("cnn-bn", "cifar") == _count("cnn", "cifar") + (32 + 64)
+    assert _count("cnn-bn", "mnist") == 1_663_370 + (32 + 64)
+    # small CNN on 8x8 digits: conv 1->16 (3x3) 160; conv 16->32 (3x3) 4,640;
+    # linear 512->64 32,832; linear 64->10 650.
+    assert _count("small-cnn", "digits") == 160 + 4_640 + 32_832 + 650
+    assert _count("small-cnn-bn", "digits") == _count("small-cnn", "digits") + (16 + 32)
+    for name, data in (("cnn-bn", "cifar"), ("small-cnn-bn", "digits")):
+        shape, classes = SHAPES[data]
+        model = build_model(name, shape, classes)
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        assert len(norms) == 2
+        buffers = dict(model.named_buffers())
+        assert len(buffers) == 6 and all(
+            any(key.endswith(suffix) for key in buffers)
+            for suffix in ("running_mean", "running_var", "num_batches_tracked")
+        )
+    for name in ("cnn", "small-cnn"):
+        shape, classes = SHAPES["digits" if name == "small-cnn" else "cifar"]
+        assert not any(
+            isinstance(m, torch.nn.BatchNorm2d) for m in build_model(name, shape, classes).modules()
+        )
 
 
 def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():

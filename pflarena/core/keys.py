@@ -74,6 +74,7 @@ PFEDGT_VARIANT = "pfedgt-variant"
 PFEDGT_WARM_START = "pfedgt-warm-start"
 PFEDGT_MESSAGE_INIT = "pfedgt-message-init"
 PFEDGT_DELTA_REF = "pfedgt-delta-ref"
+PFEDGT_START_BUFFERS = "pfedgt-start-buffers"
 
 # pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)

@@ -69,18 +69,22 @@ class FedAvgCNN(nn.Module):
     512-unit fully connected layer. For 28x28 input (MNIST) the convolutions are padded
     ("same"), as in the paper; for 32x32 input (CIFAR) they are unpadded, the common PyTorch
     form (PFLlib's ``FedAvgCNN``), giving 1600 flattened features.
+
+    With ``batch_norm`` (model ``cnn-bn``) each convolution drops its bias and is followed by
+    BatchNorm, as in ResNets: the CNN-scale stand-in for a BatchNorm network such as the
+    pFedGT paper's ResNet-18, whose per-client running statistics a method must handle.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, *, batch_norm: bool = False
+    ) -> None:
         super().__init__()
-        channels, height, width = _image_shape(input_shape, "cnn")
+        channels, height, width = _image_shape(input_shape, "cnn-bn" if batch_norm else "cnn")
         padding = 2 if height == 28 else 0
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 32, kernel_size=5, padding=padding),
-            nn.ReLU(),
+            *_conv_block(channels, 32, 5, padding, batch_norm),
             nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=padding),
-            nn.ReLU(),
+            *_conv_block(32, 64, 5, padding, batch_norm),
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
@@ -193,16 +197,20 @@ class LeNet5(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    """A two-convolution CNN for small images such as the 8x8 ``digits`` set."""
+    """A two-convolution CNN for small images such as the 8x8 ``digits`` set.
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+    With ``batch_norm`` (model ``small-cnn-bn``) each convolution drops its bias and is
+    followed by BatchNorm: a BatchNorm model small enough for in-process tests.
+    """
+
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, *, batch_norm: bool = False
+    ) -> None:
         super().__init__()
-        channels, _, _ = _image_shape(input_shape, "small-cnn")
+        channels, _, _ = _image_shape(input_shape, "small-cnn-bn" if batch_norm else "small-cnn")
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 16, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, kernel_size=3, padding=1),
-            nn.ReLU(),
+            *_conv_block(channels, 16, 3, 1, batch_norm),
+            *_conv_block(16, 32, 3, 1, batch_norm),
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
@@ -347,9 +355,11 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     # one hidden layer of 128 units: the MNIST model of FedEM (Marfoq et al. 2021) and PPFL
     "mlp-128": lambda shape, classes: MLP(shape, classes, hidden=(128,)),
     "cnn": FedAvgCNN,
+    "cnn-bn": lambda shape, classes: FedAvgCNN(shape, classes, batch_norm=True),
     "small-cnn": SmallCNN,
     "tf-cnn": TFCifarCNN,
     "tf-cnn-same": TFCifarCNNSame,
+    "small-cnn-bn": lambda shape, classes: SmallCNN(shape, classes, batch_norm=True),
     "lenet5": LeNet5,
     "harcnn": HARCNN,
     "resnet18": resnet18,
@@ -429,6 +439,16 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _BUILDERS[name](tuple(input_shape), num_classes)
+
+
+def _conv_block(
+    in_channels: int, out_channels: int, kernel_size: int, padding: int, batch_norm: bool
+) -> list[nn.Module]:
+    """Convolution and ReLU, with BatchNorm between them (and no conv bias) if asked."""
+    conv = nn.Conv2d(
+        in_channels, out_channels, kernel_size=kernel_size, padding=padding, bias=not batch_norm
+    )
+    return [conv, nn.BatchNorm2d(out_channels), nn.ReLU()] if batch_norm else [conv, nn.ReLU()]
 
 
 def _image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:

@@ -9,7 +9,9 @@ along with a server model θ that warm-starts local training (Eq. 6).
 
 Server state: θ (a full model state; its trainable part is tracked by Eq. 6, its buffers,
 e.g. BatchNorm statistics, are the plain mean of the participants' buffers, used only when
-θ is evaluated as a global model) and c (over the trainable parameters).
+θ is evaluated as a global model) and c (over the trainable parameters). Clients start local
+training from θ's trainable parameters and their own BatchNorm statistics, so each w_i keeps
+the statistics of its own data (spec §9.14).
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ from pflarena.strategies.base import (
     direct_send,
 )
 
-__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays"]
+__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays", "PAPER_LAMBDA"]
+
+#: λ in the paper's experiments (Eq. 5); used when ``lambda-rule=fixed``.
+PAPER_LAMBDA = 0.7
 
 
 class PFedGTParams(MethodParams):
@@ -58,15 +63,17 @@ class PFedGTParams(MethodParams):
     mu: float = Field(0.05, ge=0, description="surrogate curvature μ")
     rho: float = Field(0.0, ge=0, description="ridge weight ρ (theory needs ρ > L)")
     lambda_: float = Field(
-        0.7,
+        PAPER_LAMBDA,
         gt=0,
-        description="step size λ of the message average c (the paper's 0.7; |S|/m tracks the "
-        "mean exactly and stayed stable on CIFAR-10 where 0.7 did not, see docs/architecture.md)",
+        description="step size λ of the message average c under lambda-rule=fixed (the "
+        "paper's 0.7)",
     )
-    lambda_rule: Literal["fixed", "tracking"] = Field(
-        "fixed",
-        description="'fixed': λ as set; 'tracking': λ = |S^t|/m each round (S^t: the clients "
-        "whose update was used), which keeps c the exact mean of the stored messages (Lemma 1)",
+    lambda_rule: Literal["tracking", "fixed"] = Field(
+        "tracking",
+        description="'tracking': λ = |S^t|/m each round (S^t: the clients whose update was "
+        "used), which keeps c the exact mean of the stored messages (Lemma 1) and kept θ and c "
+        "bounded on CIFAR-10 where the paper's 0.7 did not (docs/architecture.md); 'fixed': "
+        "λ = pfedgt.lambda",
     )
     server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
     variant: Literal["paper", "exact"] = Field(
@@ -88,6 +95,11 @@ class PFedGTParams(MethodParams):
         description="Δw is w_new − θ (default; stable with η_s=1 under partial "
         "participation) or w_new − w_i (Eq. 6 read literally; see docs/architecture.md)",
     )
+    start_buffers: Literal["personal", "theta"] = Field(
+        "personal",
+        description="BatchNorm running statistics local training starts from: the client's "
+        "own (spec §9.14, as PFLlib) or θ's, the mean of the last participants'",
+    )
 
     @field_validator("gammas")
     @classmethod
@@ -99,11 +111,17 @@ class PFedGTParams(MethodParams):
         return value
 
     def run_problems(self, cfg) -> list[str]:
+        problems = []
         try:
             self.client_gammas(cfg.num_clients)
         except ValueError as exc:
-            return [str(exc)]
-        return []
+            problems.append(str(exc))
+        if self.lambda_rule == "tracking" and self.lambda_ != PAPER_LAMBDA:
+            problems.append(
+                f"pfedgt.lambda={self.lambda_:g} takes effect only with "
+                "pfedgt.lambda-rule=fixed (the default rule, tracking, sets λ = |S^t|/m)"
+            )
+        return problems
 
     def client_gammas(self, num_clients: int) -> list[float]:
         """γ_i for every client id; raises ValueError when ``gammas`` has another length."""
@@ -146,7 +164,11 @@ def _as_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def _as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    # np.require keeps 0-d arrays (BatchNorm's num_batches_tracked) 0-d; ascontiguousarray
+    # would make them 1-d and θ's buffers would no longer load into the model unchanged.
+    return ArrayRecord(
+        {name: Array(np.require(value, requirements="C")) for name, value in arrays.items()}
+    )
 
 
 def _copy(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -173,10 +195,11 @@ class PFedGT(PflStrategy):
     mu, rho
         Surrogate curvature μ and ridge weight ρ.
     message_step
-        λ in Eq. 5 (the paper's experiments: 0.7; Lemma 1's exact tracking: |S|/m).
+        λ in Eq. 5 under ``lambda_rule="fixed"`` (the paper's experiments: 0.7).
     lambda_rule
-        ``"fixed"``: λ = ``message_step``; ``"tracking"``: λ = |S^t|/m with S^t the clients
-        whose update was used this round (failures do not count).
+        ``"tracking"`` (default): λ = |S^t|/m with S^t the clients whose update was used this
+        round (failures do not count), Lemma 1's exact tracking; ``"fixed"``: λ =
+        ``message_step``.
     server_lr
         η_s in Eq. 6.
     variant
@@ -188,6 +211,9 @@ class PFedGT(PflStrategy):
     warm_start, message_init, delta_ref
         Ablations of spec §3.4 and §9.1 (θ or own w_i as the local start; c or stored c_i as
         the local message's start; Δw relative to w_i or to θ).
+    start_buffers
+        The non-trainable state (BatchNorm statistics) local training starts from:
+        ``"personal"``, the client's own (spec §9.14), or ``"theta"``, θ's averaged buffers.
     """
 
     declaration = MethodDeclaration(
@@ -211,14 +237,15 @@ class PFedGT(PflStrategy):
         gammas: Sequence[float] | None = None,
         mu: float = 0.05,
         rho: float = 0.0,
-        message_step: float = 0.7,
-        lambda_rule: str = "fixed",
+        message_step: float = PAPER_LAMBDA,
+        lambda_rule: str = "tracking",
         server_lr: float = 1.0,
         variant: str = "paper",
         c_init: str = "round",
         warm_start: str = "theta",
         message_init: str = "server",
         delta_ref: str = "theta",
+        start_buffers: str = "personal",
         training: LocalTraining | None = None,
         **kwargs,
     ) -> None:
@@ -234,6 +261,7 @@ class PFedGT(PflStrategy):
             ("warm_start", warm_start, ("theta", "personal")),
             ("message_init", message_init, ("server", "stored")),
             ("delta_ref", delta_ref, ("personal", "theta")),
+            ("start_buffers", start_buffers, ("personal", "theta")),
             ("lambda_rule", lambda_rule, ("fixed", "tracking")),
         ):
             if value not in allowed:
@@ -246,6 +274,7 @@ class PFedGT(PflStrategy):
         self.lambda_rule = lambda_rule
         self.variant, self.c_init = variant, c_init
         self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
+        self.start_buffers = start_buffers
         #: c, the tracked average message (None until initialised).
         self.message: dict[str, np.ndarray] | None = None
         #: (1/m) Σ_i c_i over the messages the clients store: what c tracks exactly when
@@ -253,6 +282,7 @@ class PFedGT(PflStrategy):
         self.message_mean: dict[str, np.ndarray] | None = None
         self._message_record: ArrayRecord | None = None  # c^t as sent this round
         self._trainable_reference: ArrayRecord | None = None  # θ^t's trainable arrays
+        self._buffer_reference: ArrayRecord | None = None  # θ^t's other arrays (buffers)
         #: reply timeout of the c⁰ exchange when Flower's ``Strategy.start`` drives the run
         self.init_timeout = 600.0
 
@@ -273,6 +303,7 @@ class PFedGT(PflStrategy):
             warm_start=params.warm_start,
             message_init=params.message_init,
             delta_ref=params.delta_ref,
+            start_buffers=params.start_buffers,
             **setup.common(cls.declaration),
         )
 
@@ -367,6 +398,7 @@ class PFedGT(PflStrategy):
             keys.PFEDGT_WARM_START: self.warm_start,
             keys.PFEDGT_MESSAGE_INIT: self.message_init,
             keys.PFEDGT_DELTA_REF: self.delta_ref,
+            keys.PFEDGT_START_BUFFERS: self.start_buffers,
         }
 
     def train_content(
@@ -389,13 +421,24 @@ class PFedGT(PflStrategy):
         self.initialise_message(grid, arrays, direct_send(grid, self.init_timeout))
         self._message_record = _as_record(self.message)
         self._trainable_reference = ArrayRecord({n: arrays[n] for n in self.trainable})
+        self._buffer_reference = ArrayRecord(
+            {n: arrays[n] for n in arrays.keys() if n not in set(self.trainable)}
+        )
         return super().configure_train(server_round, arrays, config, grid)
 
     def check_train_reply(self, content: RecordDict) -> str | None:
+        """Δw and Δc over θ's trainable arrays; the buffers (when θ has any) under θ's other
+        names, shapes and dtypes, finite: a NaN running variance never reaches θ."""
         for key in (keys.PFEDGT_DELTA_W, keys.PFEDGT_DELTA_C):
             problem = array_problem(content, self._trainable_reference, key)
             if problem is not None:
                 return problem
+        if self._buffer_reference is not None and len(self._buffer_reference):
+            problem = array_problem(content, self._buffer_reference, keys.PFEDGT_BUFFERS)
+            if problem is not None:
+                return f"buffers: {problem}"
+        elif keys.PFEDGT_BUFFERS in content.array_records:
+            return f"ArrayRecord {keys.PFEDGT_BUFFERS!r} sent, but the model has no buffers"
         return None
 
     def aggregate_train(
@@ -418,6 +461,7 @@ class PFedGT(PflStrategy):
             self.message_mean, delta_c, len(delta_c) / self.num_clients
         )
         tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, self.server_lr)
+        # θ's buffers: the participants' own (checked in check_train_reply), for evaluating θ
         buffers = [
             _as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
             for m in valid
@@ -449,13 +493,14 @@ class PFedGT(PflStrategy):
         super().summary()
         log(
             INFO,
-            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%g η_s=%g variant=%s c⁰=%s warm start=%s",
+            "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%s η_s=%g variant=%s c⁰=%s warm start=%s (buffers: %s)",
             self.num_clients,
             self.mu,
             self.rho,
-            self.message_step,
+            "|S|/m" if self.lambda_rule == "tracking" else f"{self.message_step:g}",
             self.server_lr,
             self.variant,
             self.c_init,
             self.warm_start,
+            self.start_buffers,
         )

@@ -6,6 +6,8 @@ parameter tensors and any gradient oracle, so the theory tests run them on quadr
 
 Client state (persistent across rounds): the personalized model w_i (full state, buffers
 included) and the stored message c_i (the one last uploaded, over the trainable parameters).
+The BatchNorm running statistics in w_i are the client's own: local training starts from θ's
+trainable parameters and the client's own statistics (:func:`start_model`, spec §9.14).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "train",
     "evaluate",
     "personalized_model",
+    "start_model",
     "PERSONAL_KEY",
     "MESSAGE_KEY",
 ]
@@ -191,6 +194,34 @@ def _tensors(record: ArrayRecord, names: list[str], device: torch.device) -> Ten
     return [torch.from_numpy(np.array(record[n].numpy(), copy=True)).to(device) for n in names]
 
 
+def start_model(
+    theta: nn.Module, personal: nn.Module, *, warm_start: str, buffers: str = "personal"
+) -> nn.Module:
+    """The model Algorithm 2 trains (its line 1), a new module.
+
+    Its trainable parameters are θ's (``warm_start="theta"``, the paper) or the client's own
+    w_i's (``"personal"``). Its other state, the BatchNorm running statistics, is the
+    client's own (``buffers="personal"``, spec §9.14 and PFLlib, which copies only
+    ``parameters()`` into a client's model) or θ's, the mean of the last participants'
+    (``"theta"``). With the client's own statistics, each client's w_i keeps statistics its own
+    local training produced, and θ's averaged ones serve only to evaluate θ as a global model.
+    """
+    for name, value in (("warm_start", warm_start), ("buffers", buffers)):
+        if value not in ("theta", "personal"):
+            raise ValueError(f"{name} must be 'theta' or 'personal', got {value!r}")
+    params_from = theta if warm_start == "theta" else personal
+    model = copy.deepcopy(personal if buffers == "personal" else theta)
+    trainable = {name for name, _ in _trainable(model)}
+    state = model.state_dict()
+    model.load_state_dict(
+        {
+            name: value if name in trainable else state[name]
+            for name, value in params_from.state_dict().items()
+        }
+    )
+    return model
+
+
 def _init_phase(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     """c_i⁰ = ∇f_i(θ⁰) − μθ⁰ over the full training set; w_i⁰ = θ⁰ (spec §3.2)."""
     theta = job.global_model()
@@ -222,7 +253,12 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     )
     theta = job.global_model()
     personal = job.state_model_or_initial(PERSONAL_KEY)  # w_i^t (θ⁰ if never trained)
-    model = copy.deepcopy(theta if cfg[keys.PFEDGT_WARM_START] == "theta" else personal)
+    model = start_model(
+        theta,
+        personal,
+        warm_start=str(cfg[keys.PFEDGT_WARM_START]),
+        buffers=str(cfg[keys.PFEDGT_START_BUFFERS]),
+    )
     names = [n for n, _ in _trainable(model)]
     params = [p for _, p in _trainable(model)]
     c_server = _tensors(job.content.array_records[keys.PFEDGT_MESSAGE], names, job.device)
