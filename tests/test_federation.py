@@ -323,7 +323,7 @@ def test_shard_round_trip(tmp_path: Path, source: str) -> None:
     assert manifest["num_clients"] == len(federation.clients)
     assert [entry["file"] for entry in manifest["shards"]] == [p.name for p in paths]
     assert manifest["spec"] == (None if spec is None else spec.model_dump())
-    assert manifest["version"] == fed.SHARD_FORMAT_VERSION == 2
+    assert manifest["version"] == fed.SHARD_FORMAT_VERSION == 3
     assert [entry["num_val"] for entry in manifest["shards"]] == [
         len(c.y_val) for c in federation.clients
     ]

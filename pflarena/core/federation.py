@@ -84,10 +84,12 @@ __all__ = [
 ]
 
 SHARD_FORMAT = "pflarena-shard"
-#: Version written by :func:`write_shards`; 2 added the validation split.
-SHARD_FORMAT_VERSION = 2
-#: Versions :func:`load_shard` reads (a version-1 shard has no validation split).
-SHARD_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)
+#: Version written by :func:`write_shards`; 2 added the validation split, 3 the vocabulary
+#: size of token data in the metadata.
+SHARD_FORMAT_VERSION = 3
+#: Versions :func:`load_shard` reads (a version-1 shard has no validation split; shards
+#: before version 3 hold no token data).
+SHARD_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3)
 SHARD_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 #: Arrays every shard version holds.
 _V1_ARRAYS: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
@@ -103,6 +105,8 @@ _METADATA_FIELDS: tuple[str, ...] = (
     "std",
     "client_id",
 )
+#: Metadata fields added by a format version, absent from the versions before it.
+_METADATA_FIELDS_SINCE: dict[int, tuple[str, ...]] = {3: ("vocabulary_size",)}
 
 
 class ShardError(ValueError):
@@ -518,12 +522,16 @@ def _shard_metadata(info: DatasetInfo, client_id: int) -> dict[str, Any]:
         "input_shape": list(info.input_shape),
         "mean": None if info.mean is None else list(info.mean),
         "std": None if info.std is None else list(info.std),
+        "vocabulary_size": info.vocabulary_size,
         "client_id": client_id,
     }
 
 
 def write_shards(
-    federation: Federation, out_dir: str | Path, spec: FederationSpec | None = None
+    federation: Federation,
+    out_dir: str | Path,
+    spec: FederationSpec | None = None,
+    source: str = "pflarena",
 ) -> list[Path]:
     """Write one shard file per client and a ``manifest.json``.
 
@@ -542,6 +550,9 @@ def write_shards(
         Output folder (created if needed).
     spec : FederationSpec, optional
         Recorded in the manifest when given.
+    source : str
+        Where the data comes from, recorded in the manifest (``pflarena``, or the toolkit
+        an import read, :mod:`pflarena.core.importers`).
 
     Returns
     -------
@@ -565,6 +576,7 @@ def write_shards(
         "num_clients": len(federation.clients),
         "info": asdict(federation.info),
         "spec": None if spec is None else spec.model_dump(),
+        "source": source,
         "shards": [
             {
                 "client_id": client.client_id,
@@ -627,8 +639,15 @@ def _parse_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
             f"{metadata['version']!r}; this version reads {SHARD_FORMAT!r} versions "
             f"{', '.join(map(str, SHARD_FORMAT_VERSIONS))}"
         )
-    if metadata["dataset"] not in DATASETS:
-        raise ShardError(f"shard file {path} names an unknown dataset {metadata['dataset']!r}")
+    for version, fields in _METADATA_FIELDS_SINCE.items():
+        missing = [
+            field for field in fields if metadata["version"] >= version and field not in metadata
+        ]
+        if missing:
+            raise ShardError(f"shard file {path} metadata lacks: {', '.join(missing)}")
+    if not isinstance(metadata["dataset"], str) or not metadata["dataset"]:
+        # any name: the metadata describes the data (imported shards name data sets of their own)
+        raise ShardError(f"shard file {path} names no dataset")
     return metadata
 
 
@@ -680,6 +699,7 @@ def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
             input_shape=tuple(int(size) for size in metadata["input_shape"]),
             mean=None if metadata["mean"] is None else tuple(map(float, metadata["mean"])),
             std=None if metadata["std"] is None else tuple(map(float, metadata["std"])),
+            vocabulary_size=int(metadata.get("vocabulary_size", 0)),
         )
         client_id = int(metadata["client_id"])
     except (TypeError, ValueError) as error:

@@ -33,6 +33,11 @@ class DatasetInfo:
     mean, std : tuple of float or None
         Per-channel normalisation that :func:`~pflarena.core.datasets.to_tensors`
         applies to ``uint8`` images after scaling them to ``[0, 1]``.
+    vocabulary_size : int
+        ``0`` (the default): samples are numbers (images, signals, features). Above 0:
+        samples are sequences of token ids ``0 .. vocabulary_size - 1`` (stored as
+        unsigned integers), which :func:`~pflarena.core.datasets.to_tensors` hands to the
+        model as ``int64`` for an embedding layer (Shakespeare's characters).
     """
 
     name: str
@@ -40,6 +45,12 @@ class DatasetInfo:
     input_shape: tuple[int, ...]
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    vocabulary_size: int = 0
+
+    @property
+    def tokens(self) -> bool:
+        """Whether samples are token ids (``vocabulary_size > 0``)."""
+        return self.vocabulary_size > 0
 
 
 @dataclass(frozen=True)

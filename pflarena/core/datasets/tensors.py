@@ -22,9 +22,10 @@ def to_tensors(
     Parameters
     ----------
     x : numpy.ndarray
-        Samples. ``uint8`` images ``(N, C, H, W)`` are scaled to ``[0, 1]`` and then,
+        Samples. Token ids (``info.vocabulary_size > 0``) become ``int64``, unchanged.
+        Otherwise ``uint8`` images ``(N, C, H, W)`` are scaled to ``[0, 1]`` and then,
         when ``info.mean`` and ``info.std`` are set, normalised per channel as
-        ``(x - mean) / std``. Float inputs are returned unchanged (as ``float32``).
+        ``(x - mean) / std``; float inputs are returned unchanged (as ``float32``).
     y : numpy.ndarray
         Labels.
     info : DatasetInfo
@@ -33,13 +34,15 @@ def to_tensors(
     Returns
     -------
     features : torch.Tensor
-        ``float32`` tensor of the same shape as ``x``.
+        ``float32`` tensor (``int64`` for token ids) of the same shape as ``x``.
     labels : torch.Tensor
         ``int64`` tensor of shape ``(N,)``.
     """
     import torch
 
-    if x.dtype == np.uint8:
+    if info.tokens:
+        features = torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
+    elif x.dtype == np.uint8:
         features = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
         if info.mean is not None and info.std is not None:
             shape = (1, len(info.mean)) + (1,) * (features.dim() - 2)
