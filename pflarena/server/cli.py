@@ -1,11 +1,13 @@
-"""The ``pflarena`` command: ``run`` a simulation, ``compare`` runs, write ``shards``, list
-``methods`` and ``presets``.
+"""The ``pflarena`` command: ``run`` a simulation, ``sweep`` a grid of runs, ``compare`` runs,
+write or import ``shards``, list ``methods`` and ``presets``.
 
-``pflarena run`` is ``flwr run`` made into a plain command. It starts a private
-simulation SuperLink on a free loopback port (with runtime dependency installation off),
-submits this project as a Flower App with ``flwr run``, streams the run's log, stops the
-SuperLink it started (by PID), and exits non-zero when the run failed: ``flwr run`` itself
-exits 0 when the ServerApp raises.
+``pflarena run`` runs the app as a Flower simulation and exits non-zero when the run failed.
+By default Flower's simulation runtime runs in a process of its own
+(:mod:`pflarena.server.simulation`), started with the runtime dependency installation off;
+``--superlink`` takes ``flwr run``'s way instead: a private simulation SuperLink on a free
+loopback port, the app submitted with ``flwr run`` and its log streamed, the SuperLink stopped
+(by PID) at the end (``flwr run`` itself exits 0 when the ServerApp raises). ``pflarena sweep``
+runs many runs on one start-up of the runtime (:mod:`pflarena.server.sweep`).
 """
 
 from __future__ import annotations
@@ -553,12 +555,20 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if todo:
         for cfg in todo:
             _check_flower_keys(cfg)
-        run_simulations(
-            todo,
-            cpus_per_client=args.cpus_per_client,
-            gpus_per_client=args.gpus_per_client,
-            verbosity=0 if args.quiet else 2 if args.verbose else 1,
-        )
+        try:
+            run_simulations(
+                todo,
+                cpus_per_client=args.cpus_per_client,
+                gpus_per_client=args.gpus_per_client,
+                verbosity=0 if args.quiet else 2 if args.verbose else 1,
+            )
+        except KeyboardInterrupt:
+            print(
+                "\npflarena sweep: interrupted; the same command continues it (completed runs "
+                "are kept, the interrupted one resumes from its checkpoint)",
+                file=sys.stderr,
+            )
+            return 130
     plan = sweep.plan_runs(plan_of)
     markdown, written = sweep.write_leaderboard(plan, plan_of.out.resolve())
     print()

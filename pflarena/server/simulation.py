@@ -1,33 +1,31 @@
-"""Flower's simulation runtime, run by pflarena itself: one start-up for one run or a sweep.
+"""Flower's simulation runtime, started by pflarena: one start-up for one run or a sweep.
 
-``flwr run`` on a simulation SuperLink gets to a run's first round in five steps: the CLI
-builds the app into a FAB and uploads it; the SuperLink's SuperExec starts a
+``flwr run`` on a simulation SuperLink reaches a run's first round in steps: the SuperLink
+starts; the CLI builds the app into a FAB and uploads it; the SuperLink's SuperExec starts a
 ``flwr-simulation`` process; that process installs the FAB and calls Flower's simulation
-runtime (``flwr.simulation.run_simulation._run_simulation``), which starts the ServerApp in a
-thread, starts Ray (``RayBackend``), creates the ``ClientAppActor`` pool and routes the
+runtime (``flwr.simulation.run_simulation._run_simulation``), which starts the ServerApp in
+a thread, starts Ray (``RayBackend``), creates the ``ClientAppActor`` pool and routes the
 ServerApp's messages to the ClientApps in the actors (``vce_api.run_api``); at the end it
-terminates the actors and shuts Ray down. ``benchmarks/results/startup.md`` measures each step.
+terminates the actors and shuts Ray down. ``benchmarks/results/startup.md`` times each step.
 
 A :class:`SimulationRuntime` does the last step only, in a process of its own
-(``python -m pflarena.server.simulation SPEC``, started by :func:`run_worker`), on the
-project directory itself: the same ServerApp and ClientApp (loaded by the components named
-in ``pyproject.toml``), the run config fused by Flower from ``[tool.flwr.app.config]`` and
-the overrides exactly as ``flwr run --run-config FILE`` parses them, Flower's in-memory
-LinkState and Grid, its message workers, and its ``RayBackend`` with ``ClientAppActor``\\ s.
-Two things differ, both in when things happen:
+(``python -m pflarena.server.simulation SPEC``, which
+:func:`pflarena.server.cli.run_simulations` starts), on the project directory itself: the
+same ServerApp and ClientApp (the components ``pyproject.toml`` names), the run config fused
+by Flower from ``[tool.flwr.app.config]`` and the overrides as ``flwr run --run-config FILE``
+parses them, Flower's in-memory LinkState and Grid, its message workers (``run_api``) and its
+``RayBackend`` with its ``ClientAppActor`` pool. What differs is when things happen:
 
-* Ray and the actors are started at once, in a thread, while the process imports the apps
-  (Flower's own ``RayBackend`` initialises Ray only when it is not running); each actor
-  imports the ClientApp module when it starts (Flower's ``on_actor_init_fn`` hook) rather
-  than on its first message;
-* the backend outlives a run (:class:`ReusableRayBackend`): a sweep's runs share one Ray
-  instance and one set of actors, each run with its own LinkState, nodes and node contexts
+* Ray starts (and creates the actors) while a thread imports the ServerApp and ClientApp
+  modules, instead of after them;
+* the backend outlives a run (:class:`ReusableRayBackend`): the runs of a sweep share one
+  Ray instance and one actor pool, each run with its own LinkState, nodes and node contexts
   (``context.state``), as separate ``flwr run`` calls have. Actors are recreated when one
   was lost.
 
-Results do not depend on any of this: ClientApps seed torch per message and read their
-data from the run config, so a run gives the ``rounds.jsonl`` the SuperLink path gives
-(``tests/test_startup.py`` checks it).
+Results do not depend on any of this: ClientApps seed torch per message and derive their
+data from the run config, so a run gives the ``rounds.jsonl`` that ``flwr run`` on a
+SuperLink gives (``tests/test_startup.py``).
 """
 
 from __future__ import annotations
