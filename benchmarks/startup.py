@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -53,10 +52,11 @@ SUPERLINK_EVENTS = [
     ("actors terminated, Ray shut down", "Terminated RayBackend"),
 ]
 RUNTIME_EVENTS = [
-    ("simulation process started, Ray init begins", "Initialising: ReusableRayBackend"),
+    # "Ray started in X s": its start is X seconds before that line
+    ("simulation process started, Ray init begins", r"pflarena: Ray started in ([\d.]+)s"),
     ("Ray up", "pflarena: Ray started"),
     ("actors created", "actors created"),
-    ("ServerApp started (apps imported)", r"pflarena: \S+ on "),
+    ("ServerApp started (Flower and the apps imported meanwhile)", r"pflarena: \S+ on "),
     ("round 0 evaluated (actors import the ClientApp, load data)", r"\[round 0/"),
     ("round 1 trained and evaluated", r"\[round 1/"),
     ("results and plots written", "pflarena: results in"),
@@ -146,9 +146,11 @@ def timed_run(args: list[str], events: list[tuple[str, str]], out: Path) -> dict
         if "ClientAppActor" in line or line.startswith("(pid="):
             continue
         for name, pattern in events:
-            if name not in found and re.search(pattern, line):
+            if name not in found and (match := re.search(pattern, line)):
                 stamp = STAMP.search(line)
                 found[name] = _epoch(stamp.group(1)) - start if stamp else arrived
+                if match.groups():
+                    found[name] -= float(match.group(1))
     proc.wait()
     wall = time.time() - start
     total_cpu = cpu.stop()
@@ -342,7 +344,7 @@ def main() -> None:
         ]
     Path(args.output).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    shutil.rmtree(work, ignore_errors=True)
+    print(f"\nlogs and runs: {work}")
 
 
 if __name__ == "__main__":

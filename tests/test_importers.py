@@ -263,3 +263,40 @@ def test_a_damaged_leaf_folder_is_refused_naming_the_problem(tmp_path):
         import_leaf(tmp_path, tmp_path / "out", dataset="celeba")
     with pytest.raises(ImportFormatError, match=r"train/\*\.json and test/\*\.json"):
         import_leaf(tmp_path / "nowhere", tmp_path / "out", dataset="femnist")
+
+
+@pytest.mark.slow
+def test_pflarena_run_on_an_imported_pfllib_folder_in_flower_simulation(tmp_path):
+    """2 rounds of FedAvg through `pflarena run --shards-dir`: each simulated client
+    evaluates on its own file (all test sizes differ), num-clients from the manifest."""
+    import subprocess
+    import sys
+
+    clients = write_pfllib_folder(tmp_path / "MNIST")
+    assert main(["shards", "import", "--format", "pfllib", str(tmp_path / "MNIST"),
+                 "--out", str(tmp_path / "shards")]) == 0  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "pflarena.server.cli", "run", "--shards-dir",
+            str(tmp_path / "shards"), "--strategy", "fedavg", "--num-rounds", "2",
+            "--fraction-train", "1.0", "--model", "cnn-pfllib", "--output-dir",
+            str(tmp_path / "run"), "--quiet",
+        ],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["dataset"], summary["num_clients"], summary["rounds_completed"]) == (
+        "pfllib-mnist",
+        len(SIZES),
+        2,
+    )
+    rounds = [
+        json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
+    ]
+    for record in rounds:
+        per_client = record["evaluation"]["per_client"]
+        assert {int(c): e["test_samples"] for c, e in per_client.items()} == {
+            i: len(c["test"]["y"]) for i, c in enumerate(clients)
+        }
+    assert [r["train"]["clients"] for r in rounds[1:]] == [len(SIZES), len(SIZES)]

@@ -261,3 +261,56 @@ def test_a_2x2_sweep_twice_runs_nothing_new_and_its_leaderboard_matches_the_runs
             assert float(row[f"{name} std"]) == pytest.approx(np.std(found), abs=1e-12)
     assert (tmp_path / "sweep" / "leaderboard.png").stat().st_size > 0
     assert "| fedavg | 2/2 |" in second.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_continues_where_it_died_to_the_uninterrupted_results(tmp_path):
+    """SIGKILL a sweep (all its processes) in its second run, after a checkpoint; run it again."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from processes import descendants
+    from test_resume import comparable
+
+    from pflarena.server.results import read_rounds
+
+    args = [
+        sys.executable, "-m", "pflarena.server.cli", "sweep", "--strategies", "local,ditto",
+        "--set", "num-clients=3", "--set", "num-rounds=5", "--set", "fraction-train=1.0",
+        "--quiet",
+    ]  # fmt: skip
+    whole = subprocess.run(
+        [*args, "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=900
+    )
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+
+    victim = subprocess.Popen(
+        [*args, "--out", str(tmp_path / "sweep")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ditto = tmp_path / "sweep" / "all" / "ditto" / "seed-0" / "rounds.jsonl"
+    deadline = time.monotonic() + 900
+    while not ditto.exists() or max((r["round"] for r in read_rounds(ditto)), default=0) < 2:
+        assert victim.poll() is None and time.monotonic() < deadline, "the sweep ended early"
+        time.sleep(0.2)
+    for pid in {victim.pid} | descendants({victim.pid}):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    assert not ditto.with_name("summary.json").exists()
+
+    again = subprocess.run(
+        [*args, "--out", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=900
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 runs, 1 completed, 1 to resume, 0 to start" in again.stdout
+    for method in ("local", "ditto"):
+        path = f"all/{method}/seed-0"
+        assert comparable(read_rounds(tmp_path / "sweep" / path / "rounds.jsonl")) == comparable(
+            read_rounds(tmp_path / "whole" / path / "rounds.jsonl")
+        ), method
+    resumes = json.loads(ditto.with_name("config.json").read_text())["resumes"]
+    assert len(resumes) == 1 and resumes[0]["after_round"] >= 2

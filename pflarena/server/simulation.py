@@ -39,19 +39,16 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
-from logging import DEBUG, ERROR, INFO, WARNING
+from logging import DEBUG, ERROR, INFO
 from pathlib import Path
 from queue import Queue
 from typing import Any
 
-from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-from flwr.supercore import log
+import tomllib
 
 __all__ = [
     "FlowerApp",
-    "ReusableRayBackend",
     "SimulationRuntime",
     "WORKER_ENV",
     "flower_overrides",
@@ -81,17 +78,16 @@ class FlowerApp:
 
     @classmethod
     def from_dir(cls, root: Path) -> FlowerApp:
-        from flwr.common.config import get_metadata_from_config, get_project_config
-
-        project = get_project_config(root)
-        components = project["tool"]["flwr"]["app"]["components"]
-        fab_id, fab_version = get_metadata_from_config(project)
+        """Read ``root/pyproject.toml`` (the FAB id is ``<publisher>/<name>``, as Flower's
+        ``get_metadata_from_config`` makes it)."""
+        project = tomllib.loads((root / "pyproject.toml").read_text())
+        app = project["tool"]["flwr"]["app"]
         return cls(
             root=root.resolve(),
-            server_app_attr=components["serverapp"],
-            client_app_attr=components["clientapp"],
-            fab_id=fab_id,
-            fab_version=fab_version,
+            server_app_attr=app["components"]["serverapp"],
+            client_app_attr=app["components"]["clientapp"],
+            fab_id=f"{app['publisher']}/{project['project']['name']}",
+            fab_version=project["project"]["version"],
         )
 
 
@@ -111,30 +107,26 @@ def flower_overrides(run_config: dict[str, Any], scratch: Path) -> dict[str, Any
     return parse_config_args([str(path)])
 
 
-class ReusableRayBackend(RayBackend):
-    """Flower's ``RayBackend`` whose Ray instance and actor pool serve several runs.
+def _start_ray(app_dir: Path, backend_config: dict[str, Any]) -> None:
+    """``ray.init`` with the arguments Flower's ``RayBackend.init_ray`` uses.
 
-    ``build`` creates the pool once (a later run only brings its ClientApp loader), and
-    ``terminate``, which Flower's ``run_api`` calls when a run ends, keeps the actors unless
-    one was lost; :meth:`close` terminates them and shuts Ray down (Flower's ``terminate``).
+    Done before Flower is imported, so that Flower's and the apps' imports (in another
+    thread) overlap Ray's start; Flower's backend then finds Ray running and uses it. The
+    workers get the driver's ``sys.path`` (the app directory first) as ``PYTHONPATH``.
     """
+    import ray
 
-    def build(self, app_fn: Callable[[], Any]) -> None:
-        if self.pool is None:
-            super().build(app_fn)
-        else:
-            self.app_fn = app_fn
-
-    def terminate(self) -> None:
-        if self.pool is not None and len(self.pool.pool) < self.pool.num_actors:
-            log(WARNING, "pflarena: an actor was lost; the next run gets a new pool")
-            self.pool.terminate_all_actors()
-            self.pool = None
-
-    def close(self) -> None:
-        """Terminate the actors and shut Ray down."""
-        super().terminate()
-        self.pool = None
+    if str(app_dir) not in sys.path:  # where Flower's app loader puts it
+        sys.path.insert(0, str(app_dir))
+    if ray.is_initialized():
+        return
+    arguments = dict(backend_config.get("init_args", {}))
+    arguments.setdefault("include_dashboard", False)
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **arguments)
 
 
 class SimulationRuntime:
@@ -159,23 +151,25 @@ class SimulationRuntime:
             "init_args": {"logging_level": "WARNING", "log_to_driver": True},
             "actor": {"tensorflow": 0},
         }
-        self._backend: ReusableRayBackend | None = None
+        self._backend: Any = None
 
     # ------------------------------------------------------------------ backend
     def start(self) -> None:
-        """Start Ray and create the actors (each begins importing the ClientApp module).
+        """Start Ray, then Flower's backend on it with its actor pool.
 
-        Call it from the main thread: Ray's driver does not survive being started from
-        another one.
+        Call it from the main thread: a Ray driver started from another thread exits the
+        process once messages flow.
         """
         if self._backend is not None:
             return
-        # Ray's workers import the apps from the app directory, as Flower's loader has it
-        if str(self.app.root) not in sys.path:
-            sys.path.insert(0, str(self.app.root))
         begin = time.monotonic()
-        backend = ReusableRayBackend(self.backend_config)
+        _start_ray(self.app.root, self.backend_config)
+        from flwr.supercore import log
+
         log(DEBUG, "pflarena: Ray started in %.1fs", time.monotonic() - begin)
+        from pflarena.server.ray_backend import ReusableRayBackend
+
+        backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
         backend.build(lambda: None)  # each run brings its own ClientApp loader
         log(DEBUG, "pflarena: %d actors created", backend.num_workers)
         self._backend = backend
@@ -327,13 +321,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     app = runtime.app
     imports = _import_in_background(
-        [_module_of(app.server_app_attr), _module_of(app.client_app_attr)]
+        [
+            "flwr.supercore",
+            "pflarena.server.ray_backend",
+            _module_of(app.server_app_attr),
+            _module_of(app.client_app_attr),
+        ]
     )
     failed = 0
     scratch = Path(args.spec).parent
     try:
-        runtime.start()  # Ray starts while the thread imports the apps
+        runtime.start()  # Ray starts while the thread imports Flower and the apps
         imports.join()
+        from flwr.supercore import log
+
         for index, item in enumerate(spec["runs"]):
             try:
                 runtime.run(item["run_config"], int(item["num_supernodes"]), scratch / f"{index}")
@@ -344,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(ERROR, "pflarena: run failed: %s", exc)
                 log(DEBUG, traceback.format_exc())
     except KeyboardInterrupt:
-        log(WARNING, "pflarena: interrupted")
+        print("pflarena: interrupted", file=sys.stderr)
         return 130
     finally:
         runtime.close()
@@ -357,4 +358,9 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every result is written and Ray is shut down: skip the interpreter's slow teardown of
+    # torch, Ray and Flower (seconds on a loaded machine).
+    os._exit(code)
