@@ -556,7 +556,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for cfg in todo:
             _check_flower_keys(cfg)
         try:
-            run_simulations(
+            code, tail = run_simulations(
                 todo,
                 cpus_per_client=args.cpus_per_client,
                 gpus_per_client=args.gpus_per_client,
@@ -576,6 +576,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(f"\nleaderboard: {', '.join(str(path) for path in written)}")
     unfinished = [run for run in plan if run.status != "completed"]
     if unfinished:
+        if todo and code != 0 and args.quiet:
+            print("the simulation's last lines:\n" + "".join(tail), file=sys.stderr)
         print(
             f"pflarena sweep: {len(unfinished)} run(s) did not complete (see their "
             "summary.json); the same command runs them again:\n  "
