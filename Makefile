@@ -1,5 +1,5 @@
 # One command to set up and run the main job, one to set up and run the tests.
-#   make run    - create .venv, install, run the baselines on the embedded `digits` set
+#   make run    - create .venv, install, sweep the strategies over the embedded `digits` set
 #   make test   - create .venv, install, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,6 +9,8 @@ STRATEGIES ?= local fedavg fedavg-ft fedprox ditto pfedgt
 # The main job: every method on scikit-learn's digits, Dirichlet(0.1) over 10 clients, 20
 # rounds, full participation (pflarena/presets/digits-main.toml; `pflarena presets digits-main`).
 MAIN_JOB := --preset digits-main
+comma := ,
+space := $(subst ,, )
 
 .PHONY: setup run test lint generated clean-runs
 
@@ -24,12 +26,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# One sweep: every strategy on one simulation start-up, then the leaderboard
+# ($(RUNS)/leaderboard.{md,csv,png}); `make run RUNS=<the same dir>` continues an interrupted one.
 run: setup
-	@for s in $(STRATEGIES); do \
-		echo "== $$s"; \
-		$(VENV)/bin/pflarena run --strategy $$s $(MAIN_JOB) --output-dir $(RUNS)/$$s --quiet >/dev/null || exit 1; \
-	done
-	$(VENV)/bin/pflarena compare $(addprefix $(RUNS)/,$(STRATEGIES)) --plot $(RUNS)/compare.png --output $(RUNS)/compare.md
+	$(VENV)/bin/pflarena sweep $(MAIN_JOB) --strategies $(subst $(space),$(comma),$(strip $(STRATEGIES))) --out $(RUNS) --quiet
 
 test: setup
 	$(PY) -m pytest -q

@@ -30,6 +30,7 @@ CASES = [
     ("cnn", "cifar"),
     ("cnn-bn", "mnist"),
     ("cnn-bn", "cifar"),
+    ("cnn-pfllib", "mnist"),
     ("small-cnn", "digits"),
     ("tf-cnn", "cifar"),
     ("tf-cnn", "mnist"),
@@ -223,3 +224,21 @@ def test_token_models_and_token_data_go_together():
         check_model_fits("mlp", shakespeare)
     with pytest.raises(ModelError, match="unknown model"):
         check_model_fits("vgg", cifar)
+
+
+def test_pfllib_cnn_is_the_unpadded_fedavg_cnn():
+    """PFLlib's FedAvgCNN against the padded original, counted layer by layer by hand."""
+
+    def count(name, shape):
+        return sum(p.numel() for p in build_model(name, shape, 10).parameters())
+
+    conv1, conv2, head = 1 * 32 * 25 + 32, 32 * 64 * 25 + 64, 512 * 10 + 10
+    # 28 -> 24 -> 12 -> 8 -> 4 unpadded: 64 * 4 * 4 = 1,024 features (PFLlib's dim=1024);
+    # 28 -> 14 -> 7 padded: 64 * 7 * 7 = 3,136.
+    assert count("cnn-pfllib", (1, 28, 28)) == conv1 + conv2 + (1024 * 512 + 512) + head == 582_026
+    assert count("cnn", (1, 28, 28)) == conv1 + conv2 + (3136 * 512 + 512) + head == 1_663_370
+    model = build_model("cnn-pfllib", (1, 28, 28), 10)
+    assert model.features(torch.zeros(2, 1, 28, 28)).shape == (2, 1024)
+    # On 32x32 input the FedAvg CNN is already unpadded: both names build the same shapes.
+    cifar = [p.shape for p in build_model("cnn-pfllib", (3, 32, 32), 10).parameters()]
+    assert cifar == [p.shape for p in build_model("cnn", (3, 32, 32), 10).parameters()]

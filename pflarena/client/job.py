@@ -17,6 +17,7 @@ from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
 from pflarena.core.federation import ClientData, load_client, load_shard
 from pflarena.core.models import build_model
+from pflarena.core.shards import load_shard_client, read_shard_set
 from pflarena.core.training import EvalResult, evaluate
 
 __all__ = ["ClientJob", "NodeData", "load_node_data", "pick_device"]
@@ -76,12 +77,20 @@ def _load_partition_cached(cfg: RunConfig, partition_id: int, device: str) -> No
     return _to_node_data(data, info, torch.device(device))
 
 
+@lru_cache(maxsize=64)
+def _load_shard_dir_cached(directory: str, client_id: int, stamp: int, device: str) -> NodeData:
+    # ``stamp`` (the file's mtime) keys the cache: a rewritten directory is read again
+    data, info = load_shard_client(directory, client_id)
+    return _to_node_data(data, info, torch.device(device))
+
+
 def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> NodeData:
     """This node's data: the shard named by ``data-path``, else partition ``partition-id``.
 
     In deployment each SuperNode is started with ``--node-config 'data-path="..."'`` and trains
-    on that file alone. In simulation Flower sets ``partition-id`` and the partition is
-    rebuilt deterministically from the run config (cached per process).
+    on that file alone. In simulation Flower sets ``partition-id``: with ``shards-dir`` the
+    node reads that client's file of the directory, otherwise the partition is rebuilt
+    deterministically from the run config (both cached per process).
     """
     data_path = node_config.get("data-path")
     if data_path:
@@ -99,6 +108,9 @@ def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> N
             f"num-clients={cfg.num_clients}; make them equal (pflarena run does this for you, "
             'with flwr run pass --federation-config "num-supernodes=N")'
         )
+    if cfg.shards_dir:
+        stamp = read_shard_set(cfg.shards_dir).path(partition_id).stat().st_mtime_ns
+        return _load_shard_dir_cached(cfg.shards_dir, partition_id, stamp, str(device))
     return _load_partition_cached(cfg, partition_id, str(device))
 
 

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from pflarena.core.federation import FederationSpec
+from pflarena.core.datasets import DatasetInfo, dataset_info
+from pflarena.core.federation import FederationSpec, ShardError
 from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration, MethodParams
 
 __all__ = ["ConfigError", "RunConfig", "parse_run_config", "parse_float_list"]
@@ -53,6 +54,12 @@ class RunConfig(FederationSpec):
     # What runs (the data keys, with the model config, come from FederationSpec).
     strategy: str = Field("fedavg", description="the method to run (see `pflarena methods`)")
     model: str = Field("", description="model name; empty picks the dataset's default")
+    shards_dir: str = Field(
+        "",
+        description="a directory of shard files (`pflarena shards`, `pflarena shards import`): "
+        "client i trains on its own file, num-clients is the directory's, and the data keys "
+        "(dataset, partition, ...) are not used; empty: build the data from the data keys",
+    )
 
     # Federation.
     num_rounds: int = Field(20, ge=1, description="training rounds")
@@ -128,10 +135,9 @@ class RunConfig(FederationSpec):
     @model_validator(mode="after")
     def _model_fits_dataset(self) -> RunConfig:
         """Token models need token data and the other models numbers (``model`` or default)."""
-        from pflarena.core.datasets import dataset_info
         from pflarena.core.models import check_model_fits
 
-        check_model_fits(self.model_name(), dataset_info(self.dataset))
+        check_model_fits(self.model_name(), self.data_info())
         return self
 
     # ------------------------------------------------------------------ method keys
@@ -154,10 +160,22 @@ class RunConfig(FederationSpec):
 
     # ------------------------------------------------------------------ derived
     def model_name(self) -> str:
-        """The model to build: ``model`` if set, else the dataset's default."""
+        """The model to build: ``model`` if set, else the data's default."""
         from pflarena.core.models import default_model_for
 
-        return self.model or default_model_for(self.dataset)
+        return self.model or default_model_for(self.data_name(), self.data_info())
+
+    def data_info(self) -> DatasetInfo:
+        """What the clients' data is: the shard directory's, else the dataset's."""
+        if self.shards_dir:
+            from pflarena.core.shards import read_shard_set
+
+            return read_shard_set(self.shards_dir).info
+        return dataset_info(self.dataset)
+
+    def data_name(self) -> str:
+        """The data's name: the shard directory's, else ``dataset``."""
+        return self.data_info().name if self.shards_dir else self.dataset
 
     def federation_spec(self) -> FederationSpec:
         """The data half of the config, as the data layer's frozen spec."""
@@ -256,10 +274,13 @@ def _method_problems(
     declaration = methods[cfg.strategy]
     with contextlib.suppress(ValidationError):  # invalid values are already reported
         problems += cfg.params(declaration).run_problems(cfg)
-    if declaration.needs_validation and cfg.validation_fraction == 0:
-        problems.append(f"{cfg.strategy} needs a validation split: set validation-fraction > 0")
-    if declaration.needs_server_data and cfg.server_fraction == 0:
-        problems.append(f"{cfg.strategy} needs server-held data: set server-fraction > 0")
+    if cfg.shards_dir:
+        problems += _shards_dir_problems(cfg, declaration)
+    else:
+        if declaration.needs_validation and cfg.validation_fraction == 0:
+            problems.append(f"{cfg.strategy} needs a validation split: set validation-fraction > 0")
+        if declaration.needs_server_data and cfg.server_fraction == 0:
+            problems.append(f"{cfg.strategy} needs server-held data: set server-fraction > 0")
     if cfg.cross_eval_every % cfg.eval_every:
         problems.append(
             f"cross-eval-every={cfg.cross_eval_every} is not a multiple of eval-every="
@@ -282,6 +303,56 @@ def _method_problems(
             f"(it honours {', '.join(s for s in TRAINING_SETTINGS if s in declaration.honours)})"
         )
     return problems, normalized
+
+
+def _shards_dir_problems(cfg: RunConfig, declaration: MethodDeclaration) -> list[str]:
+    """A run on a shard directory: the directory's clients, its own splits, no server data."""
+    from pflarena.core.shards import read_shard_set
+
+    try:
+        shard_set = read_shard_set(cfg.shards_dir)
+    except ShardError as error:
+        return [f"shards-dir: {error}"]
+    problems = []
+    if cfg.num_clients != shard_set.num_clients:
+        problems.append(
+            f"num-clients={cfg.num_clients}, but shards-dir {shard_set.directory} holds "
+            f"{shard_set.num_clients} clients (leave num-clients out, or set it to that)"
+        )
+    if cfg.validation_fraction or cfg.server_fraction:
+        problems.append(
+            "validation-fraction and server-fraction apply when pflarena builds the data; a "
+            "shards-dir run uses the shards' own splits and has no server-held data"
+        )
+    if declaration.needs_validation and 0 in shard_set.num_val:
+        problems.append(
+            f"{cfg.strategy} needs a validation split, but some shards in {shard_set.directory} "
+            "have none (write them with --validation-fraction > 0)"
+        )
+    if declaration.needs_server_data:
+        problems.append(
+            f"{cfg.strategy} needs server-held data, which a shards-dir run does not have"
+        )
+    if shard_set.info.tokens and not _takes_tokens(cfg.model_name(), shard_set.info):
+        problems.append(
+            f"shards-dir {shard_set.directory} holds token ids (vocabulary "
+            f"{shard_set.info.vocabulary_size}); model {cfg.model_name()!r} has no embedding "
+            "layer to read them: set model to a sequence model"
+        )
+    return problems
+
+
+def _takes_tokens(model: str, info: DatasetInfo) -> bool:
+    """Whether ``model`` reads token ids: it has an embedding layer."""
+    from torch import nn
+
+    from pflarena.core.models import ModelError, build_model
+
+    try:
+        built = build_model(model, info.input_shape, info.num_classes)
+    except ModelError:
+        return False
+    return any(isinstance(module, nn.Embedding) for module in built.modules())
 
 
 def parse_run_config(

@@ -564,7 +564,10 @@ def _shard_metadata(info: DatasetInfo, client_id: int) -> dict[str, Any]:
 
 
 def write_shards(
-    federation: Federation, out_dir: str | Path, spec: FederationSpec | None = None
+    federation: Federation,
+    out_dir: str | Path,
+    spec: FederationSpec | None = None,
+    source: str = "pflarena",
 ) -> list[Path]:
     """Write one shard file per client and a ``manifest.json``.
 
@@ -583,6 +586,9 @@ def write_shards(
         Output folder (created if needed).
     spec : FederationSpec, optional
         Recorded in the manifest when given.
+    source : str
+        Where the data comes from, recorded in the manifest (``pflarena``, or the toolkit
+        an import read, :mod:`pflarena.core.importers`).
 
     Returns
     -------
@@ -606,6 +612,7 @@ def write_shards(
         "num_clients": len(federation.clients),
         "info": asdict(federation.info),
         "spec": None if spec is None else spec.model_dump(),
+        "source": source,
         "shards": [
             {
                 "client_id": client.client_id,
@@ -674,8 +681,9 @@ def _parse_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
         ]
         if missing:
             raise ShardError(f"shard file {path} metadata lacks: {', '.join(missing)}")
-    if metadata["dataset"] not in DATASETS:
-        raise ShardError(f"shard file {path} names an unknown dataset {metadata['dataset']!r}")
+    if not isinstance(metadata["dataset"], str) or not metadata["dataset"]:
+        # any name: the metadata describes the data (imported shards name data sets of their own)
+        raise ShardError(f"shard file {path} names no dataset")
     return metadata
 
 

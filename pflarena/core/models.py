@@ -97,6 +97,38 @@ class FedAvgCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class PFLlibCNN(nn.Module):
+    """PFLlib's ``FedAvgCNN`` (``system/flcore/trainmodel/models.py``): the FedAvg CNN with
+    unpadded convolutions at every input size.
+
+    Two unpadded 5x5 convolutions (32 and 64 channels), each followed by ReLU and 2x2 max
+    pooling, then a 512-unit fully connected layer. For 28x28 input the flattened features
+    are 64·4·4 = 1,024 (PFLlib's ``dim=1024``) and the model has 582,026 parameters for 10
+    classes, against the padded original's 1,663,370 (:class:`FedAvgCNN`); for 32x32 input
+    it equals :class:`FedAvgCNN`. Papers built on PFLlib (pFedGT among them) train this one.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, _, _ = _image_shape(input_shape, "cnn-pfllib")
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        flat = _flat_size(self.features, input_shape)
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 class TFCifarCNN(nn.Module):
     """The CIFAR-10 CNN of TensorFlow's tutorial that McMahan et al. (2017) train, as FedPG
     uses it (specs/fedpg.md §5.3): 797,962 parameters for CIFAR-10.
@@ -356,6 +388,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp-128": lambda shape, classes: MLP(shape, classes, hidden=(128,)),
     "cnn": FedAvgCNN,
     "cnn-bn": lambda shape, classes: FedAvgCNN(shape, classes, batch_norm=True),
+    "cnn-pfllib": PFLlibCNN,
     "small-cnn": SmallCNN,
     "tf-cnn": TFCifarCNN,
     "tf-cnn-same": TFCifarCNNSame,
@@ -414,14 +447,19 @@ def check_model_fits(name: str, info: DatasetInfo) -> None:
         )
 
 
-def default_model_for(dataset: str) -> str:
+def default_model_for(dataset: str, info: DatasetInfo | None = None) -> str:
     """The model ``dataset`` gets when the run config leaves ``model`` empty.
 
-    Each data set declares it (:attr:`~pflarena.core.datasets.DatasetSpec.default_model`).
+    Each registered data set declares it
+    (:attr:`~pflarena.core.datasets.DatasetSpec.default_model`). Data that is not registered
+    (imported shards name data sets of their own) gets ``char-lstm`` when ``info`` says it
+    holds token ids, else ``mlp``, which fits any numeric sample shape.
     """
-    from pflarena.core.datasets import dataset_spec
+    from pflarena.core.datasets import DATASETS, dataset_spec
 
-    return dataset_spec(dataset).default_model
+    if dataset in DATASETS:
+        return dataset_spec(dataset).default_model
+    return "char-lstm" if info is not None and info.tokens else "mlp"
 
 
 def build_model(

@@ -19,7 +19,6 @@ from flwr.serverapp import Grid, ServerApp
 
 import pflarena
 from pflarena.core.config import ConfigError, RunConfig
-from pflarena.core.datasets import dataset_info
 from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
 from pflarena.server.checkpoint import load_checkpoint
@@ -38,12 +37,12 @@ def resolve_output_dir(cfg: RunConfig) -> Path:
         return Path(cfg.output_dir).expanduser().resolve()
     root = Path(os.environ.get("PFLARENA_RUNS_DIR", "runs"))
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return (root / f"{stamp}-{cfg.strategy}-{cfg.dataset}-s{cfg.seed}").resolve()
+    return (root / f"{stamp}-{cfg.strategy}-{cfg.data_name()}-s{cfg.seed}").resolve()
 
 
 def initial_arrays(cfg: RunConfig) -> ArrayRecord:
     """The initial model, seeded by the run seed (clients build the same one)."""
-    info = dataset_info(cfg.dataset)
+    info = cfg.data_info()
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=cfg.seed)
     return ArrayRecord(model.state_dict())
 
@@ -67,7 +66,7 @@ def main(grid: Grid, context: Context) -> None:
         INFO,
         "pflarena: %s on %s, %d clients, %d rounds -> %s",
         cfg.strategy,
-        cfg.dataset,
+        cfg.data_name(),
         cfg.num_clients,
         cfg.num_rounds,
         output_dir,

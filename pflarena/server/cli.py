@@ -1,11 +1,14 @@
-"""The ``pflarena`` command: ``run`` a simulation, ``compare`` runs, write ``shards``, list
-``methods``, ``presets`` and ``data`` sets (and check a local copy of one).
+"""The ``pflarena`` command: ``run`` a simulation, ``sweep`` a grid of runs, ``compare`` runs,
+write or import ``shards``, list ``methods``, ``presets`` and ``data`` sets (and check a
+local copy of one).
 
-``pflarena run`` is ``flwr run`` made into a plain command. It starts a private
-simulation SuperLink on a free loopback port (with runtime dependency installation off),
-submits this project as a Flower App with ``flwr run``, streams the run's log, stops the
-SuperLink it started (by PID), and exits non-zero when the run failed: ``flwr run`` itself
-exits 0 when the ServerApp raises.
+``pflarena run`` runs the app as a Flower simulation and exits non-zero when the run failed.
+By default Flower's simulation runtime runs in a process of its own
+(:mod:`pflarena.server.simulation`), started with the runtime dependency installation off;
+``--superlink`` takes ``flwr run``'s way instead: a private simulation SuperLink on a free
+loopback port, the app submitted with ``flwr run`` and its log streamed, the SuperLink stopped
+(by PID) at the end (``flwr run`` itself exits 0 when the ServerApp raises). ``pflarena sweep``
+runs many runs on one start-up of the runtime (:mod:`pflarena.server.sweep`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
 from pflarena.core.datasets import DatasetSpec, check_files
 from pflarena.core.federation import FederationSpec
+from pflarena.core.importers import IMPORT_FORMATS
 from pflarena.core.methods import MethodDeclaration
 
 __all__ = ["main", "simulate", "project_root", "compare_table"]
@@ -139,16 +143,116 @@ def simulate(
     gpus_per_client: float = 0.0,
     log_file: Path | None = None,
     verbosity: int = 1,
+    superlink: bool = False,
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
     ``cfg.output_dir`` must be set (absolute or relative to the current directory).
     ``verbosity`` 0 prints nothing, 1 the run's progress lines and problems, 2 the whole
-    Flower log. Raises ``RuntimeError`` when the run did not complete.
+    Flower log. By default Flower's simulation runtime runs in a process of its own
+    (:mod:`pflarena.server.simulation`); ``superlink=True`` submits the app with ``flwr run``
+    to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
+    longer start-up). Raises ``RuntimeError`` when the run did not complete.
     """
     output_dir = Path(cfg.output_dir).resolve()
     cfg = cfg.model_copy(update={"output_dir": str(output_dir)})
     _check_flower_keys(cfg)
+    if superlink:
+        returncode, tail = _simulate_on_superlink(
+            cfg, cpus_per_client, gpus_per_client, log_file, verbosity
+        )
+        what = "flwr run"
+    else:
+        returncode, tail = run_simulations(
+            [cfg],
+            cpus_per_client=cpus_per_client,
+            gpus_per_client=gpus_per_client,
+            log_file=log_file,
+            verbosity=verbosity,
+        )
+        what = "the simulation"
+    summary_path = output_dir / "summary.json"
+    if not summary_path.exists():
+        raise RuntimeError(
+            f"the run wrote no summary ({what} exited {returncode}); its last lines:\n"
+            + "".join(tail)
+        )
+    summary = json.loads(summary_path.read_text())
+    if summary.get("status") != "completed":
+        raise RuntimeError(
+            f"run failed: {summary.get('error', 'unknown error')} (see {output_dir})"
+        )
+    return summary
+
+
+def _stream(proc: subprocess.Popen, log_handle: Any, verbosity: int) -> list[str]:
+    """Show a process's output as ``verbosity`` says, log all of it; its last 40 lines."""
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = (tail + [line])[-40:]
+        if log_handle:
+            log_handle.write(line)
+        if verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    proc.wait()
+    return tail
+
+
+def run_simulations(
+    configs: list[RunConfig],
+    *,
+    cpus_per_client: float = 1.0,
+    gpus_per_client: float = 0.0,
+    log_file: Path | None = None,
+    verbosity: int = 1,
+) -> tuple[int, list[str]]:
+    """Run ``configs`` one after another in one simulation process, started once.
+
+    The process (``python -m pflarena.server.simulation``) runs Flower's simulation runtime
+    and keeps its Ray instance and actors from one run to the next. Each run writes its own
+    results; returns the process's exit code (0 when every run completed) and its last
+    lines of output. Interrupting this call stops the process and its children.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="pflarena-sim-"))
+    spec = {
+        "app_dir": str(project_root()),
+        "cpus_per_client": cpus_per_client,
+        "gpus_per_client": gpus_per_client,
+        "runs": [
+            {"run_config": cfg.to_run_config(), "num_supernodes": cfg.num_clients}
+            for cfg in configs
+        ],
+    }
+    (scratch / "spec.json").write_text(json.dumps(spec))
+    log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pflarena.server.simulation", str(scratch / "spec.json")],
+        env=_flwr_env(scratch),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=scratch,
+    )
+    try:
+        tail = _stream(proc, log_handle, verbosity)
+    finally:
+        _stop(proc)
+        if log_handle:
+            log_handle.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return proc.returncode, tail
+
+
+def _simulate_on_superlink(
+    cfg: RunConfig,
+    cpus_per_client: float,
+    gpus_per_client: float,
+    log_file: Path | None,
+    verbosity: int,
+) -> tuple[int, list[str]]:
+    """``flwr run`` of this app on a private simulation SuperLink; exit code and last lines."""
     flwr_home = Path(tempfile.mkdtemp(prefix="pflarena-flwr-"))
     port = _free_port()
     (flwr_home / "config.toml").write_text(
@@ -207,35 +311,14 @@ def simulate(
             text=True,
             cwd=flwr_home,
         )
-        assert proc.stdout is not None
-        tail: list[str] = []
-        for line in proc.stdout:
-            tail = (tail + [line])[-40:]
-            if log_handle:
-                log_handle.write(line)
-            if verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        proc.wait()
+        tail = _stream(proc, log_handle, verbosity)
     finally:
         _stop(superlink)
         superlink_log.close()
         if log_handle:
             log_handle.close()
-    summary_path = output_dir / "summary.json"
-    if not summary_path.exists():
-        shutil.rmtree(flwr_home, ignore_errors=True)
-        raise RuntimeError(
-            f"the run wrote no summary (flwr run exited {proc.returncode}); its last lines:\n"
-            + "".join(tail)
-        )
     shutil.rmtree(flwr_home, ignore_errors=True)
-    summary = json.loads(summary_path.read_text())
-    if summary.get("status") != "completed":
-        raise RuntimeError(
-            f"run failed: {summary.get('error', 'unknown error')} (see {output_dir})"
-        )
-    return summary
+    return proc.returncode, tail
 
 
 # --------------------------------------------------------------------------- compare
@@ -386,10 +469,20 @@ def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
     from pflarena.server.presets import load_preset
 
     given = _collect_overrides(args, keys)
-    if not getattr(args, "preset", None):
-        return given
-    preset = load_preset(args.preset)
-    return preset.overrides(given.get("strategy")) | given
+    values = given
+    if getattr(args, "preset", None):
+        values = load_preset(args.preset).overrides(given.get("strategy")) | given
+    return with_shard_clients(values, given)
+
+
+def with_shard_clients(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``num-clients`` taken from its ``shards-dir``'s manifest, unless
+    ``num-clients`` was ``given`` explicitly (then the run is checked against it)."""
+    from pflarena.core.shards import read_shard_set
+
+    if not values.get("shards-dir") or "num-clients" in given:
+        return values
+    return values | {"num-clients": read_shard_set(str(values["shards-dir"])).num_clients}
 
 
 def resume_config(run_dir: Path) -> dict[str, Any]:
@@ -424,10 +517,79 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cpus_per_client=args.cpus_per_client,
         gpus_per_client=args.gpus_per_client,
         verbosity=0 if args.quiet else 2 if args.verbose else 1,
+        superlink=args.superlink,
     )
     print()
     print(compare_table([Path(cfg.output_dir)]))
     print(f"\nresults: {cfg.output_dir}  (wall time {summary['wall_time_s']:.1f}s)")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from pflarena.server import sweep
+
+    grid: dict[str, list[Any]] = {}
+    for item in args.grid or []:
+        key, sep, values = item.partition("=")
+        if not sep or not values.strip():
+            raise ConfigError(f"--grid expects key=value,value,..., got {item!r}")
+        grid[key.strip()] = [sweep.parse_value(v.strip()) for v in values.split(",") if v.strip()]
+    settings = {k: sweep.parse_value(v) for k, v in _collect_overrides(args, []).items()}
+    plan_of = sweep.build_sweep(
+        sweep.load_sweep_file(Path(args.file)) if args.file else None,
+        preset=args.preset,
+        strategies=[s.strip() for s in args.strategies.split(",")] if args.strategies else None,
+        seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
+        settings=settings,
+        grid=grid,
+        out=args.out,
+    )
+    plan = sweep.plan_runs(plan_of)
+    counts = Counter(run.status for run in plan)
+    print(
+        f"sweep {plan_of.out}: {len(plan)} runs, {counts['completed']} completed, "
+        f"{counts['resume']} to resume, {counts['new']} to start"
+    )
+    if args.check:
+        for run in plan:
+            print(f"  {run.status:9s} {run.directory.relative_to(plan_of.out.resolve())}")
+        return 0
+    todo = sweep.configs_to_run(plan)
+    if todo:
+        for cfg in todo:
+            _check_flower_keys(cfg)
+        try:
+            code, tail = run_simulations(
+                todo,
+                cpus_per_client=args.cpus_per_client,
+                gpus_per_client=args.gpus_per_client,
+                verbosity=0 if args.quiet else 2 if args.verbose else 1,
+            )
+        except KeyboardInterrupt:
+            print(
+                "\npflarena sweep: interrupted; the same command continues it (completed runs "
+                "are kept, the interrupted one resumes from its checkpoint)",
+                file=sys.stderr,
+            )
+            return 130
+    plan = sweep.plan_runs(plan_of)
+    markdown, written = sweep.write_leaderboard(plan, plan_of.out.resolve())
+    print()
+    print(markdown, end="")
+    print(f"\nleaderboard: {', '.join(str(path) for path in written)}")
+    unfinished = [run for run in plan if run.status != "completed"]
+    if unfinished:
+        if todo and code != 0 and args.quiet:
+            print("the simulation's last lines:\n" + "".join(tail), file=sys.stderr)
+        print(
+            f"pflarena sweep: {len(unfinished)} run(s) did not complete (see their "
+            "summary.json); the same command runs them again:\n  "
+            + "\n  ".join(str(run.directory) for run in unfinished),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -548,8 +710,33 @@ def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_shards_import(args: argparse.Namespace) -> int:
+    from pflarena.core.importers import import_leaf, import_pfllib
+    from pflarena.core.shards import read_shard_set
+
+    if not 0 <= args.import_validation_fraction < 1:
+        raise ConfigError("--validation-fraction must be in [0, 1)")
+    options = {"validation_fraction": args.import_validation_fraction, "seed": args.import_seed}
+    if args.format == "pfllib":
+        paths = import_pfllib(args.folder, args.out, name=args.name, **options)
+    else:
+        paths = import_leaf(args.folder, args.out, dataset=args.format.split("-", 1)[1], **options)
+    shard_set = read_shard_set(args.out)
+    print(
+        f"wrote {len(paths)} shard files ({shard_set.info.name}: {shard_set.info.num_classes} "
+        f"classes, samples {shard_set.info.input_shape}, {sum(shard_set.num_train)} train / "
+        f"{sum(shard_set.num_val)} validation / {sum(shard_set.num_test)} test) to "
+        f"{shard_set.directory}"
+    )
+    print(f"simulate on them: pflarena run --shards-dir {shard_set.directory} --strategy fedavg")
+    return 0
+
+
 def _cmd_shards(args: argparse.Namespace) -> int:
     from pflarena.core.federation import build_federation, write_shards
+
+    if not args.out:
+        raise ConfigError("pflarena shards needs --out DIR")
 
     overrides = _collect_overrides(args, list(DATA_KEYS))
     cfg = parse_run_config(overrides)
@@ -600,9 +787,53 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the run config, print it resolved (as TOML) and run nothing",
     )
+    run.add_argument(
+        "--superlink",
+        action="store_true",
+        help="submit the app with `flwr run` to a private simulation SuperLink, as `flwr run .` "
+        "does (builds and installs the FAB; same results, a longer start-up)",
+    )
     run.add_argument("--quiet", action="store_true", help="print only the final table")
     run.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
     run.set_defaults(func=_cmd_run)
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a grid of runs (strategies x seeds x config values) on one start-up, "
+        "skipping completed runs; write a leaderboard",
+        description="Run every combination of strategies, seeds and swept run-config values "
+        "in one simulation process, skip runs that already completed (a run that was "
+        "interrupted is resumed), and write leaderboard.{md,csv,png} into the output "
+        "directory. The grid comes from a TOML file (see pflarena/server/sweep.py), flags, "
+        "or both; flags win.",
+    )
+    sweep.add_argument("file", nargs="?", help="a sweep TOML file (optional)")
+    sweep.add_argument("--preset", metavar="NAME", help="start from an experiment preset")
+    sweep.add_argument("--strategies", metavar="A,B,...", help="strategies to run")
+    sweep.add_argument("--seeds", metavar="S,S,...", help="seeds (default: the config's seed)")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="sweep a run-config key over values (repeatable; <method>.<param> keys "
+        "multiply only that method's runs)",
+    )
+    sweep.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="a run-config key for every run"
+    )
+    sweep.add_argument("--out", metavar="DIR", help="the sweep's directory (required)")
+    sweep.add_argument(
+        "--cpus-per-client", type=float, default=1.0, help="CPUs per simulated client (default 1)"
+    )
+    sweep.add_argument(
+        "--gpus-per-client", type=float, default=0.0, help="GPU fraction per client (default 0)"
+    )
+    sweep.add_argument(
+        "--check", action="store_true", help="print the runs and what each needs; run nothing"
+    )
+    sweep.add_argument("--quiet", action="store_true", help="print only the leaderboard")
+    sweep.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
+    sweep.set_defaults(func=_cmd_sweep)
 
     compare = sub.add_parser("compare", help="a Markdown table and a plot of several runs")
     compare.add_argument("runs", nargs="+", help="run output directories")
@@ -646,10 +877,40 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0, help="seed of the choice of clients")
     data.set_defaults(func=_cmd_data)
 
-    shards = sub.add_parser("shards", help="write one data file per client for deployments")
+    shards = sub.add_parser(
+        "shards",
+        help="write one data file per client (deployments, --shards-dir), or import a "
+        "partition made by another toolkit",
+    )
     _add_config_flags(shards, DATA_KEYS)
-    shards.add_argument("--out", required=True, help="directory for the shard files")
+    shards.add_argument("--out", help="directory for the shard files (required)")
     shards.set_defaults(func=_cmd_shards)
+    shards_commands = shards.add_subparsers(dest="shards_command", metavar="{import}")
+    imports = shards_commands.add_parser(
+        "import",
+        help="convert another toolkit's partitioned dataset folder into shard files",
+        description="Convert a dataset folder partitioned by another toolkit into shard files, "
+        "keeping its clients, their samples and its train/test split: pfllib (config.json, "
+        "train/<i>.npz, test/<i>.npz), leaf-femnist and leaf-shakespeare (LEAF's train/*.json "
+        "and test/*.json).",
+    )
+    imports.add_argument("folder", help="the toolkit's dataset folder")
+    imports.add_argument(
+        "--format", required=True, choices=IMPORT_FORMATS, help="the folder's layout"
+    )
+    imports.add_argument("--out", required=True, help="directory for the shard files")
+    imports.add_argument("--name", help="the data's name (pfllib; default pfllib-<folder>)")
+    imports.add_argument(
+        "--validation-fraction",
+        dest="import_validation_fraction",
+        type=float,
+        default=0.0,
+        help="carve a seeded validation split out of each client's training split (default 0)",
+    )
+    imports.add_argument(
+        "--seed", dest="import_seed", type=int, default=0, help="seed of that split (default 0)"
+    )
+    imports.set_defaults(func=_cmd_shards_import)
     return parser
 
 

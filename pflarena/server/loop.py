@@ -357,7 +357,7 @@ def summary_record(
     """The ``summary.json`` contents."""
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
-        "dataset": cfg.dataset,
+        "dataset": cfg.data_name(),
         "model": cfg.model_name(),
         "partition": cfg.partition,
         "num_clients": cfg.num_clients,
@@ -366,6 +366,8 @@ def summary_record(
         "status": status,
         "wall_time_s": wall_time_s,
     }
+    if cfg.shards_dir:
+        summary["shards_dir"] = cfg.shards_dir
     summary |= summarize_rounds(rounds)
     if error is not None:
         summary["error"] = error

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import RunConfig, parse_run_config
-from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration
 from pflarena.core.models import build_model
 from pflarena.core.training import trainable_names
@@ -27,7 +26,7 @@ def declaration_of(cfg: RunConfig) -> MethodDeclaration:
 
 
 def _trainable_names(cfg: RunConfig) -> tuple[str, ...]:
-    info = dataset_info(cfg.dataset)
+    info = cfg.data_info()
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
     return tuple(trainable_names(model))
 

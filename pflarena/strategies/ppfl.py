@@ -65,7 +65,6 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.canonical import copied_entries, initial_stacked_state
-from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
 from pflarena.core.population import (
@@ -165,7 +164,7 @@ class PPFLParams(MethodParams):
 def _canonical_problems(cfg: Any, layers: int, form: str) -> list[str]:
     """The model must have the canonical layers asked for, and PPFL2, which interpolates
     parameters, needs canonical layers without buffers."""
-    info = dataset_info(cfg.dataset)
+    info = cfg.data_info()
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     try:
@@ -237,7 +236,7 @@ class PPFL(MultiExchangeStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PPFL:
-        info = dataset_info(setup.cfg.dataset)
+        info = setup.cfg.data_info()
         return cls(
             model_name=setup.cfg.model_name(),
             input_shape=tuple(info.input_shape),

@@ -1,0 +1,366 @@
+"""Flower's simulation runtime, started by pflarena: one start-up for one run or a sweep.
+
+``flwr run`` on a simulation SuperLink reaches a run's first round in steps: the SuperLink
+starts; the CLI builds the app into a FAB and uploads it; the SuperLink's SuperExec starts a
+``flwr-simulation`` process; that process installs the FAB and calls Flower's simulation
+runtime (``flwr.simulation.run_simulation._run_simulation``), which starts the ServerApp in
+a thread, starts Ray (``RayBackend``), creates the ``ClientAppActor`` pool and routes the
+ServerApp's messages to the ClientApps in the actors (``vce_api.run_api``); at the end it
+terminates the actors and shuts Ray down. ``benchmarks/results/startup.md`` times each step.
+
+A :class:`SimulationRuntime` does the last step only, in a process of its own
+(``python -m pflarena.server.simulation SPEC``, which
+:func:`pflarena.server.cli.run_simulations` starts), on the project directory itself: the
+same ServerApp and ClientApp (the components ``pyproject.toml`` names), the run config fused
+by Flower from ``[tool.flwr.app.config]`` and the overrides as ``flwr run --run-config FILE``
+parses them, Flower's in-memory LinkState and Grid, its message workers (``run_api``) and its
+``RayBackend`` with its ``ClientAppActor`` pool. What differs is when things happen:
+
+* Ray starts (and creates the actors) while a thread imports the ServerApp and ClientApp
+  modules, instead of after them;
+* the backend outlives a run (:class:`ReusableRayBackend`): the runs of a sweep share one
+  Ray instance and one actor pool, each run with its own LinkState, nodes and node contexts
+  (``context.state``), as separate ``flwr run`` calls have. Actors are recreated when one
+  was lost.
+
+Results do not depend on any of this: ClientApps seed torch per message and derive their
+data from the run config, so a run gives the ``rounds.jsonl`` that ``flwr run`` on a
+SuperLink gives (``tests/test_startup.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from logging import DEBUG, ERROR, INFO
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+import tomllib
+
+__all__ = [
+    "FlowerApp",
+    "SimulationRuntime",
+    "WORKER_ENV",
+    "flower_overrides",
+    "main",
+]
+
+#: Environment of a simulation process (set before Flower and Ray are imported).
+WORKER_ENV: dict[str, str] = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    # flwr-simulation sets this too: no uv runtime-env hook in Ray's workers
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+}
+
+
+@dataclass(frozen=True)
+class FlowerApp:
+    """A Flower App directory: its components and identity, from its ``pyproject.toml``."""
+
+    root: Path
+    server_app_attr: str
+    client_app_attr: str
+    fab_id: str
+    fab_version: str
+
+    @classmethod
+    def from_dir(cls, root: Path) -> FlowerApp:
+        """Read ``root/pyproject.toml`` (the FAB id is ``<publisher>/<name>``, as Flower's
+        ``get_metadata_from_config`` makes it)."""
+        project = tomllib.loads((root / "pyproject.toml").read_text())
+        app = project["tool"]["flwr"]["app"]
+        return cls(
+            root=root.resolve(),
+            server_app_attr=app["components"]["serverapp"],
+            client_app_attr=app["components"]["clientapp"],
+            fab_id=f"{app['publisher']}/{project['project']['name']}",
+            fab_version=project["project"]["version"],
+        )
+
+
+def flower_overrides(run_config: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """``run_config`` as Flower's ``flwr run --run-config FILE`` hands it to the SuperLink.
+
+    The keys are written to a TOML file and read back by Flower's own parser
+    (``flwr.common.config.parse_config_args``), so values get the types they get there.
+    """
+    from flwr.common.config import parse_config_args
+
+    from pflarena.server.cli import _toml_value
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / "run-config.toml"
+    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+    return parse_config_args([str(path)])
+
+
+def _start_ray(app_dir: Path, backend_config: dict[str, Any]) -> None:
+    """``ray.init`` with the arguments Flower's ``RayBackend.init_ray`` uses.
+
+    Done before Flower is imported, so that Flower's and the apps' imports (in another
+    thread) overlap Ray's start; Flower's backend then finds Ray running and uses it. The
+    workers get the driver's ``sys.path`` (the app directory first) as ``PYTHONPATH``.
+    """
+    import ray
+
+    if str(app_dir) not in sys.path:  # where Flower's app loader puts it
+        sys.path.insert(0, str(app_dir))
+    if ray.is_initialized():
+        return
+    arguments = dict(backend_config.get("init_args", {}))
+    arguments.setdefault("include_dashboard", False)
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **arguments)
+
+
+class SimulationRuntime:
+    """Flower's simulation runtime for one run after another, started once.
+
+    Parameters
+    ----------
+    app_dir
+        The Flower App (this project's root).
+    cpus_per_client, gpus_per_client
+        Flower's ``client-resources-num-cpus`` / ``-num-gpus``: resources Ray reserves per
+        ``ClientAppActor`` (so ``cpus / cpus_per_client`` actors).
+    """
+
+    def __init__(
+        self, app_dir: Path, *, cpus_per_client: float = 1.0, gpus_per_client: float = 0.0
+    ) -> None:
+        self.app = FlowerApp.from_dir(app_dir)
+        self.backend_config: dict[str, Any] = {
+            "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
+            # what flwr-simulation passes when the federation is not `verbose`
+            "init_args": {"logging_level": "WARNING", "log_to_driver": True},
+            "actor": {"tensorflow": 0},
+        }
+        self._backend: Any = None
+
+    # ------------------------------------------------------------------ backend
+    def start(self) -> None:
+        """Start Ray, then Flower's backend on it with its actor pool.
+
+        Call it from the main thread: a Ray driver started from another thread exits the
+        process once messages flow.
+        """
+        if self._backend is not None:
+            return
+        begin = time.monotonic()
+        _start_ray(self.app.root, self.backend_config)
+        from flwr.supercore import log
+
+        log(DEBUG, "pflarena: Ray started in %.1fs", time.monotonic() - begin)
+        from pflarena.server.ray_backend import ReusableRayBackend
+
+        backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
+        backend.build(lambda: None)  # each run brings its own ClientApp loader
+        log(DEBUG, "pflarena: %d actors created", backend.num_workers)
+        self._backend = backend
+
+    def close(self) -> None:
+        """Terminate the actors and shut Ray down."""
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    # ------------------------------------------------------------------ runs
+    def run(self, run_config: dict[str, Any], num_supernodes: int, scratch: Path) -> None:
+        """One Flower simulation run of the app with ``run_config`` overrides.
+
+        Raises the ServerApp's exception if it raised (the app writes its own results
+        files, a failed run's included).
+        """
+        from flwr.app import Context, RecordDict
+        from flwr.common.config import get_fused_config_from_dir
+        from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
+        from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+        from flwr.server.superlink.fleet.vce.metrics import VceMetrics
+        from flwr.server.superlink.fleet.vce.vce_api import (
+            _register_node_info_stores,
+            _register_nodes,
+            run_api,
+        )
+        from flwr.server.superlink.linkstate import LinkStateFactory
+        from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+        from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+        from flwr.simulation.run_simulation import run_serverapp_th
+        from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+        from flwr.supercore.object_store import ObjectStoreFactory
+        from flwr.supercore.run import Run
+        from flwr.supercore.task_identity import TaskIdentity
+        from flwr.superlink.federation import NoOpFederationManager
+        from flwr.superlink.grid import InMemoryGrid
+
+        overrides = flower_overrides(run_config, scratch)
+        app_dir = str(self.app.root)
+        run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
+        run.fab_id, run.fab_version = self.app.fab_id, self.app.fab_version
+        run.override_config = overrides
+        run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+        run.federation_id = NOOP_FEDERATION_ID
+        # what flwr-simulation takes from the SuperLink's task
+        TaskIdentity.task_id = run.primary_task_id
+        TaskIdentity.run_id = run.run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        context = Context(
+            run_id=run.run_id,
+            node_id=SUPERLINK_NODE_ID,
+            node_config={},
+            state=RecordDict(),
+            run_config=get_fused_config_from_dir(self.app.root, overrides),
+        )
+        client_app = _load_client_app(self.app)
+        self.start()
+        backend = self._backend
+
+        # Flower's _main_loop and start_vce, with this runtime's backend
+        state_factory = LinkStateFactory(
+            FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+        )
+        state = state_factory.state()
+        state.run_ids[run.run_id] = RunRecord(run=run)
+        state.task_store[run.primary_task_id] = Task(task_id=run.primary_task_id, run_id=run.run_id)
+        grid = InMemoryGrid(state_factory=state_factory)
+        grid.set_run(run)
+        f_stop = threading.Event()
+        errors: Queue[BaseException] = Queue()
+        contexts: Queue[Context] = Queue()
+        server_thread = run_serverapp_th(
+            server_app_attr=self.app.server_app_attr,
+            server_app=None,
+            server_app_context=context,
+            grid=grid,
+            app_dir=app_dir,
+            f_stop=f_stop,
+            exception_queue=errors,
+            enable_tf_gpu_growth=False,
+            ctx_queue=contexts,
+        )
+        nodes = _register_nodes(num_nodes=num_supernodes, state_factory=state_factory)
+        stores = _register_node_info_stores(nodes_mapping=nodes, run=run, app_dir=app_dir)
+        try:
+            run_api(
+                lambda: client_app,
+                lambda: backend,
+                nodes,
+                state_factory,
+                stores,
+                f_stop,
+                VceMetrics(),
+            )
+        finally:
+            f_stop.set()
+            server_thread.join()
+        if not errors.empty():
+            raise errors.get_nowait()
+
+
+def _module_of(attr: str) -> str:
+    return attr.split(":", 1)[0]
+
+
+def _load_client_app(app: FlowerApp) -> Any:
+    """The ClientApp object, loaded the way Flower's simulation engine loads it."""
+    from flwr.clientapp.utils import get_load_client_app_fn
+
+    return get_load_client_app_fn(
+        default_app_ref=app.client_app_attr, app_path=str(app.root), multi_app=False
+    )(app.fab_id, app.fab_version, "")
+
+
+# --------------------------------------------------------------------------- worker
+def _import_in_background(modules: list[str]) -> threading.Thread:
+    """Import ``modules`` in a thread (while Ray starts in the main one)."""
+
+    def load() -> None:
+        for module in modules:
+            importlib.import_module(module)
+
+    thread = threading.Thread(target=load, name="pflarena-imports", daemon=True)
+    thread.start()
+    return thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the runs of a spec file one after another on one runtime.
+
+    The spec (JSON) holds ``app_dir``, ``cpus_per_client``, ``gpus_per_client`` and
+    ``runs``: each ``{"run_config": {...}, "num_supernodes": N}``. Prints Flower's log;
+    exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
+    it ended).
+    """
+    parser = argparse.ArgumentParser(prog="python -m pflarena.server.simulation")
+    parser.add_argument("spec", help="JSON file describing the runs")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+    runtime = SimulationRuntime(
+        Path(spec["app_dir"]),
+        cpus_per_client=float(spec.get("cpus_per_client", 1.0)),
+        gpus_per_client=float(spec.get("gpus_per_client", 0.0)),
+    )
+    app = runtime.app
+    imports = _import_in_background(
+        [
+            "flwr.supercore",
+            "pflarena.server.ray_backend",
+            _module_of(app.server_app_attr),
+            _module_of(app.client_app_attr),
+        ]
+    )
+    failed = 0
+    scratch = Path(args.spec).parent
+    try:
+        runtime.start()  # Ray starts while the thread imports Flower and the apps
+        imports.join()
+        from flwr.supercore import log
+
+        for index, item in enumerate(spec["runs"]):
+            try:
+                runtime.run(item["run_config"], int(item["num_supernodes"]), scratch / f"{index}")
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # the next run still runs; this one's summary says why
+                failed += 1
+                log(ERROR, "pflarena: run failed: %s", exc)
+                log(DEBUG, traceback.format_exc())
+    except KeyboardInterrupt:
+        print("pflarena: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        runtime.close()
+    log(INFO, "pflarena: %d of %d runs completed", len(spec["runs"]) - failed, len(spec["runs"]))
+    return 1 if failed else 0
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every result is written and Ray is shut down: skip the interpreter's slow teardown of
+    # torch, Ray and Flower (seconds on a loaded machine).
+    os._exit(code)

@@ -1,0 +1,468 @@
+"""Sweeps: a grid of runs (strategies × seeds × run-config values), run on one simulation
+start-up, completed runs skipped, and a leaderboard of the results.
+
+A sweep is described by a TOML file, flags, or both (flags win)::
+
+    preset = "digits-main"            # optional: a preset's [config] as the base
+    strategies = ["fedavg", "ditto"]  # default: the preset's
+    seeds = [0, 1, 2]                 # default: the config's seed
+    out = "runs/alpha-sweep"
+
+    [config]                          # every run (method parameters in sub-tables)
+    num-rounds = 20
+
+    [grid]                            # every combination of these values
+    alpha = [0.1, 1.0]
+    ditto.lambda = [0.1, 1.0]         # a method's key multiplies that method's runs only
+
+Each run lives in ``<out>/<setting>/<method>/seed-<seed>``, where ``<setting>`` names the
+grid values of the common keys (``alpha=0.1``) and ``<method>`` the strategy and its swept
+parameters (``ditto,lambda=0.1``). A run whose ``summary.json`` says ``completed`` is not run
+again; a run that started but did not complete (a killed sweep) is resumed from its
+checkpoint (``pflarena run --resume``); a directory holding a run of another config is an
+error. The runs to do go to one simulation process (:func:`pflarena.server.cli.run_simulations`)
+that starts Flower's runtime once. The leaderboard (``leaderboard.md``, ``leaderboard.csv``,
+``leaderboard.png`` in ``<out>``) gives, per setting and method, the mean and standard
+deviation over seeds of each run's ``summary.json`` values.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+
+from pflarena.core.config import ConfigError, RunConfig
+from pflarena.server.presets import flatten_table, load_preset
+
+__all__ = [
+    "LEADERBOARD_METRICS",
+    "PlannedRun",
+    "Sweep",
+    "leaderboard",
+    "leaderboard_markdown",
+    "leaderboard_plot",
+    "load_sweep_file",
+    "parse_value",
+    "plan_runs",
+]
+
+#: Sweep-file entries besides the run config.
+SWEEP_FILE_KEYS = ("preset", "strategies", "seeds", "out", "config", "grid")
+
+#: The leaderboard's columns: (name, summary.json section, point, statistic).
+LEADERBOARD_METRICS: tuple[tuple[str, str, str, str], ...] = (
+    ("pers. last", "personalized", "last", "mean"),
+    ("pers. best", "personalized", "best", "mean"),
+    ("global last", "global", "last", "weighted"),
+    ("global best", "global", "best", "weighted"),
+)
+
+Status = Literal["completed", "resume", "new"]
+
+
+@dataclass
+class Sweep:
+    """What to run: strategies × seeds × the grid's combinations, on a common config.
+
+    ``config`` and ``grid`` hold flat run-config keys (method keys as ``<method>.<param>``);
+    ``grid`` maps each swept key to its values.
+    """
+
+    strategies: list[str]
+    seeds: list[int]
+    out: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a sweep: where it lives, its config, and what is to be done with it."""
+
+    setting: tuple[tuple[str, Any], ...]
+    """The grid values of the common keys, sorted by key."""
+    method: str
+    """The strategy and its swept parameters, e.g. ``ditto,lambda=0.1``."""
+    strategy: str
+    seed: int
+    directory: Path
+    run_config: dict[str, Any]
+    status: Status
+
+    @property
+    def setting_name(self) -> str:
+        return _label(self.setting) or "all"
+
+
+def parse_value(text: str) -> Any:
+    """A flag's value as TOML reads it (``0.1`` a float, ``true`` a bool), else the string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _values_list(text: str) -> list[Any]:
+    return [parse_value(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def load_sweep_file(path: Path) -> dict[str, Any]:
+    """A sweep file's entries, checked; raise :class:`ConfigError` naming the problem."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"sweep file {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"sweep file {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(SWEEP_FILE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"sweep file {path}: unknown entries {unknown}; expected {', '.join(SWEEP_FILE_KEYS)}"
+        )
+    for table in ("config", "grid"):
+        if not isinstance(data.get(table, {}), dict):
+            raise ConfigError(f"sweep file {path}: [{table}] must be a table")
+    grid = flatten_table(data.get("grid", {}))
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep file {path}: grid key {key!r} needs a non-empty list")
+    return data | {"config": flatten_table(data.get("config", {})), "grid": grid}
+
+
+def build_sweep(
+    file: Mapping[str, Any] | None = None,
+    *,
+    preset: str | None = None,
+    strategies: list[str] | None = None,
+    seeds: list[int] | None = None,
+    settings: Mapping[str, Any] | None = None,
+    grid: Mapping[str, list[Any]] | None = None,
+    out: str | Path | None = None,
+) -> Sweep:
+    """Combine a sweep file's entries with flags (which win) into a :class:`Sweep`."""
+    file = dict(file or {})
+    preset_name = preset or file.get("preset")
+    base: dict[str, Any] = {}
+    preset_strategies: list[str] = []
+    if preset_name:
+        loaded = load_preset(str(preset_name))
+        base, preset_strategies = dict(loaded.config), list(loaded.strategies)
+    config = base | dict(file.get("config", {})) | dict(settings or {})
+    swept = dict(file.get("grid", {})) | {k: list(v) for k, v in (grid or {}).items()}
+    chosen = list(strategies or file.get("strategies") or preset_strategies)
+    if not chosen:
+        raise ConfigError(
+            "no strategies to sweep: give --strategies, `strategies` in the sweep file, "
+            "or a --preset that lists them"
+        )
+    for key in ("strategy", "seed", "output-dir", "resume"):
+        if key in swept:
+            what = {"strategy": "strategies", "seed": "seeds"}.get(key)
+            raise ConfigError(
+                f"{key!r} cannot be a grid key" + (f"; list them in {what}" if what else "")
+            )
+    for key in ("strategy", "output-dir", "resume"):
+        config.pop(key, None)
+    seed_list = list(seeds or file.get("seeds") or [int(config.pop("seed", 0))])
+    config.pop("seed", None)
+    if len(set(seed_list)) != len(seed_list):
+        raise ConfigError(f"seeds repeat: {seed_list}")
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError(f"strategies repeat: {chosen}")
+    # A preset's or file's [config] may hold other methods' tables; a swept key or a flag
+    # naming a method that is not swept is a mistake.
+    for key in list(swept) + list(settings or {}):
+        method = key.split(".", 1)[0] if "." in key else None
+        if method and method not in chosen:
+            raise ConfigError(f"{key} is given but {method} is not among the strategies {chosen}")
+    target = out or file.get("out")
+    if not target:
+        raise ConfigError("the sweep needs an output directory: --out DIR or `out` in the file")
+    return Sweep(strategies=chosen, seeds=seed_list, out=Path(target), config=config, grid=swept)
+
+
+def _format(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, bool) else str(value)
+    return text.replace("/", "_").replace(" ", "_")
+
+
+def _label(pairs: Iterable[tuple[str, Any]]) -> str:
+    return ",".join(f"{key}={_format(value)}" for key, value in pairs)
+
+
+def _combinations(grid: Mapping[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]]:
+    keys = sorted(grid)
+    return [
+        tuple(zip(keys, values, strict=True))
+        for values in itertools.product(*(grid[k] for k in keys))
+    ]
+
+
+def _comparable_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings that make a run what it is: the common keys (but where it is written
+    and whether it resumed) and its own method's parameters, defaults filled in."""
+    from pflarena.server.registry import declaration_of, parse_config
+
+    cfg = parse_config(run_config)
+    common = {
+        k: v
+        for k, v in cfg.to_run_config().items()
+        if "." not in k and k not in ("resume", "output-dir")
+    }
+    params = cfg.params(declaration_of(cfg)).model_dump(by_alias=True)
+    return common | {f"{cfg.strategy}.{k}": v for k, v in params.items()}
+
+
+def _status(directory: Path, run_config: Mapping[str, Any]) -> Status:
+    """What a planned run needs: nothing, a resume, or a start; refuse another run's folder."""
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        if (directory / "rounds.jsonl").exists() or (directory / "summary.json").exists():
+            raise ConfigError(f"{directory} holds results but no config.json; remove it")
+        return "new"
+    recorded = json.loads(config_path.read_text()).get("run_config", {})
+    mine, theirs = _comparable_config(run_config), _comparable_config(recorded)
+    if mine != theirs:
+        changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise ConfigError(
+            f"{directory} holds a run of another config (differs in "
+            f"{', '.join(f'{k}: {theirs.get(k)!r} there, {mine.get(k)!r} here' for k in changed)});"
+            " remove it or sweep into another --out"
+        )
+    summary_path = directory / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text()).get("status") == "completed":
+        return "completed"
+    return "resume"
+
+
+def plan_runs(sweep: Sweep) -> list[PlannedRun]:
+    """Every run of ``sweep``, validated, with its directory and status.
+
+    Raises :class:`ConfigError` naming the first run whose config is invalid, or a
+    directory that holds a run of another config.
+    """
+    from pflarena.core.shards import read_shard_set
+    from pflarena.server.registry import parse_config
+
+    common_grid = {k: v for k, v in sweep.grid.items() if "." not in k}
+    runs: list[PlannedRun] = []
+    out = sweep.out.resolve()
+    for setting in _combinations(common_grid):
+        for strategy in sweep.strategies:
+            own = {k: v for k, v in sweep.grid.items() if k.startswith(f"{strategy}.")}
+            for variant in _combinations(own):
+                short = tuple((k.split(".", 1)[1], v) for k, v in variant)
+                method = ",".join([strategy, _label(short)]) if short else strategy
+                for seed in sweep.seeds:
+                    directory = out / (_label(setting) or "all") / method / f"seed-{seed}"
+                    config = {
+                        k: v
+                        for k, v in sweep.config.items()
+                        if "." not in k or k.startswith(f"{strategy}.")
+                    }
+                    config |= dict(setting) | dict(variant)
+                    if config.get("shards-dir") and "num-clients" not in sweep.grid:
+                        # the directory's clients, whatever the preset or config says
+                        shards = read_shard_set(str(config["shards-dir"]))
+                        config["num-clients"] = shards.num_clients
+                    config |= {"strategy": strategy, "seed": seed, "output-dir": str(directory)}
+                    try:
+                        run_config = parse_config(config).to_run_config()
+                    except ConfigError as exc:
+                        raise ConfigError(f"run {directory.relative_to(out)}: {exc}") from None
+                    runs.append(
+                        PlannedRun(
+                            setting=setting,
+                            method=method,
+                            strategy=strategy,
+                            seed=seed,
+                            directory=directory,
+                            run_config=run_config,
+                            status=_status(directory, run_config),
+                        )
+                    )
+    return runs
+
+
+def configs_to_run(runs: list[PlannedRun]) -> list[RunConfig]:
+    """The configs of the runs still to do: new ones, and unfinished ones set to resume."""
+    from pflarena.server.registry import parse_config
+
+    todo = []
+    for run in runs:
+        if run.status == "new":
+            todo.append(parse_config(run.run_config))
+        elif run.status == "resume":
+            todo.append(parse_config(run.run_config | {"resume": True}))
+    return todo
+
+
+# --------------------------------------------------------------------------- leaderboard
+def _mean_std(values: list[float]) -> tuple[float, float] | None:
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    # numpy's default (population) standard deviation, as the other benchmarks report it
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _metric(summary: Mapping[str, Any], section: str, point: str, stat: str) -> float | None:
+    value = ((summary.get(section) or {}).get(point) or {}).get(stat)
+    return None if value is None else float(value)
+
+
+def leaderboard(runs: list[PlannedRun]) -> list[dict[str, Any]]:
+    """One row per setting and method: mean and std over seeds of each metric.
+
+    Rows of a setting are sorted by personalized accuracy (last round), best first. A
+    row counts the runs that completed (``completed``) out of those planned (``planned``).
+    """
+    groups: dict[tuple[str, str], list[PlannedRun]] = {}
+    for run in runs:
+        groups.setdefault((run.setting_name, run.method), []).append(run)
+    rows = []
+    for (setting, method), members in groups.items():
+        summaries = []
+        for run in members:
+            path = run.directory / "summary.json"
+            if path.exists():
+                summary = json.loads(path.read_text())
+                if summary.get("status") == "completed":
+                    summaries.append(summary)
+        row: dict[str, Any] = {
+            "setting": setting,
+            "method": method,
+            "planned": len(members),
+            "completed": len(summaries),
+            "seeds": [s["seed"] for s in summaries],
+            "rounds": max((s.get("rounds_completed", 0) for s in summaries), default=0),
+            "wall_time_s": _mean_std([float(s["wall_time_s"]) for s in summaries]),
+        }
+        for name, section, point, stat in LEADERBOARD_METRICS:
+            values = [_metric(s, section, point, stat) for s in summaries]
+            row[name] = _mean_std([v for v in values if v is not None])
+        rows.append(row)
+    order = {name: index for index, name in enumerate(dict.fromkeys(r.setting_name for r in runs))}
+    rows.sort(
+        key=lambda r: (
+            order[r["setting"]],
+            -(r["pers. last"][0] if r["pers. last"] else -1.0),
+        )
+    )
+    return rows
+
+
+def _pct(stats: tuple[float, float] | None, count: int) -> str:
+    if stats is None:
+        return "—"
+    mean, std = stats
+    return f"{100 * mean:.2f} ± {100 * std:.2f}" if count > 1 else f"{100 * mean:.2f}"
+
+
+def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard") -> str:
+    """The leaderboard as Markdown: one table per setting, accuracy in %."""
+    lines = [
+        f"# {title}",
+        "",
+        "Per setting and method: mean ± standard deviation over seeds (population std) of "
+        "each run's `summary.json`: personalized accuracy (mean over clients) and the global "
+        "model's accuracy on the pooled test splits, at the last round and the best round.",
+    ]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        lines += [
+            "",
+            f"## {setting}",
+            "",
+            "| method | seeds | pers. last | pers. best | global last | global best | rounds "
+            "| wall s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in (r for r in rows if r["setting"] == setting):
+            count = row["completed"]
+            seeds = f"{count}/{row['planned']}"
+            wall = f"{row['wall_time_s'][0]:.0f}" if row["wall_time_s"] else "—"
+            lines.append(
+                f"| {row['method']} | {seeds} | "
+                + " | ".join(_pct(row[name], count) for name, *_ in LEADERBOARD_METRICS)
+                + f" | {row['rounds']} | {wall} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The leaderboard as CSV (fractions, not %), one line per setting and method."""
+    fields = ["setting", "method", "completed", "planned", "rounds"]
+    for name, *_ in LEADERBOARD_METRICS:
+        fields += [f"{name} mean", f"{name} std"]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(fields)
+        for row in rows:
+            values = [row[k] for k in fields[:5]]
+            for name, *_ in LEADERBOARD_METRICS:
+                values += list(row[name]) if row[name] else ["", ""]
+            writer.writerow(values)
+    return path
+
+
+def leaderboard_plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Bars of personalized and global accuracy (last round, ± std) per method and setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    columns = min(3, len(settings))
+    lines = math.ceil(len(settings) / columns)
+    methods = max(len([r for r in rows if r["setting"] == s]) for s in settings)
+    fig, axes = plt.subplots(
+        lines, columns, figsize=(max(5, 0.9 * methods + 2) * columns, 3.8 * lines), squeeze=False
+    )
+    for ax, setting in zip(axes.flat, settings, strict=False):
+        members = [r for r in rows if r["setting"] == setting]
+        xs = range(len(members))
+        for offset, name, color in ((-0.2, "pers. last", "C0"), (0.2, "global last", "C1")):
+            stats = [r[name] for r in members]
+            ax.bar(
+                [x + offset for x in xs],
+                [s[0] if s else math.nan for s in stats],
+                width=0.4,
+                yerr=[s[1] if s else math.nan for s in stats],
+                capsize=3,
+                color=color,
+                label="personalized" if name == "pers. last" else "global model",
+            )
+        ax.set_xticks(list(xs), [r["method"] for r in members], rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_title(setting, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(settings) :]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("test accuracy (last round)")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_leaderboard(runs: list[PlannedRun], out: Path) -> tuple[str, list[Path]]:
+    """Write ``leaderboard.md``, ``.csv`` and ``.png`` into ``out``; return the Markdown."""
+    rows = leaderboard(runs)
+    markdown = leaderboard_markdown(rows, title=f"Leaderboard of {out.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "leaderboard.md").write_text(markdown)
+    written = [out / "leaderboard.md", leaderboard_csv(rows, out / "leaderboard.csv")]
+    if any(r["completed"] for r in rows):
+        written.append(leaderboard_plot(rows, out / "leaderboard.png"))
+    return markdown, written

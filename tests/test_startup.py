@@ -1,0 +1,38 @@
+"""pflarena's start-up of Flower's runtime gives the results of `flwr run` on a SuperLink."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_resume import comparable
+
+from pflarena.server.cli import run_simulations, simulate
+from pflarena.server.registry import parse_config
+from pflarena.server.results import read_rounds
+
+pytestmark = pytest.mark.slow
+
+#: Client sampling (pFedGT at 50%) and client state kept across rounds (both methods).
+CONFIGS = {
+    "pfedgt": {"strategy": "pfedgt", "num-clients": 6, "num-rounds": 3, "fraction-train": 0.5},
+    "ditto": {"strategy": "ditto", "num-clients": 4, "num-rounds": 2, "alpha": 0.3},
+}
+
+
+def test_runs_on_one_runtime_give_the_rounds_of_flwr_run_on_a_superlink(tmp_path):
+    def cfg(name: str, where: str):
+        return parse_config(CONFIGS[name] | {"output-dir": str(tmp_path / where / name)})
+
+    for name in CONFIGS:
+        simulate(cfg(name, "superlink"), verbosity=0, superlink=True)
+    # both runs in one simulation process: the second one on the first one's actors
+    code, tail = run_simulations([cfg(name, "runtime") for name in CONFIGS], verbosity=0)
+    assert code == 0, "".join(tail)
+    for name in CONFIGS:
+        before = read_rounds(tmp_path / "superlink" / name / "rounds.jsonl")
+        after = read_rounds(tmp_path / "runtime" / name / "rounds.jsonl")
+        assert len(after) == CONFIGS[name]["num-rounds"] + 1
+        assert comparable(after) == comparable(before), name
+        summary = json.loads((tmp_path / "runtime" / name / "summary.json").read_text())
+        assert summary["status"] == "completed"
