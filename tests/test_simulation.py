@@ -3,10 +3,11 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from pflarena.server.cli import simulate
+from pflarena.server.cli import run_simulations, simulate
 from pflarena.server.registry import parse_config
 from pflarena.strategies import declarations
 
@@ -30,37 +31,54 @@ LEARNS_WITH: dict[str, dict] = {
 }
 
 
-# Every declared method; fedavg-ft goes through the `pflarena run` command below, with the
-# same check.
-@pytest.mark.parametrize("strategy", [s for s in declarations() if s != "fedavg-ft"])
-def test_strategy_learns_in_flower_simulation(strategy, tmp_path):
+#: Every declared method; fedavg-ft goes through the `pflarena run` command below, with the
+#: same check.
+LEARNERS = [s for s in declarations() if s != "fedavg-ft"]
+
+
+def _learning_config(strategy: str, output_dir: Path):
     declaration = declarations()[strategy]
-    settings = {"num-rounds": 3, **LEARNS_WITH.get(strategy, {})}
-    cfg = parse_config(
+    return parse_config(
         {
             "strategy": strategy,
             "dataset": "digits",
             "num-clients": 4,
             "alpha": 0.5,
             "fraction-train": 1.0,
-            "output-dir": str(tmp_path / strategy),
+            "output-dir": str(output_dir),
             # the data each method declares it needs: a validation split, a server-held set
             "validation-fraction": 0.2 if declaration.needs_validation else 0.0,
             "server-fraction": 0.1 if declaration.needs_server_data else 0.0,
-            **settings,
+            "num-rounds": 3,
+            **LEARNS_WITH.get(strategy, {}),
         }
     )
-    summary = simulate(cfg, verbosity=0)
-    assert summary["status"] == "completed"
-    assert summary["rounds_completed"] == settings["num-rounds"]
-    rounds = [
-        json.loads(line) for line in (tmp_path / strategy / "rounds.jsonl").read_text().splitlines()
-    ]
+
+
+@pytest.fixture(scope="module")
+def learning_runs(tmp_path_factory):
+    """Every method's run, one after another in one simulation process (as `pflarena sweep`
+    runs them: Ray and the ClientApp actors start once); a run that fails leaves no completed
+    summary and fails its own test only."""
+    root = tmp_path_factory.mktemp("learning")
+    configs = {strategy: _learning_config(strategy, root / strategy) for strategy in LEARNERS}
+    run_simulations(list(configs.values()), verbosity=0)
+    return configs
+
+
+@pytest.mark.parametrize("strategy", LEARNERS)
+def test_strategy_learns_in_flower_simulation(strategy, learning_runs):
+    cfg = learning_runs[strategy]
+    output_dir = Path(cfg.output_dir)
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("error")
+    assert summary["rounds_completed"] == cfg.num_rounds
+    rounds = [json.loads(line) for line in (output_dir / "rounds.jsonl").read_text().splitlines()]
     start = rounds[0]["evaluation"]["personalized"]["mean"]
     end = summary["personalized"]["last"]["mean"]
     assert end > start + 0.3, f"{strategy}: personalized accuracy {start:.3f} -> {end:.3f}"
-    assert (summary["global"] is None) == (not declaration.global_model)
-    assert (tmp_path / strategy / "accuracy.png").exists()
+    assert (summary["global"] is None) == (not declarations()[strategy].global_model)
+    assert (output_dir / "accuracy.png").exists()
 
 
 def _cli(*args, cwd):
