@@ -22,6 +22,7 @@ from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.local import Local
 from pflarena.strategies.pfedgt import PFedGT
+from pflarena.strategies.pfedme import PFedMe
 from pflarena.strategies.pfedsv import PFedSV
 
 __all__ = ["BUILTIN_STRATEGIES", "PLUGINS_ENV", "declarations", "strategy_classes"]
@@ -38,6 +39,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedFomo,
     FedPG,
     FedMGDA,
+    PFedMe,
 )
 
 
