@@ -21,6 +21,7 @@ from pflarena.strategies.fedmgda import FedMGDA
 from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.local import Local
+from pflarena.strategies.perfedavg import PerFedAvg
 from pflarena.strategies.pfedgt import PFedGT
 from pflarena.strategies.pfedme import PFedMe
 from pflarena.strategies.pfedsv import PFedSV
@@ -40,6 +41,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedPG,
     FedMGDA,
     PFedMe,
+    PerFedAvg,
 )
 
 
