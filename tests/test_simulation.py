@@ -17,10 +17,12 @@ pytestmark = pytest.mark.slow
 #: step per round (FedSGD-like, spec A1): at lr 0.1 it moves from 7% to 16% in 3 rounds,
 #: so it gets the step size η_0 = 1 and 6 rounds (46% in process and in simulation).
 #: Per-FedAvg's steps are plain SGD steps of size β = lr at the paper's α = 0.001, and
-#: like FedAvg's need more than one epoch a round for 3 rounds.
+#: like FedAvg's need more than one epoch a round for 3 rounds; so does APFL's w, which its
+#: mixture follows.
 LEARNS_WITH: dict[str, dict] = {
     "fedpg": {"lr": 1.0, "num-rounds": 6},
     "perfedavg": {"local-epochs": 3, "num-rounds": 4},
+    "apfl": {"local-epochs": 3, "num-rounds": 4},
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 
 from pflarena.core.methods import PLUGINS_ENV, MethodDeclaration, plugin_modules
+from pflarena.strategies.apfl import APFL
 from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.ditto import Ditto
 from pflarena.strategies.fedavg import FedAvg
@@ -42,6 +43,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedMGDA,
     PFedMe,
     PerFedAvg,
+    APFL,
 )
 
 
