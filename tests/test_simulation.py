@@ -23,6 +23,8 @@ LEARNS_WITH: dict[str, dict] = {
     "fedpg": {"lr": 1.0, "num-rounds": 6},
     "perfedavg": {"local-epochs": 3, "num-rounds": 4},
     "apfl": {"local-epochs": 3, "num-rounds": 4},
+    # FedAMP's default proximal weight λ/α_k = 1 keeps each client near its cloud model
+    "fedamp": {"local-epochs": 3, "num-rounds": 4, "fedamp.lambda": 0.1},
 }
 
 
