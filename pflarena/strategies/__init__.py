@@ -15,6 +15,7 @@ from pflarena.core.methods import PLUGINS_ENV, MethodDeclaration, plugin_modules
 from pflarena.strategies.apfl import APFL
 from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.ditto import Ditto
+from pflarena.strategies.fedala import FedALA
 from pflarena.strategies.fedamp import FedAMP
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.fedavg_ft import FedAvgFT
@@ -46,6 +47,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     PerFedAvg,
     APFL,
     FedAMP,
+    FedALA,
 )
 
 
