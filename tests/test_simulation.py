@@ -25,6 +25,8 @@ LEARNS_WITH: dict[str, dict] = {
     "apfl": {"local-epochs": 3, "num-rounds": 4},
     # FedAMP's default proximal weight λ/α_k = 1 keeps each client near its cloud model
     "fedamp": {"local-epochs": 3, "num-rounds": 4, "fedamp.lambda": 0.1},
+    # pFedHN's generated models improve only as the hypernetwork learns from the updates
+    "pfedhn": {"local-epochs": 3, "num-rounds": 4},
 }
 
 

@@ -26,6 +26,7 @@ from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.local import Local
 from pflarena.strategies.perfedavg import PerFedAvg
 from pflarena.strategies.pfedgt import PFedGT
+from pflarena.strategies.pfedhn import PFedHN
 from pflarena.strategies.pfedme import PFedMe
 from pflarena.strategies.pfedsv import PFedSV
 
@@ -48,6 +49,7 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     APFL,
     FedAMP,
     FedALA,
+    PFedHN,
 )
 
 
