@@ -25,11 +25,16 @@ from pflarena.server.registry import build_strategy
 from pflarena.server.results import ResultsWriter, read_rounds
 
 
-@pytest.mark.parametrize("strategy", ["ditto", "pfedgt", "line-search"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["ditto", "pfedgt", "line-search", "pfedme", "perfedavg", "apfl", "fedamp", "fedala", "pfedhn"],
+)
 def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
     strategy, tmp_path, monkeypatch
 ):
-    """ditto and pfedgt keep client state; line-search a server-side pool of gradients."""
+    """ditto, pfedgt, pfedme, apfl, fedala keep client state; line-search a server-side pool
+    of gradients, fedamp one of client models; pfedhn its hypernetwork and momentum in the
+    checkpoint."""
     monkeypatch.setenv("PFLARENA_PLUGINS", "pflarena_test_methods")
     cfg = config(strategy=strategy, num_clients=5, num_rounds=6, fraction_train=0.4, local_epochs=2)
     whole, _ = run_resumable(

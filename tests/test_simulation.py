@@ -28,6 +28,15 @@ LEARNS_WITH: dict[str, dict] = {
     # [1e-3, 0.1] centres on 0.01, too slow for digits in 3 rounds (0.10 -> 0.26 in
     # process); [0.05, 0.5] centres on 0.16 (0.10 -> 0.64)
     "page": {"page.min-lr": 0.05, "page.max-lr": 0.5},
+    # Per-FedAvg's steps are plain SGD steps of size β = lr at the paper's α = 0.001, and
+    # like FedAvg's need more than one epoch a round for 3 rounds; so does APFL's w, which its
+    # mixture follows.
+    "perfedavg": {"local-epochs": 3, "num-rounds": 4},
+    "apfl": {"local-epochs": 3, "num-rounds": 4},
+    # FedAMP's default proximal weight λ/α_k = 1 keeps each client near its cloud model
+    "fedamp": {"local-epochs": 3, "num-rounds": 4, "fedamp.lambda": 0.1},
+    # pFedHN's generated models improve only as the hypernetwork learns from the updates
+    "pfedhn": {"local-epochs": 3, "num-rounds": 4},
 }
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import importlib
 
 from pflarena.core.methods import PLUGINS_ENV, MethodDeclaration, plugin_modules
+from pflarena.strategies.apfl import APFL
 from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.ditto import Ditto
+from pflarena.strategies.fedala import FedALA
+from pflarena.strategies.fedamp import FedAMP
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.fedavg_ft import FedAvgFT
 from pflarena.strategies.fedem import FedEM
@@ -24,7 +27,10 @@ from pflarena.strategies.fedprox import FedProx
 from pflarena.strategies.ifca import IFCA
 from pflarena.strategies.local import Local
 from pflarena.strategies.page import Page
+from pflarena.strategies.perfedavg import PerFedAvg
 from pflarena.strategies.pfedgt import PFedGT
+from pflarena.strategies.pfedhn import PFedHN
+from pflarena.strategies.pfedme import PFedMe
 from pflarena.strategies.pfedsv import PFedSV
 from pflarena.strategies.ppfl import PPFL
 
@@ -46,6 +52,12 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     IFCA,
     FedEM,
     Page,
+    PFedMe,
+    PerFedAvg,
+    APFL,
+    FedAMP,
+    FedALA,
+    PFedHN,
 )
 
 
