@@ -212,7 +212,11 @@ def membership_error(run_dir: Path) -> float | None:
 
     path = run_dir / "memberships.csv"
     config = json.loads((run_dir / "config.json").read_text())["run_config"]
-    if not path.exists() or config.get("mixture-label-mode") != "fixed":
+    if (
+        not path.exists()
+        or config.get("dataset") != "synthetic-mixture"
+        or config.get("mixture-label-mode") != "fixed"
+    ):
         return None
     rows = list(csv.reader(path.open()))
     last = max(int(r[0]) for r in rows[1:])
