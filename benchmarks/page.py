@@ -201,7 +201,7 @@ def write_report(runs_dir: Path, out: Path, rounds: int, seed: int) -> None:
         "",
         f"Command: `nice -n 5 python benchmarks/page.py --rounds {rounds} --seeds {seed}` "
         "(and `--degenerate` for the last section); `--report-only` rewrites this file. "
-        "On a 2-core CPU shared with three other engineers' jobs: wall times are inflated "
+        "On a 2-core CPU shared with other jobs: wall times are inflated "
         "by their load, so costs are given as ratios measured within one run.",
         "",
         f"{load_preset(PRESET).description}. Source: {load_preset(PRESET).source}.",

@@ -294,7 +294,7 @@ def main() -> None:
         f"Job: `pflarena run {' '.join(JOB)}` (2 actors, one CPU each). Machine: "
         f"{platform.machine()}, {os.cpu_count()} cores, **shared with other jobs**: load "
         f"average {loads} at the start of "
-        "each run, so wall times are inflated several-fold and only the side-by-side ratios "
+        "each run, so wall times include that load and only the side-by-side ratios "
         "and CPU seconds carry over to an idle machine.",
         "",
         "| | SuperLink + `flwr run` (before) | pflarena's runtime (after) | after / before |",
