@@ -21,7 +21,13 @@ from pflarena.server.presets import load_preset, preset_names
 
 #: One preset per data set of this issue, at least.
 FILE_PRESETS = ["page-shakespeare", "leaf-shakespeare", "ppfl-femnist", "leaf-femnist"]
-FILE_PRESETS += ["page-tiny-imagenet", "page-cifar100", "pfedgt-har", "fedpg-fmnist"]
+FILE_PRESETS += [
+    "page-tiny-imagenet",
+    "page-cifar100",
+    "pfedgt-har",
+    "fedpg-fmnist",
+    "fedpg-cifar100",
+]
 
 
 def cli(*argv: str) -> tuple[int, str, str]:

@@ -21,6 +21,7 @@ SHAPES = {
 }
 
 CASES = [
+    ("nf-resnet18-slim", "cifar"),
     ("logreg", "vector"),
     ("logreg", "digits"),
     ("mlp", "vector"),
@@ -242,3 +243,46 @@ def test_pfllib_cnn_is_the_unpadded_fedavg_cnn():
     # On 32x32 input the FedAvg CNN is already unpadded: both names build the same shapes.
     cifar = [p.shape for p in build_model("cnn-pfllib", (3, 32, 32), 10).parameters()]
     assert cifar == [p.shape for p in build_model("cnn", (3, 32, 32), 10).parameters()]
+
+
+def test_slim_nf_resnet18_is_fedpgs_cifar100_model():
+    """FedPG spec §5.3: the slim NF-ResNet-18, counted layer by layer by hand, with no
+    buffers (no normalization statistics), and its convolutions weight-standardised."""
+
+    def conv(cin, cout, k):  # weight, bias, gain
+        return cin * cout * k * k + cout + cout
+
+    blocks = (
+        conv(64, 16, 3) + conv(16, 16, 3) + conv(64, 16, 1) + 2 * conv(16, 16, 3)
+        + conv(16, 32, 3) + conv(32, 32, 3) + conv(16, 32, 1) + 2 * conv(32, 32, 3)
+        + conv(32, 64, 3) + conv(64, 64, 3) + conv(32, 64, 1) + 2 * conv(64, 64, 3)
+    )  # fmt: skip
+    expected = conv(3, 64, 3) + blocks + 64 * 100 + 100
+    model = build_model("nf-resnet18-slim", (3, 32, 32), 100, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == expected == 190_468
+    assert not list(model.buffers())
+    # the stem's convolution against its weights standardised by hand: per output channel
+    # zero mean, unit (biased) variance, times gain / sqrt(fan-in)
+    stem = model.stem[0]
+    with torch.no_grad():
+        stem.gain.uniform_(0.5, 1.5)
+        w = stem.weight.double().flatten(1)
+        fan_in = w.shape[1]
+        variance = w.var(1, unbiased=False, keepdim=True) + stem.eps  # timm's ε = 1e-6
+        w_hat = (w - w.mean(1, keepdim=True)) / torch.sqrt(variance)
+        w_hat = w_hat * stem.gain.double().flatten(1) / fan_in**0.5
+        x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+        expected_out = torch.nn.functional.conv2d(
+            x, w_hat.view_as(stem.weight), stem.bias.double(), padding=1
+        )
+        assert torch.allclose(stem(x.float()).double(), expected_out, atol=1e-4)
+    # the residual branch is scaled by α = 0.2: with its convolutions zeroed, a block whose
+    # shape does not change is the identity
+    block = model.blocks[1]
+    with torch.no_grad():
+        block.conv2.weight.zero_()
+        block.conv2.bias.zero_()
+        block.conv2.gain.zero_()
+        x = torch.randn(2, 16, 16, 16)
+        assert torch.allclose(block(x), x)
+    assert model(torch.zeros(4, 3, 32, 32)).shape == (4, 100)

@@ -333,6 +333,85 @@ class CharLSTM(nn.Module):
         return self.output(sequence[:, -1, :])
 
 
+#: Gain of ReLU for unit-variance Gaussian input, sqrt(2 / (1 - 1/π)) (Brock et al. 2021,
+#: Appendix D): scaling ReLU's output by it keeps the signal's variance at 1.
+RELU_GAIN = 1.7139588594436646
+
+
+def _scaled_relu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) * RELU_GAIN
+
+
+class _NFBasicBlock(nn.Module):
+    """A pre-activation normalizer-free basic block (Brock et al., ICLR 2021, Eq. 3):
+    ``out = α · conv2(act(conv1(β · act(x)))) + shortcut``, the shortcut a 1x1 scaled
+    weight-standardised convolution of ``β · act(x)`` when the shape changes, else ``x``."""
+
+    def __init__(self, cin: int, cout: int, stride: int, alpha: float, beta: float) -> None:
+        from timm.layers import ScaledStdConv2d
+
+        super().__init__()
+        self.alpha, self.beta = alpha, beta
+        self.conv1 = ScaledStdConv2d(cin, cout, 3, stride=stride, padding=1)
+        self.conv2 = ScaledStdConv2d(cout, cout, 3, stride=1, padding=1)
+        self.shortcut = (
+            ScaledStdConv2d(cin, cout, 1, stride=stride, padding=0)
+            if stride != 1 or cin != cout
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = _scaled_relu(x) * self.beta
+        shortcut = x if self.shortcut is None else self.shortcut(pre)
+        return self.conv2(_scaled_relu(self.conv1(pre))) * self.alpha + shortcut
+
+
+class NFResNet18Slim(nn.Module):
+    """The slim CIFAR NF-ResNet-18 of the FedPG paper's CIFAR-100 runs (spec §5.3, A15):
+    normalizer-free (Brock et al. 2021), so no BatchNorm statistics to aggregate and the
+    full-batch gradient is the weighted mean of mini-batch gradients.
+
+    Stem: a 3x3 scaled weight-standardised convolution to 64 channels, ReLU, 3x3 max pooling
+    of stride 2; three stages of two :class:`_NFBasicBlock` of widths 16 / 32 / 64 and strides
+    1 / 2 / 2 (α = 0.2, β = 1); global average pooling and a linear head. 190,468 parameters
+    for 100 classes. The weight standardisation is timm's ``ScaledStdConv2d`` (per output
+    channel: zero mean, unit variance scaled by fan-in^-1/2, a learnable gain, and a bias).
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        *,
+        widths: tuple[int, ...] = (16, 32, 64),
+        strides: tuple[int, ...] = (1, 2, 2),
+        blocks_per_stage: int = 2,
+        alpha: float = 0.2,
+        beta: float = 1.0,
+    ) -> None:
+        from timm.layers import ScaledStdConv2d
+
+        super().__init__()
+        channels, _, _ = _image_shape(input_shape, "nf-resnet18-slim")
+        self.stem = nn.Sequential(
+            ScaledStdConv2d(channels, 64, 3, stride=1, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+        blocks: list[nn.Module] = []
+        cin = 64
+        for width, stride in zip(widths, strides, strict=True):
+            for index in range(blocks_per_stage):
+                blocks.append(_NFBasicBlock(cin, width, stride if index == 0 else 1, alpha, beta))
+                cin = width
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = _scaled_relu(self.blocks(self.stem(x)))
+        return self.head(features.mean(dim=(2, 3)))
+
+
 def resnet18(
     input_shape: tuple[int, ...],
     num_classes: int,
@@ -396,6 +475,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "lenet5": LeNet5,
     "harcnn": HARCNN,
     "resnet18": resnet18,
+    "nf-resnet18-slim": NFResNet18Slim,
     "resnet18-gn": lambda shape, classes: resnet18(shape, classes, norm="group"),
     "resnet18-cifar": lambda shape, classes: resnet18(shape, classes, cifar_stem=True),
     "resnet18-cifar-gn": lambda shape, classes: resnet18(
