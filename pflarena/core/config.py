@@ -135,9 +135,12 @@ class RunConfig(FederationSpec):
     @model_validator(mode="after")
     def _model_fits_dataset(self) -> RunConfig:
         """Token models need token data and the other models numbers (``model`` or default)."""
+        from pflarena.core.datasets import dataset_info
         from pflarena.core.models import check_model_fits
 
-        check_model_fits(self.model_name(), self.data_info())
+        if self.shards_dir:
+            return self  # checked against the shards' own description (_shards_dir_problems)
+        check_model_fits(self.model_name(), dataset_info(self.dataset))
         return self
 
     # ------------------------------------------------------------------ method keys
@@ -307,6 +310,7 @@ def _method_problems(
 
 def _shards_dir_problems(cfg: RunConfig, declaration: MethodDeclaration) -> list[str]:
     """A run on a shard directory: the directory's clients, its own splits, no server data."""
+    from pflarena.core.models import ModelError, check_model_fits
     from pflarena.core.shards import read_shard_set
 
     try:
@@ -333,26 +337,11 @@ def _shards_dir_problems(cfg: RunConfig, declaration: MethodDeclaration) -> list
         problems.append(
             f"{cfg.strategy} needs server-held data, which a shards-dir run does not have"
         )
-    if shard_set.info.tokens and not _takes_tokens(cfg.model_name(), shard_set.info):
-        problems.append(
-            f"shards-dir {shard_set.directory} holds token ids (vocabulary "
-            f"{shard_set.info.vocabulary_size}); model {cfg.model_name()!r} has no embedding "
-            "layer to read them: set model to a sequence model"
-        )
-    return problems
-
-
-def _takes_tokens(model: str, info: DatasetInfo) -> bool:
-    """Whether ``model`` reads token ids: it has an embedding layer."""
-    from torch import nn
-
-    from pflarena.core.models import ModelError, build_model
-
     try:
-        built = build_model(model, info.input_shape, info.num_classes)
-    except ModelError:
-        return False
-    return any(isinstance(module, nn.Embedding) for module in built.modules())
+        check_model_fits(cfg.model_name(), shard_set.info)
+    except ModelError as error:
+        problems.append(f"shards-dir {shard_set.directory}: {error}")
+    return problems
 
 
 def parse_run_config(

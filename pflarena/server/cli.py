@@ -478,11 +478,16 @@ def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
 def with_shard_clients(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """``values`` with ``num-clients`` taken from its ``shards-dir``'s manifest, unless
     ``num-clients`` was ``given`` explicitly (then the run is checked against it)."""
+    from pflarena.core.federation import ShardError
     from pflarena.core.shards import read_shard_set
 
     if not values.get("shards-dir") or "num-clients" in given:
         return values
-    return values | {"num-clients": read_shard_set(str(values["shards-dir"])).num_clients}
+    try:
+        shard_set = read_shard_set(str(values["shards-dir"]))
+    except ShardError:
+        return values  # the run config's validation names the problem (a usage error)
+    return values | {"num-clients": shard_set.num_clients}
 
 
 def resume_config(run_dir: Path) -> dict[str, Any]:
