@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pflarena.core.config import own_method_keys
 from pflarena.server.cli import compare_plot, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
@@ -221,7 +222,7 @@ def membership_error(run_dir: Path) -> float | None:
     rows = list(csv.reader(path.open()))
     last = max(int(r[0]) for r in rows[1:])
     learnt = np.array([[float(v) for v in r[2:]] for r in rows[1:] if int(r[0]) == last])
-    _, alpha = synthetic_mixture_truth(parse_config(config).federation_spec())
+    _, alpha = synthetic_mixture_truth(parse_config(own_method_keys(config)).federation_spec())
     if learnt.shape[1] != alpha.shape[1]:
         return None
     cost = np.abs(learnt[:, :, None] - alpha[:, None, :]).sum(axis=0)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from pflarena.core.federation import load_shard
 from pflarena.server.cli import compare_table, main
 
@@ -120,3 +122,24 @@ def test_shards_command_writes_one_file_per_client(tmp_path, capsys):
     assert len(files) == 3
     data, info = load_shard(files[1])
     assert data.client_id == 1 and info.name == "digits" and len(data.y_train) > 0
+
+
+def test_a_run_stored_before_another_methods_default_changed_still_resumes(tmp_path):
+    """config.json holds every method's table as it was fused then: a default that changed
+    since (pfedgt.lambda-rule was 'fixed') must not turn a ppfl run into one that sets
+    pFedGT's parameters, which a fresh run config refuses."""
+    from pflarena.core.config import ConfigError
+    from pflarena.server.cli import resume_config
+    from pflarena.server.registry import parse_config
+
+    stored = parse_config({"strategy": "ppfl", "ppfl.num-canonical": 2}).to_run_config()
+    stored |= {"pfedgt.lambda-rule": "fixed", "ditto.lambda": 0.5}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"run_config": stored}))
+    with pytest.raises(ConfigError, match="pfedgt parameters would be ignored"):
+        parse_config(stored)
+    cfg = parse_config(resume_config(run))
+    assert cfg.strategy == "ppfl" and cfg.resume and cfg.output_dir == str(run.resolve())
+    assert cfg.method_values("ppfl")["num-canonical"] == 2
+    assert not cfg.method_values("pfedgt") and not cfg.method_values("ditto")

@@ -26,7 +26,13 @@ from pflarena.core.datasets import DatasetInfo, dataset_info
 from pflarena.core.federation import FederationSpec, ShardError
 from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration, MethodParams
 
-__all__ = ["ConfigError", "RunConfig", "parse_run_config", "parse_float_list"]
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "own_method_keys",
+    "parse_run_config",
+    "parse_float_list",
+]
 
 #: Keys of earlier releases that moved under a method's namespace.
 RENAMED_KEYS: dict[str, str] = {
@@ -342,6 +348,22 @@ def _shards_dir_problems(cfg: RunConfig, declaration: MethodDeclaration) -> list
     except ModelError as error:
         problems.append(f"shards-dir {shard_set.directory}: {error}")
     return problems
+
+
+def own_method_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run config without the other methods' ``<method>.<param>`` keys.
+
+    A run's ``config.json`` holds every method's table as Flower fused it then, defaults
+    included. A method whose default changed since would make that config a run that sets
+    another method's parameter, which :func:`parse_run_config` refuses; the run's own
+    method's keys (and every common key) are what the run used.
+    """
+    strategy = run_config.get("strategy", "")
+    return {
+        key: value
+        for key, value in run_config.items()
+        if "." not in key or key.startswith(f"{strategy}.")
+    }
 
 
 def parse_run_config(

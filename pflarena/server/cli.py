@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.config import ConfigError, RunConfig, parse_run_config
+from pflarena.core.config import ConfigError, RunConfig, own_method_keys, parse_run_config
 from pflarena.core.datasets import DatasetSpec, check_files
 from pflarena.core.federation import FederationSpec
 from pflarena.core.importers import IMPORT_FORMATS
@@ -495,7 +495,7 @@ def resume_config(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} holds no run to resume (no config.json)")
-    run_config = json.loads(path.read_text())["run_config"]
+    run_config = own_method_keys(json.loads(path.read_text())["run_config"])
     return run_config | {"resume": True, "output-dir": str(run_dir.resolve())}
 
 
