@@ -125,7 +125,7 @@ def local_solve(
             if variant == "exact":
                 c_local = [gi - mu * w for gi, w in zip(g, params, strict=True)]
             for w, gi, cs, cl, ci in zip(params, g, c_server, c_local, c_stored, strict=True):
-                w.sub_(lr * corrected_gradient(gi, w, cs, cl, ci, a=a, b=b, rho=rho))
+                w.add_(corrected_gradient(gi, w, cs, cl, ci, a=a, b=b, rho=rho), alpha=-lr)
             if variant == "paper":
                 c_local = [gi - mu * w for gi, w in zip(g, params, strict=True)]
     if variant == "exact":
