@@ -21,6 +21,15 @@ def test_unknown_key_via_set_is_named(tmp_path, capsys):
     assert "learning-rate" in capsys.readouterr().err
 
 
+def test_superlink_with_the_in_process_engine_is_refused_before_anything_starts(tmp_path, capsys):
+    """Catches ``--superlink --engine inprocess`` silently running on Ray (``flwr run`` on a
+    SuperLink has no in-process engine)."""
+    out = tmp_path / "x"
+    assert main(["run", "--superlink", "--engine", "inprocess", "--output-dir", str(out)]) == 2
+    assert "--engine inprocess" in capsys.readouterr().err
+    assert not (out / "rounds.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     "key, value, expected",
     [

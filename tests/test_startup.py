@@ -1,4 +1,5 @@
-"""pflarena's start-up of Flower's runtime gives the results of `flwr run` on a SuperLink."""
+"""pflarena's start-up of Flower's runtime, and its in-process engine, give the results of
+`flwr run` on a SuperLink."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ CONFIGS = {
 }
 
 
-def test_runs_on_one_runtime_give_the_rounds_of_flwr_run_on_a_superlink(tmp_path):
+def test_runs_on_one_runtime_and_in_process_give_the_rounds_of_flwr_run_on_a_superlink(tmp_path):
+    """Catches a runtime (pflarena's start-up of Flower's Ray engine, or the in-process
+    engine without Ray) that changes what a run computes: a different fused run config,
+    node config or client state, or a ClientApp changing the server's records in place."""
+
     def cfg(name: str, where: str):
         return parse_config(CONFIGS[name] | {"output-dir": str(tmp_path / where / name)})
 
@@ -29,10 +34,15 @@ def test_runs_on_one_runtime_give_the_rounds_of_flwr_run_on_a_superlink(tmp_path
     # both runs in one simulation process: the second one on the first one's actors
     code, tail = run_simulations([cfg(name, "runtime") for name in CONFIGS], verbosity=0)
     assert code == 0, "".join(tail)
+    code, tail = run_simulations(
+        [cfg(name, "inprocess") for name in CONFIGS], verbosity=0, engine="inprocess"
+    )
+    assert code == 0, "".join(tail)
     for name in CONFIGS:
         before = read_rounds(tmp_path / "superlink" / name / "rounds.jsonl")
-        after = read_rounds(tmp_path / "runtime" / name / "rounds.jsonl")
-        assert len(after) == CONFIGS[name]["num-rounds"] + 1
-        assert comparable(after) == comparable(before), name
-        summary = json.loads((tmp_path / "runtime" / name / "summary.json").read_text())
-        assert summary["status"] == "completed"
+        for where in ("runtime", "inprocess"):
+            after = read_rounds(tmp_path / where / name / "rounds.jsonl")
+            assert len(after) == CONFIGS[name]["num-rounds"] + 1
+            assert comparable(after) == comparable(before), (name, where)
+            summary = json.loads((tmp_path / where / name / "summary.json").read_text())
+            assert summary["status"] == "completed"

@@ -40,6 +40,13 @@ __all__ = ["main", "simulate", "project_root", "compare_table"]
 DATA_KEYS: tuple[str, ...] = tuple(
     field.alias or name for name, field in FederationSpec.model_fields.items()
 )
+#: How a run's clients are executed: Flower's Ray simulation engine, or in this process.
+ENGINES: tuple[str, ...] = ("ray", "inprocess")
+ENGINE_HELP = (
+    "ray: Flower's simulation engine, clients in parallel Ray actors (default); inprocess: "
+    "the same ServerApp and ClientApp in one process without Ray, one client after another "
+    "(machines without Ray, debugging)"
+)
 
 
 def project_root() -> Path:
@@ -144,6 +151,7 @@ def simulate(
     log_file: Path | None = None,
     verbosity: int = 1,
     superlink: bool = False,
+    engine: str = "ray",
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
@@ -152,11 +160,15 @@ def simulate(
     Flower log. By default Flower's simulation runtime runs in a process of its own
     (:mod:`pflarena.server.simulation`); ``superlink=True`` submits the app with ``flwr run``
     to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
-    longer start-up). Raises ``RuntimeError`` when the run did not complete.
+    longer start-up). ``engine="inprocess"`` runs the ServerApp and the ClientApps in that
+    process without Ray, one client after another (:mod:`pflarena.server.inprocess`).
+    Raises ``RuntimeError`` when the run did not complete.
     """
     output_dir = Path(cfg.output_dir).resolve()
     cfg = cfg.model_copy(update={"output_dir": str(output_dir)})
     _check_flower_keys(cfg)
+    if superlink and engine != "ray":
+        raise ConfigError(f"--superlink runs on Flower's Ray engine; --engine {engine} cannot")
     if superlink:
         returncode, tail = _simulate_on_superlink(
             cfg, cpus_per_client, gpus_per_client, log_file, verbosity
@@ -169,6 +181,7 @@ def simulate(
             gpus_per_client=gpus_per_client,
             log_file=log_file,
             verbosity=verbosity,
+            engine=engine,
         )
         what = "the simulation"
     summary_path = output_dir / "summary.json"
@@ -207,6 +220,7 @@ def run_simulations(
     gpus_per_client: float = 0.0,
     log_file: Path | None = None,
     verbosity: int = 1,
+    engine: str = "ray",
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
@@ -214,12 +228,16 @@ def run_simulations(
     and keeps its Ray instance and actors from one run to the next. Each run writes its own
     results; returns the process's exit code (0 when every run completed) and its last
     lines of output. Interrupting this call stops the process and its children.
+    ``engine="inprocess"`` runs them without Ray (:mod:`pflarena.server.inprocess`).
     """
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     scratch = Path(tempfile.mkdtemp(prefix="pflarena-sim-"))
     spec = {
         "app_dir": str(project_root()),
         "cpus_per_client": cpus_per_client,
         "gpus_per_client": gpus_per_client,
+        "engine": engine,
         "runs": [
             {"run_config": cfg.to_run_config(), "num_supernodes": cfg.num_clients}
             for cfg in configs
@@ -527,6 +545,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         gpus_per_client=args.gpus_per_client,
         verbosity=0 if args.quiet else 2 if args.verbose else 1,
         superlink=args.superlink,
+        engine=args.engine,
     )
     print()
     print(compare_table([Path(cfg.output_dir)]))
@@ -575,6 +594,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 cpus_per_client=args.cpus_per_client,
                 gpus_per_client=args.gpus_per_client,
                 verbosity=0 if args.quiet else 2 if args.verbose else 1,
+                engine=args.engine,
             )
         except KeyboardInterrupt:
             print(
@@ -796,6 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the run config, print it resolved (as TOML) and run nothing",
     )
+    run.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
     run.add_argument(
         "--superlink",
         action="store_true",
@@ -837,6 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--gpus-per-client", type=float, default=0.0, help="GPU fraction per client (default 0)"
     )
+    sweep.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
     sweep.add_argument(
         "--check", action="store_true", help="print the runs and what each needs; run nothing"
     )

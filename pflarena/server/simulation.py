@@ -301,7 +301,8 @@ def _import_in_background(modules: list[str]) -> threading.Thread:
 def main(argv: list[str] | None = None) -> int:
     """Run the runs of a spec file one after another on one runtime.
 
-    The spec (JSON) holds ``app_dir``, ``cpus_per_client``, ``gpus_per_client`` and
+    The spec (JSON) holds ``app_dir``, ``cpus_per_client``, ``gpus_per_client``, ``engine``
+    (``ray``, the default, or ``inprocess``: :mod:`pflarena.server.inprocess`, no Ray) and
     ``runs``: each ``{"run_config": {...}, "num_supernodes": N}``. Prints Flower's log;
     exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
     it ended).
@@ -320,23 +321,28 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_client=float(spec.get("gpus_per_client", 0.0)),
     )
     app = runtime.app
-    imports = _import_in_background(
-        [
-            "flwr.supercore",
-            "pflarena.server.ray_backend",
-            _module_of(app.server_app_attr),
-            _module_of(app.client_app_attr),
-        ]
-    )
+    in_process = spec.get("engine", "ray") == "inprocess"
+    modules = [_module_of(app.server_app_attr), _module_of(app.client_app_attr)]
+    if not in_process:
+        modules = ["flwr.supercore", "pflarena.server.ray_backend", *modules]
+    imports = _import_in_background(modules)
     failed = 0
     scratch = Path(args.spec).parent
     try:
-        runtime.start()  # Ray starts while the thread imports Flower and the apps
+        if not in_process:
+            runtime.start()  # Ray starts while the thread imports Flower and the apps
         imports.join()
         from flwr.supercore import log
 
+        from pflarena.server.inprocess import run_inprocess
+
         for index, item in enumerate(spec["runs"]):
             try:
+                if in_process:
+                    run_inprocess(
+                        app, item["run_config"], int(item["num_supernodes"]), scratch / f"{index}"
+                    )
+                    continue
                 runtime.run(item["run_config"], int(item["num_supernodes"]), scratch / f"{index}")
             except KeyboardInterrupt:
                 raise
