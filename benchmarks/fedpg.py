@@ -203,6 +203,9 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpus-per-client", type=float, default=1.0)
+    parser.add_argument(
+        "--engine", choices=("ray", "inprocess"), default="ray", help="see `pflarena run --help`"
+    )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "fedpg"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fedpg.md"))
     parser.add_argument(
@@ -224,7 +227,10 @@ def main() -> None:
                 config = resume_config(out) if resume else run_config(label, args, out)
                 try:
                     simulate(
-                        parse_config(config), cpus_per_client=args.cpus_per_client, verbosity=0
+                        parse_config(config),
+                        cpus_per_client=args.cpus_per_client,
+                        verbosity=0,
+                        engine=args.engine,
                     )
                     break
                 except RuntimeError as exc:  # e.g. too many clients failed: resume the run

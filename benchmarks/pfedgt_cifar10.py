@@ -30,6 +30,8 @@ from pflarena.server.registry import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("local", "fedavg", "fedavg-ft", "ditto", "pfedgt")
+#: Baselines I (issue: the six on this setting, beside the paper's rows where it has them).
+BASELINES = ("pfedme", "perfedavg", "apfl", "fedamp", "fedala", "pfedhn")
 
 #: pFedGT paper, Table 1 (ResNet-18, 100 rounds): personalized accuracy in %.
 PAPER = {
@@ -38,6 +40,11 @@ PAPER = {
     "fedavg-ft": {0.1: 91.26, 1.0: 78.34, 10.0: 75.39},
     "ditto": {0.1: 88.78, 1.0: 73.48, 10.0: 75.23},
     "pfedgt": {0.1: 92.64, 1.0: 83.55, 10.0: 80.22},
+    "perfedavg": {0.1: 80.51, 1.0: 57.82, 10.0: 49.71},
+    "pfedme": {0.1: 88.32, 1.0: 69.54, 10.0: 62.69},
+    "apfl": {0.1: 91.72, 1.0: 79.04, 10.0: 76.53},
+    "fedrep": {0.1: 91.56, 1.0: 80.36, 10.0: 76.30},
+    "fedbabu": {0.1: 91.45, 1.0: 78.61, 10.0: 74.34},
 }
 
 
@@ -66,13 +73,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 1.0])
-    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    parser.add_argument(
+        "--strategies", nargs="+", default=list(STRATEGIES), help=f"also: {' '.join(BASELINES)}"
+    )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--model", default="cnn", help="a pflarena model name (default: cnn)")
     parser.add_argument("--cpus-per-client", type=float, default=1.0)
     parser.add_argument("--gpus-per-client", type=float, default=0.0)
+    parser.add_argument(
+        "--engine", choices=("ray", "inprocess"), default="ray", help="see `pflarena run --help`"
+    )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "pfedgt-cifar10"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pfedgt_cifar10.md"))
     parser.add_argument(
@@ -95,6 +107,7 @@ def main() -> None:
                     cpus_per_client=args.cpus_per_client,
                     gpus_per_client=args.gpus_per_client,
                     verbosity=0,
+                    engine=args.engine,
                 )
                 write_report(runs_dir, Path(args.out), args)
     write_report(runs_dir, Path(args.out), args)
@@ -110,6 +123,14 @@ def completed_summary(run_dir: Path) -> dict | None:
         return None
     summary = json.loads(path.read_text())
     return summary if summary.get("status") == "completed" else None
+
+
+def _machine(run_dir: Path) -> str:
+    """Where a run ran, from its ``config.json`` (runs before it was recorded: 2 CPU cores)."""
+    host = json.loads((run_dir / "config.json").read_text()).get("host")
+    if host is None:
+        return "CPU, 2 cores"
+    return f"{host.get('gpu') or 'CPU'}, {host['cpus']} cores"
 
 
 def _pct(value: float | None) -> str:
@@ -137,7 +158,7 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
         "are skipped); `--report-only` rewrites this file and the plots.",
         "",
         "**Ours:** the model and number of rounds in each table's title; `cnn` is the FedAvg "
-        "CIFAR CNN, run on a CPU (2 cores). **Paper:** ResNet-18, 100 rounds. Both: CIFAR-10 "
+        "CIFAR CNN, on the machine named under each table. **Paper:** ResNet-18, 100 rounds. Both: CIFAR-10 "
         "(60,000 images; ours the offline JPEG copy), PFLlib Dirichlet split with seed 1 over 20 clients, 25% "
         "participation, E=5, B=128. Accuracy in %, unweighted mean over the 20 clients (the "
         "paper averages per-user accuracies too), every client evaluated. *pers.*: each "
@@ -158,7 +179,11 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
             + " |",
             "|---|" + "---|---|---|" * len(alphas),
         ]
-        for strategy in STRATEGIES:
+        for strategy in [*STRATEGIES, *BASELINES]:
+            if strategy in BASELINES and not any(
+                (setting, a, strategy) in runs for a in alphas
+            ):
+                continue
             cells = []
             for alpha in alphas:
                 paper = PAPER.get(strategy, {}).get(alpha, "—")
@@ -175,6 +200,10 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
                 ]
             lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
         lines += [
+            "",
+            "Machines: "
+            + "; ".join(sorted({_machine(runs[k][0]) for k in runs if k[0] == setting}))
+            + ".",
             "",
             "Wall time per run (s): "
             + ", ".join(

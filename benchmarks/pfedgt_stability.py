@@ -90,6 +90,9 @@ def main() -> None:
         help="seconds the server waits for a round's replies (default 3600: on a busy machine "
         "600 s dropped clients; a row with failures is not comparable)",
     )
+    parser.add_argument(
+        "--engine", choices=("ray", "inprocess"), default="ray", help="see `pflarena run --help`"
+    )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "pfedgt-diag"))
     parser.add_argument("--main-runs-dir", default=str(ROOT / "runs" / "pfedgt-cifar10"))
     parser.add_argument("--out", default=None, help="default: results/pfedgt_stability[_M].md")
@@ -116,7 +119,7 @@ def main() -> None:
                         | lambda_overrides(lam)
                         | {"pfedgt.start-buffers": buffers, "round-timeout": args.round_timeout}
                     )
-                    simulate(parse_config(cfg), verbosity=0)
+                    simulate(parse_config(cfg), verbosity=0, engine=args.engine)
                     write_report(args)
     write_report(args)
 

@@ -96,6 +96,11 @@ def main(grid: Grid, context: Context) -> None:
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
+        # where the ServerApp ran (in simulation and in-process, the clients' machine too)
+        "host": {
+            "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
     server_data = load_server_data(cfg.federation_spec())  # None unless server-fraction > 0
