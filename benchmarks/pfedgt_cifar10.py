@@ -180,9 +180,7 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
             "|---|" + "---|---|---|" * len(alphas),
         ]
         for strategy in [*STRATEGIES, *BASELINES]:
-            if strategy in BASELINES and not any(
-                (setting, a, strategy) in runs for a in alphas
-            ):
+            if strategy in BASELINES and not any((setting, a, strategy) in runs for a in alphas):
                 continue
             cells = []
             for alpha in alphas:
