@@ -141,7 +141,8 @@ def test_methods_command_lists_every_method_and_one_methods_parameters():
     assert table.returncode == 0, table.stderr
     for name, declaration in declarations().items():
         assert f"| {name} |" in table.stdout and declaration.reference in table.stdout
-    assert "| pfedgt | seed paper | yes | 0.25 |" in table.stdout
+    assert "| pfedgt | seed paper | yes | 1 |" in table.stdout
+    assert "| fedpg | seed paper | yes | 0.1 |" in table.stdout
     assert "| local | baseline | no | 1 |" in table.stdout
     one = _cli("methods", "pfedgt")
     assert one.returncode == 0
