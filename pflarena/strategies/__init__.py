@@ -77,6 +77,11 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedBABU,
 )
 
+# Baselines II, part B: split models (Fed-ROD, FedRecon, SplitGP).
+from pflarena.strategies.fedrod import FedRoD  # noqa: E402
+
+BUILTIN_STRATEGIES += (FedRoD,)
+
 
 def strategy_classes() -> dict[str, type[PflStrategy]]:
     """Every declared method's strategy class by method name: built-ins, then plugins.
