@@ -78,9 +78,11 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
 )
 
 # Baselines II, part B: split models (Fed-ROD, FedRecon, SplitGP).
+from pflarena.strategies.fedrecon import FedRecon  # noqa: E402
 from pflarena.strategies.fedrod import FedRoD  # noqa: E402
+from pflarena.strategies.splitgp import SplitGP  # noqa: E402
 
-BUILTIN_STRATEGIES += (FedRoD,)
+BUILTIN_STRATEGIES += (FedRoD, FedRecon, SplitGP)
 
 
 def strategy_classes() -> dict[str, type[PflStrategy]]:
