@@ -17,14 +17,15 @@ factorisation, local vocabulary embeddings in next-word prediction); for the ima
 feature classifiers of this toolkit the classifier head is the user-specific part.
 
 Defaults are those of the authors' code (``google-research/federated/reconstruction`` and
-TensorFlow Federated's ``build_fed_recon``): one reconstruction epoch and one epoch of the
-global update per round (``recon_epochs_max``, ``post_recon_epochs``), the same step size
-for reconstruction as for the global update (0.1 both there; here the run's lr), a fresh
-initialisation of l every round (the local variables of a model built anew each round),
-and, in training, the whole training split as both support and query (the code's default
-``split_dataset=False``; ``support-fraction`` below 1 gives Algorithm 1's disjoint support
-and query sets). Evaluation reconstructs on the training split and tests on the test split,
-which are disjoint, as the code's evaluation is.
+TensorFlow Federated's ``build_fed_recon``): one reconstruction epoch per round
+(``recon_epochs_max``), the same step size for reconstruction as for the global update
+(0.1 both there; here the run's lr), a fresh initialisation of l every round (the local
+variables of a model built anew each round), and, in training, the whole training split as
+both support and query (the code's default ``split_dataset=False``; ``support-fraction``
+below 1 gives Algorithm 1's disjoint support and query sets). The global update runs the
+run's ``local-epochs`` (the code's ``post_recon_epochs`` is 1). Evaluation reconstructs on
+the training split and tests on the test split, which are disjoint, as the code's
+evaluation is.
 """
 
 from __future__ import annotations
