@@ -13,8 +13,8 @@ The personalized model is ``h^G + h^P`` on the client's features; the global (ge
 model is θ with ψ.
 
 Defaults: γ = 1, Ren et al.'s balanced softmax, which the paper's Eq. 5 takes over (the
-Fed-ROD code of PFLlib and FL-bench's default use the same; the paper's text was not at hand
-to confirm its experiments' value); a one-layer head (the classifier), as the paper's CNNs
+Fed-ROD code of PFLlib and FL-bench's default use the same; not confirmed from the paper's
+text); a one-layer head (the classifier), as the paper's CNNs
 and ResNets split. The paper's hypernetwork variant of φ_m (Fed-ROD with a hypernetwork
 generating the personalized head from the class distribution) is not implemented.
 """
