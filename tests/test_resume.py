@@ -27,7 +27,28 @@ from pflarena.server.results import ResultsWriter, read_rounds
 
 @pytest.mark.parametrize(
     "strategy",
-    ["ditto", "pfedgt", "line-search", "pfedme", "perfedavg", "apfl", "fedamp", "fedala", "pfedhn"],
+    [
+        "ditto",
+        "pfedgt",
+        "line-search",
+        "pfedme",
+        "perfedavg",
+        "apfl",
+        "fedamp",
+        "fedala",
+        "pfedhn",
+        # split models: personal heads (fedper, fedrep) and local layers (lgfedavg) in the
+        # client state; fedbabu's server model is part body, part fixed head
+        "fedper",
+        "fedrep",
+        "lgfedavg",
+        "fedbabu",
+        # fedrod's personal head and splitgp's client side in the client state, splitgp's
+        # average auxiliary classifier in the checkpoint; fedrecon keeps nothing
+        "fedrod",
+        "fedrecon",
+        "splitgp",
+    ],
 )
 def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
     strategy, tmp_path, monkeypatch

@@ -38,6 +38,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from pflarena.core.models import build_model
+from pflarena.core.split import layer_entries, layer_owners
 
 __all__ = [
     "CanonicalModel",
@@ -60,33 +61,30 @@ Mix = Literal["logit", "prob", "loss"]
 
 
 def weighted_layers(trainable: Sequence[str]) -> list[str]:
-    """The module prefixes that own trainable parameters, in state order."""
-    owners: list[str] = []
-    for name in trainable:
-        owner = name.rsplit(".", 1)[0] if "." in name else ""
-        if owner not in owners:
-            owners.append(owner)
-    return owners
+    """The module prefixes that own trainable parameters, in state order
+    (:func:`pflarena.core.split.layer_owners`)."""
+    return layer_owners(trainable)
 
 
 def copied_entries(state_names: Sequence[str], trainable: Sequence[str], layers: int) -> list[str]:
     """The state entries copied K times: those of the last ``layers`` weighted layers.
 
     ``layers = 0`` copies every state entry (the whole model is canonical). Every entry of
-    a chosen layer is copied, buffers included (a BatchNorm layer's statistics belong to it).
+    a chosen layer is copied, buffers included (a BatchNorm layer's statistics belong to it):
+    the head of :func:`pflarena.core.split.split_names`, where ``layers`` may also take
+    every weighted layer.
     """
     if layers < 0:
         raise ValueError(f"the number of copied layers must be >= 0, got {layers}")
     if layers == 0:
         return list(state_names)
-    owners = weighted_layers(trainable)
+    owners = layer_owners(trainable)
     if layers > len(owners):
         raise ValueError(
             f"{layers} copied layers requested, but the model has {len(owners)} layers with "
             "weights; use at most that many (0 copies the whole model)"
         )
-    heads = owners[-layers:]
-    return [n for n in state_names if any(n.startswith(h + ".") or n == h for h in heads)]
+    return layer_entries(state_names, owners, owners[-layers:])
 
 
 def copy_name(prefix: str, index: int, name: str) -> str:

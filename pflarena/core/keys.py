@@ -140,3 +140,7 @@ DAPFL_EPOCHS = "dapfl-epochs"  # local epochs the client's agent chose
 DAPFL_LR = "dapfl-lr"  # learning rate the client's agent chose
 DAPFL_REWARD = "dapfl-reward"  # reward of the client's previous action (from s(t−1) to s(t))
 DAPFL_CLIPPED = "dapfl-clipped"  # 1 when the loss change of that reward was clipped
+
+# SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names.
+SPLITGP_AUX = "aux-classifier"  # messages and replies: the auxiliary classifier κ (client side)
+SPLITGP_SERVER_SIDE = "server-side"  # reply: the server-side part θ_k the client process trained

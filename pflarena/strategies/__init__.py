@@ -21,13 +21,17 @@ from pflarena.strategies.fedala import FedALA
 from pflarena.strategies.fedamp import FedAMP
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.fedavg_ft import FedAvgFT
+from pflarena.strategies.fedbabu import FedBABU
 from pflarena.strategies.feddyn import FedDyn
 from pflarena.strategies.fedem import FedEM
 from pflarena.strategies.fedfomo import FedFomo
 from pflarena.strategies.fedmgda import FedMGDA
+from pflarena.strategies.fedper import FedPer
 from pflarena.strategies.fedpg import FedPG
 from pflarena.strategies.fedprox import FedProx
+from pflarena.strategies.fedrep import FedRep
 from pflarena.strategies.ifca import IFCA
+from pflarena.strategies.lgfedavg import LGFedAvg
 from pflarena.strategies.local import Local
 from pflarena.strategies.page import Page
 from pflarena.strategies.perfedavg import PerFedAvg
@@ -66,7 +70,19 @@ BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
     FedDyn,
     CFL,
     DapFL,
+    # Baselines II, split models (issue 17)
+    FedPer,
+    FedRep,
+    LGFedAvg,
+    FedBABU,
 )
+
+# Baselines II, part B: split models (Fed-ROD, FedRecon, SplitGP).
+from pflarena.strategies.fedrecon import FedRecon  # noqa: E402
+from pflarena.strategies.fedrod import FedRoD  # noqa: E402
+from pflarena.strategies.splitgp import SplitGP  # noqa: E402
+
+BUILTIN_STRATEGIES += (FedRoD, FedRecon, SplitGP)
 
 
 def strategy_classes() -> dict[str, type[PflStrategy]]:

@@ -40,6 +40,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.split import layer_owners, split_names
 from pflarena.strategies.base import (
     MultiExchangeStrategy,
     Send,
@@ -111,20 +112,16 @@ def split_head(names: Sequence[str], trainable: Sequence[str], layers: int) -> l
     """The state entries of the classifier head: those of the last ``layers`` weighted layers.
 
     ``trainable`` (in state order) tells the layers apart by their module prefix; every
-    state entry of those modules (buffers too) belongs to the head.
+    state entry of those modules (buffers too) belongs to the head
+    (:func:`pflarena.core.split.split_names`).
     """
-    owners: list[str] = []
-    for name in trainable:
-        owner = name.rsplit(".", 1)[0]
-        if owner not in owners:
-            owners.append(owner)
+    owners = layer_owners(trainable)
     if layers >= len(owners):
         raise ValueError(
             f"pfedsv.head-layers={layers} leaves no feature extractor: the model has "
             f"{len(owners)} layers with weights"
         )
-    heads = owners[-layers:]
-    return [n for n in names if any(n.startswith(h + ".") for h in heads)]
+    return list(split_names(names, trainable, layers).head)
 
 
 def dp_epsilon(noise: float, uploads: int, delta: float) -> float:

@@ -1,9 +1,11 @@
-"""Helpers shared by the local solvers: reply metrics, the proximal hook, and the clients'
-DDPG agents that choose local epochs and learning rate (PAGE, Dap-FL)."""
+"""Helpers shared by the local solvers: reply metrics, the proximal hook, the clients'
+DDPG agents that choose local epochs and learning rate (PAGE, Dap-FL), and the split-model
+parts (FedPer, FedRep, LG-FedAvg, FedBABU)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -12,17 +14,22 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig, UpdateStats, derive_seed
-from pflarena.core.training import EvalResult
+from pflarena.core.split import ModelSplit, split_state
+from pflarena.core.training import EvalResult, train_epochs
 
 __all__ = [
+    "assemble",
     "box_agent_config",
     "eval_metrics",
     "load_agent",
     "local_hyperparameters",
+    "model_split",
     "next_action",
+    "part_record",
     "prox_hook",
     "save_agent",
     "train_metrics",
+    "train_part",
 ]
 
 
@@ -130,3 +137,69 @@ def local_hyperparameters(job: ClientJob, action: np.ndarray) -> dict:
         kwargs["lr"] = float(math.exp(action[1]))
     kwargs["momentum"], kwargs["weight_decay"] = 0.0, 0.0
     return kwargs
+
+
+# --------------------------------------------------------------------------- split models
+# A model assembled from a received part and a part the client keeps, and training
+# restricted to one part. The split is pflarena.core.split.split_state of the run's model
+# with the number of head layers the strategy sends (``<method>.head-layers``, or
+# LG-FedAvg's ``global-layers``), so server and client take the same one by name. The
+# received record holds exactly the shared entries; the private ones come from the
+# client's state under the method's key, or from the run's initial model before the client
+# first trained.
+def model_split(job: ClientJob, head_layers: int) -> ModelSplit:
+    """The body/head split of the run's model with ``head_layers`` head layers."""
+    return split_state(job.new_model(), head_layers)
+
+
+def assemble(job: ClientJob, shared: Sequence[str], private_key: str | None) -> nn.Module:
+    """The run's model with the message's arrays (exactly the ``shared`` entries) and the
+    rest from the client's state under ``private_key`` (None, or nothing stored yet: the run's
+    initial values)."""
+    received = job.arrays
+    names = [] if received is None else list(received.keys())
+    if names != list(shared):
+        raise RuntimeError(
+            f"{job.method}: the message must carry exactly the shared part of the model "
+            f"({len(shared)} entries, first {list(shared)[:2]}), got {len(names)} entries "
+            f"(first {names[:2]})"
+        )
+    model = job.new_model()
+    state = model.state_dict()
+    private = job.state.get(private_key) if private_key else None
+    for record in (private, received):
+        if record is None:
+            continue
+        for name, value in record.to_torch_state_dict().items():
+            state[name] = value.to(job.device)
+    model.load_state_dict(state)
+    return model
+
+
+def part_record(model: nn.Module, names: Sequence[str]) -> ArrayRecord:
+    """The model's ``names`` entries as an ArrayRecord, in that order."""
+    state = model.state_dict()
+    return ArrayRecord({name: state[name].detach() for name in names})
+
+
+def train_part(
+    model: nn.Module, trained: Collection[str], job: ClientJob, purpose: str, **overrides
+) -> tuple[float, int]:
+    """Local SGD on the parameters named in ``trained`` only, the others frozen (no
+    gradient, so SGD, momentum and weight decay leave them exactly as they were); the
+    run's training settings with ``overrides``."""
+    chosen = set(trained)
+    frozen = [p for name, p in model.named_parameters() if name not in chosen]
+    for param in frozen:
+        param.requires_grad_(False)
+    try:
+        return train_epochs(
+            model,
+            job.data.x_train,
+            job.data.y_train,
+            generator=job.generator(purpose),
+            **(job.train_kwargs() | overrides),
+        )
+    finally:
+        for param in frozen:
+            param.requires_grad_(True)

@@ -1,0 +1,131 @@
+"""FedRecon (Singhal et al., NeurIPS 2021): partially local federated learning by
+reconstruction.
+
+"Federated Reconstruction: Partially Local Federated Learning". The model's parameters are
+partitioned into global parameters g and local parameters l. Each round (Algorithm 1) the
+server sends g to the sampled clients; each client reconstructs its l from scratch on a
+support set with g frozen (a fresh initialisation and ``reconstruction-epochs`` epochs of
+SGD), then updates g on a query set with l frozen (``local-epochs`` epochs) and returns g
+only. l is neither sent nor kept: clients are stateless, and every evaluation reconstructs
+l before predicting (the paper's inference for any client, seen or new). The server
+averages the returned g, weighted by the examples that updated it (the authors' code's
+client weight; its server optimizer at step size 1 is this average).
+
+Here g is the body and l the head of :mod:`pflarena.core.split` (``head-layers`` final
+weighted layers): the paper's partition is model-specific (user embeddings in matrix
+factorisation, local vocabulary embeddings in next-word prediction); for the image and
+feature classifiers of this toolkit the classifier head is the user-specific part.
+
+Defaults are those of the authors' code (``google-research/federated/reconstruction`` and
+TensorFlow Federated's ``build_fed_recon``): one reconstruction epoch per round
+(``recon_epochs_max``), the same step size for reconstruction as for the global update
+(0.1 both there; here the run's lr), a fresh initialisation of l every round (the local
+variables of a model built anew each round), and, in training, the whole training split as
+both support and query (the code's default ``split_dataset=False``; ``support-fraction``
+below 1 gives Algorithm 1's disjoint support and query sets). The global update runs the
+run's ``local-epochs`` (the code's ``post_recon_epochs`` is 1). Evaluation reconstructs on
+the training split and tests on the test split, which are disjoint, as the code's
+evaluation is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.partial import PartialFedAvg, split_problem
+
+__all__ = ["FedRecon", "FedReconParams"]
+
+
+class FedReconParams(MethodParams):
+    """FedRecon's parameters."""
+
+    head_layers: int = Field(
+        1, ge=1, description="final weighted layers forming the local parameters l"
+    )
+    support_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the training split in the support set (the rest: query); "
+        "1: both are all of it",
+    )
+    reconstruction_epochs: int = Field(
+        1, ge=0, description="epochs of SGD on l over the support set, g frozen"
+    )
+    reconstruction_lr: float = Field(
+        0.0, ge=0, description="step size of the reconstruction (0: the run's lr)"
+    )
+    local_init: Literal["fresh", "initial"] = Field(
+        "fresh",
+        description="where l starts each round: a fresh seeded draw, or the run's initial values",
+    )
+    weighting: Literal["examples", "uniform"] = Field(
+        "examples", description="average of g: by query examples (the code), or uniform"
+    )
+
+    def run_problems(self, cfg: Any) -> list[str]:
+        return split_problem(cfg, self.head_layers, "fedrecon.head-layers")
+
+
+class FedRecon(PartialFedAvg):
+    """FedRecon: the body travels and is averaged; the head is rebuilt on every client.
+
+    Parameters
+    ----------
+    See :class:`FedReconParams`; ``trainable`` names the model's trainable parameters.
+    """
+
+    declaration = MethodDeclaration(
+        name="fedrecon",
+        kind="baseline",
+        reference="Singhal, Sidahmed, Garrett, Wu, Rush and Prakash, Federated Reconstruction: "
+        "Partially Local Federated Learning, NeurIPS 2021",
+        summary="global body averaged; each client reconstructs its local head from scratch "
+        "every round (support set, body frozen), then updates the body (query set, head "
+        "frozen); local parameters are never kept or sent",
+        solver="pflarena.client.solvers.fedrecon",
+        params=FedReconParams,
+        global_model=False,
+    )
+    shared = "body"
+
+    def __init__(
+        self,
+        *,
+        head_layers: int = 1,
+        support_fraction: float = 1.0,
+        reconstruction_epochs: int = 1,
+        reconstruction_lr: float = 0.0,
+        local_init: str = "fresh",
+        weighting: str = "examples",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(head_layers=head_layers, weighting=weighting, **kwargs)
+        if not 0.0 < support_fraction <= 1.0:
+            raise ValueError(f"support_fraction must be in (0, 1], got {support_fraction}")
+        if reconstruction_epochs < 0 or reconstruction_lr < 0:
+            raise ValueError("reconstruction_epochs and reconstruction_lr must be >= 0")
+        if local_init not in ("fresh", "initial"):
+            raise ValueError(f"local_init must be 'fresh' or 'initial', got {local_init!r}")
+        self.recon = {
+            "support-fraction": support_fraction,
+            "reconstruction-epochs": reconstruction_epochs,
+            "reconstruction-lr": reconstruction_lr,
+            "local-init": local_init,
+        }
+
+    def split_config(self) -> dict[str, Any]:
+        """The split, the reconstruction settings, and (for the evaluation's
+        reconstruction) the local-training settings."""
+        return {
+            **super().split_config(),
+            **self.method_config(**self.recon),
+            **self.training.to_config(),
+        }
+
+    def run_summary(self) -> dict[str, Any]:
+        return {**super().run_summary(), **self.recon}

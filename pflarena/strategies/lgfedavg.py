@@ -1,0 +1,74 @@
+"""LG-FedAvg (Liang et al., 2020): local representations, a global head.
+
+"Think Locally, Act Globally: Federated Learning with Local and Global Representations",
+arXiv:2001.01523. The reverse of FedPer's split: each client keeps its own lower layers
+(the local representation, the body) and the last ``global-layers`` layers with weights
+(the global model on top, the head) are shared. Each round a sampled client receives the
+global layers, trains its local and the global layers jointly on its data (the run's local
+epochs), keeps its local layers and sends back the global layers only; the server averages
+them. Local layers never leave their client; they start as the run's initial body.
+
+Defaults from the authors' code (pliang279/LG-FedAvg): 2 global layers (their CIFAR-10
+CNN, ``--num_layers_keep 2``; their MNIST MLP keeps 3), the global layers averaged
+uniformly over the sampled clients (``torch.div(w_glob[k], m)``). The code starts every
+client from a FedAvg model trained beforehand (``--load_fed``); here they start from the
+run's initial model (see ``docs/architecture.md``).
+
+The personalized model of a client is its local layers under the latest global layers;
+there is no global model (the global layers alone are no classifier).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.partial import PartialFedAvg, split_problem
+
+__all__ = ["LGFedAvg", "LGFedAvgParams"]
+
+
+class LGFedAvgParams(MethodParams):
+    """LG-FedAvg's parameters; defaults from the authors' CIFAR-10 setting."""
+
+    global_layers: int = Field(
+        2, ge=1, description="final layers with weights that are shared (the rest stay local)"
+    )
+    weighting: Literal["examples", "uniform"] = Field(
+        "uniform", description="global-layer average: uniform (code) or by training examples"
+    )
+
+    def run_problems(self, cfg) -> list[str]:
+        return split_problem(cfg, self.global_layers, "lgfedavg.global-layers") if cfg else []
+
+
+class LGFedAvg(PartialFedAvg):
+    """LG-FedAvg: FedAvg of the top layers; each client keeps its lower layers."""
+
+    declaration = MethodDeclaration(
+        name="lgfedavg",
+        kind="baseline",
+        reference="Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov and Morency, "
+        "Think Locally, Act Globally: Federated Learning with Local and Global "
+        "Representations, arXiv:2001.01523, 2020",
+        summary="local representation layers kept on each client, the top (global) layers "
+        "shared and averaged",
+        solver="pflarena.client.solvers.lgfedavg",
+        params=LGFedAvgParams,
+        global_model=False,
+    )
+    shared = "head"
+
+    @classmethod
+    def from_setup(cls, setup):
+        params = dict(setup.params)
+        params["head_layers"] = params.pop("global_layers")
+        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **params)
+
+    def __init__(self, *, weighting: str = "uniform", **kwargs: Any) -> None:
+        super().__init__(weighting=weighting, **kwargs)
+
+    def split_config(self) -> dict[str, Any]:
+        return self.method_config(**{"global-layers": self.head_layers})

@@ -1,0 +1,181 @@
+"""FedAvg over part of the model: the server side of the split-model methods.
+
+FedPer, FedRep and FedBABU share the body of the model (:mod:`pflarena.core.split`) and keep
+the head on the client or fixed; LG-FedAvg shares the head and keeps the body. In each,
+only the shared part travels: :class:`PartialFedAvg` sends the shared entries of the server's
+model down (one record per round, the same object in every message), checks that each
+upload holds exactly those entries, averages them, and writes the average back into the
+server's full model, whose other entries stay as they were (the run's initial values). The
+part kept on the client never reaches the server, and the server has nothing of it to send.
+
+Evaluation messages carry the shared part too: a client's personalized model is the latest
+shared part with its own private part (the authors' codes of FedRep and LG-FedAvg evaluate
+every client after copying the new global layers into its local model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from pflarena.core import keys
+from pflarena.core.split import ModelSplit, split_names
+from pflarena.strategies.arrays import as_record
+from pflarena.strategies.base import StrategySetup
+from pflarena.strategies.fedavg import FedAvg
+
+__all__ = ["PartialFedAvg", "average_uploads", "split_problem"]
+
+Weighting = Literal["examples", "uniform"]
+
+
+def average_uploads(
+    records: Sequence[ArrayRecord], weights: Sequence[float]
+) -> dict[str, np.ndarray]:
+    """The weighted mean of each floating-point entry (computed in float64, returned in the
+    entry's dtype); integer entries (BatchNorm's batch counters) are the largest upload's."""
+    if not records:
+        raise ValueError("no uploads to average")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(records),) or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"weights must be {len(records)} non-negative values with a positive sum")
+    w = w / w.sum()
+    out: dict[str, np.ndarray] = {}
+    for name in records[0].keys():
+        values = [record[name].numpy() for record in records]
+        if not np.issubdtype(values[0].dtype, np.floating):
+            out[name] = np.max(np.stack(values), axis=0).astype(values[0].dtype)
+            continue
+        total = np.zeros(values[0].shape, dtype=np.float64)
+        for weight, value in zip(w, values, strict=True):
+            total += weight * value.astype(np.float64)
+        out[name] = total.astype(values[0].dtype)
+    return out
+
+
+def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
+    """The run's model must have a body/head split with ``head_layers`` head layers
+    (checked before a run starts; ``key`` names the setting in the message)."""
+    from pflarena.core.models import build_model
+    from pflarena.core.split import SplitError, split_state
+
+    info = cfg.data_info()
+    model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
+    try:
+        split_state(model, head_layers)
+    except SplitError as exc:
+        return [f"{key}={head_layers} with model {cfg.model_name()!r}: {exc}"]
+    return []
+
+
+class PartialFedAvg(FedAvg):
+    """FedAvg of the shared part of a body/head split; the other part never travels.
+
+    Parameters
+    ----------
+    head_layers
+        How many final weighted layers form the head (:func:`pflarena.core.split.split_names`).
+    weighting
+        ``examples``: the shared part is averaged with weights n_i / n (FedAvg);
+        ``uniform``: with weight 1 / |S| per sampled client.
+    trainable
+        The model's trainable parameter names, in state order (from the run's setup).
+    """
+
+    #: Which side of the split the clients share: "body" (FedPer, FedRep, FedBABU) or
+    #: "head" (LG-FedAvg).
+    shared: ClassVar[Literal["body", "head"]] = "body"
+
+    @classmethod
+    def from_setup(cls, setup: StrategySetup) -> PartialFedAvg:
+        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **dict(setup.params))
+
+    def __init__(
+        self,
+        *,
+        head_layers: int = 1,
+        weighting: Weighting = "examples",
+        trainable: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if head_layers < 1:
+            raise ValueError(f"head_layers must be >= 1, got {head_layers}")
+        if weighting not in ("examples", "uniform"):
+            raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
+        self.head_layers = head_layers
+        self.weighting = weighting
+        self.trainable = tuple(trainable)
+        self._split: ModelSplit | None = None
+        self._full: ArrayRecord | None = None
+
+    # ------------------------------------------------------------------ the split
+    def split_of(self, arrays: ArrayRecord) -> ModelSplit:
+        """The body/head split of the server's model (taken once, from its entry names)."""
+        if self._split is None:
+            trainable = self.trainable or tuple(arrays.keys())
+            self._split = split_names(list(arrays.keys()), trainable, self.head_layers)
+        return self._split
+
+    def shared_names(self, arrays: ArrayRecord) -> tuple[str, ...]:
+        split = self.split_of(arrays)
+        return split.body if self.shared == "body" else split.head
+
+    def shared_part(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The shared entries of ``arrays`` (the same Array objects, not copies)."""
+        return ArrayRecord({name: arrays[name] for name in self.shared_names(arrays)})
+
+    def split_config(self) -> dict[str, Any]:
+        """What the solver needs to take the same split: the method's ``head-layers``."""
+        return self.method_config(**{"head-layers": self.head_layers})
+
+    # ------------------------------------------------------------------ messages
+    def train_config(self, server_round: int, node_id: int) -> dict:
+        return {**super().train_config(server_round, node_id), **self.split_config()}
+
+    def evaluate_config(self, server_round: int) -> dict:
+        return {**super().evaluate_config(server_round), **self.split_config()}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's messages with only the shared part; replies are checked against it."""
+        self._full = arrays
+        return super().configure_train(server_round, self.shared_part(arrays), config, grid)
+
+    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The shared part: with its private part, each client's personalized model."""
+        return self.shared_part(arrays)
+
+    # ------------------------------------------------------------------ aggregation
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Average the uploaded shared parts; the server model's other entries are kept."""
+        valid = self.valid_train_replies(replies)
+        if not valid or self._full is None:
+            return None, None
+        uploads = [msg.content[keys.ARRAYS] for msg in valid]
+        if self.weighting == "examples":
+            weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in valid]
+        else:
+            weights = [1.0] * len(valid)
+        average = average_uploads(uploads, weights)
+        merged = {name: array.numpy() for name, array in self._full.items()}
+        merged.update(average)
+        return as_record(merged), self.train_metrics(valid)
+
+    def run_summary(self) -> dict[str, Any]:
+        split = self._split
+        summary: dict[str, Any] = {
+            "shared": self.shared,
+            "head-layers": self.head_layers,
+            "weighting": self.weighting,
+        }
+        if split is not None:
+            summary |= {"body": list(split.body), "head": list(split.head)}
+        return summary
