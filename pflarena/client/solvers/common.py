@@ -28,6 +28,7 @@ __all__ = [
     "part_record",
     "prox_hook",
     "save_agent",
+    "train_jointly",
     "train_metrics",
     "train_part",
 ]
@@ -180,6 +181,25 @@ def part_record(model: nn.Module, names: Sequence[str]) -> ArrayRecord:
     """The model's ``names`` entries as an ArrayRecord, in that order."""
     state = model.state_dict()
     return ArrayRecord({name: state[name].detach() for name in names})
+
+
+def train_jointly(
+    job: ClientJob, shared: Sequence[str], private: Sequence[str], private_key: str
+) -> tuple[dict[str, ArrayRecord], dict]:
+    """A round of a model split in a shared and a private part trained together (FedPer:
+    shared body, private head; LG-FedAvg: the reverse): the received shared part with the
+    client's private part (:func:`assemble`) trained by local SGD; the private part is kept
+    under ``private_key``, the shared part is the reply."""
+    model = assemble(job, shared, private_key)
+    loss, steps = train_epochs(
+        model,
+        job.data.x_train,
+        job.data.y_train,
+        generator=job.generator("train"),
+        **job.train_kwargs(),
+    )
+    job.state[private_key] = part_record(model, private)
+    return {keys.ARRAYS: part_record(model, shared)}, train_metrics(job, loss, steps)
 
 
 def train_part(

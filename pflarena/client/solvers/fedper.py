@@ -11,15 +11,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from pflarena.client.job import ClientJob
-from pflarena.client.solvers.common import (
-    assemble,
-    eval_metrics,
-    model_split,
-    part_record,
-    train_metrics,
-)
-from pflarena.core import keys
-from pflarena.core.training import train_epochs
+from pflarena.client.solvers.common import assemble, eval_metrics, model_split, train_jointly
 
 __all__ = ["HEAD_KEY", "evaluate", "personalized_model", "train"]
 
@@ -28,16 +20,7 @@ HEAD_KEY = "fedper/head"
 
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     split = model_split(job, int(job.param("head-layers")))
-    model = assemble(job, split.body, HEAD_KEY)
-    loss, steps = train_epochs(
-        model,
-        job.data.x_train,
-        job.data.y_train,
-        generator=job.generator("train"),
-        **job.train_kwargs(),
-    )
-    job.state[HEAD_KEY] = part_record(model, split.head)
-    return {keys.ARRAYS: part_record(model, split.body)}, train_metrics(job, loss, steps)
+    return train_jointly(job, split.body, split.head, HEAD_KEY)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

@@ -11,15 +11,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from pflarena.client.job import ClientJob
-from pflarena.client.solvers.common import (
-    assemble,
-    eval_metrics,
-    model_split,
-    part_record,
-    train_metrics,
-)
-from pflarena.core import keys
-from pflarena.core.training import train_epochs
+from pflarena.client.solvers.common import assemble, eval_metrics, model_split, train_jointly
 
 __all__ = ["LOCAL_KEY", "evaluate", "personalized_model", "train"]
 
@@ -28,16 +20,7 @@ LOCAL_KEY = "lgfedavg/local-layers"
 
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     split = model_split(job, int(job.param("global-layers")))
-    model = assemble(job, split.head, LOCAL_KEY)
-    loss, steps = train_epochs(
-        model,
-        job.data.x_train,
-        job.data.y_train,
-        generator=job.generator("train"),
-        **job.train_kwargs(),
-    )
-    job.state[LOCAL_KEY] = part_record(model, split.body)
-    return {keys.ARRAYS: part_record(model, split.head)}, train_metrics(job, loss, steps)
+    return train_jointly(job, split.head, split.body, LOCAL_KEY)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:
