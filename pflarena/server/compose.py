@@ -4,8 +4,8 @@ Compose cannot loop, so the number of SuperNodes is set here, once, and the file
 generated:
 
 ``docker-compose.yml``
-    A SuperLink (``flwr/superlink``, ``--isolation process``, its state database on a
-    volume), the ServerApp executor (``serverapp``: the app image running
+    A SuperLink (``flwr/superlink`` with a ``/state`` its user owns, ``--isolation process``,
+    its state database on a volume), the ServerApp executor (``serverapp``: the app image running
     ``flower-superexec`` against the SuperLink's port), and per SuperNode ``i`` a
     ``supernode-i`` (``flwr/supernode``, ``--isolation process``, ``--node-config`` naming its
     shard and ``state-dir``) with its ClientApp executor ``clientapp-i`` (the app image,
@@ -140,7 +140,8 @@ def compose_files(
     # ------------------------------------------------------------------ docker-compose.yml
     services: dict[str, Any] = {
         "superlink": {
-            "image": f"flwr/superlink:{flwr}",
+            "build": app_build | {"target": "superlink"},
+            "image": f"{image}:superlink",
             "command": [
                 "--insecure",
                 "--isolation",
