@@ -203,6 +203,14 @@ class _Process:
             return self.popen.poll() is None
         return self.pid > 0 and _start_time(self.pid) == self.started
 
+    def stop(self, signum: int = signal.SIGTERM, wait: float = 30.0) -> bool:
+        """Send ``signum`` (by PID, if it is still this process); True once it has exited."""
+        _signal(self, signum)
+        deadline = time.monotonic() + wait
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return not self.alive()
+
     def record(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -530,11 +538,15 @@ class LocalDeployment:
         nodes = json.loads(result.stdout).get("nodes", [])
         return [int(n["node-id"]) for n in nodes if n.get("status") == "online"]
 
-    def wait_online(self, count: int, timeout: float = 120.0) -> list[int]:
-        """Until at least ``count`` SuperNodes are online; fails early if one exits."""
+    def wait_online(
+        self, count: int, timeout: float = 120.0, watch: Sequence[_Process] | None = None
+    ) -> list[int]:
+        """Until at least ``count`` SuperNodes are online; fails early if one of ``watch``
+        (default: every SuperNode started) exits."""
         deadline = time.monotonic() + timeout
+        watch = self.supernodes if watch is None else watch
         while True:
-            dead = [p for p in self.supernodes if not p.alive()]
+            dead = [p for p in watch if not p.alive()]
             if dead:
                 raise DeploymentError(
                     "SuperNode(s) exited: "
@@ -649,7 +661,9 @@ def stop_recorded(
         deadline = time.monotonic() + 2 * grace + 10
         while any(p.alive() for p in procs) and time.monotonic() < deadline:
             time.sleep(0.2)
-    _stop_processes(procs, grace)
+    # SuperNodes first, so that they can deregister while the SuperLink still answers.
+    _stop_processes([p for p in procs if p.name != "superlink"], grace)
+    _stop_processes([p for p in procs if p.name == "superlink"], grace)
     say(f"stopped {len(alive)} process(es): {', '.join(p.name for p in alive) or 'none running'}")
     (root / STATE_FILE).unlink(missing_ok=True)
     return len(alive)
