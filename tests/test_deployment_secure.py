@@ -9,11 +9,11 @@ PIDs ``deployment.json`` recorded, that nothing it started is left, and stops by
 ``--stop`` missed (also when a test failed).
 
 * An unregistered SuperNode (a key the SuperLink was never told about) is refused.
-* pFedGT runs 2 rounds on the five registered nodes, over TLS, to completion.
-* One SuperNode is stopped mid-run (``kill``, SIGTERM: the SIGKILL case, which costs Flower's
-  60 s heartbeat patience, is ``test_deployment.py::test_supernode_stopped_mid_run``) and a
-  replacement with a new registered key joins on the same shard and ``state-dir``; the run
-  completes and ``rounds.jsonl`` names the clients of every round.
+* pFedGT runs 3 rounds on the five registered nodes, over TLS, to completion, while one
+  SuperNode is stopped after round 1 (``kill``, SIGTERM: the SIGKILL case, which costs
+  Flower's 60 s heartbeat patience, is ``test_deployment.py::test_supernode_stopped_mid_run``)
+  and a replacement with a new registered key joins on the same shard and ``state-dir``; the
+  run completes and ``rounds.jsonl`` names the clients of every round.
 """
 
 from __future__ import annotations
@@ -210,13 +210,25 @@ def test_unregistered_supernode_is_refused(secured: Secured) -> None:
     assert "No SuperNode found with the given public key" in dep.superlink.log.read_text()
 
 
-def test_pfedgt_two_rounds_over_tls(secured: Secured, tmp_path: Path) -> None:
-    """pFedGT, 2 rounds, on the five registered SuperNodes over TLS; each node holds its own
-    shard (the test sizes in the evaluation are the shards')."""
+def test_pfedgt_over_tls_with_a_node_killed_and_replaced(secured: Secured, tmp_path: Path) -> None:
+    """pFedGT, 3 rounds, every client every round, on the five registered SuperNodes over TLS.
+    After round 1, SuperNode 4 is killed (SIGTERM) and a new SuperNode (a new key, registered
+    for it) joins with the same shard and ``state-dir``, so it holds client 4.
+
+    The run completes (its summary and the SuperLink agree) and learns; ``rounds.jsonl``
+    names every round's clients: all five in round 1, and all five again, without failures,
+    in every round configured once the new node was online; the last evaluation has each
+    client's own test split (the shards'). One run serves both acceptance checks (a pFedGT
+    run over TLS by registered nodes, a node lost and replaced mid-run) to keep the suite
+    short. Catches a run that stalls or fails on a vanished node, a replacement that cannot
+    join, and rounds that do not record who took part.
+    """
     import numpy as np
 
     dep = secured.dep
     assert dep is not None
+    _, public = make_node_key(secured.root / "keys" / "replacement")
+    dep.register(public)  # before the run: joining then needs only the node's start
     out = tmp_path / "out"
     proc, log = secured.submit(
         "pfedgt",
@@ -224,48 +236,11 @@ def test_pfedgt_two_rounds_over_tls(secured: Secured, tmp_path: Path) -> None:
             "strategy": "pfedgt",
             "num-clients": NUM_NODES,
             "shards-dir": str(secured.root / "shards"),
-            "num-rounds": 2,
-            "eval-every": 2,
-            "lr": 0.1,
-            "local-epochs": 2,
-            "round-timeout": 180.0,
-            "output-dir": str(out),
-        },
-    )
-    secured.wait(proc, log)
-    rounds = secured.completed(out)
-    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{secured.logs()}"
-    for record in rounds[1:]:
-        assert record["train"]["failures"] == 0 and record["train"]["clients"] >= 1, record
-        assert [e["name"] for e in record["exchanges"]][-1] == "train", record
-    sizes = {str(i): len(np.load(path)["y_test"]) for i, path in enumerate(dep.shards)}
-    per_client = rounds[-1]["evaluation"]["per_client"]
-    assert {k: v["test_samples"] for k, v in per_client.items()} == sizes, per_client
-    first, last = (r["evaluation"]["personalized"]["mean"] for r in (rounds[0], rounds[-1]))
-    assert last > first, (first, last)
-
-
-def test_a_supernode_killed_mid_run_and_a_new_one_joins(secured: Secured, tmp_path: Path) -> None:
-    """FedAvg, 3 rounds. After round 1, SuperNode 4 is killed (SIGTERM) and a new SuperNode
-    (a new key, registered then) joins with the same shard and ``state-dir``, so it holds
-    client 4. The run completes; ``rounds.jsonl`` names every round's clients: all five in
-    round 1, and all five again, without failures, in every round configured once the new
-    node was online. Catches a run that stalls or fails on a vanished node, a replacement
-    that cannot join, and rounds that do not record who took part."""
-    dep = secured.dep
-    assert dep is not None
-    _, public = make_node_key(secured.root / "keys" / "replacement")
-    dep.register(public)  # before the run: joining then needs only the node's start
-    out = tmp_path / "out"
-    proc, log = secured.submit(
-        "kill-join",
-        {
-            "strategy": "fedavg",
-            "num-clients": NUM_NODES,
-            "shards-dir": str(secured.root / "shards"),
             "num-rounds": 3,
             "eval-every": 3,
             "fraction-train": 1.0,
+            "lr": 0.1,
+            "local-epochs": 2,
             "round-timeout": 180.0,
             "output-dir": str(out),
         },
@@ -296,11 +271,16 @@ def test_a_supernode_killed_mid_run_and_a_new_one_joins(secured: Secured, tmp_pa
     assert [r["round"] for r in rounds] == [0, 1, 2, 3], f"{rounds}\n{logs()}"
     assert rounds[1]["train"]["sampled"] == [0, 1, 2, 3, 4], rounds[1]
     assert rounds[1]["train"]["failures"] == 0, rounds[1]
+    assert [e["name"] for e in rounds[1]["exchanges"]] == ["init", "train"], rounds[1]
     later = [r for r in rounds if r["round"] > joined_after + 1]
     assert later, f"the run ended before a round began with the new node online\n{logs()}"
     for record in later:
         assert record["train"]["sampled"] == [0, 1, 2, 3, 4], f"{record}\n{logs()}"
         assert (record["train"]["clients"], record["train"]["failures"]) == (5, 0), record
-    assert sorted(rounds[-1]["evaluation"]["per_client"]) == ["0", "1", "2", "3", "4"]
+    sizes = {str(i): len(np.load(path)["y_test"]) for i, path in enumerate(dep.shards)}
+    per_client = rounds[-1]["evaluation"]["per_client"]
+    assert {k: v["test_samples"] for k, v in per_client.items()} == sizes, per_client
+    first, last = (r["evaluation"]["personalized"]["mean"] for r in (rounds[0], rounds[-1]))
+    assert last > first, (first, last)
     assert replacement.alive(), f"the new SuperNode exited\n{logs()}"
     assert "Sending: train message" in replacement.log.read_text(), "the new node never trained"

@@ -596,7 +596,7 @@ class LocalDeployment:
             _stop_processes([self.superlink], grace)
         state = self.root / STATE_FILE
         if state.exists() and not running_processes(self.root):
-            state.unlink()
+            state.unlink(missing_ok=True)
 
     def run_command(self, app_dir: Path) -> str:
         """The ``flwr run`` line for this deployment."""
