@@ -290,6 +290,11 @@ class LocalDeployment:
         Only registered SuperNodes may join (needs ``tls``).
     port : int
         The SuperLink's port (0: a free one).
+    database : bool
+        Keep the SuperLink's state in ``root/superlink.db`` (it then survives a restart of
+        the SuperLink) instead of in memory, Flower's default. Measured on 2 loaded cores
+        with 10 SuperNodes, SQLite refused concurrent reply uploads ("database is locked",
+        the replies lost as failures), which the in-memory state does not.
     env : dict
         Extra environment of every process (e.g. ``PFLARENA_PLUGINS``).
     """
@@ -299,6 +304,7 @@ class LocalDeployment:
     tls: bool = False
     auth: bool = False
     port: int = 0
+    database: bool = False
     env: dict[str, str] = field(default_factory=dict)
     superlink: _Process | None = None
     supernodes: list[_Process] = field(default_factory=list)
@@ -322,7 +328,11 @@ class LocalDeployment:
         to add SuperNodes to it, list its nodes or stop it."""
         state, procs = _recorded(Path(root))
         dep = cls(
-            Path(root), [Path(s) for s in state["shards"]], tls=state["tls"], auth=state["auth"]
+            Path(root),
+            [Path(s) for s in state["shards"]],
+            tls=state["tls"],
+            auth=state["auth"],
+            database=state.get("database", False),
         )
         dep.port = int(state["address"].rsplit(":", 1)[1])
         dep._ports.add(dep.port)
@@ -421,7 +431,8 @@ class LocalDeployment:
             cmd += ["--insecure"]
         if self.auth:
             cmd += ["--enable-supernode-auth"]
-        cmd += ["--database", str(self.root / "superlink.db")]
+        if self.database:
+            cmd += ["--database", str(self.root / "superlink.db")]
         return cmd + ["--disable-runtime-dependency-installation"]
 
     def start_superlink(self) -> None:
@@ -580,6 +591,7 @@ class LocalDeployment:
             "flwr_home": str(self.cli_home),
             "tls": self.tls,
             "auth": self.auth,
+            "database": self.database,
             "shards": [str(Path(s).resolve()) for s in self.shards],
             "launcher": self.launcher,
             "processes": [p.record() for p in self.processes()],

@@ -79,7 +79,9 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
     if args.auth and not args.tls:
         raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
     shards = _shards_for(args, root)
-    dep = deploy.LocalDeployment(root, shards, tls=args.tls, auth=args.auth, port=args.port)
+    dep = deploy.LocalDeployment(
+        root, shards, tls=args.tls, auth=args.auth, port=args.port, database=args.database
+    )
     stop_requested: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -212,6 +214,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     local.add_argument(
         "--wait", type=float, default=180.0, help="seconds to wait for the nodes (default 180)"
+    )
+    local.add_argument(
+        "--database",
+        action="store_true",
+        help="keep the SuperLink's state in DIR/superlink.db, so that it survives a restart of "
+        "the SuperLink (default: in memory; SQLite may refuse concurrent uploads under load)",
     )
     local.add_argument(
         "--detach", action="store_true", help="start, print how to use it, and leave it running"
