@@ -21,8 +21,10 @@ What Flower 1.41 does with a SuperNode that dies (measured with these tests):
 * SIGTERM (a clean stop): the SuperNode deactivates and unregisters itself at once, so both
   happen within one polling cycle (about 3 s).
 
-Deployment polling costs about 3 s per phase, and every message starts a new ClientApp
-process that imports torch, so a round takes 20-40 s here; both tests are marked ``slow``.
+A SuperNode polls for messages every 3 s (Flower's fixed interval; the ServerApp checks for
+replies every 0.1 s, ``pflarena/server/polling.py``), and every message starts a new ClientApp
+process that imports torch, so a round takes 10-40 s here; the tests are marked ``slow``.
+``test_deployment_secure.py`` runs the same topology with TLS and SuperNode authentication.
 """
 
 from __future__ import annotations

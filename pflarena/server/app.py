@@ -25,6 +25,7 @@ from pflarena.core.models import build_model
 from pflarena.core.partition import label_permutations, permutation_group_of
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
+from pflarena.server.polling import prompt_grid
 from pflarena.server.registry import build_strategy, declaration_of, parse_config
 from pflarena.server.results import ResultsWriter, plot_run, read_rounds
 
@@ -62,6 +63,7 @@ def label_permutation_record(cfg: RunConfig) -> dict:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    grid = prompt_grid(grid)  # a deployment's replies checked every 0.1 s, not every 3 s
     cfg = parse_config(context.run_config)  # raises ConfigError naming the bad keys
     output_dir = resolve_output_dir(cfg)
     checkpoint = None

@@ -50,14 +50,15 @@ ENGINE_HELP = (
 
 
 def project_root() -> Path:
-    """The directory holding this project's ``pyproject.toml`` (the Flower App)."""
+    """The Flower App directory (``pyproject.toml`` and the code): the source tree when the
+    package runs from one, else one laid out from the installed package
+    (:func:`pflarena.server.appdir.installed_app_dir`)."""
     root = Path(__file__).resolve().parents[2]
-    if not (root / "pyproject.toml").exists():
-        raise RuntimeError(
-            f"pflarena run needs the project source tree (pyproject.toml) next to the package; "
-            f"looked in {root}. Install with `pip install -e .` from a clone."
-        )
-    return root
+    if (root / "pyproject.toml").is_file() and (root / "pflarena").is_dir():
+        return root
+    from pflarena.server.appdir import installed_app_dir
+
+    return installed_app_dir()
 
 
 def _free_port() -> int:
@@ -942,6 +943,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", dest="import_seed", type=int, default=0, help="seed of that split (default 0)"
     )
     imports.set_defaults(func=_cmd_shards_import)
+
+    # Deployments: local-deploy, certs, compose (pflarena/server/deploy_cli.py).
+    from pflarena.server import deploy_cli
+
+    deploy_cli.add_parsers(sub)
     return parser
 
 

@@ -1,0 +1,681 @@
+"""A Flower deployment as processes on one host: ``pflarena local-deploy`` and ``pflarena certs``.
+
+:class:`LocalDeployment` starts the topology a multi-host deployment runs (one SuperLink and
+``N`` SuperNodes, each SuperNode holding one shard file named in its ``--node-config``) as
+processes on 127.0.0.1, optionally with TLS and SuperNode authentication, with Flower's own
+mechanisms only:
+
+* TLS: a CA and server certificates made with ``openssl`` (:func:`make_certificates`); the
+  SuperLink serves its one HTTP port (Fleet, Control and Runtime API) with
+  ``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile``; SuperNodes and the ``flwr`` CLI verify it
+  with the CA (``--root-certificates``, ``root-certificates`` in the CLI's connection).
+* Node authentication: the SuperLink runs with ``--enable-supernode-auth``; each SuperNode has
+  its own EC P-384 key pair (``ssh-keygen``, :func:`make_node_key`), whose public key is
+  registered with ``flwr supernode register``; the SuperNode signs its requests with
+  ``--auth-supernode-private-key``. A SuperNode whose key is not registered is refused (it
+  exits with Flower's code 305).
+
+Everything lives under one directory (``root``): the shards, certificates and keys, each
+process's ``FLWR_HOME`` and log, the SuperLink's database, each SuperNode's ``state-dir``, the
+``flwr`` CLI's ``config.toml`` (connection :data:`CONNECTION`) and ``deployment.json``, which
+records every process started (PID and start time, so a reused PID is never signalled) for
+``pflarena local-deploy --stop``.
+
+Every process gets :data:`FAST_ROUND_ENV`: the SuperExecs of the SuperLink and SuperNodes look
+for new tasks every 0.1 s instead of every 1 s (``benchmarks/results/deployment.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONNECTION",
+    "FAST_ROUND_ENV",
+    "CertificateSet",
+    "DeploymentError",
+    "LocalDeployment",
+    "make_certificates",
+    "make_node_key",
+    "stop_recorded",
+]
+
+#: Name of the ``flwr`` CLI connection a local deployment writes into its ``config.toml``.
+CONNECTION = "local-deploy"
+#: The file under a deployment's root that lists what it started.
+STATE_FILE = "deployment.json"
+#: Flower's own setting for a shorter round: the SuperExec's task poll interval (seconds).
+FAST_ROUND_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+#: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
+EXIT_NODE_NOT_REGISTERED = 305
+GRACE_S = 15.0
+
+
+class DeploymentError(RuntimeError):
+    """A deployment could not be started, reached or stopped; the message says why."""
+
+
+# --------------------------------------------------------------------------- certificates
+@dataclass(frozen=True)
+class CertificateSet:
+    """Files made by :func:`make_certificates` (all PEM)."""
+
+    directory: Path
+    ca_cert: Path
+    ca_key: Path
+    #: host name -> (certificate, private key); ``superlink`` is the SuperLink's.
+    servers: dict[str, tuple[Path, Path]]
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    if shutil.which("openssl") is None:
+        raise DeploymentError("TLS needs the `openssl` command, which is not on PATH")
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise DeploymentError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+
+
+def _san(names: Sequence[str]) -> str:
+    entries = []
+    for name in dict.fromkeys(names):
+        is_ip = name.replace(".", "").isdigit() or ":" in name
+        entries.append(f"{'IP' if is_ip else 'DNS'}:{name}")
+    return ",".join(entries)
+
+
+def make_certificates(
+    out_dir: str | Path,
+    servers: dict[str, Sequence[str]],
+    *,
+    days: int = 365,
+) -> CertificateSet:
+    """A CA and one server certificate per entry of ``servers``, signed by it, with openssl.
+
+    ``servers`` maps a file stem (``superlink``, ``supernode-1``) to the names the server is
+    reached by (its subject alternative names; IPs or DNS names). Files already there are
+    kept, never overwritten: an existing CA signs new server certificates, so adding a
+    host later does not invalidate the others. Private keys are written with mode 0600.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key = out / "ca.crt", out / "ca.key"
+    if ca_cert.exists() != ca_key.exists():
+        raise DeploymentError(f"{out} holds one of ca.crt and ca.key but not both")
+    if not ca_cert.exists():
+        _openssl(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-384", "-nodes",
+            "-keyout", ca_key.name, "-out", ca_cert.name, "-days", str(days),
+            "-subj", "/CN=pflarena deployment CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            cwd=out,
+        )  # fmt: skip
+        ca_key.chmod(0o600)
+    made: dict[str, tuple[Path, Path]] = {}
+    for stem, names in servers.items():
+        if not names:
+            raise DeploymentError(f"server {stem!r} needs at least one host name or IP")
+        cert, key = out / f"{stem}.pem", out / f"{stem}.key"
+        if not (cert.exists() and key.exists()):
+            csr, ext = out / f"{stem}.csr", out / f"{stem}.ext"
+            ext.write_text(
+                f"subjectAltName={_san(names)}\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature,keyAgreement\n"
+                "extendedKeyUsage=serverAuth\n"
+            )
+            _openssl(
+                "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-384", "-nodes",
+                "-keyout", key.name, "-out", csr.name, "-subj", f"/CN={names[0]}",
+                cwd=out,
+            )  # fmt: skip
+            key.chmod(0o600)
+            _openssl(
+                "x509", "-req", "-in", csr.name, "-CA", ca_cert.name, "-CAkey", ca_key.name,
+                "-CAcreateserial", "-out", cert.name, "-days", str(days), "-extfile", ext.name,
+                cwd=out,
+            )  # fmt: skip
+            csr.unlink()
+            ext.unlink()
+        made[stem] = (cert, key)
+    return CertificateSet(out, ca_cert, ca_key, made)
+
+
+def make_node_key(path: str | Path, comment: str = "") -> tuple[Path, Path]:
+    """A SuperNode's EC P-384 key pair in OpenSSH format (``path``, ``path.pub``), made with
+    ``ssh-keygen`` as Flower's documentation does; an existing pair is kept."""
+    private = Path(path)
+    public = private.with_name(private.name + ".pub")
+    if private.exists() and public.exists():
+        return private, public
+    if private.exists() or public.exists():
+        raise DeploymentError(f"{private} and {public}: one exists without the other")
+    if shutil.which("ssh-keygen") is None:
+        raise DeploymentError("SuperNode keys need the `ssh-keygen` command, not on PATH")
+    private.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(private)]
+    result = subprocess.run(
+        [*cmd, "-C", comment or private.stem],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        raise DeploymentError(f"ssh-keygen failed: {result.stderr.strip()}")
+    return private, public
+
+
+# --------------------------------------------------------------------------- processes
+def _start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class _Process:
+    name: str
+    cmd: list[str]
+    log: Path
+    popen: subprocess.Popen | None = None
+    pid: int = 0
+    started: int | None = None
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.pid > 0 and _start_time(self.pid) == self.started
+
+    def stop(self, signum: int = signal.SIGTERM, wait: float = 30.0) -> bool:
+        """Send ``signum`` (by PID, if it is still this process); True once it has exited."""
+        _signal(self, signum)
+        deadline = time.monotonic() + wait
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return not self.alive()
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "start_time": self.started,
+            "log": str(self.log),
+        }
+
+
+def _signal(proc: _Process, signum: int) -> None:
+    if proc.alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signum)
+
+
+def _stop_processes(procs: Sequence[_Process], grace: float = GRACE_S) -> None:
+    """SIGTERM every live one, wait up to ``grace`` s, SIGKILL the rest (by PID)."""
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in procs) and time.monotonic() < deadline:
+        for proc in procs:
+            if proc.popen is not None:
+                proc.popen.poll()
+        time.sleep(0.2)
+    for proc in procs:
+        _signal(proc, signal.SIGKILL)
+        if proc.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """The environment of a Flower process or CLI call of a deployment."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        PFLARENA_TORCH_THREADS=env.get("PFLARENA_TORCH_THREADS", "1"),
+        **FAST_ROUND_ENV,
+    )
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def free_port(taken: set[int] | None = None) -> int:
+    """A free TCP port on 127.0.0.1 not in ``taken`` (which it is added to)."""
+    import socket
+
+    taken = taken if taken is not None else set()
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+# --------------------------------------------------------------------------- deployment
+@dataclass
+class LocalDeployment:
+    """A SuperLink and SuperNodes on 127.0.0.1, their files under ``root``.
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        Where everything goes (created).
+    shards : list of pathlib.Path
+        One shard file per SuperNode: SuperNode ``i`` gets ``shards[i]`` as its
+        ``data-path`` and ``root/state/sn-i`` as its ``state-dir``.
+    tls : bool
+        Serve the SuperLink with TLS (certificates under ``root/certs``).
+    auth : bool
+        Only registered SuperNodes may join (needs ``tls``).
+    port : int
+        The SuperLink's port (0: a free one).
+    database : bool
+        Keep the SuperLink's state in ``root/superlink.db`` (it then survives a restart of
+        the SuperLink) instead of in memory, Flower's default. Measured on 2 loaded cores
+        with 10 SuperNodes, SQLite refused concurrent reply uploads ("database is locked",
+        the replies lost as failures), which the in-memory state does not.
+    env : dict
+        Extra environment of every process (e.g. ``PFLARENA_PLUGINS``).
+    """
+
+    root: Path
+    shards: list[Path]
+    tls: bool = False
+    auth: bool = False
+    port: int = 0
+    database: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    superlink: _Process | None = None
+    supernodes: list[_Process] = field(default_factory=list)
+    certs: CertificateSet | None = None
+    launcher: dict[str, Any] | None = None
+    _ports: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).resolve()
+        if self.auth and not self.tls:
+            raise DeploymentError("SuperNode authentication needs TLS (--tls)")
+        if not self.shards:
+            raise DeploymentError("a deployment needs at least one SuperNode (one shard file)")
+        for shard in self.shards:
+            if not Path(shard).is_file():
+                raise DeploymentError(f"shard file {shard} does not exist")
+
+    @classmethod
+    def from_record(cls, root: str | Path) -> LocalDeployment:
+        """The deployment recorded in ``root/deployment.json`` (started by another process),
+        to add SuperNodes to it, list its nodes or stop it."""
+        state, procs = _recorded(Path(root))
+        dep = cls(
+            Path(root),
+            [Path(s) for s in state["shards"]],
+            tls=state["tls"],
+            auth=state["auth"],
+            database=state.get("database", False),
+        )
+        dep.port = int(state["address"].rsplit(":", 1)[1])
+        dep._ports.add(dep.port)
+        if dep.tls:
+            dep.certs = make_certificates(
+                dep.root / "certs", {"superlink": ["localhost", "127.0.0.1"]}
+            )
+        dep.superlink = next((p for p in procs if p.name == "superlink"), None)
+        dep.supernodes = [p for p in procs if p.name != "superlink"]
+        dep.launcher = state.get("launcher")
+        return dep
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def cli_home(self) -> Path:
+        """``FLWR_HOME`` of the ``flwr`` CLI (its ``config.toml`` names :data:`CONNECTION`)."""
+        return self.root / "flwr-home"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def node_key(self, index: int) -> Path:
+        return self.root / "keys" / f"supernode-{index}"
+
+    def state_dir(self, index: int) -> Path:
+        return self.root / "state" / f"sn-{index}"
+
+    def cli_env(self) -> dict[str, str]:
+        return flower_env(self.cli_home) | self.env
+
+    # ------------------------------------------------------------------ starting
+    def _spawn(self, name: str, cmd: list[str], home: Path) -> _Process:
+        log = self.root / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        proc = _Process(name, cmd, log)
+        with open(log, "ab") as handle:
+            # A session of its own: a Ctrl-C in the terminal reaches this command only,
+            # which then stops every process by PID, SuperNodes first.
+            proc.popen = subprocess.Popen(
+                cmd,
+                env=flower_env(home) | self.env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=home,
+                start_new_session=True,
+            )
+        proc.pid = proc.popen.pid
+        proc.started = _start_time(proc.pid)
+        if name == "superlink":
+            self.superlink = proc
+        else:
+            self.supernodes.append(proc)
+        self.save()  # recorded at once: `--stop` finds whatever was started
+        return proc
+
+    def start(self, wait_s: float = 120.0) -> None:
+        """Start the SuperLink, register the nodes' keys (``auth``), start the SuperNodes
+        and wait until every one is online. Stops what it started if any step fails."""
+        if (self.root / STATE_FILE).exists() and running_processes(self.root):
+            raise DeploymentError(
+                f"a deployment recorded in {self.root / STATE_FILE} is still running; "
+                f"stop it first (pflarena local-deploy --stop --dir {self.root})"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._ports.add(self.port)
+        self.port = self.port or free_port(self._ports)
+        try:
+            if self.tls:
+                self.certs = make_certificates(
+                    self.root / "certs", {"superlink": ["localhost", "127.0.0.1"]}
+                )
+            self.start_superlink()
+            self.write_cli_config()
+            if self.auth:
+                self.register(
+                    *(make_node_key(self.node_key(i))[1] for i in range(len(self.shards)))
+                )
+            for index in range(len(self.shards)):
+                self.start_supernode(index)
+            self.wait_online(len(self.shards), timeout=wait_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def superlink_cmd(self) -> list[str]:
+        cmd = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.tls:
+            assert self.certs is not None
+            cert, key = self.certs.servers["superlink"]
+            cmd += ["--ssl-ca-certfile", str(self.certs.ca_cert)]
+            cmd += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+        else:
+            cmd += ["--insecure"]
+        if self.auth:
+            cmd += ["--enable-supernode-auth"]
+        if self.database:
+            cmd += ["--database", str(self.root / "superlink.db")]
+        return cmd + ["--disable-runtime-dependency-installation"]
+
+    def start_superlink(self) -> None:
+        self._spawn("superlink", self.superlink_cmd(), self.root / "home-superlink")
+        self.wait_healthy()
+
+    def supernode_cmd(self, index: int, key: Path | None = None) -> list[str]:
+        """``flower-supernode`` for SuperNode ``index`` (``key``: its private key; with
+        ``auth``, the registered one by default)."""
+        shard = Path(self.shards[index]).resolve()
+        cmd = ["flower-supernode", "--superlink", self.address]
+        if self.tls:
+            assert self.certs is not None
+            cmd += ["--root-certificates", str(self.certs.ca_cert)]
+        else:
+            cmd += ["--insecure"]
+        key = key or (self.node_key(index) if self.auth else None)
+        if key is not None:
+            cmd += ["--auth-supernode-private-key", str(key)]
+        # Node config values are TOML: paths are quoted.
+        node_config = f'data-path="{shard}" state-dir="{self.state_dir(index)}"'
+        return cmd + ["--port", str(free_port(self._ports)), "--node-config", node_config]
+
+    def start_supernode(
+        self, index: int, key: Path | None = None, name: str | None = None
+    ) -> _Process:
+        """Start SuperNode ``index`` (not waiting for it), record it; returns its process."""
+        name = name or f"supernode-{index}"
+        return self._spawn(name, self.supernode_cmd(index, key), self.root / f"home-{name}")
+
+    def write_cli_config(self) -> None:
+        """``config.toml`` of the ``flwr`` CLI: connection :data:`CONNECTION`, the default."""
+        lines = [
+            f'[superlink]\ndefault = "{CONNECTION}"\n',
+            f'[superlink.{CONNECTION}]\naddress = "{self.address}"',
+        ]
+        if self.tls:
+            assert self.certs is not None
+            lines.append(f'root-certificates = "{self.certs.ca_cert}"')
+        else:
+            lines.append("insecure = true")
+        self.cli_home.mkdir(parents=True, exist_ok=True)
+        (self.cli_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """A ``flwr`` CLI command against this deployment (``CONNECTION`` is the default)."""
+        return subprocess.run(
+            ["flwr", *args],
+            env=self.cli_env(),
+            cwd=self.cli_home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def register(self, *public_keys: Path) -> None:
+        """``flwr supernode register KEY.pub local-deploy`` for each key (run side by side)."""
+        calls = [
+            (
+                key,
+                subprocess.Popen(
+                    ["flwr", "supernode", "register", str(key), CONNECTION],
+                    env=self.cli_env(),
+                    cwd=self.cli_home,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                ),
+            )
+            for key in public_keys
+        ]
+        problems = []
+        for key, call in calls:
+            out, _ = call.communicate(timeout=120)
+            if call.returncode != 0:
+                problems.append(f"{key} ({call.returncode}): {out.strip()[-400:]}")
+        if problems:
+            raise DeploymentError("flwr supernode register failed for " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ waiting
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Until the SuperLink answers on ``/health`` (over TLS with the CA when ``tls``)."""
+        assert self.superlink is not None
+        scheme = "https" if self.tls else "http"
+        context = None
+        if self.tls:
+            assert self.certs is not None
+            context = ssl.create_default_context(cafile=str(self.certs.ca_cert))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.superlink.alive():
+                raise DeploymentError(
+                    f"the SuperLink exited at start (code {self.superlink.popen.returncode}); "
+                    f"its log {self.superlink.log}:\n{tail(self.superlink.log)}"
+                )
+            try:
+                url = f"{scheme}://127.0.0.1:{self.port}/health"
+                with urllib.request.urlopen(url, timeout=1, context=context):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise DeploymentError(f"the SuperLink did not answer on {self.address} in {timeout:.0f}s")
+
+    def online_nodes(self) -> list[int]:
+        """Node ids the SuperLink lists as online (``flwr supernode list --format json``)."""
+        result = self.flwr("supernode", "list", CONNECTION, "--format", "json")
+        if result.returncode != 0:
+            raise DeploymentError(
+                f"flwr supernode list failed ({result.returncode}): "
+                f"{(result.stdout + result.stderr).strip()[-600:]}"
+            )
+        nodes = json.loads(result.stdout).get("nodes", [])
+        return [int(n["node-id"]) for n in nodes if n.get("status") == "online"]
+
+    def wait_online(
+        self, count: int, timeout: float = 120.0, watch: Sequence[_Process] | None = None
+    ) -> list[int]:
+        """Until at least ``count`` SuperNodes are online; fails early if one of ``watch``
+        (default: every SuperNode started) exits."""
+        deadline = time.monotonic() + timeout
+        watch = self.supernodes if watch is None else watch
+        while True:
+            dead = [p for p in watch if not p.alive()]
+            if dead:
+                raise DeploymentError(
+                    "SuperNode(s) exited: "
+                    + ", ".join(
+                        f"{p.name} (code {p.popen.returncode if p.popen else '?'})" for p in dead
+                    )
+                    + "".join(f"\n--- {p.log}:\n{tail(p.log)}" for p in dead)
+                )
+            online = self.online_nodes()
+            if len(online) >= count:
+                return online
+            if time.monotonic() > deadline:
+                raise DeploymentError(
+                    f"{len(online)} of {count} SuperNodes online after {timeout:.0f}s; "
+                    f"logs in {self.root / 'logs'}"
+                )
+            time.sleep(1.0)
+
+    # ------------------------------------------------------------------ recording, stopping
+    def processes(self) -> list[_Process]:
+        """SuperNodes first, then the SuperLink: the order they are stopped in."""
+        return [*self.supernodes, *([self.superlink] if self.superlink else [])]
+
+    def save(self, launcher_pid: int | None = None) -> None:
+        """Write ``deployment.json``: what ``--stop`` needs, and how to use the deployment."""
+        if launcher_pid is not None:
+            self.launcher = {"pid": launcher_pid, "start_time": _start_time(launcher_pid)}
+        state = {
+            "address": self.address,
+            "connection": CONNECTION,
+            "flwr_home": str(self.cli_home),
+            "tls": self.tls,
+            "auth": self.auth,
+            "database": self.database,
+            "shards": [str(Path(s).resolve()) for s in self.shards],
+            "launcher": self.launcher,
+            "processes": [p.record() for p in self.processes()],
+        }
+        path = self.root / STATE_FILE
+        path.with_suffix(".tmp").write_text(json.dumps(state, indent=2) + "\n")
+        path.with_suffix(".tmp").replace(path)
+
+    def stop(self, grace: float = GRACE_S) -> None:
+        """Stop every process this deployment started, by PID (SuperNodes, then the
+        SuperLink; SIGTERM, then SIGKILL after ``grace`` s). Safe to call twice."""
+        _stop_processes(self.supernodes, grace)
+        if self.superlink is not None:
+            _stop_processes([self.superlink], grace)
+        state = self.root / STATE_FILE
+        if state.exists() and not running_processes(self.root):
+            state.unlink(missing_ok=True)
+
+    def run_command(self, app_dir: Path) -> str:
+        """The ``flwr run`` line for this deployment."""
+        from pflarena.core.shards import read_shard_set
+
+        shards_dir = Path(self.shards[0]).resolve().parent
+        run_config = f"num-clients={len(self.shards)}"
+        with contextlib.suppress(Exception):
+            read_shard_set(shards_dir)
+            run_config += f" shards-dir='{shards_dir}'"
+        return (
+            f"FLWR_HOME={self.cli_home} FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \\\n"
+            f"  flwr run {app_dir} {CONNECTION} --stream \\\n"
+            f"  --run-config \"{run_config} num-rounds=5 output-dir='{self.root / 'runs' / 'run-1'}'\""
+        )
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _recorded(root: Path) -> tuple[dict[str, Any], list[_Process]]:
+    path = Path(root) / STATE_FILE
+    if not path.exists():
+        raise DeploymentError(f"no deployment recorded in {root} (no {STATE_FILE})")
+    try:
+        state = json.loads(path.read_text())
+        procs = [
+            _Process(p["name"], [], Path(p["log"]), pid=int(p["pid"]), started=p["start_time"])
+            for p in state["processes"]
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DeploymentError(f"{path} is not a deployment record: {exc}") from None
+    return state, procs
+
+
+def running_processes(root: Path) -> list[str]:
+    """Names of the recorded processes of the deployment in ``root`` that still run."""
+    try:
+        _, procs = _recorded(root)
+    except DeploymentError:
+        return []
+    return [p.name for p in procs if p.alive()]
+
+
+def stop_recorded(
+    root: str | Path, grace: float = GRACE_S, say: Callable[[str], Any] = print
+) -> int:
+    """Stop the deployment recorded in ``root/deployment.json``; returns how many processes
+    were still running. A PID whose start time differs from the record is another
+    process now and is left alone."""
+    root = Path(root)
+    state, procs = _recorded(root)
+    launcher = state.get("launcher")
+    alive = [p for p in procs if p.alive()]
+    if launcher and _start_time(int(launcher["pid"])) == launcher["start_time"]:
+        # The foreground `pflarena local-deploy` stops its processes itself on SIGTERM.
+        os.kill(int(launcher["pid"]), signal.SIGTERM)
+        deadline = time.monotonic() + 2 * grace + 10
+        while any(p.alive() for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    # SuperNodes first, so that they can deregister while the SuperLink still answers.
+    _stop_processes([p for p in procs if p.name != "superlink"], grace)
+    _stop_processes([p for p in procs if p.name == "superlink"], grace)
+    say(f"stopped {len(alive)} process(es): {', '.join(p.name for p in alive) or 'none running'}")
+    (root / STATE_FILE).unlink(missing_ok=True)
+    return len(alive)

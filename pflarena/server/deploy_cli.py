@@ -1,0 +1,276 @@
+"""The deployment subcommands of ``pflarena``: ``local-deploy``, ``certs`` and ``compose``.
+
+``pflarena local-deploy --num-supernodes N [--tls] [--auth]`` starts a SuperLink and ``N``
+SuperNodes on 127.0.0.1 (:class:`pflarena.server.deploy.LocalDeployment`) on shards written
+as ``pflarena shards`` writes them, waits until every node is online, prints the ``flwr run``
+line to use, and stops everything on Ctrl-C; ``--detach`` leaves it running and ``pflarena
+local-deploy --stop`` stops it. ``pflarena certs`` makes the CA, server certificates and
+SuperNode keys a TLS deployment with node authentication needs. ``pflarena compose`` writes
+the docker compose files (:mod:`pflarena.server.compose`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pflarena.core.config import ConfigError
+
+__all__ = ["add_parsers"]
+
+
+def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
+    """The shard files of a local deployment: ``--shards-dir``'s, or written now."""
+    from pflarena.core.config import parse_run_config
+    from pflarena.core.federation import ShardError, build_federation, write_shards
+    from pflarena.core.shards import read_shard_set
+    from pflarena.server.cli import DATA_KEYS, _collect_overrides
+
+    data_flags = _collect_overrides(args, [k for k in DATA_KEYS if k != "num-clients"])
+    if args.shards_dir:
+        if data_flags:
+            raise ConfigError(
+                f"--shards-dir takes its data from the directory; drop {', '.join(data_flags)}"
+            )
+        shard_set = read_shard_set(args.shards_dir)
+        count = args.num_supernodes or shard_set.num_clients
+        if count > shard_set.num_clients:
+            raise ConfigError(
+                f"--num-supernodes {count}: {shard_set.directory} holds only "
+                f"{shard_set.num_clients} shards"
+            )
+        return [shard_set.path(i) for i in range(count)]
+    if not args.num_supernodes:
+        raise ConfigError("pflarena local-deploy needs --num-supernodes N (or --shards-dir DIR)")
+    out = root / "shards"
+    if (out / "manifest.json").exists():
+        try:
+            existing = read_shard_set(out)
+        except ShardError as exc:
+            raise ConfigError(f"{out} holds shards that cannot be read: {exc}") from None
+        if data_flags or existing.num_clients != args.num_supernodes:
+            raise ConfigError(
+                f"{out} already holds {existing.num_clients} shards; use them (same "
+                "--num-supernodes, no data flags), pass --shards-dir, or choose another --dir"
+            )
+        print(f"using the shards already in {out}")
+        return [existing.path(i) for i in range(existing.num_clients)]
+    cfg = parse_run_config(data_flags | {"num-clients": str(args.num_supernodes)})
+    spec = cfg.federation_spec()
+    paths = write_shards(build_federation(spec), out, spec)
+    print(f"wrote {len(paths)} shard files to {out} (as `pflarena shards` does)")
+    return paths
+
+
+def _cmd_local_deploy(args: argparse.Namespace) -> int:
+    from pflarena.server import deploy
+    from pflarena.server.cli import project_root
+
+    root = Path(args.dir).resolve()
+    if args.stop:
+        deploy.stop_recorded(root)
+        return 0
+    if args.num_supernodes is not None and args.num_supernodes < 1:
+        raise ConfigError("--num-supernodes must be at least 1")
+    if args.auth and not args.tls:
+        raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+    shards = _shards_for(args, root)
+    dep = deploy.LocalDeployment(
+        root, shards, tls=args.tls, auth=args.auth, port=args.port, database=args.database
+    )
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_requested.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        print(
+            f"starting a SuperLink on {'127.0.0.1:' + str(args.port) if args.port else 'a free port'}"
+            f" and {len(shards)} SuperNodes{' with TLS' if args.tls else ''}"
+            f"{' and node authentication' if args.auth else ''}; logs in {root / 'logs'}"
+        )
+        start = time.monotonic()
+        dep.start(wait_s=args.wait)
+        dep.save(launcher_pid=None if args.detach else _own_pid())
+        print(f"{len(shards)} SuperNodes online after {time.monotonic() - start:.0f}s")
+        print(f"\nSuperLink: {dep.address}   flwr CLI connection: {deploy.CONNECTION}")
+        print("run the app on it with:\n")
+        print(dep.run_command(project_root()))
+        if args.detach:
+            print(f"\nstop it with: pflarena local-deploy --stop --dir {root}")
+            return 0
+        print(f"\nCtrl-C (or pflarena local-deploy --stop --dir {root}) stops everything")
+        while dep.superlink is not None and dep.superlink.alive():
+            time.sleep(1.0)
+        print("the SuperLink exited; stopping the SuperNodes", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping the deployment ...")
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not args.detach or sys.exc_info()[0] is not None:
+            dep.stop()
+
+
+def _own_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from pflarena.server import deploy
+
+    servers: dict[str, list[str]] = {
+        "superlink": [*args.superlink_host, "localhost", "127.0.0.1"],
+    }
+    for index in range(args.supernodes):
+        # The SuperNode's Runtime API (process isolation: its ClientApp executor connects).
+        servers[f"supernode-{index}"] = [f"supernode-{index}", "localhost", "127.0.0.1"]
+    certs = deploy.make_certificates(args.out, servers, days=args.days)
+    print(f"CA: {certs.ca_cert}")
+    for stem, (cert, key) in certs.servers.items():
+        print(f"{stem}: {cert} {key}")
+    if args.node_keys:
+        for index in range(args.node_keys):
+            private, public = deploy.make_node_key(Path(args.out) / "keys" / f"supernode-{index}")
+            print(f"SuperNode {index} key: {private} (register {public})")
+        print(
+            "register each public key with the SuperLink (TLS, --enable-supernode-auth):\n"
+            "  flwr supernode register <key>.pub <connection>"
+        )
+    return 0
+
+
+def _cmd_compose(args: argparse.Namespace) -> int:
+    from pflarena.server.compose import compose_files, write_compose_files
+
+    gpus = [g for g in args.gpus.split(",")] if args.gpus else None
+    command = f"pflarena compose --num-supernodes {args.num_supernodes}"
+    if args.gpus:
+        command += f" --gpus {args.gpus}"
+    files = compose_files(
+        args.num_supernodes,
+        gpus,
+        shards_dir=args.shards_dir,
+        certs_dir=args.certs_dir,
+        runs_dir=args.runs_dir,
+        image=args.image,
+        command_line=command,
+    )
+    for path in write_compose_files(files, Path(args.out_dir), force=args.force):
+        print(f"wrote {path}")
+    n = args.num_supernodes
+    print(
+        f"\nshards: pflarena shards --num-clients {n} --out {args.shards_dir} ...\n"
+        "GPUs:    docker compose up --build\n"
+        "no GPU:  docker compose -f docker-compose.yml -f docker-compose.cpu.yml up --build\n"
+        f"TLS:     pflarena certs --out {args.certs_dir} --superlink-host superlink "
+        f"--supernodes {n} --node-keys {n}\n"
+        "         docker compose -f docker-compose.yml -f docker-compose.tls.yml up --build\n"
+        'then, from the host: flwr run . <connection> --run-config "num-clients='
+        f"{n} shards-dir='/shards' output-dir='/runs/NAME'\" (docs/deployment.md)"
+    )
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``local-deploy``, ``certs`` and ``compose`` to ``pflarena``'s subcommands."""
+    from pflarena.server.cli import DATA_KEYS, _add_config_flags
+
+    local = sub.add_parser(
+        "local-deploy",
+        help="start a SuperLink and N SuperNodes (one shard each) on 127.0.0.1",
+        description="Start the deployment topology as processes on 127.0.0.1: a SuperLink and "
+        "N SuperNodes, SuperNode i holding shard i (written as `pflarena shards` writes "
+        "them, or from --shards-dir) and keeping its client state in its own state-dir. "
+        "Waits until every node is online and prints the `flwr run` line to use. Ctrl-C "
+        "stops everything; with --detach, `pflarena local-deploy --stop` does.",
+    )
+    local.add_argument("--num-supernodes", type=int, metavar="N", help="SuperNodes to start")
+    local.add_argument("--tls", action="store_true", help="serve the SuperLink with TLS")
+    local.add_argument(
+        "--auth",
+        action="store_true",
+        help="SuperNode authentication: only nodes whose keys are registered may join (needs --tls)",
+    )
+    local.add_argument(
+        "--dir",
+        default="local-deploy",
+        help="where shards, certificates, logs, state and deployment.json go (default ./local-deploy)",
+    )
+    local.add_argument(
+        "--port", type=int, default=9091, help="the SuperLink's port (default 9091; 0: a free one)"
+    )
+    local.add_argument(
+        "--shards-dir", help="use the shards in this directory instead of writing new ones"
+    )
+    local.add_argument(
+        "--wait", type=float, default=180.0, help="seconds to wait for the nodes (default 180)"
+    )
+    local.add_argument(
+        "--database",
+        action="store_true",
+        help="keep the SuperLink's state in DIR/superlink.db, so that it survives a restart of "
+        "the SuperLink (default: in memory; SQLite may refuse concurrent uploads under load)",
+    )
+    local.add_argument(
+        "--detach", action="store_true", help="start, print how to use it, and leave it running"
+    )
+    local.add_argument("--stop", action="store_true", help="stop the deployment recorded in --dir")
+    _add_config_flags(local, tuple(k for k in DATA_KEYS if k != "num-clients"))
+    local.set_defaults(func=_cmd_local_deploy)
+
+    certs = sub.add_parser(
+        "certs",
+        help="make a CA, server certificates (openssl) and SuperNode keys for a TLS deployment",
+        description="Make, with openssl, a CA and certificates signed by it: one for the "
+        "SuperLink (its subject alternative names: --superlink-host, localhost and 127.0.0.1) "
+        "and, with --supernodes N, one per SuperNode Runtime API (supernode-0 .. N-1, for "
+        "ClientApp executors in their own containers); with --node-keys N, N SuperNode key "
+        "pairs (ssh-keygen, EC P-384) to register with `flwr supernode register`. Files "
+        "already there are kept.",
+    )
+    certs.add_argument("--out", required=True, help="directory for the files")
+    certs.add_argument(
+        "--superlink-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name or IP the SuperLink is reached by (repeatable; e.g. superlink, "
+        "its public DNS name)",
+    )
+    certs.add_argument(
+        "--supernodes", type=int, default=0, help="SuperNode Runtime API certificates"
+    )
+    certs.add_argument("--node-keys", type=int, default=0, help="SuperNode key pairs to make")
+    certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    certs.set_defaults(func=_cmd_certs)
+
+    compose = sub.add_parser(
+        "compose",
+        help="write docker-compose.yml (one SuperNode per GPU) and its TLS, CPU and edge files",
+        description="Write docker-compose.yml (a SuperLink, the ServerApp executor, and N "
+        "SuperNodes, each with its ClientApp executor pinned to one GPU, its shard mounted "
+        "read-only and a state volume), docker-compose.tls.yml (TLS and SuperNode "
+        "authentication), docker-compose.cpu.yml (no GPUs) and docker-compose.edge.yml (one "
+        "SuperNode joining a remote SuperLink). Compose cannot loop: N is set here.",
+    )
+    compose.add_argument("--num-supernodes", type=int, required=True, metavar="N")
+    compose.add_argument(
+        "--gpus", metavar="ID,ID,...", help="one GPU id per SuperNode (default 0,1,...,N-1)"
+    )
+    compose.add_argument("--shards-dir", default="./shards", help="host directory of the shards")
+    compose.add_argument("--certs-dir", default="./certs", help="host directory of the TLS files")
+    compose.add_argument("--runs-dir", default="./runs", help="host directory for results")
+    compose.add_argument("--image", default="pflarena-app", help="the app image's name")
+    compose.add_argument("--out-dir", default=".", help="where the files go (default .)")
+    compose.add_argument("--force", action="store_true", help="replace compose files that differ")
+    compose.set_defaults(func=_cmd_compose)

@@ -1,0 +1,286 @@
+"""A TLS deployment with SuperNode authentication on loopback, started by ``pflarena local-deploy``.
+
+One deployment serves every test of this module (starting one costs tens of seconds): it is
+started with ``pflarena local-deploy --tls --auth --num-supernodes 5 --detach`` (a SuperLink
+serving TLS with ``--enable-supernode-auth``, five SuperNodes whose keys were registered with
+``flwr supernode register``, each holding one shard written as ``pflarena shards`` writes
+them) and stopped with ``pflarena local-deploy --stop``. The teardown then checks, by the
+PIDs ``deployment.json`` recorded, that nothing it started is left, and stops by PID what
+``--stop`` missed (also when a test failed).
+
+* An unregistered SuperNode (a key the SuperLink was never told about) is refused.
+* pFedGT runs 3 rounds on the five registered nodes, over TLS, to completion, while one
+  SuperNode is stopped after round 1 (``kill``, SIGTERM: the SIGKILL case, which costs
+  Flower's 60 s heartbeat patience, is ``test_deployment.py::test_supernode_stopped_mid_run``)
+  and a replacement with a new registered key joins on the same shard and ``state-dir``; the
+  run completes and ``rounds.jsonl`` names the clients of every round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from processes import cmdline, descendants, proc_state
+
+from pflarena.server.cli import _toml_value, project_root
+from pflarena.server.deploy import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
+from pflarena.server.results import read_rounds
+
+pytestmark = pytest.mark.slow
+
+NUM_NODES = 5
+RUN_TIMEOUT_S = 400.0
+PFLARENA = [sys.executable, "-m", "pflarena.server.cli"]
+
+
+def _pflarena(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*PFLARENA, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class Secured:
+    """The module's deployment (``dep``) and what the tests ran on it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dep: LocalDeployment | None = None
+        self.pids: set[int] = set()
+        self.children: set[int] = set()
+        self.runs: list[subprocess.Popen] = []  # `flwr run` processes
+
+    def attach(self) -> LocalDeployment:
+        self.dep = LocalDeployment.from_record(self.root)
+        self.note()
+        return self.dep
+
+    def note(self) -> None:
+        """Remember our processes and the helpers Flower started below them."""
+        assert self.dep is not None
+        self.pids |= {p.pid for p in self.dep.processes()}
+        self.children |= descendants({p for p in self.pids if proc_state(p)})
+
+    def logs(self, lines: int = 25) -> str:
+        from pflarena.server.deploy import tail
+
+        return "\n".join(
+            f"----- {path.name} -----\n{tail(path, lines)}"
+            for path in sorted((self.root / "logs").glob("*.log"))
+        )
+
+    def submit(self, name: str, run_config: dict[str, Any]) -> tuple[subprocess.Popen, Path]:
+        """``flwr run <app> local-deploy --run-config FILE --stream`` in the background."""
+        assert self.dep is not None
+        overrides = self.root / f"{name}.toml"
+        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        log = self.root / "logs" / f"flwr-run-{name}.log"
+        with open(log, "wb") as handle:
+            proc = subprocess.Popen(
+                [
+                    "flwr",
+                    "run",
+                    str(project_root()),
+                    CONNECTION,
+                    "--run-config",
+                    str(overrides),
+                    "--stream",
+                ],
+                env=self.dep.cli_env(),
+                cwd=self.dep.cli_home,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.runs.append(proc)
+        return proc, log
+
+    def wait(self, proc: subprocess.Popen, log: Path) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None:
+            self.note()
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"flwr run did not end in {RUN_TIMEOUT_S:.0f}s\n{self.logs()}")
+            time.sleep(1.0)
+        assert proc.returncode == 0, f"flwr run exited {proc.returncode}\n{log.read_text()[-3000:]}"
+
+    def completed(self, out: Path) -> list[dict[str, Any]]:
+        """Check the run completed (its summary and the SuperLink agree); its rounds."""
+        assert self.dep is not None
+        assert (out / "summary.json").exists(), f"no summary.json\n{self.logs()}"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "completed", f"{summary}\n{self.logs()}"
+        run_id = int(json.loads((out / "config.json").read_text())["run_id"])
+        listed = self.dep.flwr("list", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        (run,) = [r for r in json.loads(listed.stdout)["runs"] if int(r["run-id"]) == run_id]
+        assert run["status"] == "finished:completed", run
+        return read_rounds(out / "rounds.jsonl")
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """``pflarena local-deploy --tls --auth`` with five SuperNodes, for every test here."""
+    root = tmp_path_factory.mktemp("secured")
+    state = Secured(root)
+    try:
+        started = _pflarena(
+            "local-deploy", "--tls", "--auth", "--num-supernodes", str(NUM_NODES), "--port", "0",
+            "--detach", "--dir", str(root), "--partition", "iid", "--seed", "0",
+        )  # fmt: skip
+        assert started.returncode == 0, f"{started.stdout}{started.stderr}\n{state.logs()}"
+        assert "flwr run" in started.stdout and f"{NUM_NODES} SuperNodes online" in started.stdout
+        state.attach()
+        yield state
+    finally:
+        _stop_and_check(state)
+
+
+def _stop_and_check(state: Secured) -> None:
+    """``pflarena local-deploy --stop``; then nothing recorded may run: what is left is
+    stopped by PID here and fails the check. A ``flwr run`` still running (a test failed)
+    is stopped first."""
+    for proc in state.runs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    if (state.root / STATE_FILE).exists():
+        if state.dep is None:
+            state.attach()
+        else:
+            state.note()
+        stopped = _pflarena("local-deploy", "--stop", "--dir", str(state.root), timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    # SuperNodes this process started (the unregistered one, the replacement) are our
+    # children: reap them, or their executors, which watch the parent's PID, see a zombie
+    # and keep running.
+    own = [p.popen for p in (state.dep.supernodes if state.dep else []) if p.popen is not None]
+    deadline = time.monotonic() + 20
+    while (alive := {p for p in state.pids | state.children if proc_state(p)}) and (
+        time.monotonic() < deadline
+    ):
+        for popen in own:
+            popen.poll()
+        time.sleep(0.5)
+    leftovers = {pid: cmdline(pid)[:160] for pid in alive}
+    for pid in alive:  # ours, recorded: stop by PID
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, f"still running after --stop: {[(p, leftovers[p]) for p in sorted(alive)]}"
+
+
+# --------------------------------------------------------------------------- tests
+def test_unregistered_supernode_is_refused(secured: Secured) -> None:
+    """A SuperNode with a key the SuperLink does not know exits with Flower's code 305 and
+    never shows up among the nodes; catches a SuperLink started without
+    ``--enable-supernode-auth`` (the node would join and be listed online)."""
+    dep = secured.dep
+    assert dep is not None
+    before = dep.online_nodes()
+    assert len(before) == NUM_NODES
+    private, _ = make_node_key(secured.root / "keys" / "unregistered")
+    intruder = dep.start_supernode(0, key=private, name="unregistered")
+    secured.note()
+    try:
+        code = intruder.popen.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"an unregistered SuperNode kept running\n{secured.logs()}") from None
+    log = intruder.log.read_text(errors="replace")
+    assert code != 0 and "Exit Code: 305" in log, f"exit {code}\n{log[-2000:]}"
+    assert sorted(dep.online_nodes()) == sorted(before)
+    assert "No SuperNode found with the given public key" in dep.superlink.log.read_text()
+
+
+def test_pfedgt_over_tls_with_a_node_killed_and_replaced(secured: Secured, tmp_path: Path) -> None:
+    """pFedGT, 3 rounds, every client every round, on the five registered SuperNodes over TLS.
+    After round 1, SuperNode 4 is killed (SIGTERM) and a new SuperNode (a new key, registered
+    for it) joins with the same shard and ``state-dir``, so it holds client 4.
+
+    The run completes (its summary and the SuperLink agree) and learns; ``rounds.jsonl``
+    names every round's clients: all five in round 1, and all five again, without failures,
+    in every round configured once the new node was online; the last evaluation has each
+    client's own test split (the shards'). One run serves both acceptance checks (a pFedGT
+    run over TLS by registered nodes, a node lost and replaced mid-run) to keep the suite
+    short. Catches a run that stalls or fails on a vanished node, a replacement that cannot
+    join, and rounds that do not record who took part.
+    """
+    import numpy as np
+
+    dep = secured.dep
+    assert dep is not None
+    _, public = make_node_key(secured.root / "keys" / "replacement")
+    dep.register(public)  # before the run: joining then needs only the node's start
+    out = tmp_path / "out"
+    proc, log = secured.submit(
+        "pfedgt",
+        {
+            "strategy": "pfedgt",
+            "num-clients": NUM_NODES,
+            "shards-dir": str(secured.root / "shards"),
+            "num-rounds": 3,
+            "eval-every": 3,
+            "fraction-train": 1.0,
+            "lr": 0.1,
+            "local-epochs": 2,
+            "round-timeout": 180.0,
+            "output-dir": str(out),
+        },
+    )
+    rounds_file = out / "rounds.jsonl"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (rounds_file.exists() and any(r["round"] >= 1 for r in read_rounds(rounds_file))):
+        assert proc.poll() is None, f"flwr run ended early\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no round 1\n{secured.logs()}"
+        time.sleep(0.3)
+    secured.note()
+    victim = dep.supernodes[NUM_NODES - 1]
+    assert victim.name == f"supernode-{NUM_NODES - 1}"
+    assert victim.stop(signal.SIGTERM, wait=30), "SuperNode 4 did not stop"
+    replacement = dep.start_supernode(
+        NUM_NODES - 1, key=secured.root / "keys" / "replacement", name="replacement"
+    )
+    secured.note()
+    dep.wait_online(NUM_NODES, timeout=120, watch=[replacement])
+    joined_after = max(r["round"] for r in read_rounds(rounds_file))
+    secured.wait(proc, log)
+    rounds = secured.completed(out)
+    logs = secured.logs
+    for record in rounds[1:]:
+        print(f"round {record['round']}: {record['train']}")
+    print(f"the replacement was online during round {joined_after + 1}")
+
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3], f"{rounds}\n{logs()}"
+    assert rounds[1]["train"]["sampled"] == [0, 1, 2, 3, 4], rounds[1]
+    assert rounds[1]["train"]["failures"] == 0, rounds[1]
+    assert [e["name"] for e in rounds[1]["exchanges"]] == ["init", "train"], rounds[1]
+    later = [r for r in rounds if r["round"] > joined_after + 1]
+    assert later, f"the run ended before a round began with the new node online\n{logs()}"
+    for record in later:
+        assert record["train"]["sampled"] == [0, 1, 2, 3, 4], f"{record}\n{logs()}"
+        assert (record["train"]["clients"], record["train"]["failures"]) == (5, 0), record
+    sizes = {str(i): len(np.load(path)["y_test"]) for i, path in enumerate(dep.shards)}
+    per_client = rounds[-1]["evaluation"]["per_client"]
+    assert {k: v["test_samples"] for k, v in per_client.items()} == sizes, per_client
+    first, last = (r["evaluation"]["personalized"]["mean"] for r in (rounds[0], rounds[-1]))
+    assert last > first, (first, last)
+    assert replacement.alive(), f"the new SuperNode exited\n{logs()}"
+    assert "Sending: train message" in replacement.log.read_text(), "the new node never trained"
