@@ -21,8 +21,10 @@ process's ``FLWR_HOME`` and log, the SuperLink's database, each SuperNode's ``st
 records every process started (PID and start time, so a reused PID is never signalled) for
 ``pflarena local-deploy --stop``.
 
-Every process gets :data:`FAST_ROUND_ENV`: the SuperExecs of the SuperLink and SuperNodes look
-for new tasks every 0.1 s instead of every 1 s (``benchmarks/results/deployment.md``).
+The SuperExecs of the SuperLink and SuperNodes look for new tasks every ``task_poll`` seconds
+(``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``): Flower's 1 s by default here, since ten idle SuperNodes
+polling every 0.1 s kept 0.7 of 2 cores busy (``benchmarks/results/deployment.md``); the
+container images, one SuperNode per host or GPU, use 0.1 s (:data:`FAST_ROUND_ENV`).
 """
 
 from __future__ import annotations
@@ -57,8 +59,11 @@ __all__ = [
 CONNECTION = "local-deploy"
 #: The file under a deployment's root that lists what it started.
 STATE_FILE = "deployment.json"
-#: Flower's own setting for a shorter round: the SuperExec's task poll interval (seconds).
+#: Flower's own setting for a shorter round: the SuperExec's task poll interval (seconds),
+#: as the container images set it.
 FAST_ROUND_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+#: Flower's default task poll interval, which a local deployment keeps unless told otherwise.
+DEFAULT_TASK_POLL_S = 1.0
 #: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
 EXIT_NODE_NOT_REGISTERED = 305
 GRACE_S = 15.0
@@ -252,7 +257,6 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         PFLARENA_TORCH_THREADS=env.get("PFLARENA_TORCH_THREADS", "1"),
-        **FAST_ROUND_ENV,
     )
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return env
@@ -290,6 +294,8 @@ class LocalDeployment:
         Only registered SuperNodes may join (needs ``tls``).
     port : int
         The SuperLink's port (0: a free one).
+    task_poll : float
+        Seconds between the SuperExecs' checks for a new task (0.01-60).
     database : bool
         Keep the SuperLink's state in ``root/superlink.db`` (it then survives a restart of
         the SuperLink) instead of in memory, Flower's default. Measured on 2 loaded cores
@@ -305,6 +311,7 @@ class LocalDeployment:
     auth: bool = False
     port: int = 0
     database: bool = False
+    task_poll: float = DEFAULT_TASK_POLL_S
     env: dict[str, str] = field(default_factory=dict)
     superlink: _Process | None = None
     supernodes: list[_Process] = field(default_factory=list)
@@ -316,6 +323,8 @@ class LocalDeployment:
         self.root = Path(self.root).resolve()
         if self.auth and not self.tls:
             raise DeploymentError("SuperNode authentication needs TLS (--tls)")
+        if not 0.01 <= self.task_poll <= 60:
+            raise DeploymentError(f"task poll {self.task_poll} s: Flower allows 0.01 to 60 s")
         if not self.shards:
             raise DeploymentError("a deployment needs at least one SuperNode (one shard file)")
         for shard in self.shards:
@@ -333,6 +342,7 @@ class LocalDeployment:
             tls=state["tls"],
             auth=state["auth"],
             database=state.get("database", False),
+            task_poll=state.get("task_poll", DEFAULT_TASK_POLL_S),
         )
         dep.port = int(state["address"].rsplit(":", 1)[1])
         dep._ports.add(dep.port)
@@ -364,6 +374,11 @@ class LocalDeployment:
     def cli_env(self) -> dict[str, str]:
         return flower_env(self.cli_home) | self.env
 
+    def process_env(self, home: Path) -> dict[str, str]:
+        """The environment of this deployment's SuperLink and SuperNodes."""
+        poll = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": repr(self.task_poll)}
+        return flower_env(home) | poll | self.env
+
     # ------------------------------------------------------------------ starting
     def _spawn(self, name: str, cmd: list[str], home: Path) -> _Process:
         log = self.root / "logs" / f"{name}.log"
@@ -375,7 +390,7 @@ class LocalDeployment:
             # which then stops every process by PID, SuperNodes first.
             proc.popen = subprocess.Popen(
                 cmd,
-                env=flower_env(home) | self.env,
+                env=self.process_env(home),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -592,6 +607,7 @@ class LocalDeployment:
             "tls": self.tls,
             "auth": self.auth,
             "database": self.database,
+            "task_poll": self.task_poll,
             "shards": [str(Path(s).resolve()) for s in self.shards],
             "launcher": self.launcher,
             "processes": [p.record() for p in self.processes()],

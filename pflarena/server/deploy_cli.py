@@ -80,7 +80,13 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
     shards = _shards_for(args, root)
     dep = deploy.LocalDeployment(
-        root, shards, tls=args.tls, auth=args.auth, port=args.port, database=args.database
+        root,
+        shards,
+        tls=args.tls,
+        auth=args.auth,
+        port=args.port,
+        database=args.database,
+        task_poll=args.task_poll,
     )
     stop_requested: list[int] = []
 
@@ -220,6 +226,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the SuperLink's state in DIR/superlink.db, so that it survives a restart of "
         "the SuperLink (default: in memory; SQLite may refuse concurrent uploads under load)",
+    )
+    local.add_argument(
+        "--task-poll",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between the executors' checks for a task (FLWR_SUPEREXEC_TASK_POLL_INTERVAL; "
+        "default 1, Flower's: 0.1 answers sooner but costs CPU on every idle SuperNode)",
     )
     local.add_argument(
         "--detach", action="store_true", help="start, print how to use it, and leave it running"
