@@ -173,3 +173,20 @@ def test_a_run_stored_before_another_methods_default_changed_still_resumes(tmp_p
     assert cfg.strategy == "ppfl" and cfg.resume and cfg.output_dir == str(run.resolve())
     assert cfg.method_values("ppfl")["num-canonical"] == 2
     assert not cfg.method_values("pfedgt") and not cfg.method_values("ditto")
+
+
+def test_relative_shard_and_data_paths_reach_the_runtime_absolute(tmp_path, monkeypatch):
+    """Catches a relative ``shards-dir`` or ``data-dir`` handed as it is to the runtime,
+    whose process runs in a scratch directory (``--shards-dir shards`` then found no
+    manifest there)."""
+    from pflarena.server.cli import with_absolute_paths
+    from pflarena.server.registry import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    args = ["shards", "--dataset", "digits", "--partition", "iid", "--num-clients", "3"]
+    assert main([*args, "--out", "shards"]) == 0
+    cfg = parse_config({"shards-dir": "shards", "num-clients": 3, "data-dir": "data"})
+    absolute = with_absolute_paths(cfg)
+    assert absolute.shards_dir == str(tmp_path.resolve() / "shards")
+    assert absolute.data_dir == str(tmp_path.resolve() / "data")
+    assert with_absolute_paths(parse_config({})).shards_dir == ""

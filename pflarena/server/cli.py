@@ -166,7 +166,7 @@ def simulate(
     Raises ``RuntimeError`` when the run did not complete.
     """
     output_dir = Path(cfg.output_dir).resolve()
-    cfg = cfg.model_copy(update={"output_dir": str(output_dir)})
+    cfg = with_absolute_paths(cfg.model_copy(update={"output_dir": str(output_dir)}))
     _check_flower_keys(cfg)
     if superlink and engine != "ray":
         raise ConfigError(f"--superlink runs on Flower's Ray engine; --engine {engine} cannot")
@@ -214,6 +214,18 @@ def _stream(proc: subprocess.Popen, log_handle: Any, verbosity: int) -> list[str
     return tail
 
 
+def with_absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``shards-dir`` and ``data-dir`` made absolute against the current
+    directory: the runtime's process runs in a scratch directory of its own, where a relative
+    path would name another place. Unset (empty) paths stay unset."""
+    update = {
+        name: str(Path(value).expanduser().resolve())
+        for name in ("shards_dir", "data_dir")
+        if (value := getattr(cfg, name))
+    }
+    return cfg.model_copy(update=update) if update else cfg
+
+
 def run_simulations(
     configs: list[RunConfig],
     *,
@@ -240,7 +252,10 @@ def run_simulations(
         "gpus_per_client": gpus_per_client,
         "engine": engine,
         "runs": [
-            {"run_config": cfg.to_run_config(), "num_supernodes": cfg.num_clients}
+            {
+                "run_config": with_absolute_paths(cfg).to_run_config(),
+                "num_supernodes": cfg.num_clients,
+            }
             for cfg in configs
         ],
     }
