@@ -80,17 +80,12 @@ def _int_if_whole(value: float) -> int | float:
 
 
 def _flwr_env(flwr_home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        FLWR_HOME=str(flwr_home),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
-        PFLARENA_TORCH_THREADS=env.get("PFLARENA_TORCH_THREADS", "1"),
-    )
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    """A deployment's Flower environment (:func:`~pflarena.server.deploy.flower_env`), with
+    Ray leaving the GPUs visible to actors that reserve none."""
+    from pflarena.server.deploy import flower_env
+
+    env = flower_env(flwr_home)
+    env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
     return env
 
 
