@@ -137,23 +137,19 @@ def compose_files(
     shard = [f"client_{i:04d}.npz" for i in range(num_supernodes)]
     app_build = {"context": ".", "dockerfile": "docker/Dockerfile", "target": "app"}
 
+    # The SuperLink's serving flags, the same with and without TLS (an override file
+    # replaces a service's whole command, so the TLS file repeats them after its own).
+    superlink_serves = [
+        "--isolation", "process", "--host", "0.0.0.0", "--port", str(SUPERLINK_PORT),
+        "--database", "/state/superlink.db", "--disable-runtime-dependency-installation",
+    ]  # fmt: skip
+
     # ------------------------------------------------------------------ docker-compose.yml
     services: dict[str, Any] = {
         "superlink": {
             "build": app_build | {"target": "superlink"},
             "image": f"{image}:superlink",
-            "command": [
-                "--insecure",
-                "--isolation",
-                "process",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SUPERLINK_PORT),
-                "--database",
-                "/state/superlink.db",
-                "--disable-runtime-dependency-installation",
-            ],  # fmt: skip
+            "command": ["--insecure", *superlink_serves],
             "ports": [f"{SUPERLINK_PORT}:{SUPERLINK_PORT}"],
             "volumes": ["superlink-state:/state"],
             "restart": "unless-stopped",
@@ -230,15 +226,7 @@ def compose_files(
                 "--ssl-keyfile",
                 "/certs/superlink.key",
                 "--enable-supernode-auth",
-                "--isolation",
-                "process",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SUPERLINK_PORT),
-                "--database",
-                "/state/superlink.db",
-                "--disable-runtime-dependency-installation",
+                *superlink_serves,
             ],  # fmt: skip
             "volumes": [
                 f"{certs_dir}/ca.crt:{ca}:ro",
