@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.split import layer_entries, layer_owners
 from pflarena.core.training import batches, train_epochs
 
 __all__ = [
@@ -50,15 +51,11 @@ STARTED_KEY = "fedala/started"
 
 def higher_layers(model: nn.Module, layers: int) -> list[str]:
     """Names of the trainable parameters of the ``layers`` highest layers (a layer: the
-    trainable parameters of one module, e.g. a weight and its bias), in model order."""
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    modules: list[str] = []
-    for name in names:
-        module = name.rsplit(".", 1)[0] if "." in name else ""
-        if not modules or modules[-1] != module:
-            modules.append(module)
-    top = set(modules[-layers:])
-    return [name for name in names if (name.rsplit(".", 1)[0] if "." in name else "") in top]
+    trainable parameters of one module, e.g. a weight and its bias), in model order; the
+    layers are the body/head split's (``core/split.py``)."""
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    owners = layer_owners(trainable)
+    return layer_entries(trainable, owners, owners[-layers:])
 
 
 def aggregate(
