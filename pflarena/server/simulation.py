@@ -31,6 +31,7 @@ SuperLink gives (``tests/test_startup.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -126,7 +127,45 @@ def _start_ray(app_dir: Path, backend_config: dict[str, Any]) -> None:
     if os.environ.get("PYTHONPATH"):
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **arguments)
+    ray_init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **arguments)
+
+
+#: Ray's message when its raylet did not register within Ray's fixed 30 s
+#: (``ray/_private/node.py``, not configurable): seen on a machine whose cores are busy.
+RAY_START_TIMEOUT = "timed out during startup"
+
+
+def ray_init(attempts: int = 3, **arguments: Any) -> None:
+    """``ray.init(**arguments)``, tried again (up to ``attempts`` times in all) when Ray's
+    node does not come up in time on a busy machine. The processes a failed attempt
+    started (its GCS server, raylet and helpers, children of this process) are stopped by
+    PID before the next; any other error is raised at once."""
+    import ray
+
+    # Ray's vendored copy of psutil, importable once ray is imported.
+    psutil = importlib.import_module("psutil")
+
+    me = psutil.Process()
+    for attempt in range(1, attempts + 1):
+        before = {child.pid for child in me.children(recursive=True)}
+        try:
+            ray.init(**arguments)
+            return
+        except Exception as exc:
+            if RAY_START_TIMEOUT not in str(exc) or attempt == attempts:
+                raise
+            started = [c for c in me.children(recursive=True) if c.pid not in before]
+            for child in started:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+            psutil.wait_procs(started, timeout=10)
+            ray.shutdown()
+            print(
+                f"Ray's node did not start in time (attempt {attempt} of {attempts}); "
+                f"stopped the {len(started)} process(es) it started, starting again",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class SimulationRuntime:
