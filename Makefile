@@ -31,8 +31,12 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(VENV)/bin/pflarena sweep $(MAIN_JOB) --strategies $(subst $(space),$(comma),$(strip $(STRATEGIES))) --out $(RUNS) --quiet
 
+# Two workers (pytest-xdist), one test module at a time each (a module's fixtures, such as
+# its deployment, start once): much of the suite's time is Flower's processes starting and
+# polling, which the second worker overlaps. tests/conftest.py puts the longest modules first.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(VENV)/bin/ruff check pflarena tests benchmarks
