@@ -13,9 +13,8 @@ def _torch_threads():
     torch.set_num_threads(1)
 
 
-
-#: The modules that take longest (a loopback deployment each, several minutes), run first.
-LONGEST = ("test_deployment.py", "test_deployment_secure.py")
+#: The modules that take longest (a loopback deployment each, minutes), run first.
+LONGEST = ("test_deployment.py", "test_deployment_faults.py", "test_deployment_secure.py")
 
 
 def pytest_collection_modifyitems(config, items):

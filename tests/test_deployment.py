@@ -1,40 +1,16 @@
-"""Loopback deployment: a real SuperLink and three SuperNodes on 127.0.0.1, driven by ``flwr run``.
+"""Every method that needs a deployment check, on one loopback deployment: a real SuperLink and
+three SuperNodes on 127.0.0.1, driven by ``flwr run`` (``deployment_harness.py``).
 
-Each SuperNode is started with ``--node-config data-path="<shard>"`` and holds one shard file
-only, so the client ids in the evaluation show which data every node used. One deployment
-serves every test of this module (starting one costs tens of seconds): FedAvg, the test
-suite's two-exchange plug-in method (``tests/pflarena_test_methods.py``, loaded through
-``PFLARENA_PLUGINS`` by the ServerApp and every ClientApp), and last a run during which one
-SuperNode is killed, after which the run must still complete with the other two.
-
-Every process a test starts is tracked by :class:`Deployment` and stopped by PID (``flwr
-run``, the SuperNodes, then the SuperLink; SIGTERM, then SIGKILL after a grace period), also
-when an assertion fails. A failing assertion shows the tail of every process's log.
-
-What Flower 1.41 does with a SuperNode that dies (measured with these tests):
-
-* SIGKILL (a crash): the SuperLink keeps the node "online" until its heartbeat runs out
-  (2 x 30 s after the last heartbeat; the error reply came 47-61 s after the kill). Until then
-  ``get_node_ids()`` still lists it and a message to it gets no reply; after that
-  ``send_and_receive`` returns an error reply ("Node Unavailable", ``src_node_id`` 1, the
-  SuperLink) without waiting for the timeout, and ``get_node_ids()`` drops the node.
-* SIGTERM (a clean stop): the SuperNode deactivates and unregisters itself at once, so both
-  happen within one polling cycle (about 3 s).
-
-A SuperNode polls for messages every 3 s (Flower's fixed interval; the ServerApp checks for
-replies every 0.1 s, ``pflarena/server/polling.py``), and every message starts a new ClientApp
-process that imports torch, so a round takes 10-40 s here; the tests are marked ``slow``.
-``test_deployment_secure.py`` runs the same topology with TLS and SuperNode authentication.
+One deployment serves every test of this module (starting one costs tens of seconds): FedAvg,
+the test suite's two-exchange plug-in method (``tests/pflarena_test_methods.py``, loaded through
+``PFLARENA_PLUGINS`` by the ServerApp and every ClientApp), and each seed paper's method. A new
+method that needs a deployment check joins ``SEED_METHODS`` here and costs its rounds only.
+``test_deployment_faults.py`` stops the SuperLink and kills a SuperNode on a deployment of its
+own; ``test_deployment_secure.py`` runs with TLS and SuperNode authentication.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,427 +18,35 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import grid_for, run_local
-from processes import cmdline, descendants, proc_state
-
-from pflarena.core.config import RunConfig
-from pflarena.core.federation import FederationSpec, build_federation, write_shards
-from pflarena.server.cli import (
-    _flwr_env,
-    _free_port,
-    _stop,
-    _toml_value,
-    _wait_healthy,
-    project_root,
-    resume_config,
+from deployment_harness import (
+    NUM_NODES,
+    PLUGINS,
+    Deployment,
+    completed_rounds,
+    run_config,
+    started_deployment,
 )
+from helpers import grid_for, run_local
+
 from pflarena.server.registry import parse_config
-from pflarena.server.results import read_rounds
 
 pytestmark = pytest.mark.slow
-
-NUM_NODES = 3
-CONNECTION = "loopback"
-GRACE_S = 15.0  # SIGTERM grace before SIGKILL
-RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
-LOG_TAIL_LINES = 25
-TESTS_DIR = Path(__file__).resolve().parent
-PLUGINS = "pflarena_test_methods"
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-# --------------------------------------------------------------------------- the deployment
-class Deployment:
-    """One SuperLink, its SuperNodes and ``flwr run`` on loopback; files under ``root``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = 0
-        self.superlink: subprocess.Popen | None = None
-        self.supernodes: list[subprocess.Popen] = []
-        self.cli: list[subprocess.Popen] = []  # `flwr run` processes
-        self.logs: dict[str, Path] = {}
-        self.cli_home = root / "home-cli"
-        self.t0 = time.monotonic()
-        #: processes Flower started below ours (superexec, serverapp, clientapp): not ours
-        #: to kill, but they must go away with their parents.
-        self.children: dict[int, str] = {}  # pid -> when and below whom it was first seen
-        self._ports: set[int] = set()
-        self._handles: list[Any] = []
-        self.stopped: list[subprocess.Popen] = []  # SuperLinks stopped by a restart
-        self._threads: list[threading.Thread] = []
-
-    @property
-    def started(self) -> list[subprocess.Popen]:
-        """Every process this deployment started itself."""
-        return [
-            *self.cli,
-            *self.supernodes,
-            *self.stopped,
-            *([self.superlink] if self.superlink else []),
-        ]
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    # ------------------------------------------------------------------ starting
-    def _port(self) -> int:
-        while (port := _free_port()) in self._ports:
-            pass
-        self._ports.add(port)
-        return port
-
-    def _env(self, home: Path) -> dict[str, str]:
-        home.mkdir(parents=True, exist_ok=True)
-        env = _flwr_env(home)
-        env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.1"
-        env["PFLARENA_PLUGINS"] = PLUGINS
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
-        return env
-
-    def _spawn(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
-        self.logs[name] = self.root / f"{name}.log"
-        handle = open(self.logs[name], "wb")  # noqa: SIM115 - closed in close()
-        self._handles.append(handle)
-        # A session of its own: a Ctrl-C in pytest's terminal reaches pytest only, and the
-        # fixture's teardown then stops the process by PID.
-        proc = subprocess.Popen(
-            cmd,
-            env=self._env(home),
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=home,
-            start_new_session=True,
-        )
-        print(f"{self.elapsed():.0f}s: started {name} pid {proc.pid}")
-        return proc
-
-    def start_superlink(self) -> None:
-        """The SuperLink (deployment, not simulation), its state in a database file so that
-        a restarted one knows the SuperNodes."""
-        name = f"superlink{len([k for k in self.logs if k.startswith('superlink')])}"
-        self.superlink = self._spawn(
-            name,
-            [
-                "flower-superlink",
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--database",
-                str(self.root / "superlink.db"),
-                "--disable-runtime-dependency-installation",
-            ],
-            self.root / "home-superlink",
-        )
-        try:
-            _wait_healthy(self.port, self.superlink)
-        except RuntimeError as exc:
-            raise AssertionError(f"{exc}\n{self.log_tails()}") from None
-
-    def restart_superlink(self) -> None:
-        """Stop the SuperLink (and with it the ServerApp) by PID, then start it again."""
-        assert self.superlink is not None
-        self.note_children()
-        _stop(self.superlink, grace=GRACE_S)
-        self.stopped.append(self.superlink)
-        self.start_superlink()
-
-    def start(self, shards: list[Path]) -> None:
-        """The SuperLink, then one SuperNode per shard file, each with its own state-dir."""
-        self.shards = shards
-        self.port = self._port()
-        self.start_superlink()
-        for i, shard in enumerate(shards):
-            node = self._spawn(
-                f"supernode{i}",
-                [
-                    "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--port",
-                    str(self._port()),
-                    # Node config values are parsed as TOML: a path must be quoted.
-                    "--node-config",
-                    f'data-path="{shard}" state-dir="{self.root / f"state-sn{i}"}"',
-                ],
-                self.root / f"home-sn{i}",
-            )
-            self.supernodes.append(node)
-        self.cli_home.mkdir(parents=True, exist_ok=True)
-        (self.cli_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-
-    def submit(self, cfg: RunConfig) -> subprocess.Popen:
-        """``flwr run <project> loopback --run-config <file> --stream``, in the background.
-
-        Its output goes to ``flwr-run.log``, each line stamped with the seconds since the
-        deployment was created, so the log shows when rounds and warnings happened.
-        """
-        overrides = self.root / "run-config.toml"
-        overrides.write_text(
-            "".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items())
-        )
-        proc = subprocess.Popen(
-            [
-                "flwr",
-                "run",
-                str(project_root()),
-                CONNECTION,
-                "--run-config",
-                str(overrides),
-                "--stream",
-            ],
-            env=self._env(self.cli_home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=self.cli_home,
-            start_new_session=True,
-        )
-        self.cli.append(proc)
-        name = f"flwr-run{len(self.cli)}"
-        self.logs[name] = self.root / f"{name}.log"
-        out = open(self.logs[name], "w", buffering=1)  # noqa: SIM115 - closed in close()
-        self._handles.append(out)
-
-        def copy() -> None:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                out.write(f"[{self.elapsed():6.1f}s] {raw.decode(errors='replace')}")
-
-        thread = threading.Thread(target=copy, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        return proc
-
-    # ------------------------------------------------------------------ waiting
-    def check_running(self, expected: list[subprocess.Popen]) -> None:
-        """Fail at once (with the logs) if one of ``expected`` has exited."""
-        dead = [
-            f"{p.args[0]} pid {p.pid} (exit {p.returncode})"
-            for p in expected
-            if p.poll() is not None
-        ]
-        assert not dead, f"exited unexpectedly: {', '.join(dead)}\n{self.log_tails()}"
-
-    def wait(self, proc: subprocess.Popen, expected: list[subprocess.Popen]) -> int:
-        """Wait for ``flwr run`` to end while ``expected`` processes keep running."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while proc.poll() is None:
-            self.check_running(expected)
-            assert time.monotonic() < deadline, (
-                f"flwr run did not end within {RUN_TIMEOUT_S:.0f}s\n{self.log_tails()}"
-            )
-            self.note_children()
-            time.sleep(1.0)
-        for thread in self._threads:
-            thread.join(timeout=5)
-        return proc.returncode
-
-    def wait_for_round(self, out: Path, server_round: int, proc: subprocess.Popen) -> None:
-        """Block until ``rounds.jsonl`` holds round ``server_round``."""
-        path = out / "rounds.jsonl"
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not (path.exists() and any(r["round"] >= server_round for r in read_rounds(path))):
-            self.check_running([proc, *self.supernodes, self.superlink])
-            assert time.monotonic() < deadline, f"no round {server_round}\n{self.log_tails()}"
-            time.sleep(0.3)
-
-    def run_status(self, run_id: int) -> dict[str, Any]:
-        """The run as ``flwr list <connection> --run-id <id> --format json`` shows it."""
-        res = subprocess.run(
-            ["flwr", "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
-            env=self._env(self.cli_home),
-            cwd=self.cli_home,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert res.returncode == 0, (
-            f"flwr list failed ({res.returncode}):\n{res.stdout}{res.stderr}"
-        )
-        runs = [r for r in json.loads(res.stdout).get("runs", []) if int(r["run-id"]) == run_id]
-        assert runs, f"run {run_id} is not in `flwr list`:\n{res.stdout}"
-        return runs[0]
-
-    def note_children(self) -> None:
-        """Remember the processes Flower has started below ours so far."""
-        for pid in descendants({p.pid for p in self.started if p.poll() is None}):
-            if pid not in self.children:
-                state = proc_state(pid)
-                parent = state[1] if state else "?"
-                self.children[pid] = f"first seen at {self.elapsed():.0f}s below {parent}"
-
-    # ------------------------------------------------------------------ diagnostics
-    def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
-        return "\n".join(
-            f"----- {name}.log (last {lines} lines) -----\n{_tail(path, lines)}"
-            for name, path in self.logs.items()
-        )
-
-    # ------------------------------------------------------------------ stopping
-    def close(self) -> None:
-        """Stop what we started, by PID: ``flwr run``, the SuperNodes, then the SuperLink.
-
-        SIGTERM first, SIGKILL after ``GRACE_S`` seconds. Safe to call twice.
-        """
-        self.note_children()
-        _stop_all(self.cli)
-        _stop_all(self.supernodes)
-        if self.superlink is not None:
-            _stop(self.superlink, grace=GRACE_S)
-        for thread in self._threads:
-            thread.join(timeout=5)
-        for handle in self._handles:
-            handle.close()
-        self._handles.clear()
-
-    def still_running(self) -> list[str]:
-        """Our own processes that have not exited."""
-        return [f"{p.args[0]} pid {p.pid}" for p in self.started if p.poll() is None]
-
-    def leftover_children(self, timeout: float = 20.0) -> list[str]:
-        """Flower's helper processes still alive ``timeout`` s after their parents stopped.
-
-        Each of them watches its parent's PID (``--parent-pid``) and exits by itself.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            alive = [pid for pid in sorted(self.children) if proc_state(pid) is not None]
-            if not alive or time.monotonic() > deadline:
-                return [
-                    f"{pid} ({self.children[pid]}; parent now {(proc_state(pid) or ('', '?'))[1]}) "
-                    f"{cmdline(pid)[:160]}"
-                    for pid in alive
-                ]
-            time.sleep(0.5)
-
-
-def _stop_pids(pids: set[int], grace: float = GRACE_S) -> None:
-    """SIGTERM the processes that still run, SIGKILL those left after ``grace`` seconds."""
-    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        alive = {pid for pid in pids if proc_state(pid) is not None}
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-        deadline = time.monotonic() + wait
-        while alive and time.monotonic() < deadline:
-            alive = {pid for pid in alive if proc_state(pid) is not None}
-            time.sleep(0.2)
-    assert not any(proc_state(pid) for pid in pids), f"could not stop {pids}"
-
-
-def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
-    """SIGTERM every live process in ``procs`` at once, wait, SIGKILL what is left."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """One SuperLink and its SuperNodes for every test of this module."""
-    root = tmp_path_factory.mktemp("deployment")
-    dep = Deployment(root)
-    try:
-        dep.start(_shards(root))
-        yield dep
-    finally:
-        dep.close()  # also when a test failed
-
-
-# --------------------------------------------------------------------------- helpers
-def _shards(tmp_path: Path) -> list[Path]:
-    # Each shard carries a validation split, for the methods that value on one (pFedSV),
-    # and leaves out the server's share, for the methods whose server holds data (PAGE).
-    spec = FederationSpec(
-        dataset="digits",
-        num_clients=NUM_NODES,
-        partition="iid",
-        validation_fraction=0.2,
-        server_fraction=0.1,
-        seed=0,
-    )
-    return write_shards(build_federation(spec), tmp_path / "shards", spec)
-
-
-def _run_config(out: Path, **overrides: Any) -> RunConfig:
-    # lr 0.1 and 2 local epochs: accuracy rises clearly within 2 rounds (0.08 -> 0.56).
-    values: dict[str, Any] = {
-        "strategy": "fedavg",
-        "dataset": "digits",
-        "partition": "iid",
-        "seed": 0,
-        "num_clients": NUM_NODES,
-        "lr": 0.1,
-        "local_epochs": 2,
-        "output_dir": str(out),
-    }
-    return RunConfig(**(values | overrides))
-
-
-def _completed_rounds(deployment: Deployment, out: Path, rc: int) -> list[dict[str, Any]]:
-    """Check that the run completed (summary and SuperLink agree); return its rounds."""
-    logs = deployment.log_tails
-    assert rc == 0, f"flwr run exited {rc}\n{logs()}"
-    assert (out / "summary.json").exists(), f"the run wrote no summary.json\n{logs()}"
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed", f"{summary}\n{logs()}"
-    # `flwr run` exits 0 even when the ServerApp raises; the SuperLink knows better.
-    config = json.loads((out / "config.json").read_text())
-    run_id = int(config.get("resumes", [config])[-1]["run_id"])  # the latest (resumed) run
-    status = deployment.run_status(run_id)
-    assert status["status"] == "finished:completed", f"{status}\n{logs()}"
-    return read_rounds(out / "rounds.jsonl")
-
-
-def _idle_clientapps(deployment: Deployment, grace: float = 15.0) -> set[int]:
-    """The ClientApp processes of our SuperNodes still running ``grace`` s from now."""
-    deadline = time.monotonic() + grace
-    while True:
-        alive = {
-            pid
-            for pid in descendants({p.pid for p in deployment.supernodes})
-            if "flwr-clientapp" in cmdline(pid)
-        }
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.5)
-
-
-def _stop_and_check(deployment: Deployment) -> None:
-    deployment.close()
-    assert not deployment.still_running(), f"still running: {deployment.still_running()}"
-    leftovers = deployment.leftover_children()
-    assert not leftovers, "Flower processes outlived their parents:\n" + "\n".join(leftovers)
+    yield from started_deployment(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------- tests
 def test_three_supernodes_fedavg(deployment: Deployment, tmp_path: Path) -> None:
     shards = deployment.shards
     out = tmp_path / "out"
-    cfg = _run_config(out, num_rounds=2, eval_every=2, round_timeout=120.0)
+    cfg = run_config(out, num_rounds=2, eval_every=2, round_timeout=120.0)
     proc = deployment.submit(cfg)
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
-    rounds = _completed_rounds(deployment, out, rc)
+    rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
 
     assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
@@ -508,7 +92,7 @@ def test_two_exchanges_per_round_on_the_deployment(
     )
     proc = deployment.submit(cfg)
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
-    rounds = _completed_rounds(deployment, out, rc)
+    rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
     assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
     for record in rounds[1:]:
@@ -559,7 +143,7 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
     started = time.time()
     proc = deployment.submit(cfg)
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
-    rounds = _completed_rounds(deployment, out, rc)
+    rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
     assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
     for record in rounds[1:]:
@@ -577,104 +161,3 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
         stored = entry.replace("/", "__") + ".npz"  # core/versions.py's file name
         by_round = {int(v.name[1:]) // 100 for v in versions if (v / stored).exists()}
         assert {1, 2} <= by_round, f"node {node}: {sorted(v.name for v in versions)}\n{logs()}"
-
-
-def test_a_run_survives_a_superlink_restart_and_resumes(
-    deployment: Deployment, tmp_path: Path
-) -> None:
-    """Stop the SuperLink (and so the ServerApp) after round 2; start it again and resume.
-
-    The SuperNodes keep running, and their clients' state in their ``state-dir``: every
-    round is recorded once, and the results equal an uninterrupted in-process run on the
-    same shards.
-    """
-    out = tmp_path / "out"
-    cfg = _run_config(out, strategy="ditto", num_rounds=4, round_timeout=120.0, fraction_train=0.67)
-    proc = deployment.submit(cfg)
-    deployment.wait_for_round(out, 2, proc)
-    deployment.restart_superlink()
-    proc.wait(timeout=RUN_TIMEOUT_S)  # `flwr run` ends with the SuperLink it streamed from
-    # ClientApp processes of the interrupted run: Flower leaves them blocked (seen alive
-    # minutes later, re-parented to init); they are ours to stop, after the resumed run.
-    interrupted = {
-        pid
-        for pid in descendants({p.pid for p in deployment.supernodes})
-        if "flwr-clientapp" in cmdline(pid)
-    }
-    resumed = deployment.submit(parse_config(resume_config(out)))
-    rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])
-    rounds = _completed_rounds(deployment, out, rc)
-    logs = deployment.log_tails
-    # A SuperNode may also pull a message of the interrupted run from the restarted
-    # SuperLink and start a ClientApp for it, which blocks the same way: any ClientApp
-    # still running once no run is active is one of those.
-    blocked = interrupted | _idle_clientapps(deployment)
-    print(f"blocked ClientApps of the interrupted run, stopped by PID: {sorted(blocked)}")
-    _stop_pids(blocked)
-    assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4], f"{rounds}\n{logs()}"
-    after = json.loads((out / "config.json").read_text())["resumes"][0]["after_round"]
-    assert after >= 1, after
-
-    local_cfg = cfg.model_copy(update={"output_dir": ""})
-    nodes = [{"data-path": str(p)} for p in deployment.shards]
-    local = run_local(
-        local_cfg, tmp_path / "in-process", grid=grid_for(local_cfg, node_configs=nodes)
-    )
-    assert [r["train"]["sampled"] for r in rounds[1:]] == [
-        r["train"]["sampled"] for r in local.rounds[1:]
-    ]
-    ours = [r["evaluation"]["personalized"]["mean"] for r in rounds]
-    theirs = [r["evaluation"]["personalized"]["mean"] for r in local.rounds]
-    assert ours == pytest.approx(theirs, abs=1e-9), (ours, theirs)
-
-
-def test_supernode_stopped_mid_run(deployment: Deployment, tmp_path: Path) -> None:
-    """SIGKILL one SuperNode after round 1: a crash, with no chance to unregister.
-
-    (SIGTERM is the easy case: the node unregisters at once.) The SuperLink notices the
-    crash only when the node's heartbeat runs out (up to 60 s, plus a 3 s poll), so round 2 waits that long
-    for the dead node and gets an error reply; ``round-timeout`` is above 60 s so that the
-    round ends on that reply, not on the timeout, and round 3 no longer samples the node.
-    """
-    out = tmp_path / "out"
-    num_rounds, killed = 3, 2
-    cfg = _run_config(out, num_rounds=num_rounds, eval_every=num_rounds, round_timeout=90.0)
-    proc = deployment.submit(cfg)
-
-    deployment.wait_for_round(out, 1, proc)
-    deployment.note_children()  # the victim's helpers, before they lose their parent
-    victim = deployment.supernodes[killed]
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=10)
-    t_kill = deployment.elapsed()
-    survivors = [p for i, p in enumerate(deployment.supernodes) if i != killed]
-
-    rc = deployment.wait(proc, expected=[*survivors, deployment.superlink])
-    rounds = _completed_rounds(deployment, out, rc)
-    logs = deployment.log_tails
-    print(f"killed SuperNode {killed} at {t_kill:.1f}s; run ended at {deployment.elapsed():.1f}s")
-    for record in rounds:
-        print(f"round {record['round']}: {record.get('train')} elapsed {record['elapsed_s']:.1f}s")
-
-    assert [r["round"] for r in rounds] == list(range(num_rounds + 1)), f"{rounds}\n{logs()}"
-    first, after_kill, last = (r["train"] for r in rounds[1:])
-    assert (first["sampled"], first["clients"], first["failures"]) == ([0, 1, 2], 3, 0), first
-    # Round 2 was configured while the SuperLink still listed the dead node: it is sampled
-    # and counted as a failure (an error reply once its heartbeat ran out).
-    assert (after_kill["sampled"], after_kill["clients"], after_kill["failures"]) == (
-        [0, 1, 2],
-        2,
-        1,
-    ), f"{after_kill}\n{logs()}"
-    assert after_kill["loss"] is not None, after_kill  # the two survivors were aggregated
-    # By round 3 the node is gone from get_node_ids(): only the survivors are sampled.
-    assert (last["sampled"], last["clients"], last["failures"]) == ([0, 1], 2, 0), (
-        f"{last}\n{logs()}"
-    )
-    assert set(rounds[-1]["evaluation"]["per_client"]) == {"0", "1"}, f"{rounds[-1]}\n{logs()}"
-    assert (
-        rounds[-1]["evaluation"]["personalized"]["mean"]
-        > rounds[0]["evaluation"]["personalized"]["mean"]
-    )
-
-    _stop_and_check(deployment)

@@ -11,7 +11,7 @@ PIDs ``deployment.json`` recorded, that nothing it started is left, and stops by
 * An unregistered SuperNode (a key the SuperLink was never told about) is refused.
 * pFedGT runs 3 rounds on the five registered nodes, over TLS, to completion, while one
   SuperNode is stopped after round 1 (``kill``, SIGTERM: the SIGKILL case, which costs
-  Flower's 60 s heartbeat patience, is ``test_deployment.py::test_supernode_stopped_mid_run``)
+  Flower's 60 s heartbeat patience, is ``test_deployment_faults.py::test_supernode_stopped_mid_run``)
   and a replacement with a new registered key joins on the same shard and ``state-dir``; the
   run completes and ``rounds.jsonl`` names the clients of every round.
 """

@@ -1,0 +1,148 @@
+"""A loopback deployment's faults: the SuperLink stopped and started again mid-run (the run
+resumes), and a SuperNode killed mid-run (the run completes with the others), on a deployment
+of this module's own (``deployment_harness.py``), whose last test stops it.
+
+What Flower 1.41 does with a SuperNode that dies (measured with these tests):
+
+* SIGKILL (a crash): the SuperLink keeps the node "online" until its heartbeat runs out
+  (2 x 30 s after the last heartbeat; the error reply came 47-61 s after the kill). Until then
+  ``get_node_ids()`` still lists it and a message to it gets no reply; after that
+  ``send_and_receive`` returns an error reply ("Node Unavailable", ``src_node_id`` 1, the
+  SuperLink) without waiting for the timeout, and ``get_node_ids()`` drops the node.
+* SIGTERM (a clean stop): the SuperNode deactivates and unregisters itself at once, so both
+  happen within one polling cycle (about 3 s).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deployment_harness import (
+    RUN_TIMEOUT_S,
+    Deployment,
+    completed_rounds,
+    idle_clientapps,
+    run_config,
+    started_deployment,
+    stop_and_check,
+    stop_pids,
+)
+from helpers import grid_for, run_local
+from processes import cmdline, descendants
+
+from pflarena.server.cli import resume_config
+from pflarena.server.registry import parse_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """One SuperLink and its SuperNodes for both tests; the second one stops it."""
+    yield from started_deployment(tmp_path_factory)
+
+
+# --------------------------------------------------------------------------- tests
+def test_a_run_survives_a_superlink_restart_and_resumes(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Stop the SuperLink (and so the ServerApp) after round 2; start it again and resume.
+
+    The SuperNodes keep running, and their clients' state in their ``state-dir``: every
+    round is recorded once, and the results equal an uninterrupted in-process run on the
+    same shards.
+    """
+    out = tmp_path / "out"
+    cfg = run_config(out, strategy="ditto", num_rounds=4, round_timeout=120.0, fraction_train=0.67)
+    proc = deployment.submit(cfg)
+    deployment.wait_for_round(out, 2, proc)
+    deployment.restart_superlink()
+    proc.wait(timeout=RUN_TIMEOUT_S)  # `flwr run` ends with the SuperLink it streamed from
+    # ClientApp processes of the interrupted run: Flower leaves them blocked (seen alive
+    # minutes later, re-parented to init); they are ours to stop, after the resumed run.
+    interrupted = {
+        pid
+        for pid in descendants({p.pid for p in deployment.supernodes})
+        if "flwr-clientapp" in cmdline(pid)
+    }
+    resumed = deployment.submit(parse_config(resume_config(out)))
+    rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])
+    rounds = completed_rounds(deployment, out, rc)
+    logs = deployment.log_tails
+    # A SuperNode may also pull a message of the interrupted run from the restarted
+    # SuperLink and start a ClientApp for it, which blocks the same way: any ClientApp
+    # still running once no run is active is one of those.
+    blocked = interrupted | idle_clientapps(deployment)
+    print(f"blocked ClientApps of the interrupted run, stopped by PID: {sorted(blocked)}")
+    stop_pids(blocked)
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4], f"{rounds}\n{logs()}"
+    after = json.loads((out / "config.json").read_text())["resumes"][0]["after_round"]
+    assert after >= 1, after
+
+    local_cfg = cfg.model_copy(update={"output_dir": ""})
+    nodes = [{"data-path": str(p)} for p in deployment.shards]
+    local = run_local(
+        local_cfg, tmp_path / "in-process", grid=grid_for(local_cfg, node_configs=nodes)
+    )
+    assert [r["train"]["sampled"] for r in rounds[1:]] == [
+        r["train"]["sampled"] for r in local.rounds[1:]
+    ]
+    ours = [r["evaluation"]["personalized"]["mean"] for r in rounds]
+    theirs = [r["evaluation"]["personalized"]["mean"] for r in local.rounds]
+    assert ours == pytest.approx(theirs, abs=1e-9), (ours, theirs)
+
+
+def test_supernode_stopped_mid_run(deployment: Deployment, tmp_path: Path) -> None:
+    """SIGKILL one SuperNode after round 1: a crash, with no chance to unregister.
+
+    (SIGTERM is the easy case: the node unregisters at once.) The SuperLink notices the
+    crash only when the node's heartbeat runs out (up to 60 s, plus a 3 s poll), so round 2 waits that long
+    for the dead node and gets an error reply; ``round-timeout`` is above 60 s so that the
+    round ends on that reply, not on the timeout, and round 3 no longer samples the node.
+    """
+    out = tmp_path / "out"
+    num_rounds, killed = 3, 2
+    cfg = run_config(out, num_rounds=num_rounds, eval_every=num_rounds, round_timeout=90.0)
+    proc = deployment.submit(cfg)
+
+    deployment.wait_for_round(out, 1, proc)
+    deployment.note_children()  # the victim's helpers, before they lose their parent
+    victim = deployment.supernodes[killed]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    t_kill = deployment.elapsed()
+    survivors = [p for i, p in enumerate(deployment.supernodes) if i != killed]
+
+    rc = deployment.wait(proc, expected=[*survivors, deployment.superlink])
+    rounds = completed_rounds(deployment, out, rc)
+    logs = deployment.log_tails
+    print(f"killed SuperNode {killed} at {t_kill:.1f}s; run ended at {deployment.elapsed():.1f}s")
+    for record in rounds:
+        print(f"round {record['round']}: {record.get('train')} elapsed {record['elapsed_s']:.1f}s")
+
+    assert [r["round"] for r in rounds] == list(range(num_rounds + 1)), f"{rounds}\n{logs()}"
+    first, after_kill, last = (r["train"] for r in rounds[1:])
+    assert (first["sampled"], first["clients"], first["failures"]) == ([0, 1, 2], 3, 0), first
+    # Round 2 was configured while the SuperLink still listed the dead node: it is sampled
+    # and counted as a failure (an error reply once its heartbeat ran out).
+    assert (after_kill["sampled"], after_kill["clients"], after_kill["failures"]) == (
+        [0, 1, 2],
+        2,
+        1,
+    ), f"{after_kill}\n{logs()}"
+    assert after_kill["loss"] is not None, after_kill  # the two survivors were aggregated
+    # By round 3 the node is gone from get_node_ids(): only the survivors are sampled.
+    assert (last["sampled"], last["clients"], last["failures"]) == ([0, 1], 2, 0), (
+        f"{last}\n{logs()}"
+    )
+    assert set(rounds[-1]["evaluation"]["per_client"]) == {"0", "1"}, f"{rounds[-1]}\n{logs()}"
+    assert (
+        rounds[-1]["evaluation"]["personalized"]["mean"]
+        > rounds[0]["evaluation"]["personalized"]["mean"]
+    )
+
+    stop_and_check(deployment)
