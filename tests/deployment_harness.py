@@ -49,6 +49,19 @@ TESTS_DIR = Path(__file__).resolve().parent
 PLUGINS = "pflarena_test_methods"
 
 
+def flwr_run_args(connection: str, overrides: Path) -> list[str]:
+    """``flwr run <this app> <connection> --run-config <overrides> --stream``."""
+    return [
+        "flwr",
+        "run",
+        str(project_root()),
+        connection,
+        "--run-config",
+        str(overrides),
+        "--stream",
+    ]
+
+
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -101,7 +114,9 @@ class Deployment:
     def _env(self, home: Path) -> dict[str, str]:
         home.mkdir(parents=True, exist_ok=True)
         env = _flwr_env(home)
-        env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.1"
+        # Flower's 1 s task poll, as `pflarena local-deploy` keeps it: at 0.1 s the idle
+        # SuperExecs and the SuperLink answering them take CPU from the other test worker.
+        env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "1.0"
         env["PFLARENA_PLUGINS"] = PLUGINS
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         return env
@@ -194,15 +209,7 @@ class Deployment:
             "".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items())
         )
         proc = subprocess.Popen(
-            [
-                "flwr",
-                "run",
-                str(project_root()),
-                CONNECTION,
-                "--run-config",
-                str(overrides),
-                "--stream",
-            ],
+            flwr_run_args(CONNECTION, overrides),
             env=self._env(self.cli_home),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

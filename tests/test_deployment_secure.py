@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deployment_harness import flwr_run_args
 from processes import cmdline, descendants, proc_state
 
-from pflarena.server.cli import _toml_value, project_root
+from pflarena.server.cli import _toml_value
 from pflarena.server.deploy import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
 from pflarena.server.results import read_rounds
 
@@ -90,15 +91,7 @@ class Secured:
         log = self.root / "logs" / f"flwr-run-{name}.log"
         with open(log, "wb") as handle:
             proc = subprocess.Popen(
-                [
-                    "flwr",
-                    "run",
-                    str(project_root()),
-                    CONNECTION,
-                    "--run-config",
-                    str(overrides),
-                    "--stream",
-                ],
+                flwr_run_args(CONNECTION, overrides),
                 env=self.dep.cli_env(),
                 cwd=self.dep.cli_home,
                 stdout=handle,
