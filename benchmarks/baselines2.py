@@ -45,6 +45,7 @@ from pflarena.core.methods import TRAINING_SETTINGS
 from pflarena.server.cli import simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
+from pflarena.server.results import completed_summary
 from pflarena.strategies import declarations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,14 +109,6 @@ def run_config(method: str, args: argparse.Namespace, out: Path) -> tuple[dict, 
     for key in dropped:
         config.pop(key)
     return config, dropped
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
 
 
 def traffic(run_dir: Path) -> dict[str, float]:

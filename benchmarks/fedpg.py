@@ -37,13 +37,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from pflarena.server.cli import resume_config, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
-from pflarena.server.results import read_rounds
+from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("local", "fedavg", "ditto", "fedmgda", "fedpg")
@@ -99,14 +98,6 @@ def rounds_for(label: str, args: argparse.Namespace) -> int:
         if name in ("", label):
             chosen = int(value)
     return chosen or int(load_preset(args.preset).overrides()["num-rounds"])
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
 
 
 def _pct(stats: dict | None) -> str:

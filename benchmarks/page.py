@@ -44,7 +44,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 from pathlib import Path
@@ -54,7 +53,7 @@ import numpy as np
 from pflarena.server.cli import compare_plot, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
-from pflarena.server.results import read_rounds
+from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "page-synthetic"
@@ -115,14 +114,6 @@ def degenerate_config(label: str, out: Path) -> dict:
         "eval-every": 25,
         "output-dir": str(out),
     }
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
 
 
 def failures(run_dir: Path) -> int:

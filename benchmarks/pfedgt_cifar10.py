@@ -27,6 +27,7 @@ from pathlib import Path
 from pflarena.server.cli import compare_plot, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
+from pflarena.server.results import completed_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("local", "fedavg", "fedavg-ft", "ditto", "pfedgt")
@@ -115,14 +116,6 @@ def main() -> None:
 
 def run_name(alpha: float, rounds: int, strategy: str, model: str = "cnn") -> str:
     return f"a{alpha}-r{rounds}-{strategy}" + ("" if model == "cnn" else f"-{model}")
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
 
 
 def _machine(run_dir: Path) -> str:

@@ -30,7 +30,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +37,7 @@ import numpy as np
 from pflarena.server.cli import compare_plot, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
-from pflarena.server.results import read_rounds
+from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("local", "fedavg", "fedavg-ft", "fedfomo", "pfedsv")
@@ -95,14 +94,6 @@ def run_config(label: str, args: argparse.Namespace, seed: int, out: Path) -> di
     if config.get("dataset") != "digits":
         config["data-dir"] = args.data_dir
     return config
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
 
 
 def costs(run_dir: Path) -> dict[str, float]:

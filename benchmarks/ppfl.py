@@ -53,7 +53,7 @@ from pflarena.core.config import own_method_keys
 from pflarena.server.cli import compare_plot, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
-from pflarena.server.results import read_rounds
+from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = (
@@ -152,14 +152,6 @@ def run_config(label: str, args: argparse.Namespace, rounds: int, out: Path) -> 
     if config.get("dataset") == "mnist":
         config["data-dir"] = args.data_dir
     return config
-
-
-def completed_summary(run_dir: Path) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("status") == "completed" else None
 
 
 def costs(run_dir: Path) -> dict[str, float]:

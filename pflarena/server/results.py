@@ -112,6 +112,16 @@ def read_rounds(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def completed_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run directory's ``summary.json`` when the run completed, else None (no summary, or
+    a failed or interrupted run)."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("status") == "completed" else None
+
+
 def _stats_block(evals: list[tuple[int, dict]]) -> dict[str, Any] | None:
     """``last`` and ``best`` (by unweighted mean) of one accuracy series."""
     evals = [(r, s) for r, s in evals if s is not None and s.get("mean") is not None]
