@@ -61,6 +61,22 @@ def eval_metrics(job: ClientJob, personalized: EvalResult, global_: EvalResult |
     return metrics
 
 
+def fine_tuned(job: ClientJob, model: nn.Module, default_epochs: int) -> nn.Module:
+    """``model`` fine-tuned whole, in place, on the local training split for the run's
+    personal epochs (``default_epochs`` when the run sets none; 0: unchanged), with the same
+    batches for every call of a round (the generator is seeded by the round); returned."""
+    epochs = int(job.config.get(keys.PERSONAL_EPOCHS, default_epochs))
+    if epochs > 0:
+        train_epochs(
+            model,
+            job.data.x_train,
+            job.data.y_train,
+            generator=job.generator("finetune"),
+            **(job.train_kwargs() | {"epochs": epochs}),
+        )
+    return model
+
+
 def prox_hook(anchor: nn.Module, weight: float):
     """A gradient hook adding ``weight * (w - anchor)``: the gradient of (weight/2)||w - anchor||^2."""
     anchor_params = [p.detach().clone() for p in anchor.parameters()]

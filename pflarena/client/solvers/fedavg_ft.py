@@ -9,10 +9,8 @@ from __future__ import annotations
 from torch import nn
 
 from pflarena.client.job import ClientJob
-from pflarena.client.solvers.common import eval_metrics
+from pflarena.client.solvers.common import eval_metrics, fine_tuned
 from pflarena.client.solvers.fedavg import train
-from pflarena.core import keys
-from pflarena.core.training import train_epochs
 
 __all__ = ["train", "evaluate", "personalized_model"]
 
@@ -20,17 +18,7 @@ __all__ = ["train", "evaluate", "personalized_model"]
 def personalized_model(job: ClientJob) -> nn.Module:
     """A copy of the global model fine-tuned on the local training split (the same batches
     for every call of a round: the generator is seeded by the round)."""
-    tuned = job.global_model()
-    epochs = int(job.config.get(keys.PERSONAL_EPOCHS, 1))
-    if epochs > 0:
-        train_epochs(
-            tuned,
-            job.data.x_train,
-            job.data.y_train,
-            generator=job.generator("finetune"),
-            **(job.train_kwargs() | {"epochs": epochs}),
-        )
-    return tuned
+    return fine_tuned(job, job.global_model(), default_epochs=1)
 
 
 def evaluate(job: ClientJob) -> dict:

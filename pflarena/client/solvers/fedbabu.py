@@ -15,13 +15,13 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import (
     assemble,
     eval_metrics,
+    fine_tuned,
     model_split,
     part_record,
     train_metrics,
     train_part,
 )
 from pflarena.core import keys
-from pflarena.core.training import train_epochs
 
 __all__ = ["evaluate", "global_model", "personalized_model", "train"]
 
@@ -42,17 +42,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 def personalized_model(job: ClientJob) -> nn.Module:
     """A copy of the global model fine-tuned whole on the local training split (the same
     batches for every call of a round: the generator is seeded by the round)."""
-    tuned = global_model(job)
-    epochs = int(job.config.get(keys.PERSONAL_EPOCHS, 5))
-    if epochs > 0:
-        train_epochs(
-            tuned,
-            job.data.x_train,
-            job.data.y_train,
-            generator=job.generator("finetune"),
-            **(job.train_kwargs() | {"epochs": epochs}),
-        )
-    return tuned
+    return fine_tuned(job, global_model(job), default_epochs=5)
 
 
 def evaluate(job: ClientJob) -> dict:
