@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
-from pflarena.server.cli import _toml_value, project_root
+from pflarena.server.appdir import flwr_run_dir
+from pflarena.server.cli import _toml_value
 from pflarena.server.deploy import CONNECTION, LocalDeployment
 from pflarena.server.results import read_rounds
 
@@ -89,7 +90,7 @@ def deploy(
         )
         with open(root / "flwr-run.log", "wb") as log:
             subprocess.run(
-                ["flwr", "run", str(project_root()), CONNECTION, "--run-config", str(overrides), "--stream"],
+                ["flwr", "run", str(flwr_run_dir()), CONNECTION, "--run-config", str(overrides), "--stream"],
                 env=dep.cli_env(), cwd=dep.cli_home, stdout=log, stderr=subprocess.STDOUT, check=True,
             )  # fmt: skip
         summary = json.loads((out / "summary.json").read_text())

@@ -8,6 +8,12 @@ a link to the project's own file in the source tree), and :func:`installed_app_d
 an app directory from the installed package: that file and a copy of the package's code,
 under ``$PFLARENA_APP_DIR`` (default ``$XDG_CACHE_HOME/pflarena/app``, else
 ``~/.cache/pflarena/app``), one directory per installed content, made once and atomically.
+
+``flwr run`` is handed that laid-out directory from a clone too (:func:`flwr_run_dir`):
+Flower walks and resolves every file under the directory it is given before it filters
+them (``collect_files`` in ``flwr/cli/utils.py``), and a clone's ``.venv`` holds ~50,000
+files, which cost ~10 s of CPU per ``flwr run`` (``flwr build --app .`` in a clone with its
+``.venv``: 10.1 s wall, 7.6 s user; the laid-out app has ~160 files).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["APP_MANIFEST", "installed_app_dir"]
+__all__ = ["APP_MANIFEST", "flwr_run_dir", "installed_app_dir"]
 
 #: Where the app's ``pyproject.toml`` lies inside the package.
 APP_MANIFEST = Path("_app") / "pyproject.toml"
@@ -49,8 +55,9 @@ def _code_files(package: Path) -> list[Path]:
     )
 
 
-def installed_app_dir() -> Path:
-    """The app directory of the installed package (made on first use).
+def installed_app_dir(cache_root: Path | None = None) -> Path:
+    """The app directory of the installed package (made on first use), under
+    ``cache_root`` (default ``$PFLARENA_APP_DIR``, else the user's cache).
 
     Raises
     ------
@@ -70,7 +77,7 @@ def installed_app_dir() -> Path:
     for path in files:
         stat = path.stat()
         digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    target = _cache_root() / f"pflarena-{digest.hexdigest()[:16]}"
+    target = (cache_root or _cache_root()) / f"pflarena-{digest.hexdigest()[:16]}"
     if (target / "pyproject.toml").is_file():
         return target
     try:
@@ -91,3 +98,11 @@ def installed_app_dir() -> Path:
             "(set PFLARENA_APP_DIR to a writable directory)"
         ) from None
     return target
+
+
+def flwr_run_dir(cache_root: Path | None = None) -> Path:
+    """The directory to hand ``flwr run``: the app laid out from the package
+    (:func:`installed_app_dir`), from a clone as from a wheel, so that Flower builds the FAB
+    from the app's ~160 files instead of walking the whole clone. Made again when the
+    package's code changes (the directory's name is a digest of it)."""
+    return installed_app_dir(cache_root)

@@ -321,10 +321,12 @@ def _simulate_on_superlink(
             federation += (
                 f" client-resources-num-gpus={_toml_value(_int_if_whole(gpus_per_client))}"
             )
+        from pflarena.server.appdir import flwr_run_dir
+
         cmd = [
             "flwr",
             "run",
-            str(project_root()),
+            str(flwr_run_dir()),
             "pflarena",
             "--federation-config",
             federation,
