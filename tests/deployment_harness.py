@@ -1,4 +1,4 @@
-"""A loopback deployment for the deployment tests: a real SuperLink and three SuperNodes on
+"""A loopback deployment for the deployment tests: a real SuperLink and two SuperNodes on
 127.0.0.1, driven by ``flwr run`` (``test_deployment.py``, ``test_deployment_faults.py``).
 
 Each SuperNode is started with ``--node-config data-path="<shard>"`` and holds one shard file
@@ -8,8 +8,12 @@ SuperNodes, then the SuperLink; SIGTERM, then SIGKILL after a grace period), als
 assertion fails. A failing assertion shows the tail of every process's log.
 
 A SuperNode polls for messages every 3 s (Flower's fixed interval; the ServerApp checks for
-replies every 0.1 s, ``pflarena/server/polling.py``), and every message starts a new ClientApp
-process that imports torch, so a round takes 10-40 s here.
+replies every 1 s here, ``pflarena/server/polling.py``), and every message starts a new
+ClientApp process that imports Flower and torch (3-5 s of CPU), so a round takes 10-40 s here.
+The runs of a module go one after another: seven runs submitted at once on this deployment
+took longer than one after another on 2 cores (after 618 s one of them had completed; one
+after another they take ~100 s each), as the SuperNodes serve one message at a time and the
+ClientApp processes already keep both cores busy.
 """
 
 from __future__ import annotations
@@ -30,17 +34,20 @@ from processes import cmdline, descendants, proc_state
 
 from pflarena.core.config import RunConfig
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
+from pflarena.server.appdir import flwr_run_dir
 from pflarena.server.cli import (
     _flwr_env,
     _free_port,
     _stop,
     _toml_value,
     _wait_healthy,
-    project_root,
 )
+from pflarena.server.polling import REPLY_POLL_ENV
 from pflarena.server.results import read_rounds
 
-NUM_NODES = 3
+# Two SuperNodes: every message costs a new ClientApp process (3-5 s of CPU), and a third
+# node checked nothing the second does not.
+NUM_NODES = 2
 CONNECTION = "loopback"
 GRACE_S = 15.0  # SIGTERM grace before SIGKILL
 RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
@@ -49,12 +56,13 @@ TESTS_DIR = Path(__file__).resolve().parent
 PLUGINS = "pflarena_test_methods"
 
 
-def flwr_run_args(connection: str, overrides: Path) -> list[str]:
-    """``flwr run <this app> <connection> --run-config <overrides> --stream``."""
+def flwr_run_args(connection: str, overrides: Path, app: Path) -> list[str]:
+    """``flwr run <app> <connection> --run-config <overrides> --stream``; ``app`` is this
+    app laid out under a test's directory (:func:`~pflarena.server.appdir.flwr_run_dir`)."""
     return [
         "flwr",
         "run",
-        str(project_root()),
+        str(app),
         connection,
         "--run-config",
         str(overrides),
@@ -89,7 +97,7 @@ class Deployment:
         self._ports: set[int] = set()
         self._handles: list[Any] = []
         self.stopped: list[subprocess.Popen] = []  # SuperLinks stopped by a restart
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[int, threading.Thread] = {}  # `flwr run` pid -> its log copier
 
     @property
     def started(self) -> list[subprocess.Popen]:
@@ -117,6 +125,10 @@ class Deployment:
         # Flower's 1 s task poll, as `pflarena local-deploy` keeps it: at 0.1 s the idle
         # SuperExecs and the SuperLink answering them take CPU from the other test worker.
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "1.0"
+        # The ServerApp checks for replies every 1 s, not pflarena's 0.1 s: each check is a
+        # request the SuperLink answers (seven ServerApps checking every 0.1 s kept the
+        # SuperLink at 90 % of a core), CPU the other test worker needs.
+        env[REPLY_POLL_ENV] = "1.0"
         env["PFLARENA_PLUGINS"] = PLUGINS
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         return env
@@ -199,17 +211,19 @@ class Deployment:
         )
 
     def submit(self, cfg: RunConfig) -> subprocess.Popen:
-        """``flwr run <project> loopback --run-config <file> --stream``, in the background.
+        """``flwr run <project> loopback --run-config <file> --stream``, in the background;
+        several runs may be submitted at once (each SuperNode serves their messages one at
+        a time).
 
-        Its output goes to ``flwr-run.log``, each line stamped with the seconds since the
-        deployment was created, so the log shows when rounds and warnings happened.
+        The N-th run's output goes to ``flwr-runN.log``, each line stamped with the seconds
+        since the deployment was created, so the log shows when rounds and warnings happened.
         """
-        overrides = self.root / "run-config.toml"
+        overrides = self.root / f"run-config{len(self.cli) + 1}.toml"
         overrides.write_text(
             "".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items())
         )
         proc = subprocess.Popen(
-            flwr_run_args(CONNECTION, overrides),
+            flwr_run_args(CONNECTION, overrides, flwr_run_dir(self.root / "app")),
             env=self._env(self.cli_home),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -229,7 +243,7 @@ class Deployment:
 
         thread = threading.Thread(target=copy, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        self._threads[proc.pid] = thread
         return proc
 
     # ------------------------------------------------------------------ waiting
@@ -242,18 +256,23 @@ class Deployment:
         ]
         assert not dead, f"exited unexpectedly: {', '.join(dead)}\n{self.log_tails()}"
 
-    def wait(self, proc: subprocess.Popen, expected: list[subprocess.Popen]) -> int:
+    def wait(
+        self,
+        proc: subprocess.Popen,
+        expected: list[subprocess.Popen],
+        timeout: float = RUN_TIMEOUT_S,
+    ) -> int:
         """Wait for ``flwr run`` to end while ``expected`` processes keep running."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
+        deadline = time.monotonic() + timeout
         while proc.poll() is None:
             self.check_running(expected)
             assert time.monotonic() < deadline, (
-                f"flwr run did not end within {RUN_TIMEOUT_S:.0f}s\n{self.log_tails()}"
+                f"flwr run did not end within {timeout:.0f}s\n{self.log_tails()}"
             )
             self.note_children()
             time.sleep(1.0)
-        for thread in self._threads:
-            thread.join(timeout=5)
+        if proc.pid in self._threads:
+            self._threads[proc.pid].join(timeout=5)
         return proc.returncode
 
     def wait_for_round(self, out: Path, server_round: int, proc: subprocess.Popen) -> None:
@@ -308,7 +327,7 @@ class Deployment:
         _stop_all(self.supernodes)
         if self.superlink is not None:
             _stop(self.superlink, grace=GRACE_S)
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(timeout=5)
         for handle in self._handles:
             handle.close()

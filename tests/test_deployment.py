@@ -1,5 +1,5 @@
 """Every method that needs a deployment check, on one loopback deployment: a real SuperLink and
-three SuperNodes on 127.0.0.1, driven by ``flwr run`` (``deployment_harness.py``).
+two SuperNodes on 127.0.0.1, driven by ``flwr run`` (``deployment_harness.py``).
 
 One deployment serves every test of this module (starting one costs tens of seconds): FedAvg,
 the test suite's two-exchange plug-in method (``tests/pflarena_test_methods.py``, loaded through
@@ -11,7 +11,7 @@ own; ``test_deployment_secure.py`` runs with TLS and SuperNode authentication.
 
 from __future__ import annotations
 
-import time
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from deployment_harness import (
 )
 from helpers import grid_for, run_local
 
+from pflarena.client.state import run_key
 from pflarena.server.registry import parse_config
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 # --------------------------------------------------------------------------- tests
-def test_three_supernodes_fedavg(deployment: Deployment, tmp_path: Path) -> None:
+def test_fedavg_on_the_supernodes_shards(deployment: Deployment, tmp_path: Path) -> None:
     shards = deployment.shards
     out = tmp_path / "out"
     cfg = run_config(out, num_rounds=2, eval_every=2, round_timeout=120.0)
@@ -51,8 +52,8 @@ def test_three_supernodes_fedavg(deployment: Deployment, tmp_path: Path) -> None
 
     assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
     for record in rounds[1:]:
-        assert record["train"]["sampled"] == [0, 1, 2], f"{record}\n{logs()}"
-        assert (record["train"]["clients"], record["train"]["failures"]) == (3, 0), record
+        assert record["train"]["sampled"] == list(range(NUM_NODES)), f"{record}\n{logs()}"
+        assert (record["train"]["clients"], record["train"]["failures"]) == (NUM_NODES, 0), record
 
     # The client ids and test-set sizes come from the shard files: node i used shard i.
     test_sizes = {str(i): len(np.load(path)["y_test"]) for i, path in enumerate(shards)}
@@ -140,24 +141,21 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
             **extra,
         }
     )
-    started = time.time()
     proc = deployment.submit(cfg)
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
     rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
     assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
     for record in rounds[1:]:
-        assert record["train"]["sampled"] == [0, 1, 2], f"{record}\n{logs()}"
+        assert record["train"]["sampled"] == list(range(NUM_NODES)), f"{record}\n{logs()}"
         assert record["train"]["failures"] == 0, f"{record}\n{logs()}"
-    assert sorted(rounds[-1]["evaluation"]["per_client"]) == ["0", "1", "2"]
+    assert sorted(rounds[-1]["evaluation"]["per_client"]) == [str(i) for i in range(NUM_NODES)]
     # On each node: versions of this run's client state from round 1 and from round 2
-    # (update ids r·100 + exchange), each holding the method's entry.
+    # (update ids r·100 + exchange), each holding the method's entry. The run's state lies
+    # under the digest of its run config (client/state.py), as the server recorded it.
+    key = run_key(json.loads((out / "config.json").read_text())["run_config"])
+    stored = entry.replace("/", "__") + ".npz"  # core/versions.py's file name
     for node in range(NUM_NODES):
-        versions = [
-            v
-            for v in (deployment.root / f"state-sn{node}").glob("*/client-*/v*")
-            if v.stat().st_mtime >= started
-        ]
-        stored = entry.replace("/", "__") + ".npz"  # core/versions.py's file name
+        versions = list((deployment.root / f"state-sn{node}" / key).glob("client-*/v*"))
         by_round = {int(v.name[1:]) // 100 for v in versions if (v / stored).exists()}
         assert {1, 2} <= by_round, f"node {node}: {sorted(v.name for v in versions)}\n{logs()}"

@@ -33,6 +33,7 @@ import pytest
 from deployment_harness import flwr_run_args
 from processes import cmdline, descendants, proc_state
 
+from pflarena.server.appdir import flwr_run_dir
 from pflarena.server.cli import _toml_value
 from pflarena.server.deploy import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
 from pflarena.server.results import read_rounds
@@ -91,7 +92,7 @@ class Secured:
         log = self.root / "logs" / f"flwr-run-{name}.log"
         with open(log, "wb") as handle:
             proc = subprocess.Popen(
-                flwr_run_args(CONNECTION, overrides),
+                flwr_run_args(CONNECTION, overrides, flwr_run_dir(self.root / "app")),
                 env=self.dep.cli_env(),
                 cwd=self.dep.cli_home,
                 stdout=handle,
