@@ -148,7 +148,9 @@ def test_flower_simulation_killed_after_round_3_resumes_identically(strategy, tm
             [*cli, *args], capture_output=True, text=True, timeout=600, cwd=tmp_path
         )
 
-    whole = pflarena_run(*common, "--output-dir", str(tmp_path / "whole"))
+    # The uninterrupted reference runs in-process: the same rounds as on Ray
+    # (test_startup.py), without a second Ray start.
+    whole = pflarena_run(*common, "--engine", "inprocess", "--output-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
 
     out = tmp_path / "run"

@@ -281,8 +281,13 @@ def test_a_killed_sweep_continues_where_it_died_to_the_uninterrupted_results(tmp
         "--set", "num-clients=3", "--set", "num-rounds=5", "--set", "fraction-train=1.0",
         "--quiet",
     ]  # fmt: skip
+    # The uninterrupted reference runs in-process: the same rounds as on Ray
+    # (test_startup.py), without a second Ray start.
     whole = subprocess.run(
-        [*args, "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=900
+        [*args, "--engine", "inprocess", "--out", str(tmp_path / "whole")],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert whole.returncode == 0, whole.stdout + whole.stderr
 
