@@ -45,8 +45,8 @@ from pflarena.server.cli import (
 from pflarena.server.polling import REPLY_POLL_ENV
 from pflarena.server.results import read_rounds
 
-# Two SuperNodes: every message costs a new ClientApp process (3-5 s of CPU), and a third
-# node checked nothing the second does not.
+# Two SuperNodes: every message costs a new ClientApp process (3-5 s of CPU), and two are
+# enough for what the tests check (who was sampled, each node's shard and state, a lost node).
 NUM_NODES = 2
 CONNECTION = "loopback"
 GRACE_S = 15.0  # SIGTERM grace before SIGKILL
