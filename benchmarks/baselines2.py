@@ -57,6 +57,13 @@ MORE_SPLIT_METHODS = ("fedrod", "fedrecon", "splitgp")
 #: The reference for the bytes (the whole model up and down) and a personalized baseline.
 REFERENCE = ("fedavg", "fedavg-ft")
 
+#: Runs of a method away from its defaults, named for what they change: the method and the
+#: run config they set. Run only when named in ``--methods``; reported when their run exists.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    # λ = 1: each client continues from, and is evaluated with, its own client-side model
+    "splitgp-lambda1": ("splitgp", {"splitgp.lambda": 1.0}),
+}
+
 PRESETS = ("digits-main", "pfedgt-cifar10-a0.1", "pfedgt-cifar10-a1.0", "pfedgt-cifar10-a10.0")
 
 #: pFedGT paper, Table 1 (CIFAR-10, Dirichlet α; ResNet-18, 100 rounds, 25 % participation,
@@ -94,8 +101,9 @@ def all_methods() -> list[str]:
 def run_config(method: str, args: argparse.Namespace, out: Path) -> tuple[dict, list[str]]:
     """The preset's settings for ``method`` (scaled to CNN size for CIFAR-10), without the
     training settings its solver does not use; returns them and the settings left out."""
+    method, variant = VARIANTS.get(method, (method, {}))
     preset = load_preset(args.preset)
-    config = preset.overrides(method) | {"strategy": method, "output-dir": str(out)}
+    config = preset.overrides(method) | variant | {"strategy": method, "output-dir": str(out)}
     if args.preset.startswith("pfedgt-cifar10"):
         config |= {
             "data-dir": args.data_dir,
@@ -128,6 +136,26 @@ def _pct(value: float | None) -> str:
 
 def _kb(value: float) -> str:
     return f"{value / 1024:,.1f}"
+
+
+def splitgp_note(name: str, run_dir: Path, config: dict) -> str:
+    """How SplitGP's inference rule split the last evaluation's test samples
+    (``evaluation.method`` of ``rounds.jsonl``), where the run recorded it."""
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    evaluated = [r for r in rounds if r.get("evaluation")]
+    details = evaluated[-1]["evaluation"].get("method") if evaluated else None
+    settings = (
+        f"λ {config.get('splitgp.lambda')}, entropy threshold "
+        f"{config.get('splitgp.entropy-threshold')} nats"
+    )
+    if not details:
+        return f"- {name} ({settings}): its run did not record how the rule split the samples."
+    return (
+        f"- {name} ({settings}), round {evaluated[-1]['round']}: the rule offloaded "
+        f"{_pct(details['offloaded'])} % of the test samples to the server side; the "
+        f"client-side model alone scores {_pct(details['client-side-mean'])} (mean), "
+        f"{_pct(details['client-side-pooled'])} (pooled)."
+    )
 
 
 def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
@@ -165,7 +193,8 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
     if completed_summary(runs_dir / "fedavg") is not None:
         reference = traffic(runs_dir / "fedavg")["up_client"]
     notes: list[str] = []
-    for method in (*REFERENCE, *SPLIT_METHODS, *MORE_SPLIT_METHODS):
+    variants = [v for v in VARIANTS if completed_summary(runs_dir / v) is not None]
+    for method in (*REFERENCE, *SPLIT_METHODS, *MORE_SPLIT_METHODS, *variants):
         summary = completed_summary(runs_dir / method)
         paper = PAPER.get(method, {}).get(args.preset)
         paper_cell = (f" {paper:.2f} |" if paper is not None else " — |") if cifar else ""
@@ -189,6 +218,8 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
             f"{summary.get('wall_time_s', 0.0) / 60:.1f} |{paper_cell}"
         )
         config = json.loads((runs_dir / method / "config.json").read_text())["run_config"]
+        if VARIANTS.get(method, (method,))[0] == "splitgp":
+            notes.append(splitgp_note(method, runs_dir / method, config))
         if method == "fedrep":
             notes.append(
                 f"- fedrep trains {config.get('fedrep.head-epochs')} head epochs and "
@@ -270,7 +301,7 @@ def main() -> None:
     runs_dir = Path(args.runs_dir or ROOT / "runs" / "baselines2" / args.preset)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"baselines2{suffix}.md")
     methods = args.methods or all_methods()
-    unknown = sorted(set(methods) - set(declarations()))
+    unknown = sorted(set(methods) - set(declarations()) - set(VARIANTS))
     if unknown:
         parser.error(f"not declared: {', '.join(unknown)}")
     if not args.report_only:

@@ -148,5 +148,19 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
     chosen = np.where(offload[:, None], server_logits, client_logits)
     reported = evaluations[1]
     assert reported[keys.PERSONALIZED_CORRECT] == int((chosen.argmax(axis=1) == y).sum())
-    assert reported["splitgp-offloaded"] == int(offload.sum())
+    assert reported[keys.SPLITGP_OFFLOADED] == int(offload.sum())
+    client_right = int((client_logits.argmax(axis=1) == y).sum())
+    assert reported[keys.SPLITGP_CLIENT_SIDE_CORRECT] == client_right
     assert 0 < offload.sum() < len(y)  # the rule chose both exits
+
+    # rounds.jsonl: the split of the test samples, per client and over the clients
+    details = outcome.rounds[-1]["evaluation"]["method"]
+    assert details["per_client"]["1"] == {
+        "offloaded": pytest.approx(offload.mean()),
+        "client-side": pytest.approx(client_right / len(y)),
+    }
+    counts = {c: m[keys.PERSONALIZED_COUNT] for c, m in evaluations.items()}
+    sent = sum(m[keys.SPLITGP_OFFLOADED] for m in evaluations.values())
+    assert details["offloaded"] == pytest.approx(sent / sum(counts.values()))
+    accuracies = [m[keys.SPLITGP_CLIENT_SIDE_CORRECT] / counts[c] for c, m in evaluations.items()]
+    assert details["client-side-mean"] == pytest.approx(np.mean(accuracies))

@@ -144,3 +144,7 @@ DAPFL_CLIPPED = "dapfl-clipped"  # 1 when the loss change of that reward was cli
 # SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names.
 SPLITGP_AUX = "aux-classifier"  # messages and replies: the auxiliary classifier κ (client side)
 SPLITGP_SERVER_SIDE = "server-side"  # reply: the server-side part θ_k the client process trained
+#: SplitGP evaluation metrics: test samples the inference rule offloaded to the server, and
+#: test samples the client-side model (φ_k, κ_k) alone predicts right
+SPLITGP_OFFLOADED = "splitgp-offloaded"
+SPLITGP_CLIENT_SIDE_CORRECT = "splitgp-client-side-correct"

@@ -104,6 +104,8 @@ def _evaluate(
         },
         "failures": len(failures) + missing,
     }
+    if strategy.last_eval_details:
+        record["method"] = strategy.last_eval_details
     if cfg.cross_eval_clients > 0 and cross_evaluates(cfg, server_round):
         cross = run_cross_evaluation(
             grid,

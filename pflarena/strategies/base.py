@@ -283,6 +283,8 @@ class PflStrategy(Strategy):
         self.client_ids: dict[int, int] = {}
         #: per-client results of the latest evaluation, by client id.
         self.last_evaluation: dict[int, ClientEvaluation] = {}
+        #: the method's own figures from the latest evaluation (:meth:`evaluation_details`)
+        self.last_eval_details: dict[str, Any] = {}
         #: node ids sampled in the latest training round.
         self.last_sampled: list[int] = []
         #: node ids whose latest training reply was an error or was rejected.
@@ -537,6 +539,7 @@ class PflStrategy(Strategy):
     ) -> MetricRecord | None:
         """Personalized and global accuracy statistics over every client that replied."""
         results: dict[int, ClientEvaluation] = {}
+        reported: dict[int, MetricRecord] = {}
         failures: list[tuple[int, str]] = []
         for msg in replies:
             node_id = msg.metadata.src_node_id
@@ -552,10 +555,12 @@ class PflStrategy(Strategy):
             if keys.CLIENT_ID in msg.content.metric_records[keys.METRICS]:
                 self.client_ids[node_id] = evaluation.client_id
             results[evaluation.client_id] = evaluation
+            reported[evaluation.client_id] = msg.content.metric_records[keys.METRICS]
         for node_id, reason in failures:
             log(WARNING, "evaluation failed on node %d: %s", node_id, reason)
         self.last_eval_failures = failures
         self.last_evaluation = dict(sorted(results.items()))
+        self.last_eval_details = self.evaluation_details(dict(sorted(reported.items())))
         if not results:
             return None
         personalized, global_ = evaluation_stats(list(results.values()))
@@ -563,6 +568,12 @@ class PflStrategy(Strategy):
         if global_ is not None:
             out.update({f"global-{k}": v for k, v in global_.as_dict().items()})
         return MetricRecord(out)
+
+    def evaluation_details(self, reported: dict[int, MetricRecord]) -> dict[str, Any]:
+        """The method's own figures from an evaluation's usable replies (``reported``: each
+        client's metrics, by client id), JSON-able; the run loop writes them to the round's
+        ``evaluation.method`` in ``rounds.jsonl``. None by default."""
+        return {}
 
     # ------------------------------------------------------------------ results
     def run_summary(self) -> dict[str, Any]:

@@ -279,6 +279,35 @@ class SplitGP(FedAvg):
         )
         return as_record(merged), metrics
 
+    def evaluation_details(self, reported: dict[int, MetricRecord]) -> dict[str, Any]:
+        """How the inference rule split each client's test samples: the fraction offloaded to
+        the server, and the accuracy of the client-side model (φ_k, κ_k) alone, per client and
+        over the clients (unweighted mean, and pooled over their samples). Clients whose reply
+        lacks the counts (not a SplitGP solver) are left out."""
+        per_client: dict[str, dict[str, float]] = {}
+        offloaded = client_correct = samples = 0
+        for client_id, metrics in reported.items():
+            sent = metrics.get(keys.SPLITGP_OFFLOADED)
+            correct = metrics.get(keys.SPLITGP_CLIENT_SIDE_CORRECT)
+            count = metrics.get(keys.PERSONALIZED_COUNT)
+            if not all(isinstance(v, int) for v in (sent, correct, count)) or not count:
+                continue
+            per_client[str(client_id)] = {
+                "offloaded": sent / count,
+                "client-side": correct / count,
+            }
+            offloaded += sent
+            client_correct += correct
+            samples += count
+        if not per_client:
+            return {}
+        return {
+            "offloaded": offloaded / samples,
+            "client-side-mean": float(np.mean([c["client-side"] for c in per_client.values()])),
+            "client-side-pooled": client_correct / samples,
+            "per_client": per_client,
+        }
+
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, meta = super().checkpoint_state()

@@ -34,7 +34,8 @@ records; the ``server-side`` record is not an upload of the paper's protocol.
 offloaded to the server, which predicts with θ̄ on φ_k's output, otherwise
 (:func:`splitgp_predict`). That prediction is the personalized one; the global model is
 (φ̄, θ̄). The client-side model evaluated is the one the client would start its next round
-from (step 1).
+from (step 1). The evaluation reply also counts the offloaded samples and the client-side
+model's own correct predictions (``splitgp-offloaded``, ``splitgp-client-side-correct``).
 """
 
 from __future__ import annotations
@@ -205,11 +206,13 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 @torch.no_grad()
 def _test_split(
     job: ClientJob, model: nn.Module, layer: str, aux: nn.Linear, threshold: float
-) -> tuple[EvalResult, int]:
+) -> tuple[EvalResult, int, int]:
+    """The inference rule's result, the number of samples it offloaded, and how many the
+    client-side model alone gets right."""
     model.eval()
     aux.eval()
     x, y = job.data.x_test, job.data.y_test
-    loss_sum, correct, offloaded = 0.0, 0, 0
+    loss_sum, correct, offloaded, client_correct = 0.0, 0, 0, 0
     for start in range(0, len(y), 512):
         with head_input(model, layer) as seen:
             server_logits = model(x[start : start + 512])
@@ -219,7 +222,8 @@ def _test_split(
         loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
         correct += int((logits.argmax(dim=1) == target).sum())
         offloaded += int(sent.sum())
-    return EvalResult(loss_sum=loss_sum, correct=correct, count=len(y)), offloaded
+        client_correct += int((client_logits.argmax(dim=1) == target).sum())
+    return EvalResult(loss_sum=loss_sum, correct=correct, count=len(y)), offloaded, client_correct
 
 
 def evaluate(job: ClientJob) -> dict:
@@ -228,9 +232,10 @@ def evaluate(job: ClientJob) -> dict:
     model, split, layer, aux_record = _setup(job)
     global_result = job.test(model)
     aux = _personal_client_side(job, model, split, aux_record)
-    personalized, offloaded = _test_split(
+    personalized, offloaded, client_correct = _test_split(
         job, model, layer, aux, float(job.param("entropy-threshold"))
     )
     metrics = eval_metrics(job, personalized, global_result)
-    metrics["splitgp-offloaded"] = offloaded
+    metrics[keys.SPLITGP_OFFLOADED] = offloaded
+    metrics[keys.SPLITGP_CLIENT_SIDE_CORRECT] = client_correct
     return metrics
