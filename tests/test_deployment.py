@@ -44,16 +44,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 def test_fedavg_on_the_supernodes_shards(deployment: Deployment, tmp_path: Path) -> None:
     shards = deployment.shards
     out = tmp_path / "out"
-    cfg = run_config(out, num_rounds=2, eval_every=2, round_timeout=120.0)
+    cfg = run_config(out, num_rounds=1, round_timeout=120.0)
     proc = deployment.submit(cfg)
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
     rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
 
-    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
-    for record in rounds[1:]:
-        assert record["train"]["sampled"] == list(range(NUM_NODES)), f"{record}\n{logs()}"
-        assert (record["train"]["clients"], record["train"]["failures"]) == (NUM_NODES, 0), record
+    assert [r["round"] for r in rounds] == [0, 1], f"{rounds}\n{logs()}"
+    trained = rounds[1]["train"]
+    assert trained["sampled"] == list(range(NUM_NODES)), f"{trained}\n{logs()}"
+    assert (trained["clients"], trained["failures"]) == (NUM_NODES, 0), trained
 
     # The client ids and test-set sizes come from the shard files: node i used shard i.
     test_sizes = {str(i): len(np.load(path)["y_test"]) for i, path in enumerate(shards)}
@@ -61,8 +61,8 @@ def test_fedavg_on_the_supernodes_shards(deployment: Deployment, tmp_path: Path)
         per_client = record["evaluation"]["per_client"]
         assert {k: v["test_samples"] for k, v in per_client.items()} == test_sizes, record
     acc0 = rounds[0]["evaluation"]["personalized"]["mean"]
-    acc2 = rounds[-1]["evaluation"]["personalized"]["mean"]
-    assert acc2 > acc0, f"personalized accuracy did not rise: {acc0:.4f} -> {acc2:.4f}"
+    acc1 = rounds[-1]["evaluation"]["personalized"]["mean"]
+    assert acc1 > acc0, f"personalized accuracy did not rise: {acc0:.4f} -> {acc1:.4f}"
 
     # The same run in-process, on the same shard files, reaches the same accuracy (up to
     # the order in which replies are summed).
@@ -70,7 +70,7 @@ def test_fedavg_on_the_supernodes_shards(deployment: Deployment, tmp_path: Path)
     grid = grid_for(local_cfg, node_configs=[{"data-path": str(p)} for p in shards])
     local = run_local(local_cfg, tmp_path / "in-process", grid=grid)
     local_acc = local.rounds[-1]["evaluation"]["personalized"]["mean"]
-    assert acc2 == pytest.approx(local_acc, abs=0.02), (acc2, local_acc)
+    assert acc1 == pytest.approx(local_acc, abs=0.02), (acc1, local_acc)
 
 
 def test_two_exchanges_per_round_on_the_deployment(
@@ -85,8 +85,7 @@ def test_two_exchanges_per_round_on_the_deployment(
             "dataset": "digits",
             "partition": "iid",
             "num-clients": NUM_NODES,
-            "num-rounds": 2,
-            "eval-every": 2,
+            "num-rounds": 1,
             "round-timeout": 120.0,
             "output-dir": str(out),
         }
@@ -95,14 +94,14 @@ def test_two_exchanges_per_round_on_the_deployment(
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
     rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
-    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
-    for record in rounds[1:]:
-        names = [e["name"] for e in record["exchanges"]]
-        assert names == ["gradients", "line-search"], f"{record}\n{logs()}"
-        for exchange in record["exchanges"]:
-            assert exchange["sent"] == NUM_NODES and exchange["failures"] == 0, exchange
-            assert exchange["bytes_down"] > 0 and exchange["bytes_up"] > 0, exchange
-        assert record["bytes_up"] == sum(e["bytes_up"] for e in record["exchanges"])
+    assert [r["round"] for r in rounds] == [0, 1], f"{rounds}\n{logs()}"
+    record = rounds[1]
+    names = [e["name"] for e in record["exchanges"]]
+    assert names == ["gradients", "line-search"], f"{record}\n{logs()}"
+    for exchange in record["exchanges"]:
+        assert exchange["sent"] == NUM_NODES and exchange["failures"] == 0, exchange
+        assert exchange["bytes_down"] > 0 and exchange["bytes_up"] > 0, exchange
+    assert record["bytes_up"] == sum(e["bytes_up"] for e in record["exchanges"])
     assert (
         rounds[-1]["evaluation"]["personalized"]["mean"]
         > rounds[0]["evaluation"]["personalized"]["mean"]
@@ -122,8 +121,11 @@ SEED_METHODS: dict[str, tuple[dict[str, Any], str]] = {
 
 @pytest.mark.parametrize("method", sorted(SEED_METHODS))
 def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, method: str) -> None:
-    """Two rounds of each seed method on the one deployment, every node training on its
-    own shard; every node's client state holds the method's entry from both rounds."""
+    """A round of each seed method on the one deployment, every node training on its own
+    shard and evaluating after it; every node's client state holds the method's entry from
+    that round. (That a node's client state carries from round to round on a deployment is
+    checked by the Ditto run of ``test_deployment_faults.py``, whose rounds equal an
+    in-process run's across a SuperLink restart; each method's use of it, in process.)"""
     extra, entry = SEED_METHODS[method]
     out = tmp_path / "out"
     cfg = parse_config(
@@ -133,8 +135,7 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
             "partition": "iid",
             "seed": 0,
             "num-clients": NUM_NODES,
-            "num-rounds": 2,
-            "eval-every": 2,
+            "num-rounds": 1,
             "fraction-train": 1.0,
             "round-timeout": 120.0,
             "output-dir": str(out),
@@ -145,17 +146,16 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
     rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
-    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
-    for record in rounds[1:]:
-        assert record["train"]["sampled"] == list(range(NUM_NODES)), f"{record}\n{logs()}"
-        assert record["train"]["failures"] == 0, f"{record}\n{logs()}"
+    assert [r["round"] for r in rounds] == [0, 1], f"{rounds}\n{logs()}"
+    assert rounds[1]["train"]["sampled"] == list(range(NUM_NODES)), f"{rounds}\n{logs()}"
+    assert rounds[1]["train"]["failures"] == 0, f"{rounds}\n{logs()}"
     assert sorted(rounds[-1]["evaluation"]["per_client"]) == [str(i) for i in range(NUM_NODES)]
-    # On each node: versions of this run's client state from round 1 and from round 2
-    # (update ids r·100 + exchange), each holding the method's entry. The run's state lies
+    # On each node: a version of this run's client state from round 1 (update ids
+    # r·100 + exchange) holding the method's entry. The run's state lies
     # under the digest of its run config (client/state.py), as the server recorded it.
     key = run_key(json.loads((out / "config.json").read_text())["run_config"])
     stored = entry.replace("/", "__") + ".npz"  # core/versions.py's file name
     for node in range(NUM_NODES):
         versions = list((deployment.root / f"state-sn{node}" / key).glob("client-*/v*"))
         by_round = {int(v.name[1:]) // 100 for v in versions if (v / stored).exists()}
-        assert {1, 2} <= by_round, f"node {node}: {sorted(v.name for v in versions)}\n{logs()}"
+        assert 1 in by_round, f"node {node}: {sorted(v.name for v in versions)}\n{logs()}"

@@ -246,24 +246,42 @@ def test_pfedgt_c0_is_the_first_rounds_init_exchange(tmp_path):
 
 
 # --------------------------------------------------------------------------- simulation
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["toy-avg", "line-search"])
-def test_plugin_methods_run_in_flower_simulation(plugins, strategy, tmp_path):
-    from pflarena.server.cli import simulate
+PLUGIN_SIMULATED = ("toy-avg", "line-search")
 
-    cfg = parse_config(
-        {
-            "strategy": strategy,
-            "num-clients": 4,
-            "num-rounds": 3,
-            "fraction-train": 1.0,
-            "output-dir": str(tmp_path / strategy),
+
+@pytest.fixture(scope="module")
+def plugin_runs(tmp_path_factory):
+    """Both plug-in methods in one Flower simulation process (Ray and its actors start once),
+    with the plug-ins named to the ServerApp and every ClientApp through the environment."""
+    from pflarena.server.cli import run_simulations
+
+    root = tmp_path_factory.mktemp("plugin-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PFLARENA_PLUGINS", PLUGIN)
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        configs = {
+            strategy: parse_config(
+                {
+                    "strategy": strategy,
+                    "num-clients": 4,
+                    "num-rounds": 3,
+                    "fraction-train": 1.0,
+                    "output-dir": str(root / strategy),
+                }
+            )
+            for strategy in PLUGIN_SIMULATED
         }
-    )
-    summary = simulate(cfg, verbosity=0)
-    rounds = [
-        json.loads(line) for line in (tmp_path / strategy / "rounds.jsonl").read_text().splitlines()
-    ]
+        run_simulations(list(configs.values()), verbosity=0)
+    return {strategy: root / strategy for strategy in configs}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", PLUGIN_SIMULATED)
+def test_plugin_methods_run_in_flower_simulation(plugin_runs, strategy):
+    out = plugin_runs[strategy]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("error")
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     start = rounds[0]["evaluation"]["personalized"]["mean"]
     assert summary["personalized"]["last"]["mean"] > start + 0.1
     names = [[e["name"] for e in r["exchanges"]] for r in rounds[1:]]
@@ -272,7 +290,6 @@ def test_plugin_methods_run_in_flower_simulation(plugins, strategy, tmp_path):
     assert all(
         e["bytes_up"] > 0 and e["bytes_down"] > 0 for r in rounds[1:] for e in r["exchanges"]
     )
-    np.testing.assert_equal(summary["status"], "completed")
 
 
 def test_per_node_messages_share_the_round_payload():

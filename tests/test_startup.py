@@ -24,7 +24,9 @@ CONFIGS = {
 def test_runs_on_one_runtime_and_in_process_give_the_rounds_of_flwr_run_on_a_superlink(tmp_path):
     """Catches a runtime (pflarena's start-up of Flower's Ray engine, or the in-process
     engine without Ray) that changes what a run computes: a different fused run config,
-    node config or client state, or a ClientApp changing the server's records in place."""
+    node config or client state, or a ClientApp changing the server's records in place.
+    The first two are both on Ray, whose two actors finish the clients of a round in
+    varying order: equal rounds also mean the order does not matter."""
 
     def cfg(name: str, where: str):
         return parse_config(CONFIGS[name] | {"output-dir": str(tmp_path / where / name)})
