@@ -4,6 +4,7 @@ client's personalized evaluation recomputed from them with a hand-written forwar
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -164,3 +165,55 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
     assert details["offloaded"] == pytest.approx(sent / sum(counts.values()))
     accuracies = [m[keys.SPLITGP_CLIENT_SIDE_CORRECT] / counts[c] for c, m in evaluations.items()]
     assert details["client-side-mean"] == pytest.approx(np.mean(accuracies))
+
+
+def test_a_finished_run_re_evaluated_at_its_own_settings_gives_its_last_round(tmp_path):
+    """``benchmarks/splitgp_inference.py`` re-evaluates a finished run's state at other λ and
+    thresholds. At the run's own settings it must give the run's last recorded evaluation
+    (catches a κ̄ or θ̄ other than the final ones, or another client's state);
+    a threshold of 0 offloads every sample and ``inf`` none, where the rule's accuracy is
+    the client-side model's own."""
+    import importlib.util
+    from pathlib import Path
+
+    from pflarena.server.cli import simulate
+    from pflarena.server.registry import parse_config
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "splitgp_inference.py"
+    spec = importlib.util.spec_from_file_location("splitgp_inference", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    out = tmp_path / "run"
+    lam, threshold = 0.4, 2.2  # after two rounds the rule sends some samples each way
+    cfg = parse_config(
+        {
+            "strategy": "splitgp",
+            "num-clients": 3,
+            "num-rounds": 2,
+            "fraction-train": 0.67,
+            "output-dir": str(out),
+            "splitgp.lambda": lam,
+            "splitgp.entropy-threshold": threshold,
+        }
+    )
+    simulate(cfg, verbosity=0, engine="inprocess")
+    last = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()][-1]
+    counts = tool.client_counts(out, [lam, 1.0], [0.0, threshold, math.inf])
+    recorded = last["evaluation"]["per_client"]
+    for client, by_setting in counts.items():
+        own = by_setting[(lam, threshold)]
+        n = own[keys.PERSONALIZED_COUNT]
+        assert own[keys.PERSONALIZED_CORRECT] / n == pytest.approx(
+            recorded[str(client)]["personalized"]
+        )
+        assert own[keys.SPLITGP_OFFLOADED] / n == pytest.approx(
+            last["evaluation"]["method"]["per_client"][str(client)]["offloaded"]
+        )
+        assert 0 < own[keys.SPLITGP_OFFLOADED] < n  # both exits chose some samples
+        for mixed in (lam, 1.0):
+            assert by_setting[(mixed, 0.0)][keys.SPLITGP_OFFLOADED] == n
+            alone = by_setting[(mixed, math.inf)]
+            assert alone[keys.SPLITGP_OFFLOADED] == 0
+            assert alone[keys.PERSONALIZED_CORRECT] == alone[keys.SPLITGP_CLIENT_SIDE_CORRECT]
+    assert len(tool.table(counts, [lam, 1.0], [0.0, threshold, math.inf])) == 2 + 6
