@@ -234,14 +234,16 @@ def _sweep_cli(tmp_path, *extra):
 
 @pytest.mark.slow
 def test_a_2x2_sweep_twice_runs_nothing_new_and_its_leaderboard_matches_the_runs(tmp_path):
-    first = _sweep_cli(tmp_path)
+    # The sweep's bookkeeping and leaderboard do not depend on the engine: in-process here,
+    # on Ray in the killed-sweep test below.
+    first = _sweep_cli(tmp_path, "--engine", "inprocess")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "4 runs, 0 completed, 0 to resume, 4 to start" in first.stdout
     summaries = sorted((tmp_path / "sweep").rglob("summary.json"))
     assert len(summaries) == 4
     stamps = {path: path.stat().st_mtime_ns for path in summaries}
 
-    second = _sweep_cli(tmp_path)
+    second = _sweep_cli(tmp_path, "--engine", "inprocess")
     assert second.returncode == 0, second.stdout + second.stderr
     assert "4 runs, 4 completed, 0 to resume, 0 to start" in second.stdout
     assert {path: path.stat().st_mtime_ns for path in summaries} == stamps  # nothing ran
