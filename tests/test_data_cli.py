@@ -235,7 +235,7 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
             "--quiet",
             *("--set", "num-clients=4", "--set", "min-client-samples=0"),
             *("--set", "fraction-train=1.0", "--set", "min-train-clients=1"),
-            *("--set", "num-rounds=5", "--set", "eval-every=1", "--set", "local-epochs=2"),
+            *("--set", "num-rounds=5", "--set", "eval-every=5", "--set", "local-epochs=2"),
             *("--set", "batch-size=10", "--set", "lr=2.0", "--set", "test-fraction=0.25"),
         ],
         capture_output=True,
