@@ -59,6 +59,7 @@ LEARNERS = [s for s in declarations() if s != "fedavg-ft"]
 
 def _learning_config(strategy: str, output_dir: Path):
     declaration = declarations()[strategy]
+    settings = {"num-rounds": 3, **LEARNS_WITH.get(strategy, {})}
     return parse_config(
         {
             "strategy": strategy,
@@ -70,8 +71,9 @@ def _learning_config(strategy: str, output_dir: Path):
             # the data each method declares it needs: a validation split, a server-held set
             "validation-fraction": 0.2 if declaration.needs_validation else 0.0,
             "server-fraction": 0.1 if declaration.needs_server_data else 0.0,
-            "num-rounds": 3,
-            **LEARNS_WITH.get(strategy, {}),
+            **settings,
+            # evaluated before the first round and after the last: all the test compares
+            "eval-every": settings["num-rounds"],
         }
     )
 
