@@ -121,11 +121,9 @@ SEED_METHODS: dict[str, tuple[dict[str, Any], str]] = {
 
 @pytest.mark.parametrize("method", sorted(SEED_METHODS))
 def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, method: str) -> None:
-    """A round of each seed method on the one deployment, every node training on its own
-    shard and evaluating after it; every node's client state holds the method's entry from
-    that round. (That a node's client state carries from round to round on a deployment is
-    checked by the Ditto run of ``test_deployment_faults.py``, whose rounds equal an
-    in-process run's across a SuperLink restart; each method's use of it, in process.)"""
+    """Two rounds of each seed method on the one deployment (the seed issues' acceptance),
+    every node training on its own shard; every node's client state holds the method's
+    entry from both rounds."""
     extra, entry = SEED_METHODS[method]
     out = tmp_path / "out"
     cfg = parse_config(
@@ -135,7 +133,8 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
             "partition": "iid",
             "seed": 0,
             "num-clients": NUM_NODES,
-            "num-rounds": 1,
+            "num-rounds": 2,
+            "eval-every": 2,
             "fraction-train": 1.0,
             "round-timeout": 120.0,
             "output-dir": str(out),
@@ -146,16 +145,17 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
     rounds = completed_rounds(deployment, out, rc)
     logs = deployment.log_tails
-    assert [r["round"] for r in rounds] == [0, 1], f"{rounds}\n{logs()}"
-    assert rounds[1]["train"]["sampled"] == list(range(NUM_NODES)), f"{rounds}\n{logs()}"
-    assert rounds[1]["train"]["failures"] == 0, f"{rounds}\n{logs()}"
+    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
+    for record in rounds[1:]:
+        assert record["train"]["sampled"] == list(range(NUM_NODES)), f"{record}\n{logs()}"
+        assert record["train"]["failures"] == 0, f"{record}\n{logs()}"
     assert sorted(rounds[-1]["evaluation"]["per_client"]) == [str(i) for i in range(NUM_NODES)]
-    # On each node: a version of this run's client state from round 1 (update ids
-    # r·100 + exchange) holding the method's entry. The run's state lies
+    # On each node: versions of this run's client state from round 1 and from round 2
+    # (update ids r·100 + exchange), each holding the method's entry. The run's state lies
     # under the digest of its run config (client/state.py), as the server recorded it.
     key = run_key(json.loads((out / "config.json").read_text())["run_config"])
     stored = entry.replace("/", "__") + ".npz"  # core/versions.py's file name
     for node in range(NUM_NODES):
         versions = list((deployment.root / f"state-sn{node}" / key).glob("client-*/v*"))
         by_round = {int(v.name[1:]) // 100 for v in versions if (v / stored).exists()}
-        assert 1 in by_round, f"node {node}: {sorted(v.name for v in versions)}\n{logs()}"
+        assert {1, 2} <= by_round, f"node {node}: {sorted(v.name for v in versions)}\n{logs()}"
