@@ -117,7 +117,17 @@ def main() -> None:
         parser.error("thresholds must be >= 0")
     counts = client_counts(args.run_dir, args.lambdas, args.thresholds)
     run = json.loads((args.run_dir / "config.json").read_text())["run_config"]
+    command = (
+        f"python benchmarks/splitgp_inference.py {args.run_dir} --lambdas "
+        + " ".join(f"{v:g}" for v in args.lambdas)
+        + " --thresholds "
+        + " ".join(f"{v:g}" for v in args.thresholds)
+    )
     lines = [
+        "# SplitGP: personalized accuracy against offloading, re-evaluated",
+        "",
+        f"Command: `{command}`.",
+        "",
         f"SplitGP's inference rule re-evaluated on `{args.run_dir.name}`'s final state "
         f"({run['dataset']}, {run['num-clients']} clients, trained with λ = "
         f"{run.get('splitgp.lambda')}): accuracy in %, unweighted mean over the clients and "
