@@ -147,7 +147,7 @@ def _row(path: Path, alpha: float, lam: str, label: str) -> str | None:
         r["evaluation"].get("failures", 0) for r in evals
     )
     error = f"{errors[-1]:.2f} (max {max(errors):.2f})" if errors else "—"
-    shown = "|S|/m" if lam == TRACKING else lam
+    shown = r"\|S\|/m" if lam == TRACKING else lam  # pipes escaped: a table cell
     return (
         f"| {alpha} | {shown} | {label} | {pers} | {glob} "
         f"| {worst['train']['loss']:.2f} (round {worst['round']}) | {norms or '—'} "
