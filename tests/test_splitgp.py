@@ -217,3 +217,35 @@ def test_a_finished_run_re_evaluated_at_its_own_settings_gives_its_last_round(tm
             assert alone[keys.SPLITGP_OFFLOADED] == 0
             assert alone[keys.PERSONALIZED_CORRECT] == alone[keys.SPLITGP_CLIENT_SIDE_CORRECT]
     assert len(tool.table(counts, [lam, 1.0], [0.0, threshold, math.inf])) == 2 + 6
+
+
+def test_evaluation_details_leave_out_replies_without_possible_counts():
+    """A reply without SplitGP's counts, or with more offloaded or right than it has test
+    samples, is left out of ``evaluation.method``; the others are pooled by their samples."""
+    from flwr.app import MetricRecord
+
+    from pflarena.server.registry import build_strategy
+
+    strategy = build_strategy(config(strategy="splitgp", num_clients=4))
+
+    def reply(count, sent=None, right=None):
+        metrics = {keys.PERSONALIZED_COUNT: count}
+        if sent is not None:
+            metrics |= {keys.SPLITGP_OFFLOADED: sent, keys.SPLITGP_CLIENT_SIDE_CORRECT: right}
+        return MetricRecord(metrics)
+
+    details = strategy.evaluation_details(
+        {
+            0: reply(10, 5, 8),
+            1: reply(30, 3, 15),
+            2: reply(10),
+            3: reply(10, 11, 2),
+            4: reply(10, 2, 11),
+        }
+    )
+    assert set(details["per_client"]) == {"0", "1"}
+    assert details["per_client"]["1"] == {"offloaded": 0.1, "client-side": 0.5}
+    assert details["offloaded"] == pytest.approx(8 / 40)
+    assert details["client-side-pooled"] == pytest.approx(23 / 40)
+    assert details["client-side-mean"] == pytest.approx((0.8 + 0.5) / 2)
+    assert strategy.evaluation_details({2: reply(10)}) == {}

@@ -572,7 +572,7 @@ class PflStrategy(Strategy):
     def evaluation_details(self, reported: dict[int, MetricRecord]) -> dict[str, Any]:
         """The method's own figures from an evaluation's usable replies (``reported``: each
         client's metrics, by client id), JSON-able; the run loop writes them to the round's
-        ``evaluation.method`` in ``rounds.jsonl``. None by default."""
+        ``evaluation.method`` in ``rounds.jsonl``. Empty (nothing written) by default."""
         return {}
 
     # ------------------------------------------------------------------ results

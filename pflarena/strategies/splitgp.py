@@ -283,14 +283,16 @@ class SplitGP(FedAvg):
         """How the inference rule split each client's test samples: the fraction offloaded to
         the server, and the accuracy of the client-side model (φ_k, κ_k) alone, per client and
         over the clients (unweighted mean, and pooled over their samples). Clients whose reply
-        lacks the counts (not a SplitGP solver) are left out."""
+        lacks the counts (not a SplitGP solver) or reports impossible ones are left out."""
         per_client: dict[str, dict[str, float]] = {}
         offloaded = client_correct = samples = 0
         for client_id, metrics in reported.items():
             sent = metrics.get(keys.SPLITGP_OFFLOADED)
             correct = metrics.get(keys.SPLITGP_CLIENT_SIDE_CORRECT)
             count = metrics.get(keys.PERSONALIZED_COUNT)
-            if not all(isinstance(v, int) for v in (sent, correct, count)) or not count:
+            if not all(isinstance(v, int) for v in (sent, correct, count)):
+                continue
+            if not (count > 0 and 0 <= sent <= count and 0 <= correct <= count):
                 continue
             per_client[str(client_id)] = {
                 "offloaded": sent / count,
