@@ -76,6 +76,8 @@ def client_counts(run_dir: Path, lambdas: list[float], thresholds: list[float]) 
                     ),
                     device=device,
                 )
+                # the solver's own evaluation, global model included: the global accuracy
+                # is recomputed per setting, a small price for no second copy of the rule
                 counts[client][(lam, threshold)] = solver.evaluate(job)
     return counts
 

@@ -30,13 +30,17 @@ TESTS = Path(__file__).resolve().parent
 PLUGIN = "pflarena_test_methods"
 
 
+def _load_plugins(patch: pytest.MonkeyPatch) -> None:
+    """Name the test suite's methods to pflarena (and to every process it starts) the way a
+    user's plug-in would be named."""
+    patch.setenv("PFLARENA_PLUGINS", PLUGIN)
+    patch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+
+
 @pytest.fixture
 def plugins(monkeypatch):
     """The test suite's own methods, loaded the way a user's plug-in would be."""
-    monkeypatch.setenv("PFLARENA_PLUGINS", PLUGIN)
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    )
+    _load_plugins(monkeypatch)
 
 
 # --------------------------------------------------------------------------- one place
@@ -257,8 +261,7 @@ def plugin_runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("plugin-runs")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PFLARENA_PLUGINS", PLUGIN)
-        patch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        _load_plugins(patch)
         configs = {
             strategy: parse_config(
                 {
