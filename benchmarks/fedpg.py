@@ -39,9 +39,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pflarena.server.cli import resume_config, simulate
+from pflarena.server.cli import simulate_resuming
 from pflarena.server.presets import load_preset
-from pflarena.server.registry import parse_config
 from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,22 +211,13 @@ def main() -> None:
             if completed_summary(out) is not None:
                 continue
             print(f"== {label} on {args.preset} ({rounds} rounds)", flush=True)
-            for attempt in range(args.retries + 1):
-                # a run that died after a checkpoint continues from it (`pflarena run --resume`)
-                resume = (out / "checkpoint.npz").exists() and (out / "config.json").exists()
-                config = resume_config(out) if resume else run_config(label, args, out)
-                try:
-                    simulate(
-                        parse_config(config),
-                        cpus_per_client=args.cpus_per_client,
-                        verbosity=0,
-                        engine=args.engine,
-                    )
-                    break
-                except RuntimeError as exc:  # e.g. too many clients failed: resume the run
-                    print(f"   attempt {attempt + 1} failed: {exc}", flush=True)
-                    if attempt == args.retries:
-                        raise
+            simulate_resuming(
+                run_config(label, args, out),
+                retries=args.retries,
+                cpus_per_client=args.cpus_per_client,
+                verbosity=0,
+                engine=args.engine,
+            )
             write_report(runs_dir, Path(args.out))
     write_report(runs_dir, Path(args.out))
 

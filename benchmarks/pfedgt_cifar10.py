@@ -9,7 +9,8 @@ settings, with the FedAvg CIFAR CNN and as many rounds as ``--rounds`` allows (o
 learning rate is the spec's placeholder 0.05 (the paper tuned it for FedAvg and did not report
 it); Ditto uses λ = 0.1 and FedAvg-FT one fine-tuning epoch (neither reported).
 
-Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again.
+Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again, and a
+run that stopped after a checkpoint continues from it.
 
 Usage::
 
@@ -24,9 +25,8 @@ import argparse
 import json
 from pathlib import Path
 
-from pflarena.server.cli import compare_plot, simulate
+from pflarena.server.cli import compare_plot, simulate_resuming
 from pflarena.server.presets import load_preset
-from pflarena.server.registry import parse_config
 from pflarena.server.results import completed_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +65,7 @@ def run_config(strategy: str, alpha: float, args: argparse.Namespace, out: Path)
             "lr": args.lr,
             "num-rounds": args.rounds,
             "eval-every": args.eval_every,
+            "round-timeout": args.round_timeout,
             "output-dir": str(out),
         }
     )
@@ -86,6 +87,15 @@ def main() -> None:
     parser.add_argument(
         "--engine", choices=("ray", "inprocess"), default="ray", help="see `pflarena run --help`"
     )
+    parser.add_argument(
+        "--round-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds a round waits for its replies (pFedMe's rounds take 5 x SGD's)",
+    )
+    parser.add_argument(
+        "--retries", type=int, default=2, help="resume a failed run this many times"
+    )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "pfedgt-cifar10"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pfedgt_cifar10.md"))
     parser.add_argument(
@@ -103,8 +113,9 @@ def main() -> None:
                 if completed_summary(out) is not None:
                     continue
                 print(f"== {strategy} α={alpha} ({args.model}, {args.rounds} rounds)", flush=True)
-                simulate(
-                    parse_config(run_config(strategy, alpha, args, out)),
+                simulate_resuming(
+                    run_config(strategy, alpha, args, out),
+                    retries=args.retries,
                     cpus_per_client=args.cpus_per_client,
                     gpus_per_client=args.gpus_per_client,
                     verbosity=0,

@@ -175,6 +175,37 @@ def test_a_run_stored_before_another_methods_default_changed_still_resumes(tmp_p
     assert not cfg.method_values("pfedgt") and not cfg.method_values("ditto")
 
 
+def test_simulate_resuming_continues_a_failed_run_from_its_checkpoint(tmp_path, monkeypatch):
+    """A run that fails after its first checkpoint is resumed (not restarted) on the next
+    attempt; one that fails before any checkpoint starts again; the last failure is raised."""
+    from pflarena.server import cli
+    from pflarena.server.registry import parse_config
+
+    out = tmp_path / "run"
+    config = {"strategy": "fedavg", "num-rounds": 3, "output-dir": str(out)}
+    calls: list[tuple[bool, str]] = []
+
+    def fake_simulate(cfg, **kwargs):
+        calls.append((cfg.resume, cfg.output_dir))
+        out.mkdir(exist_ok=True)
+        if len(calls) == 2:  # the second attempt got as far as a checkpoint
+            stored = parse_config(config).to_run_config()
+            (out / "config.json").write_text(json.dumps({"run_config": stored}))
+            (out / "checkpoint.npz").write_bytes(b"")
+        if len(calls) < 3 or kwargs.get("engine") == "always-fails":
+            raise RuntimeError(f"attempt {len(calls)} failed")
+        return {"status": "completed"}
+
+    monkeypatch.setattr(cli, "simulate", fake_simulate)
+    assert cli.simulate_resuming(config, retries=2) == {"status": "completed"}
+    assert calls == [(False, str(out)), (False, str(out)), (True, str(out.resolve()))]
+
+    calls.clear()
+    with pytest.raises(RuntimeError, match="attempt 2 failed"):
+        cli.simulate_resuming(config, retries=1, engine="always-fails")
+    assert [resumed for resumed, _ in calls] == [True, True]
+
+
 def test_relative_shard_and_data_paths_reach_the_runtime_absolute(tmp_path, monkeypatch):
     """Catches a relative ``shards-dir`` or ``data-dir`` handed as it is to the runtime,
     whose process runs in a scratch directory (``--shards-dir shards`` then found no

@@ -530,6 +530,30 @@ def resume_config(run_dir: Path) -> dict[str, Any]:
     return run_config | {"resume": True, "output-dir": str(run_dir.resolve())}
 
 
+def simulate_resuming(
+    run_config: dict[str, Any], *, retries: int = 2, **simulate_args: Any
+) -> dict[str, Any]:
+    """:func:`simulate` the run ``run_config`` describes, and when it fails after a
+    checkpoint, resume it from there (``pflarena run --resume``) up to ``retries`` times; a run
+    already begun in its ``output-dir`` is resumed rather than started again. For long
+    benchmark runs, where a round lost to a slow or overloaded machine should not cost the
+    rounds before it. Raises the last ``RuntimeError`` when every attempt failed."""
+    from pflarena.server.registry import parse_config
+
+    out = Path(run_config["output-dir"])
+    for attempt in range(retries + 1):
+        begun = (out / "checkpoint.npz").exists() and (out / "config.json").exists()
+        try:
+            return simulate(
+                parse_config(resume_config(out) if begun else run_config), **simulate_args
+            )
+        except RuntimeError as exc:
+            if attempt == retries:
+                raise
+            print(f"   attempt {attempt + 1} failed, resuming: {exc}", flush=True)
+    raise AssertionError("unreachable")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pflarena.server.registry import parse_config
     from pflarena.server.results import check_output_dir
