@@ -10,7 +10,9 @@ learning rate is the spec's placeholder 0.05 (the paper tuned it for FedAvg and 
 it); Ditto uses λ = 0.1 and FedAvg-FT one fine-tuning epoch (neither reported).
 
 Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again, and a
-run that stopped after a checkpoint continues from it.
+run that stopped after a checkpoint continues from it. The result files of every completed
+run are kept beside the report (``results/pfedgt_cifar10_runs/``), so ``--report-only``
+rewrites the tables and plots on a machine that no longer holds the runs.
 
 Usage::
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from pflarena.server.cli import compare_plot, simulate_resuming
 from pflarena.server.presets import load_preset
-from pflarena.server.results import completed_summary
+from pflarena.server.results import archive_run, completed_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("local", "fedavg", "fedavg-ft", "ditto", "pfedgt")
@@ -101,7 +103,7 @@ def main() -> None:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="run nothing; rewrite the table and plots from the completed runs in --runs-dir",
+        help="run nothing; rewrite the table and plots from the archived and completed runs",
     )
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
@@ -142,10 +144,16 @@ def _pct(value: float | None) -> str:
 
 
 def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
-    """One table per (model, rounds) setting over every completed run in ``runs_dir``, and a
-    plot of accuracy against rounds for each setting and α."""
-    runs: dict[tuple[tuple[str, int], float, str], tuple[Path, dict]] = {}
+    """One table per (model, rounds) setting over every run archived beside ``out`` (in
+    ``<out stem>_runs/``, where the completed runs in ``runs_dir`` are copied first: a run
+    there replaces its archived copy), and a plot of accuracy against rounds for each setting
+    and α."""
+    archive = out.parent / f"{out.stem}_runs"
     for summary_path in sorted(runs_dir.glob("a*-r*-*/summary.json")):
+        if completed_summary(summary_path.parent) is not None:
+            archive_run(summary_path.parent, archive)
+    runs: dict[tuple[tuple[str, int], float, str], tuple[Path, dict]] = {}
+    for summary_path in sorted(archive.glob("a*-r*-*/summary.json")):
         summary = completed_summary(summary_path.parent)
         if summary is None or summary.get("dataset") != "cifar10":
             continue

@@ -86,3 +86,29 @@ def test_plots_written(tmp_path):
     written = plot_run(tmp_path / "run")
     assert {p.name for p in written} == {"accuracy.png", "client_accuracy.png"}
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_archive_run_copies_only_the_result_files_of_a_completed_run(tmp_path):
+    from pflarena.server.results import archive_run
+
+    run = tmp_path / "runs" / "a0.1-r2-fedavg"
+    writer = ResultsWriter(run)
+    writer.append_round({"round": 0, "evaluation": _eval(0.5, 0.5)})
+    writer.write_config({"run_config": {"strategy": "fedavg"}})
+    writer.write_summary({"status": "failed"})
+    writer.close()
+    (run / "checkpoint.npz").write_bytes(b"x" * 100)
+    with pytest.raises(ValueError, match="no completed run"):
+        archive_run(run, tmp_path / "archive")
+    assert not (tmp_path / "archive").exists()
+
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    dest = archive_run(run, tmp_path / "archive")
+    assert dest == tmp_path / "archive" / "a0.1-r2-fedavg"
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "rounds.jsonl", "summary.json"]
+    for name in ("config.json", "rounds.jsonl", "summary.json"):
+        assert (dest / name).read_bytes() == (run / name).read_bytes()
+    # archiving again (the run was replaced) overwrites the copy
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "x": 1}))
+    archive_run(run, tmp_path / "archive")
+    assert json.loads((dest / "summary.json").read_text())["x"] == 1

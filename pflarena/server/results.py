@@ -19,6 +19,7 @@ __all__ = [
     "summarize_rounds",
     "plot_run",
     "RESULT_FILES",
+    "archive_run",
 ]
 
 RESULT_FILES = ("config.json", "rounds.jsonl", "summary.json")
@@ -120,6 +121,21 @@ def completed_summary(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     summary = json.loads(path.read_text())
     return summary if summary.get("status") == "completed" else None
+
+
+def archive_run(run_dir: str | Path, archive_dir: str | Path) -> Path:
+    """Copy a completed run's result files (:data:`RESULT_FILES`; no checkpoint, no client
+    state) to ``archive_dir/<run name>`` and return that directory. Benchmarks keep the runs
+    behind a published table this way, beside the table, so that it can be rewritten
+    (``--report-only``) and plotted on a machine that no longer holds the runs."""
+    run_dir = Path(run_dir)
+    if completed_summary(run_dir) is None:
+        raise ValueError(f"{run_dir} holds no completed run to archive")
+    dest = Path(archive_dir) / run_dir.name
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RESULT_FILES:
+        (dest / name).write_bytes((run_dir / name).read_bytes())
+    return dest
 
 
 def _stats_block(evals: list[tuple[int, dict]]) -> dict[str, Any] | None:
