@@ -21,6 +21,7 @@
 Usage::
 
     python benchmarks/fedpg_qp.py --ks 2 10 100 1000 --dim 5000 --repeats 5
+    python benchmarks/fedpg_qp.py --memory-only   # the table only, the QP timings kept
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def model_memory() -> tuple[list[str], list[str], dict[tuple[str, str], int]]:
     import torch
 
     from pflarena.core.datasets.registry import dataset_info, dataset_names
-    from pflarena.core.models import MODEL_NAMES, build_model
+    from pflarena.core.models import MODEL_NAMES, TOKEN_MODELS, build_model
 
     torch.set_num_threads(1)
     datasets = list(dataset_names())
@@ -103,6 +104,8 @@ def model_memory() -> tuple[list[str], list[str], dict[tuple[str, str], int]]:
     for model in MODEL_NAMES:
         for dataset in datasets:
             info = dataset_info(dataset)
+            if (model in TOKEN_MODELS) != bool(info.tokens):  # token ids need a token model
+                continue
             try:
                 net = build_model(model, tuple(info.input_shape), info.num_classes, seed=0)
             except (ValueError, RuntimeError):  # vector data, or images too small
@@ -112,10 +115,13 @@ def model_memory() -> tuple[list[str], list[str], dict[tuple[str, str], int]]:
 
 
 def report(args: argparse.Namespace, rows: list[dict], memory) -> str:
+    return qp_section(args, rows) + memory_section(memory)
+
+
+def qp_section(args: argparse.Namespace, rows: list[dict]) -> str:
     import clarabel
     import scipy
 
-    models, datasets, params = memory
     lines = [
         "# FedPG: the min-norm QP and the stale-gradient store",
         "",
@@ -143,9 +149,16 @@ def report(args: argparse.Namespace, rows: list[dict], memory) -> str:
             f"| {r['k']} | {r['regime']} | {r['fast']:.2e} | {r['cvxpy']:.2e} | "
             f"{r['ratio']:.1f}x | {r['gap']:.1e} | {r['kkt']:.1e} | {r['gram']:.2e} |"
         )
-    lines += [
-        "",
-        "## Stale-gradient store",
+    return "\n".join(lines) + "\n\n"
+
+
+MEMORY_HEADING = "## Stale-gradient store"
+
+
+def memory_section(memory) -> str:
+    models, datasets, params = memory
+    lines = [
+        MEMORY_HEADING,
         "",
         "Megabytes per client whose last gradient is kept (4 bytes per trainable parameter, "
         "float32), for each model built for each data set; the parameter count is in "
@@ -179,7 +192,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/fedpg_qp.md")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="time nothing: rewrite only the stale-gradient table of --out (for a new model)",
+    )
     args = parser.parse_args(argv)
+    if args.memory_only:
+        old = args.out.read_text() if args.out.exists() else ""
+        if MEMORY_HEADING not in old:
+            parser.error(f"{args.out} holds no QP section to keep; run without --memory-only")
+        args.out.write_text(old[: old.index(MEMORY_HEADING)] + memory_section(model_memory()))
+        print(args.out.read_text())
+        return
     args.cvxpy_repeats = max(1, min(args.cvxpy_repeats, args.repeats))
 
     warm = gram_matrix(np.eye(3) + 0.1)  # imports and first-call costs, outside the timings
