@@ -80,6 +80,7 @@ class InProcessGrid(Grid):
         self.wire = wire
         self.sent: list[Message] = []
         self.reply_filter: Callable[[Message], Message] | None = None
+        self._replies: dict[str, Message] = {}  # pushed, not yet pulled
         self._run = Run.create_empty(run_id=run_id)
         # Messages read the run and node identity of the process that creates them.
         TaskIdentity.run_id = run_id
@@ -107,36 +108,46 @@ class InProcessGrid(Grid):
         return [n for n in self.node_ids if n not in self.offline]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("InProcessGrid answers through send_and_receive only")
+        """Deliver each message to its node's ClientApp now; the replies wait for
+        :meth:`pull_messages`. Returns the messages' ids."""
+        ids = []
+        for msg in messages:
+            reply = self._deliver(msg)
+            ids.append(msg.metadata.message_id)
+            if reply is not None:
+                self._replies[msg.metadata.message_id] = reply
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("InProcessGrid answers through send_and_receive only")
+        """The replies to those of ``message_ids`` that have one (once each, as Flower's)."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        replies = []
-        for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            msg.metadata.__dict__["_src_node_id"] = 0
-            msg.metadata.__dict__["_run_id"] = self._run.run_id
-            if self.keep_sent:
-                self.sent.append(msg)
-            node_id = msg.metadata.dst_node_id
-            if node_id in self.offline:
-                continue  # no reply, as for a node that died
-            received = _over_the_wire(msg) if self.wire else msg
-            try:
-                reply = self.client_app(received, self.contexts[node_id])
-            except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
-                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-            reply.metadata.__dict__["_src_node_id"] = node_id
-            if self.wire:
-                reply = _over_the_wire(reply)
-            if self.reply_filter is not None:
-                reply = self.reply_filter(reply)
-            replies.append(reply)
-        return replies
+        return self.pull_messages(self.push_messages(messages))
+
+    def _deliver(self, msg: Message) -> Message | None:
+        """Run ``msg`` through its node's ClientApp; its reply (None from an offline node)."""
+        msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+        msg.metadata.__dict__["_src_node_id"] = 0
+        msg.metadata.__dict__["_run_id"] = self._run.run_id
+        if self.keep_sent:
+            self.sent.append(msg)
+        node_id = msg.metadata.dst_node_id
+        if node_id in self.offline:
+            return None  # no reply, as for a node that died
+        received = _over_the_wire(msg) if self.wire else msg
+        try:
+            reply = self.client_app(received, self.contexts[node_id])
+        except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
+            reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        reply.metadata.__dict__["_src_node_id"] = node_id
+        if self.wire:
+            reply = _over_the_wire(reply)
+        if self.reply_filter is not None:
+            reply = self.reply_filter(reply)
+        return reply
 
 
 def run_inprocess(app: Any, run_config: dict[str, Any], num_supernodes: int, scratch: Path) -> None:

@@ -1,0 +1,52 @@
+"""The in-process Grid's message API: push, pull, send-and-receive, offline nodes, errors."""
+
+from __future__ import annotations
+
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from pflarena.server.inprocess import InProcessGrid
+
+app = ClientApp()
+
+
+@app.query()
+def _answer(msg: Message, context) -> Message:
+    if msg.content["q"]["fail"]:
+        raise ValueError("asked to fail")
+    # the node's partition and a counter kept in its persistent state
+    calls = context.state.get("calls", MetricRecord({"n": 0}))["n"] + 1
+    context.state["calls"] = MetricRecord({"n": calls})
+    return Message(
+        RecordDict({"a": MetricRecord({"pid": context.node_config["partition-id"], "n": calls})}),
+        reply_to=msg,
+    )
+
+
+def _query(grid: InProcessGrid, node_id: int, fail: bool = False) -> Message:
+    content = RecordDict({"q": MetricRecord({"fail": int(fail)})})
+    return grid.create_message(content, "query", node_id, group_id="1")
+
+
+def test_push_then_pull_returns_each_reply_once_and_none_from_an_offline_node() -> None:
+    grid = InProcessGrid(app, {}, 3)
+    a, b, c = grid.node_ids
+    grid.offline.add(c)
+    ids = list(grid.push_messages([_query(grid, a), _query(grid, b), _query(grid, c)]))
+    assert len(set(ids)) == 3
+    replies = list(grid.pull_messages(ids))
+    assert [r.metadata.src_node_id for r in replies] == [a, b]
+    assert [r.metadata.reply_to_message_id for r in replies] == ids[:2]
+    assert [r.content["a"]["pid"] for r in replies] == [0, 1]
+    assert list(grid.pull_messages(ids)) == []  # pulled once
+    assert grid.get_node_ids() == [a, b]
+
+
+def test_send_and_receive_keeps_node_state_and_turns_exceptions_into_error_replies() -> None:
+    grid = InProcessGrid(app, {}, 2)
+    a, b = grid.node_ids
+    for expected in (1, 2):
+        (reply,) = grid.send_and_receive([_query(grid, a)])
+        assert reply.content["a"]["n"] == expected
+    (error,) = grid.send_and_receive([_query(grid, b, fail=True)])
+    assert error.has_error() and "ValueError: asked to fail" in error.error.reason
