@@ -180,6 +180,7 @@ def test_simulate_resuming_continues_a_failed_run_from_its_checkpoint(tmp_path, 
     attempt; one that fails before any checkpoint starts again; the last failure is raised."""
     from pflarena.server import cli
     from pflarena.server.registry import parse_config
+    from pflarena.server.results import OutputDirError
 
     out = tmp_path / "run"
     config = {"strategy": "fedavg", "num-rounds": 3, "output-dir": str(out)}
@@ -204,6 +205,13 @@ def test_simulate_resuming_continues_a_failed_run_from_its_checkpoint(tmp_path, 
     with pytest.raises(RuntimeError, match="attempt 2 failed"):
         cli.simulate_resuming(config, retries=1, engine="always-fails")
     assert [resumed for resumed, _ in calls] == [True, True]
+
+    # results without a checkpoint (stopped in round 0): refused by name, nothing touched
+    (out / "checkpoint.npz").unlink()
+    calls.clear()
+    with pytest.raises(OutputDirError, match="already holds results"):
+        cli.simulate_resuming(config, retries=2)
+    assert calls == [] and (out / "config.json").exists()
 
 
 def test_relative_shard_and_data_paths_reach_the_runtime_absolute(tmp_path, monkeypatch):

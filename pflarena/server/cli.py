@@ -535,14 +535,18 @@ def simulate_resuming(
 ) -> dict[str, Any]:
     """:func:`simulate` the run ``run_config`` describes, and when it fails after a
     checkpoint, resume it from there (``pflarena run --resume``) up to ``retries`` times; a run
-    already begun in its ``output-dir`` is resumed rather than started again. For long
+    already begun in its ``output-dir`` is resumed rather than started again, and results
+    there without a checkpoint are refused (``OutputDirError``), never overwritten. For long
     benchmark runs, where a round lost to a slow or overloaded machine should not cost the
     rounds before it. Raises the last ``RuntimeError`` when every attempt failed."""
     from pflarena.server.registry import parse_config
+    from pflarena.server.results import check_output_dir
 
     out = Path(run_config["output-dir"])
     for attempt in range(retries + 1):
         begun = (out / "checkpoint.npz").exists() and (out / "config.json").exists()
+        if not begun:  # results but no checkpoint to resume from: an OutputDirError, no retry
+            check_output_dir(out)
         try:
             return simulate(
                 parse_config(resume_config(out) if begun else run_config), **simulate_args
