@@ -1,5 +1,6 @@
-"""A loopback deployment for the deployment tests: a real SuperLink and two SuperNodes on
-127.0.0.1, driven by ``flwr run`` (``test_deployment.py``, ``test_deployment_faults.py``).
+"""A loopback deployment for the deployment tests: a real SuperLink and its SuperNodes on
+127.0.0.1, driven by ``flwr run`` (``test_deployment.py``: three SuperNodes, the seed issues'
+acceptance; ``test_deployment_faults.py``: two).
 
 Each SuperNode is started with ``--node-config data-path="<shard>"`` and holds one shard file
 only, so the client ids in the evaluation show which data every node used. Every process a
@@ -45,8 +46,9 @@ from pflarena.server.cli import (
 from pflarena.server.polling import REPLY_POLL_ENV
 from pflarena.server.results import read_rounds
 
-# Two SuperNodes: every message costs a new ClientApp process (3-5 s of CPU), and two are
-# enough for what the tests check (who was sampled, each node's shard and state, a lost node).
+# Two SuperNodes unless a module asks for more: every message costs a new ClientApp process
+# (3-5 s of CPU), and two are enough for what the fault tests check (who was sampled, a lost
+# node, a restarted SuperLink). The seed methods' module runs on three, as their issues ask.
 NUM_NODES = 2
 CONNECTION = "loopback"
 GRACE_S = 15.0  # SIGTERM grace before SIGKILL
@@ -382,25 +384,28 @@ def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
             proc.wait(timeout=10)
 
 
-def started_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """A started deployment on shards of its own, stopped (by PID) when the generator is
-    closed, also after a failed test: the body of a test module's ``deployment`` fixture."""
+def started_deployment(
+    tmp_path_factory: pytest.TempPathFactory, num_nodes: int = NUM_NODES
+) -> Iterator[Deployment]:
+    """A started deployment of ``num_nodes`` SuperNodes on shards of its own (one each),
+    stopped (by PID) when the generator is closed, also after a failed test: the body of a
+    test module's ``deployment`` fixture."""
     root = tmp_path_factory.mktemp("deployment")
     dep = Deployment(root)
     try:
-        dep.start(write_test_shards(root))
+        dep.start(write_test_shards(root, num_nodes))
         yield dep
     finally:
         dep.close()  # also when a test failed
 
 
 # --------------------------------------------------------------------------- helpers
-def write_test_shards(tmp_path: Path) -> list[Path]:
+def write_test_shards(tmp_path: Path, num_nodes: int = NUM_NODES) -> list[Path]:
     # Each shard carries a validation split, for the methods that value on one (pFedSV),
     # and leaves out the server's share, for the methods whose server holds data (PAGE).
     spec = FederationSpec(
         dataset="digits",
-        num_clients=NUM_NODES,
+        num_clients=num_nodes,
         partition="iid",
         validation_fraction=0.2,
         server_fraction=0.1,

@@ -1,5 +1,6 @@
 """Every method that needs a deployment check, on one loopback deployment: a real SuperLink and
-two SuperNodes on 127.0.0.1, driven by ``flwr run`` (``deployment_harness.py``).
+three SuperNodes on 127.0.0.1, each holding its own shard, driven by ``flwr run``
+(``deployment_harness.py``).
 
 One deployment serves every test of this module (starting one costs tens of seconds): FedAvg,
 the test suite's two-exchange plug-in method (``tests/pflarena_test_methods.py``, loaded through
@@ -19,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 from deployment_harness import (
-    NUM_NODES,
     PLUGINS,
     Deployment,
     completed_rounds,
@@ -33,18 +33,21 @@ from pflarena.server.registry import parse_config
 
 pytestmark = pytest.mark.slow
 
+#: The seed issues ask for their methods on three SuperNodes that each hold their own shard.
+NUM_NODES = 3
+
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """One SuperLink and its SuperNodes for every test of this module."""
-    yield from started_deployment(tmp_path_factory)
+    """One SuperLink and its three SuperNodes for every test of this module."""
+    yield from started_deployment(tmp_path_factory, NUM_NODES)
 
 
 # --------------------------------------------------------------------------- tests
 def test_fedavg_on_the_supernodes_shards(deployment: Deployment, tmp_path: Path) -> None:
     shards = deployment.shards
     out = tmp_path / "out"
-    cfg = run_config(out, num_rounds=1, round_timeout=120.0)
+    cfg = run_config(out, num_clients=NUM_NODES, num_rounds=1, round_timeout=120.0)
     proc = deployment.submit(cfg)
     rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
     rounds = completed_rounds(deployment, out, rc)
