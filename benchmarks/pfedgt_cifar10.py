@@ -183,7 +183,7 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
         "client's personalized model (FedAvg's global model for `fedavg`); *worst 10 %*: the "
         "mean over the lowest-scoring 10 % of clients (2 of 20) at the last round; *global*: "
         "the server model on every client's test split (pFedGT's θ, the paper's Fig. 6 "
-        "\"GM\").",
+        '"GM").',
     ]
     for setting in sorted({k[0] for k in runs}):
         model, rounds = setting
