@@ -455,6 +455,10 @@ def test_a_lost_personalize_reply_leaves_no_p_model_and_is_charged_to_that_excha
     # the victim's round-2 P-model was not accepted: it holds its round-1 one
     context = grid.contexts[victim]
     client = strategy.client_ids[victim]
+    [problem] = second["train"]["problems"]
+    assert problem["client"] == client
+    assert problem["exchange"] == second["exchanges"][1]["name"]
+    assert "metrics" in problem["problem"]
     accepted = stored(context, "fedpg/personal-model", accepted=strategy.accepted[client])
     assert strategy.accepted[client] == 2 * 100 + 1  # its round-2 gradients reply
     others = [n for n in grid.node_ids if n != victim]

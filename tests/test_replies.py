@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from helpers import config, grid_for, run_local
+from helpers import build_strategy, config, grid_for, run_local
 
 from pflarena.client.app import app as pflarena_app
 from pflarena.core import keys
@@ -76,17 +76,41 @@ TRAIN_TAMPERING = {
 }
 
 
+#: what the round's record says about each tampered reply
+TRAIN_PROBLEMS = {
+    "no metrics": "no MetricRecord 'metrics'",
+    "no arrays": "no ArrayRecord 'arrays'",
+    "NaN metric": "NaN or infinite",
+    "infinite metric": "NaN or infinite",
+    "no num-examples weight": "num-examples",
+    "client id out of range": "client id",
+    "client id of the wrong type": "client id",
+    "metric of the wrong type": "num-examples",
+    "wrong array shape": "shape",
+    "wrong array dtype": "dtype",
+    "NaN array": "NaN or infinity",
+}
+
+
 @pytest.mark.parametrize("tampering", list(TRAIN_TAMPERING))
 def test_malformed_train_reply_is_a_failure_and_the_run_goes_on(tampering, tmp_path):
     cfg = config(strategy="fedavg", num_clients=4, num_rounds=2, fraction_train=1.0)
     grid = grid_for(cfg)
     grid.reply_filter, done = _first_reply_tampered(grid, TRAIN_TAMPERING[tampering], "train")
-    outcome = run_local(cfg, tmp_path, grid=grid)
+    strategy = build_strategy(cfg)
+    outcome = run_local(cfg, tmp_path, grid=grid, strategy=strategy)
     assert done, "nothing was tampered with"
     first, second = outcome.rounds[1]["train"], outcome.rounds[2]["train"]
     assert (first["clients"], first["failures"]) == (3, 1)
     assert (second["clients"], second["failures"]) == (4, 0)
     assert outcome.rounds[1]["exchanges"][0]["failures"] == 1
+    # the record says which client failed and why; a round without failures says nothing
+    [problem] = first["problems"]
+    assert problem["client"] == strategy.client_ids[done[0]]
+    assert problem["exchange"] == "train"
+    assert problem["problem"].startswith("unusable reply: ")
+    assert TRAIN_PROBLEMS[tampering] in problem["problem"]
+    assert "problems" not in second
 
 
 def test_two_nodes_claiming_one_client_id_one_is_refused(tmp_path):
@@ -125,7 +149,10 @@ def test_malformed_evaluate_reply_is_a_failure_and_the_run_goes_on(tampering, tm
     assert done
     assert outcome.rounds[0]["evaluation"]["failures"] == 1
     assert outcome.rounds[0]["evaluation"]["personalized"]["num_clients"] == 3
+    [problem] = outcome.rounds[0]["evaluation"]["problems"]
+    assert problem["problem"]
     assert outcome.rounds[1]["evaluation"]["failures"] == 0
+    assert "problems" not in outcome.rounds[1]["evaluation"]
 
 
 # --------------------------------------------------------------------------- stock Flower

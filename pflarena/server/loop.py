@@ -104,6 +104,11 @@ def _evaluate(
         },
         "failures": len(failures) + missing,
     }
+    if failures:
+        record["problems"] = [
+            {"client": strategy.client_ids.get(node), "problem": reason}
+            for node, reason in failures
+        ]
     if strategy.last_eval_details:
         record["method"] = strategy.last_eval_details
     if cfg.cross_eval_clients > 0 and cross_evaluates(cfg, server_round):
@@ -245,10 +250,11 @@ def _progress(record: dict[str, Any], num_rounds: int) -> str:
 
 
 def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any) -> dict[str, Any]:
-    """The round's ``train`` entry: the sampled clients and those that failed in any exchange."""
+    """The round's ``train`` entry: the sampled clients and those that failed in any exchange,
+    with why (``problems``: one entry per failed client and exchange, only when some failed)."""
     sampled = list(strategy.last_sampled)
     failed = {node for exchange in exchanges for node in exchange.failed} & set(sampled)
-    return {
+    record: dict[str, Any] = {
         "clients": len(sampled) - len(failed),
         "failures": len(failed),
         "loss": float(metrics[keys.TRAIN_LOSS]) if metrics and keys.TRAIN_LOSS in metrics else None,
@@ -261,6 +267,18 @@ def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any
             if k not in (keys.TRAIN_LOSS, "clients-trained") and isinstance(v, (int, float))
         },
     }
+    if failed:
+        record["problems"] = [
+            {
+                "client": strategy.client_ids.get(node),
+                "exchange": exchange.name,
+                "problem": exchange.problem_of(node),
+            }
+            for exchange in exchanges
+            for node in exchange.failed
+            if node in failed
+        ]
+    return record
 
 
 def run_rounds(

@@ -289,6 +289,8 @@ class PflStrategy(Strategy):
         self.last_sampled: list[int] = []
         #: node ids whose latest training reply was an error or was rejected.
         self.last_failed: list[int] = []
+        #: why each of ``last_failed``'s rejected replies was unusable, by node
+        self.last_problems: dict[int, str] = {}
         self._round_arrays: ArrayRecord | None = None
         self._sent: list[Message] = []
         self._train_update_id: int | None = None
@@ -350,6 +352,9 @@ class PflStrategy(Strategy):
         self._sent, self._train_update_id = exchange.messages, exchange.update_id
         result = self.aggregate_train(server_round, exchange.replies)
         exchange.rejected = [n for n in self.last_failed if n not in exchange.errors]
+        exchange.problems |= {
+            n: self.last_problems[n] for n in exchange.rejected if n in self.last_problems
+        }
         return result
 
     # ------------------------------------------------------------------ sampling
@@ -509,6 +514,7 @@ class PflStrategy(Strategy):
         exchange = Exchange("train", self._sent, list(replies), update_id=self._train_update_id)
         valid = self.valid_replies(exchange, self.check_train_reply)
         self.last_failed = exchange.errors + exchange.rejected
+        self.last_problems = dict(exchange.problems)
         log(INFO, "aggregate_train: %d results, %d failures", len(valid), len(self.last_failed))
         return valid
 
