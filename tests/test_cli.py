@@ -113,6 +113,23 @@ def test_compare_table_and_plot(tmp_path, capsys):
     assert (tmp_path / "c.md").read_text().strip() == table
 
 
+def test_compare_plot_tells_more_than_ten_runs_apart(tmp_path, monkeypatch):
+    """Catches runs 1 and 11 drawn in the same colour and style (matplotlib's cycle has 10)."""
+    from matplotlib.figure import Figure
+
+    from pflarena.server.cli import compare_plot
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    runs = [tmp_path / f"r{i}" for i in range(12)]
+    for i, run in enumerate(runs):
+        _fake_run(run, f"m{i}", 0.5 + i / 100)
+    compare_plot(runs, tmp_path / "c.png")
+    lines = figures[0].axes[0].get_lines()
+    assert len(lines) == 12
+    assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == 12
+
+
 def test_compare_adds_the_cross_evaluation_where_a_run_has_one(tmp_path):
     _fake_run(tmp_path / "a", "local", 0.9)
     _fake_run(tmp_path / "b", "fedavg", 0.6, global_=0.7)

@@ -412,7 +412,9 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
         rounds = [r for r in read_rounds(run_dir / "rounds.jsonl") if r.get("evaluation")]
         same = run_dir.name == s["strategy"] or len(run_dirs) == 1
         label = s["strategy"] if same else f"{s['strategy']} ({run_dir.name})"
-        color = f"C{index % 10}"  # one colour per run, the same in both panels
+        # One colour and line style per run, the same in both panels: past ten runs the
+        # colours repeat with another line style.
+        color, style = f"C{index % 10}", ("-", "--", ":", "-.")[index // 10 % 4]
         for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
             ys = [(r["evaluation"].get(scope) or {}).get(key) for r in rounds]
             if any(y is not None for y in ys):
@@ -423,6 +425,7 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
                     ms=2,
                     label=label,
                     color=color,
+                    linestyle=style,
                 )
     axes[0].set_title("personalized accuracy (mean over clients)")
     axes[1].set_title("global model accuracy (pooled test sets)")
