@@ -241,6 +241,7 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
             plot = out.parent / f"{out.stem}_a{alpha}_r{rounds}{suffix}.png"
             compare_plot(dirs, plot)
             lines += ["", f"![α={alpha}, {model}, {rounds} rounds]({plot.name})"]
+    lines += ["", *OBSERVATIONS]
     lines += [
         "",
         "The paper's figures come from a 100-round ResNet-18 run; with fewer rounds of a "
@@ -249,6 +250,62 @@ def write_report(runs_dir: Path, out: Path, args: argparse.Namespace) -> None:
         "accuracy after 10–15 rounds and the same runs with λ = |S|/m.",
     ]
     out.write_text("\n".join(lines) + "\n")
+
+
+#: What the archived runs showed besides the table (read from their ``rounds.jsonl``).
+OBSERVATIONS = [
+    "Observations from the runs (their `rounds.jsonl`, in `pfedgt_cifar10_runs/`):",
+    "",
+    "- **The five earlier methods were run again** for the archive (the earlier version",
+    "  of this report kept no run files), with today's code: replies aggregated in",
+    "  client-id order, pFedGT's client step rounded as torch's SGD rounds it. Local",
+    "  training, which aggregates nothing, gave its earlier figures to the last digit",
+    "  (78.38 / 48.48). FedAvg, FedAvg-FT and Ditto moved by at most 0.18 points (FedAvg",
+    "  at α = 1.0: 50.87 → 51.05). pFedGT at the paper's λ = 0.7 moved most (80.79 →",
+    "  78.70 at α = 0.1, 53.78 → 54.42 at α = 1.0): it is the least stable method here",
+    "  (`pfedgt_stability.md`: ‖θ‖ grows and c drifts from the clients' mean), and its",
+    "  λ = 0.7 runs there scored 80.3 at α = 0.1 and 53.8 and 54.0 at α = 1.0 at round",
+    "  10, with the same settings. The earlier report's 20-round table (fedavg-ft 84.06 /",
+    "  66.25, pfedgt 77.02 / 48.09 at α = 0.1 / 1.0) is in this file's git history;",
+    "  `pfedgt_stability.md` has pFedGT's 20-round runs at both λ.",
+    "- **Two methods lose a client now and then to divergence at lr 0.05**, the one",
+    "  learning rate every method gets here (the papers' own: pFedMe's η = 0.005, pFedHN's",
+    "  local 5e-3). The server rejects a reply whose training loss is NaN and aggregates",
+    "  the others (`train.problems` names the client and the reason). pFedMe: clients 14,",
+    "  10 and 10 in rounds 5, 9 and 10 at α = 1.0, one client in round 2 at α = 0.1 (run",
+    "  before the reason was recorded). pFedHN: one of the five clients of round 1 at both",
+    "  α. Its hypernetwork's heads are `nn.Linear(100, numel)` at PyTorch's default",
+    "  initialization (as in the authors' code), so every generated layer starts with a",
+    "  weight std of about 0.072 whatever its fan-in, against 0.014 to 0.067 for the CNN's",
+    "  own initialization (the 1600-input layer: 0.072 against 0.014).",
+    "- **FedALA** is the best of the six at both α and the best method of all at",
+    "  α = 0.1 (80.29, FedAvg-FT 80.03, pFedGT 78.70); at α = 1.0 it is second (56.55,",
+    "  FedAvg-FT 59.33). Its price is time: each sampled client trains its element-wise",
+    "  weights 20 to 60 epochs a round on average, which makes its rounds the slowest",
+    "  with pFedMe's and Per-FedAvg's.",
+    "- **APFL** learns α ≈ 0 at α = 1.0: the mean α is 0.12 after round 1, at most 0.013",
+    "  in rounds 2 to 8 and 0.09 at round 10, so its personalized models are its global",
+    "  model (50.62 both; FedAvg 51.05). At α = 0.1 the mean α stays between 0.13 and",
+    "  0.39, and the mixture scores 67.21, 30 points over its global model.",
+    "- **FedAMP**'s self-weight ξ_ii is 0 in every round at both α: each cloud model is an",
+    "  average of the other clients' models (clients not yet sampled sit at the initial",
+    "  model, and at α_k = σ = 1 the other 19 attention weights sum above 1). At α = 1.0",
+    "  that leaves it under local training (40.91 against 48.48).",
+    "- **pFedHN** makes 50 hypernetwork steps in 10 rounds (the paper: 5,000). The client",
+    "  embeddings barely move (norm 10.65 → 10.58 at α = 0.1, 10.65 → 10.56 at α = 1.0),",
+    "  so the generated models are nearly one model; that serves alike clients better",
+    "  (37.43 at α = 1.0) than clients with one or two classes each (29.81 at α = 0.1).",
+    "- **Per-FedAvg**'s one personalization step (α = 0.001, the paper's) adds 4.7 points",
+    "  to its global model at α = 0.1 and 0.5 at α = 1.0.",
+    "- **Against the paper's ordering** (α = 0.1: pFedGT, APFL, FedAvg-FT, Ditto, pFedMe,",
+    "  local, FedAvg, Per-FedAvg): of those methods FedAvg-FT is first here and pFedGT",
+    "  second, 1.33 points behind (its λ = 0.7 run in `pfedgt_stability.md` was 0.3 ahead",
+    "  of FedAvg-FT at round 10); Ditto, pFedMe and APFL fall below local training after",
+    "  10 rounds, where the paper's 100 rounds put them above it, and FedAvg ends under",
+    "  Per-FedAvg. At α = 1.0 (paper: pFedGT, APFL, FedAvg-FT, Ditto, pFedMe, FedAvg,",
+    "  local, Per-FedAvg) FedAvg-FT is first, FedALA second and pFedGT third; pFedMe and",
+    "  Ditto fall below local training, and Per-FedAvg ends above it.",
+]
 
 
 if __name__ == "__main__":
