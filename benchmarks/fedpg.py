@@ -23,7 +23,11 @@ since a round's cost differs by method (FedPG computes one gradient per client a
 FedAvg trains 5 epochs) and the reproduction gives each method about the same wall time.
 
 Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again, and one
-that died after a checkpoint continues from it.
+that died after a checkpoint continues from it. The report goes to ``results/fedpg.md`` for
+the digits preset and ``results/<preset>.md`` (dashes as underscores) for the others; the
+completed runs' result files are archived beside it (``<report>_runs/``), so ``--report-only``
+rewrites it on a machine that no longer holds the runs, and a report with no run to show is
+left as it is.
 
 Usage::
 
@@ -39,9 +43,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pflarena.server.cli import simulate_resuming
+from pflarena.server.cli import compare_plot, simulate_resuming
 from pflarena.server.presets import load_preset
-from pflarena.server.results import completed_summary, read_rounds
+from pflarena.server.results import archive_run, completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("local", "fedavg", "ditto", "fedmgda", "fedpg")
@@ -121,7 +125,20 @@ def _paper(preset: str, label: str) -> str:
     return " / ".join("—" if f is None else f"{f:.1f}" for f in figures)
 
 
-def write_report(runs_dir: Path, out: Path) -> None:
+def default_out(preset: str) -> Path:
+    name = "fedpg" if preset == "fedpg-digits" else preset.replace("-", "_")
+    return ROOT / "benchmarks" / "results" / f"{name}.md"
+
+
+def write_report(runs_dir: Path, out: Path, preset: str) -> None:
+    """Archive the preset's completed runs in ``runs_dir`` beside ``out`` (``<out stem>_runs/``;
+    a run there replaces its archived copy) and write one table and one accuracy plot per
+    seed over the archive. With nothing archived, ``out`` is left untouched."""
+    archive = out.parent / f"{out.stem}_runs"
+    for summary_path in sorted(runs_dir.glob("*--*/summary.json")):
+        run_dir = summary_path.parent
+        if _setting(run_dir)[0] == preset and completed_summary(run_dir) is not None:
+            archive_run(run_dir, archive)
     lines = [
         "# Personalized models and global performance (FedPG)",
         "",
@@ -133,10 +150,13 @@ def write_report(runs_dir: Path, out: Path) -> None:
         "test split (the cross-evaluation's own traffic is not in the MB column).",
     ]
     settings: dict[tuple[str, int], list[Path]] = {}
-    for summary_path in sorted(runs_dir.glob("*--*/summary.json")):
+    for summary_path in sorted(archive.glob("*--*/summary.json")):
         if completed_summary(summary_path.parent) is not None:
             preset, seed, _, _ = _setting(summary_path.parent)
             settings.setdefault((preset, seed), []).append(summary_path.parent)
+    if not settings:
+        print(f"no completed run in {runs_dir} or {archive}: {out} left as it is", flush=True)
+        return
     for (preset, seed), run_dirs in sorted(settings.items()):
         paper = preset in PAPER
         order = {label: i for i, label in enumerate(LABELS)}
@@ -170,6 +190,8 @@ def write_report(runs_dir: Path, out: Path) -> None:
                 + (f"| {_paper(preset, label)} " if paper else "")
                 + f"| {up:.2f} / {down:.2f} | {s['wall_time_s'] / max(num_rounds, 1):.1f} |"
             )
+        plot = compare_plot(run_dirs, out.parent / f"{out.stem}_{preset}_s{seed}.png")
+        lines += ["", f"![accuracy against rounds, {preset}, seed {seed}]({plot.name})"]
     out.write_text("\n".join(lines) + "\n")
 
 
@@ -197,29 +219,34 @@ def main() -> None:
         "--engine", choices=("ray", "inprocess"), default="ray", help="see `pflarena run --help`"
     )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "fedpg"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fedpg.md"))
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="the report (default: results/fedpg.md for fedpg-digits, else results/<preset>.md)",
+    )
     parser.add_argument(
         "--retries", type=int, default=2, help="resume a failed run this many times"
     )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
+    out = Path(args.out) if args.out else default_out(args.preset)
     if not args.report_only:
         for label in args.labels:
             rounds = rounds_for(label, args)
-            out = runs_dir / f"{args.preset}-r{rounds}-s{args.seed}--{label}"
-            if completed_summary(out) is not None:
+            run_dir = runs_dir / f"{args.preset}-r{rounds}-s{args.seed}--{label}"
+            if completed_summary(run_dir) is not None:
                 continue
             print(f"== {label} on {args.preset} ({rounds} rounds)", flush=True)
             simulate_resuming(
-                run_config(label, args, out),
+                run_config(label, args, run_dir),
                 retries=args.retries,
                 cpus_per_client=args.cpus_per_client,
                 verbosity=0,
                 engine=args.engine,
             )
-            write_report(runs_dir, Path(args.out))
-    write_report(runs_dir, Path(args.out))
+            write_report(runs_dir, out, args.preset)
+    write_report(runs_dir, out, args.preset)
 
 
 if __name__ == "__main__":
