@@ -12,7 +12,9 @@ Presets (``pflarena presets NAME``):
 Every method gets 20 % of each client's training split held out for validation (pFedSV and
 FedFomo value peers on it; the others do not use it). Besides the methods, the ``labels``
 ``pfedsv-dc`` (the D+C variant), ``pfedsv-dp1`` (the private variant, σ = 1, C = 1) and
-``pfedsv-guard`` (``guard=validation``, not in the paper) run pFedSV with those settings. The report gives, per run, the personalized accuracy and the
+``pfedsv-guard`` (``guard=validation``, not in the paper) and ``pfedsv-median``
+(``distance-ref=current-self-median``, spec §9.1's other reading of Eq. 6) run pFedSV with
+those settings. The report gives, per run, the personalized accuracy and the
 bytes each exchange moves per round; for pFedSV, the Shapley overhead per client and round
 (distinct utility evaluations, seconds) next to its local training time; for the private
 variant, the (ε, δ) it reports.
@@ -47,6 +49,8 @@ VARIANTS = {
     "pfedsv-dp1": ("pfedsv", {"pfedsv.dp-noise": 1.0, "pfedsv.dp-clip": 1.0}),
     # not in the paper: keep the own trained model when the aggregate validates below it
     "pfedsv-guard": ("pfedsv", {"pfedsv.guard": "validation"}),
+    # Eq. 6's distances from the own trained model, its own the peers' median (spec §9.1)
+    "pfedsv-median": ("pfedsv", {"pfedsv.distance-ref": "current-self-median"}),
 }
 LABELS = (*METHODS, *VARIANTS)
 
@@ -180,7 +184,7 @@ def write_report(runs_dir: Path, out: Path) -> None:
                 f"({pers['best']['round']}) | {reference if reference else '—'} | "
                 f"{down:.2f} / {up:.2f} | {s['wall_time_s']:.0f} |"
             )
-        for label in ("pfedsv", "pfedsv-dc", "pfedsv-dp1", "pfedsv-guard"):
+        for label in ("pfedsv", "pfedsv-dc", "pfedsv-dp1", "pfedsv-guard", "pfedsv-median"):
             if label not in runs:
                 continue
             c = costs(runs[label][min(runs[label])])

@@ -17,6 +17,7 @@ from pflarena.client.solvers.pfedsv import (
     _Game,
     aggregation_weights,
     clip_and_noise,
+    eq6_distances,
     select_peers,
     update_relevance,
 )
@@ -84,6 +85,31 @@ def test_aggregation_weights_are_positive_part_over_distance_normalized():
     assert aggregation_weights([-0.1, 0.0], [1.0, 1.0]) is None  # keep the own model
     # a zero distance is floored, not a division by zero
     assert aggregation_weights([0.1, 0.1], [0.0, 1.0]) == pytest.approx([1.0, 0.0], abs=1e-9)
+
+
+def test_eq6_distances_from_the_round_start_or_from_the_own_model():
+    own, a, b, c = (np.array(v, dtype=float) for v in ([0, 0], [3, 4], [0, 1], [6, 8]))
+    # round-start: everyone's distance from the reference, the own model's included
+    ref = np.array([1.0, 0.0])
+    assert eq6_distances([own, a, b, c], ref) == pytest.approx(
+        [1.0, math.sqrt(20), math.sqrt(2), math.sqrt(89)]
+    )
+    # current-self-median: the peers' from the own model (5, 1, 10), the own model the median
+    assert eq6_distances([own, a, b, c], None) == pytest.approx([5.0, 5.0, 1.0, 10.0])
+    assert eq6_distances([own, a, b], None) == pytest.approx([3.0, 5.0, 1.0])
+
+
+def test_every_distance_reference_reaches_the_clients_weights(tmp_path):
+    """The three ``distance-ref`` settings give the own model different weights on the same
+    seed (an ignored setting would give equal ones); with none the weights are ∝ SV."""
+    own_weight = {}
+    for ref in ("round-start", "current-self-median", "none"):
+        _, _, _, outcome = _run(
+            tmp_path / ref, num_clients=4, num_rounds=2, **{"pfedsv.distance-ref": ref}
+        )
+        own_weight[ref] = outcome.rounds[-1]["train"]["server"]["mean-own-weight"]
+    assert all(0 < w <= 1 for w in own_weight.values()), own_weight
+    assert len({round(w, 9) for w in own_weight.values()}) == 3, own_weight
 
 
 # --------------------------------------------------------------------------- the game

@@ -74,10 +74,11 @@ class PFedSVParams(MethodParams):
         description="R = this × |S| sampled orderings (0: exact; exact is used anyway when "
         "it needs fewer utility evaluations)",
     )
-    distance_ref: Literal["round-start", "none"] = Field(
+    distance_ref: Literal["round-start", "current-self-median", "none"] = Field(
         "round-start",
-        description="Eq. 6's distance from the client's model at the round's start (spec "
-        "§9.1), or none (weights ∝ SV)",
+        description="Eq. 6's distances: from the client's model at the round's start (spec "
+        "§9.1); current-self-median: the peers' from the own trained model, the own model's "
+        "the median of those; or none (weights ∝ SV)",
     )
     empty_value: Literal["zero", "chance"] = Field(
         "zero", description="v(∅): 0 (paper) or chance accuracy 1/classes"

@@ -156,6 +156,22 @@ def aggregation_weights(
     return positive / total
 
 
+def eq6_distances(vectors: Sequence[np.ndarray], reference: np.ndarray | None) -> list[float]:
+    """The distances of Eq. 6 for the players ``vectors`` (the client's own model first).
+
+    With a ``reference`` (``distance-ref=round-start``, spec §9.1) every player's distance,
+    the own model's included, is taken from it (the client's personalized model at the
+    round's start). Without one (``current-self-median``) the peers' distances are taken
+    from the own trained model, as Eq. 6 prints them, and the own model, whose distance to
+    itself is 0, gets the median of the peers' distances.
+    """
+    if reference is not None:
+        return [float(np.linalg.norm(v - reference)) for v in vectors]
+    own, peers = vectors[0], vectors[1:]
+    to_peers = [float(np.linalg.norm(v - own)) for v in peers]
+    return [float(np.median(to_peers)) if to_peers else 1.0, *to_peers]
+
+
 def clip_and_noise(
     delta: dict[str, torch.Tensor], clip: float, noise: float, generator: torch.Generator
 ) -> tuple[dict[str, torch.Tensor], float]:
@@ -396,15 +412,16 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     )
 
     distances = None
-    if job.param("distance-ref") == "round-start":
-        ref = _state(reference)
+    if job.param("distance-ref") != "none":
         measured = head if head else [n for n, p in trained.named_parameters() if p.requires_grad]
-        distances = [
-            math.sqrt(
-                sum(float((states[p][k].double() - ref[k].double()).pow(2).sum()) for k in measured)
+
+        def flat(state: dict[str, torch.Tensor]) -> np.ndarray:
+            return np.concatenate(
+                [state[k].detach().double().cpu().numpy().ravel() for k in measured]
             )
-            for p in players
-        ]
+
+        ref = flat(_state(reference)) if job.param("distance-ref") == "round-start" else None
+        distances = eq6_distances([flat(states[p]) for p in players], ref)
     weights = aggregation_weights([values[p] for p in players], distances)
     personalized = states[own] if weights is None else game.average(players, weights)
     kept_own = weights is None
