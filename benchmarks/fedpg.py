@@ -41,7 +41,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 from pathlib import Path
+
+import numpy as np
 
 from pflarena.server.cli import compare_plot, simulate_resuming
 from pflarena.server.presets import load_preset
@@ -125,6 +128,38 @@ def _paper(preset: str, label: str) -> str:
     return " / ".join("—" if f is None else f"{f:.1f}" for f in figures)
 
 
+#: FedPG's own per-run files, kept with its archived run (the QP weights' picture, over a
+#: megabyte at 100 clients, is left out; its table is kept).
+FEDPG_FILES = ("gammas.csv", "gammas.png", "qp-weights.csv")
+
+
+def fedpg_note(run_dir: Path, label: str, link: str) -> str | None:
+    """γ_i and the QP's weights over the run, from its ``gammas.csv`` and ``qp-weights.csv``."""
+    if not (run_dir / "gammas.csv").exists():
+        return None
+    with (run_dir / "gammas.csv").open() as f:
+        gammas = np.array([float(row["gamma"]) for row in csv.DictReader(f)])
+    text = (
+        f"- `{label}`: γ_i mean {gammas.mean():.3f}, median {np.median(gammas):.3f}, largest "
+        f"{gammas.max():.3f} over {gammas.size} client-rounds ([by round and client]({link}))"
+    )
+    if (run_dir / "qp-weights.csv").exists():
+        totals: dict[tuple[str, str], float] = {}
+        with (run_dir / "qp-weights.csv").open() as f:
+            for row in csv.DictReader(f):
+                key = (row["round"], row["column"])
+                totals[key] = totals.get(key, 0.0) + float(row["weight"])
+        rounds = len({r for r, _ in totals})
+        shares = {
+            column: sum(w for (_, c), w in totals.items() if c == column) / rounds
+            for column in ("online", "fair", "stale")
+        }
+        text += "; the QP's weight per round, on average: " + ", ".join(
+            f"{column} columns {share:.2f}" for column, share in shares.items()
+        )
+    return text + "."
+
+
 def default_out(preset: str) -> Path:
     name = "fedpg" if preset == "fedpg-digits" else preset.replace("-", "_")
     return ROOT / "benchmarks" / "results" / f"{name}.md"
@@ -138,7 +173,10 @@ def write_report(runs_dir: Path, out: Path, preset: str) -> None:
     for summary_path in sorted(runs_dir.glob("*--*/summary.json")):
         run_dir = summary_path.parent
         if _setting(run_dir)[0] == preset and completed_summary(run_dir) is not None:
-            archive_run(run_dir, archive)
+            kept = archive_run(run_dir, archive)
+            for name in FEDPG_FILES:
+                if (run_dir / name).exists():
+                    (kept / name).write_bytes((run_dir / name).read_bytes())
     lines = [
         "# Personalized models and global performance (FedPG)",
         "",
@@ -190,6 +228,10 @@ def write_report(runs_dir: Path, out: Path, preset: str) -> None:
                 + (f"| {_paper(preset, label)} " if paper else "")
                 + f"| {up:.2f} / {down:.2f} | {s['wall_time_s'] / max(num_rounds, 1):.1f} |"
             )
+        notes = [
+            fedpg_note(d, _setting(d)[3], f"{archive.name}/{d.name}/gammas.png") for d in run_dirs
+        ]
+        lines += ["", *[n for n in notes if n]] if any(notes) else []
         plot = compare_plot(run_dirs, out.parent / f"{out.stem}_{preset}_s{seed}.png")
         lines += ["", f"![accuracy against rounds, {preset}, seed {seed}]({plot.name})"]
     out.write_text("\n".join(lines) + "\n")
