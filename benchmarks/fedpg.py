@@ -173,10 +173,7 @@ def write_report(runs_dir: Path, out: Path, preset: str) -> None:
     for summary_path in sorted(runs_dir.glob("*--*/summary.json")):
         run_dir = summary_path.parent
         if _setting(run_dir)[0] == preset and completed_summary(run_dir) is not None:
-            kept = archive_run(run_dir, archive)
-            for name in FEDPG_FILES:
-                if (run_dir / name).exists():
-                    (kept / name).write_bytes((run_dir / name).read_bytes())
+            archive_run(run_dir, archive, extra=FEDPG_FILES)
     lines = [
         "# Personalized models and global performance (FedPG)",
         "",

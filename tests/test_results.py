@@ -112,3 +112,8 @@ def test_archive_run_copies_only_the_result_files_of_a_completed_run(tmp_path):
     (run / "summary.json").write_text(json.dumps({"status": "completed", "x": 1}))
     archive_run(run, tmp_path / "archive")
     assert json.loads((dest / "summary.json").read_text())["x"] == 1
+    # extra files go along where the run has them; missing ones are skipped
+    (run / "gammas.csv").write_text("round,gamma\n1,0.5\n")
+    archive_run(run, tmp_path / "archive", extra=("gammas.csv", "absent.png"))
+    assert (dest / "gammas.csv").read_text() == "round,gamma\n1,0.5\n"
+    assert not (dest / "absent.png").exists()

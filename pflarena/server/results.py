@@ -123,17 +123,18 @@ def completed_summary(run_dir: str | Path) -> dict[str, Any] | None:
     return summary if summary.get("status") == "completed" else None
 
 
-def archive_run(run_dir: str | Path, archive_dir: str | Path) -> Path:
-    """Copy a completed run's result files (:data:`RESULT_FILES`; no checkpoint, no client
-    state) to ``archive_dir/<run name>`` and return that directory. Benchmarks keep the runs
-    behind a published table this way, beside the table, so that it can be rewritten
+def archive_run(run_dir: str | Path, archive_dir: str | Path, extra: tuple[str, ...] = ()) -> Path:
+    """Copy a completed run's result files (:data:`RESULT_FILES`, and those of ``extra`` the
+    run has, such as a method's own pictures; no checkpoint, no client state) to
+    ``archive_dir/<run name>`` and return that directory. Benchmarks keep the runs behind a
+    published table this way, beside the table, so that it can be rewritten
     (``--report-only``) and plotted on a machine that no longer holds the runs."""
     run_dir = Path(run_dir)
     if completed_summary(run_dir) is None:
         raise ValueError(f"{run_dir} holds no completed run to archive")
     dest = Path(archive_dir) / run_dir.name
     dest.mkdir(parents=True, exist_ok=True)
-    for name in RESULT_FILES:
+    for name in (*RESULT_FILES, *(n for n in extra if (run_dir / n).exists())):
         (dest / name).write_bytes((run_dir / name).read_bytes())
     return dest
 
