@@ -121,6 +121,54 @@ def test_fedavg_personalized_model_is_the_global_model_on_every_client(tmp_path)
     assert cross["global"]["std"] == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("strategy", "key"),
+    [
+        ("fedavg", "fedavg/local-result"),
+        ("fedprox", "fedprox/local-result"),
+        ("fedmgda", "fedmgda/personal-model"),
+    ],
+)
+def test_local_result_p_models_are_each_clients_latest_trained_model(tmp_path, strategy, key):
+    cfg = config(
+        strategy=strategy,
+        num_clients=4,
+        num_rounds=2,
+        fraction_train=1.0,
+        cross_eval_clients=4,
+        cross_eval_fraction=1.0,
+        **{f"{strategy}.personal-model": "local-result"},
+    )
+    grid = grid_for(cfg)
+    outcome = run_local(cfg, tmp_path, grid=grid)
+    last = outcome.rounds[-1]["evaluation"]
+    cross = last["cross"]
+    assert cross["owners"] == cross["clients"] == [0, 1, 2, 3] and cross["failures"] == 0
+
+    kept = {
+        int(context.node_config["partition-id"]): stored(context, key).to_torch_state_dict()
+        for context in grid.contexts.values()
+    }
+    rows = np.array(cross["matrix"], dtype=float)
+    for row, owner in zip(rows, cross["owners"], strict=True):
+        assert row == pytest.approx([_accuracy(cfg, kept[owner], j) for j in range(4)], abs=1e-12)
+        assert last["per_client"][str(owner)]["personalized"] == pytest.approx(row[owner])
+    assert len({tuple(row) for row in rows}) > 1  # four models, not one global model
+    final = outcome.arrays.to_torch_state_dict()
+    global_acc = [_accuracy(cfg, final, j) for j in range(4)]
+    assert last["global"]["mean"] == pytest.approx(np.mean(global_acc))
+    if strategy != "fedmgda":  # FedAvg's update: the example-weighted mean of the kept models
+        sizes = np.array([len(load_client(cfg.federation_spec(), c)[0].y_train) for c in range(4)])
+        for name, tensor in final.items():
+            mean = sum(w * kept[c][name] for c, w in enumerate(sizes / sizes.sum()))
+            torch.testing.assert_close(tensor, mean.to(tensor.dtype), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unknown_personal_model_is_refused_by_name():
+    with pytest.raises(ConfigError, match="fedmgda.personal-model: Input should be 'global'"):
+        config(strategy="fedmgda", **{"fedmgda.personal-model": "local"})
+
+
 def test_off_by_default_and_more_owners_than_clients_is_refused(tmp_path):
     rounds = run_local(config(strategy="fedavg", num_clients=3, num_rounds=1), tmp_path).rounds
     assert all("cross" not in r["evaluation"] for r in rounds)

@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, Literal
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from pydantic import Field
 
 from pflarena.core import keys
-from pflarena.core.methods import MethodDeclaration
+from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import PflStrategy
 
-__all__ = ["FedAvg"]
+__all__ = ["PERSONAL_MODEL_HELP", "FedAvg", "FedAvgParams", "PersonalModel"]
+
+#: What a method without a personalization step of its own reports as a client's P-model.
+PersonalModel = Literal["global", "local-result"]
+PERSONAL_MODEL_HELP = (
+    "the personalized model: 'global' (the global model, the evaluation protocol's reading) "
+    "or 'local-result' (the client's latest local-training result before aggregation, the "
+    "FedPG paper's reading; the global model until the client first trains)"
+)
+
+
+class FedAvgParams(MethodParams):
+    """FedAvg's parameters."""
+
+    personal_model: PersonalModel = Field("global", description=PERSONAL_MODEL_HELP)
 
 
 class FedAvg(PflStrategy):
@@ -20,7 +36,9 @@ class FedAvg(PflStrategy):
     Each sampled client starts from the global model, runs local SGD and returns its model;
     the server replaces the global model by the average of the returned models weighted
     by the clients' numbers of training examples (McMahan et al., 2017, Algorithm 1).
-    The personalized model of a client is the global model itself.
+    The personalized model of a client is the global model itself, or with
+    ``personal_model="local-result"`` the model it returned from its latest local training
+    (kept in its state).
     """
 
     declaration = MethodDeclaration(
@@ -30,7 +48,23 @@ class FedAvg(PflStrategy):
         "Decentralized Data, AISTATS 2017",
         summary="the example-weighted average of the clients' models; personalized = global",
         solver="pflarena.client.solvers.fedavg",
+        params=FedAvgParams,
     )
+
+    def __init__(self, *, personal_model: PersonalModel = "global", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if personal_model not in ("global", "local-result"):
+            raise ValueError(
+                f"personal_model must be 'global' or 'local-result', got {personal_model!r}"
+            )
+        self.personal_model = personal_model
+
+    def train_config(self, server_round: int, node_id: int) -> dict:
+        """The base config; ``<method>.personal-model`` when it is not the global model."""
+        config = super().train_config(server_round, node_id)
+        if self.personal_model != "global":
+            config |= self.method_config(**{"personal-model": self.personal_model})
+        return config
 
     def check_train_reply(self, content: RecordDict) -> str | None:
         """The update, and a positive ``num-examples`` to weight it by."""

@@ -11,7 +11,9 @@ uniform weights,
 
 and steps ``θ ← θ − η_g d``, ``d = Σ_i λ*_i ĝ_i``, with the global learning rate η_g
 (``server-lr``, decayed by ``lr-decay`` per round). ε = 0 is FedAvg on normalized updates,
-ε = 1 is plain MGDA. No personalization: the personalized model is the global model.
+ε = 1 is plain MGDA. No personalization of its own: the personalized model is the global
+model, or with ``personal-model=local-result`` each client's latest local-training result
+θ_i (the FedPG paper's P-model for FedMGDA+, specs/fedpg.md §5.4).
 
 Decisions: the ball is the ∞-norm ball around uniform weights over this round's usable
 replies (the authors' formulation; data-size weights as the centre are not used because
@@ -37,6 +39,7 @@ from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.mgda import ZERO_GRAD_NORM, gram_matrix, min_norm_weights_from_gram
 from pflarena.strategies.base import PflStrategy, StrategySetup, array_problem
+from pflarena.strategies.fedavg import PERSONAL_MODEL_HELP, PersonalModel
 from pflarena.strategies.fedpg import flatten, unflatten
 
 __all__ = ["FedMGDA", "FedMGDAParams", "box_projection", "min_norm_weights_box"]
@@ -53,6 +56,7 @@ class FedMGDAParams(MethodParams):
     solver: Literal["fast", "cvxpy"] = Field(
         "fast", description="QP solver: projected FISTA ('fast') or cvxpy (reference)"
     )
+    personal_model: PersonalModel = Field("global", description=PERSONAL_MODEL_HELP)
 
 
 def box_projection(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -166,10 +170,18 @@ class FedMGDA(PflStrategy):
         server_lr: float = 1.0,
         lr_decay: float = 1.0,
         solver: str = "fast",
+        personal_model: str = "global",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        FedMGDAParams(epsilon=epsilon, server_lr=server_lr, lr_decay=lr_decay, solver=solver)
+        FedMGDAParams(
+            epsilon=epsilon,
+            server_lr=server_lr,
+            lr_decay=lr_decay,
+            solver=solver,
+            personal_model=personal_model,
+        )
+        self.personal_model = personal_model
         self.trainable = list(trainable)
         self.epsilon = epsilon
         self.server_lr = server_lr
@@ -183,7 +195,9 @@ class FedMGDA(PflStrategy):
         return {
             **super().train_config(server_round, node_id),
             keys.PHASE: keys.FEDPG_PHASE_GRADIENTS,
-            **self.method_config(**{"grad-mode": "pseudo", "keep": False}),
+            **self.method_config(
+                **{"grad-mode": "pseudo", "keep": False, "personal-model": self.personal_model}
+            ),
         }
 
     def _names_of(self, arrays: ArrayRecord) -> list[str]:

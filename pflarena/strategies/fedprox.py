@@ -5,14 +5,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from pflarena.core import keys
-from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.methods import MethodDeclaration
 from pflarena.strategies.base import LocalTraining
-from pflarena.strategies.fedavg import FedAvg
+from pflarena.strategies.fedavg import FedAvg, FedAvgParams
 
 __all__ = ["FedProx", "FedProxParams"]
 
 
-class FedProxParams(MethodParams):
+class FedProxParams(FedAvgParams):
     mu: float = Field(
         0.01, ge=0, description="proximal weight μ in f_i(w) + (μ/2)||w − w_global||²"
     )

@@ -1,6 +1,11 @@
 """Local solver for FedAvg and FedProx: SGD from the global model.
 
 FedProx adds the proximal gradient ``mu (w - w_global)`` (Li et al., 2020, Eq. 2).
+
+With ``<method>.personal-model=local-result`` the client keeps the model it returns in its
+state (``<method>/local-result``) and reports it as its personalized model: the FedPG
+paper's P-model for FedAvg and FedProx (specs/fedpg.md §5.4). Otherwise the personalized
+model is the global model.
 """
 
 from __future__ import annotations
@@ -13,7 +18,18 @@ from pflarena.client.solvers.common import eval_metrics, prox_hook, train_metric
 from pflarena.core import keys
 from pflarena.core.training import LossFn, train_epochs
 
-__all__ = ["train", "evaluate", "personalized_model"]
+__all__ = ["keeps_local_result", "local_result_key", "train", "evaluate", "personalized_model"]
+
+
+def keeps_local_result(job: ClientJob) -> bool:
+    """Whether the strategy asked for the local-training result as the P-model (its
+    ``<method>.personal-model``; strategies that never send it mean the global model)."""
+    return job.config.get(f"{job.method}.personal-model", "global") == "local-result"
+
+
+def local_result_key(job: ClientJob) -> str:
+    """Where the client keeps its latest local-training result."""
+    return f"{job.method}/local-result"
 
 
 def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, ArrayRecord], dict]:
@@ -30,15 +46,19 @@ def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, A
         loss_fn=loss_fn,
         **job.train_kwargs(),
     )
+    if keeps_local_result(job):
+        job.save_state_model(local_result_key(job), model)
     return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:
-    """The global model: FedAvg has no other."""
-    return job.global_model()
+    """The kept local-training result if the run keeps one, else the global model."""
+    stored = job.load_state_model(local_result_key(job))
+    return stored if stored is not None else job.global_model()
 
 
 def evaluate(job: ClientJob) -> dict:
-    """The global model is both the personalized and the global model."""
-    result = job.test(job.global_model())
-    return eval_metrics(job, result, result)
+    """The personalized model (:func:`personalized_model`) and the global model."""
+    global_ = job.test(job.global_model())
+    stored = job.load_state_model(local_result_key(job))
+    return eval_metrics(job, global_ if stored is None else job.test(stored), global_)

@@ -10,7 +10,8 @@ answers three kinds of train messages, told apart by ``job.phase``:
     cross-entropy over the whole training split, accumulated in mini-batches of
     ``batch-size`` (weighted by batch size, so it equals the full-batch gradient), with the
     model in train mode (A12). ``grad-mode=pseudo``: ``local-epochs`` of SGD at ``lr`` from
-    θ^t and the pseudo-gradient ``(θ^t − θ_E)/lr`` (FedMGDA+ uses this one). ``L_i`` is
+    θ^t and the pseudo-gradient ``(θ^t − θ_E)/lr`` (FedMGDA+ uses this one; with its
+    ``personal-model=local-result`` θ_E is stored as the client's P-model). ``L_i`` is
     always the mean training loss at θ^t in eval mode (A2, A12), so that it is the same
     quantity the line search compares. With ``keep`` (FedPG with personalization or line
     search) θ^t and g_i are kept in the client's state for the round's later exchanges.
@@ -160,6 +161,8 @@ def _gradients(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     elif mode == "pseudo":
         grads = pseudo_gradient(job, model)
         steps = int(job.config[keys.LOCAL_EPOCHS])
+        if job.config.get(f"{job.method}.personal-model", "global") == "local-result":
+            job.save_state_model(_key(job, "personal-model"), model)  # θ_E, FedMGDA+'s P-model
     else:
         raise ValueError(f"fedpg: unknown grad-mode {mode!r}")
     record = _record(names, grads)
