@@ -12,9 +12,10 @@ Presets (``pflarena presets NAME``):
 Every method gets 20 % of each client's training split held out for validation (pFedSV and
 FedFomo value peers on it; the others do not use it). Besides the methods, the ``labels``
 ``pfedsv-dc`` (the D+C variant), ``pfedsv-dp1`` (the private variant, σ = 1, C = 1) and
-``pfedsv-guard`` (``guard=validation``, not in the paper) and ``pfedsv-median``
-(``distance-ref=current-self-median``, spec §9.1's other reading of Eq. 6) run pFedSV with
-those settings. The report gives, per run, the personalized accuracy and the
+``pfedsv-guard`` (``guard=validation``, not in the paper), ``pfedsv-median``
+(``distance-ref=current-self-median``, spec §9.1's other reading of Eq. 6) and
+``pfedsv-nodist`` (``distance-ref=none``, weights ∝ max(SV, 0)) run pFedSV with those
+settings. The report gives, per run, the personalized accuracy and the
 bytes each exchange moves per round; for pFedSV, the Shapley overhead per client and round
 (distinct utility evaluations, seconds) next to its local training time; for the private
 variant, the (ε, δ) it reports.
@@ -51,6 +52,8 @@ VARIANTS = {
     "pfedsv-guard": ("pfedsv", {"pfedsv.guard": "validation"}),
     # Eq. 6's distances from the own trained model, its own the peers' median (spec §9.1)
     "pfedsv-median": ("pfedsv", {"pfedsv.distance-ref": "current-self-median"}),
+    # Eq. 6 without the distances: weights ∝ max(SV, 0) (spec §9.1's third option)
+    "pfedsv-nodist": ("pfedsv", {"pfedsv.distance-ref": "none"}),
 }
 LABELS = (*METHODS, *VARIANTS)
 
@@ -119,6 +122,9 @@ def costs(run_dir: Path) -> dict[str, float]:
         out["training s"] = float((per_client - shapley).mean())
     if server and "mean-kept-own" in server[0]:
         out["kept own"] = float(np.mean([s["mean-kept-own"] for s in server]))
+    if server and "mean-aggregate-below-own" in server[0]:
+        out["below own"] = float(np.mean([s["mean-aggregate-below-own"] for s in server]))
+        out["trained test"] = float(server[-1]["mean-trained-test-accuracy"])
     if server and "dp-epsilon" in server[-1]:
         out["epsilon"] = float(server[-1]["dp-epsilon"])
     return out
@@ -184,7 +190,7 @@ def write_report(runs_dir: Path, out: Path) -> None:
                 f"({pers['best']['round']}) | {reference if reference else '—'} | "
                 f"{down:.2f} / {up:.2f} | {s['wall_time_s']:.0f} |"
             )
-        for label in ("pfedsv", "pfedsv-dc", "pfedsv-dp1", "pfedsv-guard", "pfedsv-median"):
+        for label in (lab for lab in LABELS if lab.startswith("pfedsv")):
             if label not in runs:
                 continue
             c = costs(runs[label][min(runs[label])])
@@ -195,6 +201,12 @@ def write_report(runs_dir: Path, out: Path) -> None:
                 f"of local training; per exchange and round: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in c.items() if k.endswith("MB") and v > 0)
             )
+            if "below own" in c:
+                text += (
+                    f"; the aggregate θ_i^{{t*}} validated below the own trained model θ_i^t "
+                    f"in {100 * c['below own']:.0f} % of client-rounds, and θ_i^t scores "
+                    f"{100 * c['trained test']:.2f} on the test splits after the last round"
+                )
             if c.get("kept own"):
                 text += f"; the guard kept the own model in {100 * c['kept own']:.0f} % of cases"
             if "epsilon" in c:

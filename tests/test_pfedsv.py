@@ -300,14 +300,15 @@ def test_pfedsv_needs_a_validation_split():
         parse_config({"strategy": "pfedsv"})
 
 
-def _val_accuracy(cfg, record, client: int) -> float:
+def _val_accuracy(cfg, record, client: int, split: str = "val") -> float:
     data, info = load_client(cfg.federation_spec(), client)
     model = build_model(cfg.model_name(), tuple(info.input_shape), info.num_classes)
     model.load_state_dict(record.to_torch_state_dict())
     model.eval()
+    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
     with torch.no_grad():
-        predicted = model(torch.as_tensor(data.x_val)).argmax(dim=1).numpy()
-    return float((predicted == data.y_val).mean())
+        predicted = model(torch.as_tensor(x)).argmax(dim=1).numpy()
+    return float((predicted == y).mean())
 
 
 @pytest.mark.parametrize("guard", ["none", "validation"])
@@ -326,16 +327,21 @@ def test_the_validation_guard_never_keeps_an_aggregate_worse_than_the_own_model(
         seed=1,
         **{"pfedsv.guard": guard},
     )
-    gaps = []
+    gaps, trained_test = [], []
     for context in grid.contexts.values():
         client = int(context.node_config["partition-id"])
         personal = _val_accuracy(cfg, stored(context, PERSONAL_KEY), client)
         own = _val_accuracy(cfg, stored(context, TRAINED_KEY), client)
         gaps.append(personal - own)
-    kept = outcome.rounds[-1]["train"]["server"]["mean-kept-own"]
+        trained_test.append(_val_accuracy(cfg, stored(context, TRAINED_KEY), client, "test"))
+    server = outcome.rounds[-1]["train"]["server"]
+    kept, below = server["mean-kept-own"], server["mean-aggregate-below-own"]
+    # the logged θ_i^t test accuracy (spec §9.8) is the trained model's, measured apart
+    assert server["mean-trained-test-accuracy"] == pytest.approx(np.mean(trained_test))
     if guard == "validation":
         assert min(gaps) >= 0, gaps
-        assert kept > 0
+        assert kept >= below > 0  # the guard acted on every aggregate logged as below
     else:
         assert min(gaps) < 0, gaps
         assert kept == 0
+        assert below == pytest.approx(np.mean([g < 0 for g in gaps]))

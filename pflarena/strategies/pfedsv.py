@@ -398,6 +398,8 @@ class PFedSV(MultiExchangeStrategy):
                 "shapley-time-s",
                 "own-weight",
                 "kept-own",
+                "aggregate-below-own",
+                "trained-test-accuracy",
             ):
                 metrics[f"mean-{name}"] = float(np.mean([float(r[name]) for r in replies]))
         if self.dp["noise"] > 0:

@@ -425,14 +425,14 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     weights = aggregation_weights([values[p] for p in players], distances)
     personalized = states[own] if weights is None else game.average(players, weights)
     kept_own = weights is None
-    # guard=validation (not in the paper): the weighted aggregate is a model no utility
-    # evaluated; keep the client's own trained model when the aggregate validates below it.
-    if (
-        not kept_own
-        and job.param("guard") == "validation"
-        and game.accuracy(personalized) < game.accuracy(states[own])
-    ):
+    # The weighted aggregate is a model no utility evaluated: whether it validates below the
+    # client's own trained model is logged; guard=validation (not in the paper) then keeps
+    # the own model.
+    below_own = not kept_own and game.accuracy(personalized) < game.accuracy(states[own])
+    if below_own and job.param("guard") == "validation":
         personalized, kept_own = states[own], True
+    # spec §9.8: the post-training θ_i^t's test accuracy is logged beside θ_i^{t*}'s
+    trained_test = job.test(trained)
     trained.load_state_dict(personalized)
     job.save_state_model(PERSONAL_KEY, trained)
 
@@ -445,6 +445,8 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
         "own-value": values[own],
         "own-weight": 0.0 if weights is None else float(weights[0]),
         "kept-own": int(kept_own),
+        "aggregate-below-own": int(below_own),
+        "trained-test-accuracy": trained_test.correct / max(trained_test.count, 1),
     }
     records: dict = {}
     if bool(job.param("report-relevance")):
