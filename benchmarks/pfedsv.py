@@ -20,7 +20,9 @@ bytes each exchange moves per round; for pFedSV, the Shapley overhead per client
 (distinct utility evaluations, seconds) next to its local training time; for the private
 variant, the (ε, δ) it reports.
 
-Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again.
+Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again. The
+completed runs' result files are archived beside the report (``<report>_runs/``), so
+``--report-only`` rewrites it on a machine that no longer holds the runs.
 
 Usage::
 
@@ -40,7 +42,7 @@ import numpy as np
 from pflarena.server.cli import compare_plot, simulate
 from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
-from pflarena.server.results import completed_summary, read_rounds
+from pflarena.server.results import archive_run, completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("local", "fedavg", "fedavg-ft", "fedfomo", "pfedsv")
@@ -56,6 +58,8 @@ VARIANTS = {
     "pfedsv-nodist": ("pfedsv", {"pfedsv.distance-ref": "none"}),
 }
 LABELS = (*METHODS, *VARIANTS)
+#: pFedSV's own per-run file, kept with its archived run (the relevance matrix)
+PFEDSV_FILES = ("relevance.csv",)
 
 #: pFedSV paper, MNIST with 10 clients (Table 1: pathological; Table 2: Dirichlet 0.1),
 #: mean test accuracy in %; None where the PDF lost the cell (specs/pfedsv.md §6).
@@ -130,20 +134,36 @@ def costs(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def _mean_std(values: list[float], digits: int) -> str:
+    """``mean ± std`` in % of fractions (no ``±`` for one value)."""
+    text = f"{100 * float(np.mean(values)):.{digits}f}"
+    return text + (f" ± {100 * float(np.std(values)):.{digits}f}" if len(values) > 1 else "")
+
+
 def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.2f}"
 
 
 def write_report(runs_dir: Path, out: Path) -> None:
+    """Archive the completed runs in ``runs_dir`` beside ``out`` (``<out stem>_runs/``; a run
+    there replaces its archived copy) and write the report over the archive. With nothing
+    archived, ``out`` is left untouched."""
+    archive = out.parent / f"{out.stem}_runs"
+    for summary_path in sorted(runs_dir.glob("*-r*-e*-s*--*/summary.json")):
+        if completed_summary(summary_path.parent) is not None:
+            archive_run(summary_path.parent, archive, extra=PFEDSV_FILES)
     # (preset, rounds, epochs) -> label -> seed -> run directory
     settings: dict[tuple[str, int, int], dict[str, dict[int, Path]]] = {}
-    for summary_path in sorted(runs_dir.glob("*-r*-e*-s*--*/summary.json")):
+    for summary_path in sorted(archive.glob("*-r*-e*-s*--*/summary.json")):
         if completed_summary(summary_path.parent) is None:
             continue
         head, label = summary_path.parent.name.split("--")
         preset, rounds, epochs, seed = head.rsplit("-", 3)
         setting = settings.setdefault((preset, int(rounds[1:]), int(epochs[1:])), {})
         setting.setdefault(label, {})[int(seed[1:])] = summary_path.parent
+    if not settings:
+        print(f"no completed run in {runs_dir} or {archive}: {out} left as it is", flush=True)
+        return
     lines = [
         "# pFedSV against its baselines",
         "",
@@ -201,14 +221,18 @@ def write_report(runs_dir: Path, out: Path) -> None:
                 f"of local training; per exchange and round: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in c.items() if k.endswith("MB") and v > 0)
             )
+            every = [costs(d) for d in runs[label].values()]
             if "below own" in c:
                 text += (
                     f"; the aggregate θ_i^{{t*}} validated below the own trained model θ_i^t "
-                    f"in {100 * c['below own']:.0f} % of client-rounds, and θ_i^t scores "
-                    f"{100 * c['trained test']:.2f} on the test splits after the last round"
+                    f"in {_mean_std([e['below own'] for e in every], 0)} % of client-rounds, "
+                    f"and after the last round θ_i^t scores "
+                    f"{_mean_std([e['trained test'] for e in every], 2)} on the test splits "
+                    f"({len(every)} seeds)"
                 )
             if c.get("kept own"):
-                text += f"; the guard kept the own model in {100 * c['kept own']:.0f} % of cases"
+                kept = _mean_std([e["kept own"] for e in every], 0)
+                text += f"; the guard kept the own model in {kept} % of client-rounds"
             if "epsilon" in c:
                 text += f"; (ε, δ) = ({c['epsilon']:.2f}, 1e-5) after {rounds} uploads"
             lines.append(text + ".")
