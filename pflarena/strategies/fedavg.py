@@ -46,7 +46,8 @@ class FedAvg(PflStrategy):
         kind="baseline",
         reference="McMahan et al., Communication-Efficient Learning of Deep Networks from "
         "Decentralized Data, AISTATS 2017",
-        summary="the example-weighted average of the clients' models; personalized = global",
+        summary="the example-weighted average of the clients' models; personalized = global "
+        "(or each client's local result)",
         solver="pflarena.client.solvers.fedavg",
         params=FedAvgParams,
     )
