@@ -39,6 +39,7 @@ from torch.nn import functional as F
 
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
+from pflarena.client.solvers.fedavg import keeps_local_result
 from pflarena.core import keys
 from pflarena.core.training import evaluate as evaluate_model
 from pflarena.core.training import train_epochs
@@ -161,7 +162,7 @@ def _gradients(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     elif mode == "pseudo":
         grads = pseudo_gradient(job, model)
         steps = int(job.config[keys.LOCAL_EPOCHS])
-        if job.config.get(f"{job.method}.personal-model", "global") == "local-result":
+        if keeps_local_result(job):
             job.save_state_model(_key(job, "personal-model"), model)  # θ_E, FedMGDA+'s P-model
     else:
         raise ValueError(f"fedpg: unknown grad-mode {mode!r}")
