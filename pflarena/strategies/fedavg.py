@@ -54,10 +54,7 @@ class FedAvg(PflStrategy):
 
     def __init__(self, *, personal_model: PersonalModel = "global", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if personal_model not in ("global", "local-result"):
-            raise ValueError(
-                f"personal_model must be 'global' or 'local-result', got {personal_model!r}"
-            )
+        FedAvgParams(personal_model=personal_model)  # the allowed values, checked once
         self.personal_model = personal_model
 
     def train_config(self, server_round: int, node_id: int) -> dict:
