@@ -3,7 +3,7 @@ learning rate and the paper's open choices, each pFedSV run scored both ways spe
 
 Preset ``pfedsv-digits`` (``pflarena presets pfedsv-digits``): the embedded digits set,
 classes {i, i+1} (mod 10) per client, 10 clients, full participation, 20 rounds, E = 5,
-batch 32, 20 % validation. Three sweeps, each in one simulation process
+batch 32, 20 % validation. Four sweeps, each in one simulation process
 (:mod:`pflarena.server.sweep`; a completed run is not run again):
 
 * ``lr``: ``local``, ``fedfomo`` and ``pfedsv`` at lr 0.01 (the paper's MNIST rate), 0.02
@@ -17,6 +17,8 @@ batch 32, 20 % validation. Three sweeps, each in one simulation process
   seeds each).
 * ``dirichlet``: ``local``, ``fedfomo`` and ``pfedsv`` on a Dirichlet(0.1) split of the
   same data (the paper's Table 2 split), where local training is not at the ceiling.
+* ``guard``: ``pfedsv`` with ``guard=validation`` (not in the paper: the client keeps its
+  own trained model when the aggregate validates below it).
 
 Each pFedSV run is scored on the aggregate θ_i^{t*} (the default: the run's personalized
 accuracy) and on the client's trained θ_i^t after the last round (its
@@ -82,6 +84,9 @@ SWEEPS: dict[str, tuple[list[str], dict, dict]] = {
         {"partition": "dirichlet", "alpha": DIRICHLET_ALPHA},
         {},
     ),
+    # not in the paper: the client keeps its own trained model when the aggregate validates
+    # below it
+    "guard": (["pfedsv"], {"pfedsv.guard": "validation"}, {}),
 }
 
 
@@ -258,6 +263,18 @@ def write_report(rows: list[dict], out: Path) -> None:
                 f"| {values['empty-value']} | {values['top-k-rule']} | {values['alpha']} | "
                 + pfedsv_cells("readings", "all", method, fomo)
             )
+    if fomo and column("guard", "all", "pfedsv", "aggregate"):
+        lines += [
+            "",
+            "## With the validation guard (`guard` sweep; not in the paper)",
+            "",
+            f"The defaults and `pfedsv.guard=validation` at lr {PRESET_LR}: the client keeps "
+            "its own trained model when the aggregate validates below it.",
+            "",
+            f"| guard | {pfedsv_head}",
+            "|---|---|---|---|---|---|---|---|",
+            "| validation | " + pfedsv_cells("guard", "all", "pfedsv", fomo),
+        ]
     dirichlet = methods_row(f"Dirichlet({DIRICHLET_ALPHA})", "dirichlet", "all")
     if dirichlet:
         lines += [
