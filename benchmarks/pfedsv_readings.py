@@ -110,26 +110,18 @@ def run_rows(name: str, runs: list[sweep.PlannedRun]) -> list[dict]:
         summary = completed_summary(run.directory)
         if summary is None:
             continue
-        row = {
+        rounds = read_rounds(run.directory / "rounds.jsonl")
+        last = rounds[-1]["evaluation"]["per_client"]
+        row = dict.fromkeys(FIELDS, "") | {
             "sweep": name,
             "setting": run.setting_name,
             "method": run.method,
             "seed": run.seed,
             "aggregate": summary["personalized"]["last"]["mean"],
-            "trained": "",
-            "below_own": "",
-            "coalition": "",
-            "own_weight": "",
-            "test_images": "",
+            "test_images": sum(c["test_samples"] for c in last.values()) / len(last),
         }
-        last = read_rounds(run.directory / "rounds.jsonl")[-1]["evaluation"]["per_client"]
-        row["test_images"] = sum(c["test_samples"] for c in last.values()) / len(last)
         if run.strategy == "pfedsv":
-            server = [
-                r["train"]["server"]
-                for r in read_rounds(run.directory / "rounds.jsonl")
-                if r.get("train")
-            ]
+            server = [r["train"]["server"] for r in rounds if r.get("train")]
             row["trained"] = server[-1]["mean-trained-test-accuracy"]
             row["below_own"] = float(np.mean([s["mean-aggregate-below-own"] for s in server]))
             row["coalition"] = float(np.mean([s["mean-coalition-size"] for s in server]))
