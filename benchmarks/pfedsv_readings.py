@@ -260,7 +260,7 @@ def write_report(rows: list[dict], out: Path) -> None:
             "",
             "## With the validation guard (`guard` sweep; not in the paper)",
             "",
-            f"The defaults and `pfedsv.guard=validation` at lr {PRESET_LR}: the client keeps "
+            f"The default settings with `pfedsv.guard=validation`, at lr {PRESET_LR}: the client keeps "
             "its own trained model when the aggregate validates below it.",
             "",
             f"| guard | {pfedsv_head}",
