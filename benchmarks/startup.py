@@ -31,6 +31,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from pflarena.server.results import comparable_rounds
+
 ROOT = Path(__file__).resolve().parents[1]
 PFLARENA = [sys.executable, "-m", "pflarena.server.cli"]
 JOB = ["--strategy", "fedavg", "--dataset", "digits", "--num-clients", "10", "--num-rounds", "1"]
@@ -220,14 +222,7 @@ def sweep_comparison(work: Path, strategies: list[str]) -> dict:
 
 
 def _comparable(path: Path) -> list[dict]:
-    timing = {"elapsed_s", "round_time_s", "train_time_s"}
-    rows = []
-    for line in path.read_text().splitlines():
-        record = {k: v for k, v in json.loads(line).items() if k not in timing}
-        if "train" in record:
-            record["train"] = {k: v for k, v in record["train"].items() if k != "client_time_s"}
-        rows.append(record)
-    return rows
+    return comparable_rounds([json.loads(line) for line in path.read_text().splitlines()])
 
 
 # --------------------------------------------------------------------------- report

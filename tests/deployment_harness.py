@@ -43,6 +43,7 @@ from pflarena.server.cli import (
     _toml_value,
     _wait_healthy,
 )
+from pflarena.server.deploy import executor_cmd
 from pflarena.server.polling import REPLY_POLL_ENV
 from pflarena.server.results import read_rounds
 
@@ -89,6 +90,8 @@ class Deployment:
         self.port = 0
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen] = []
+        #: each SuperNode's warm ClientApp executor (``pflarena executor``), by index
+        self.executors: list[subprocess.Popen] = []
         self.cli: list[subprocess.Popen] = []  # `flwr run` processes
         self.logs: dict[str, Path] = {}
         self.cli_home = root / "home-cli"
@@ -107,6 +110,7 @@ class Deployment:
         return [
             *self.cli,
             *self.supernodes,
+            *self.executors,
             *self.stopped,
             *([self.superlink] if self.superlink else []),
         ]
@@ -185,11 +189,14 @@ class Deployment:
         self.start_superlink()
 
     def start(self, shards: list[Path]) -> None:
-        """The SuperLink, then one SuperNode per shard file, each with its own state-dir."""
+        """The SuperLink, then one SuperNode per shard file, each with its own state-dir and
+        its warm ClientApp executor (``--isolation process``: ``pflarena executor``, as
+        ``pflarena local-deploy`` starts it)."""
         self.shards = shards
         self.port = self._port()
         self.start_superlink()
         for i, shard in enumerate(shards):
+            runtime_port = self._port()
             node = self._spawn(
                 f"supernode{i}",
                 [
@@ -198,7 +205,9 @@ class Deployment:
                     "--superlink",
                     f"127.0.0.1:{self.port}",
                     "--port",
-                    str(self._port()),
+                    str(runtime_port),
+                    "--isolation",
+                    "process",
                     # Node config values are parsed as TOML: a path must be quoted.
                     "--node-config",
                     f'data-path="{shard}" state-dir="{self.root / f"state-sn{i}"}"',
@@ -206,6 +215,13 @@ class Deployment:
                 self.root / f"home-sn{i}",
             )
             self.supernodes.append(node)
+            self.executors.append(
+                self._spawn(
+                    f"executor{i}",
+                    executor_cmd(f"127.0.0.1:{runtime_port}", parent_pid=node.pid),
+                    self.root / f"home-sn{i}",
+                )
+            )
         self.cli_home.mkdir(parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
@@ -326,7 +342,7 @@ class Deployment:
         """
         self.note_children()
         _stop_all(self.cli)
-        _stop_all(self.supernodes)
+        _stop_all([*self.supernodes, *self.executors])
         if self.superlink is not None:
             _stop(self.superlink, grace=GRACE_S)
         for thread in self._threads.values():
@@ -445,10 +461,11 @@ def completed_rounds(deployment: Deployment, out: Path, rc: int) -> list[dict[st
 
 
 def idle_clientapps(deployment: Deployment, grace: float = 15.0) -> set[int]:
-    """The ClientApp processes of our SuperNodes still running ``grace`` s from now."""
+    """The ClientApp processes of our SuperNodes still running ``grace`` s from now: the
+    executors' forked children (or Flower's ``flwr-clientapp`` processes)."""
     deadline = time.monotonic() + grace
     while True:
-        alive = {
+        alive = descendants({p.pid for p in deployment.executors if p.poll() is None}) | {
             pid
             for pid in descendants({p.pid for p in deployment.supernodes})
             if "flwr-clientapp" in cmdline(pid)

@@ -13,11 +13,10 @@ from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import RunOutcome, run_rounds
 from pflarena.server.registry import build_strategy, parse_config
-from pflarena.server.results import ResultsWriter
+from pflarena.server.results import ResultsWriter, comparable_rounds
 from pflarena.strategies.base import PflStrategy
 
 #: Wall-clock fields: the only ones two runs of one config may differ in.
-TIMING = {"elapsed_s", "round_time_s", "train_time_s"}
 
 
 def config(**overrides) -> RunConfig:
@@ -55,13 +54,7 @@ def stored(context, key: str, accepted: int | None = None):
 
 def comparable(rounds: list[dict]) -> list[dict]:
     """The rounds without wall-clock times (the only fields two identical runs may differ in)."""
-    out = []
-    for record in rounds:
-        record = {k: v for k, v in record.items() if k not in TIMING}
-        if "train" in record:
-            record["train"] = {k: v for k, v in record["train"].items() if k != "client_time_s"}
-        out.append(record)
-    return out
+    return comparable_rounds(rounds)
 
 
 def stateful_grid(cfg: RunConfig, state_dir: Path, node_id_base: int) -> LocalGrid:

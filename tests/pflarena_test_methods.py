@@ -195,17 +195,22 @@ def _full_loss(model, job) -> torch.Tensor:
     return F.cross_entropy(model(job.data.x_train), job.data.y_train)
 
 
+def train_toy_avg(job):
+    """``toy-avg``'s client: local epochs from the global model."""
+    model = job.global_model()
+    loss, steps = train_epochs(
+        model,
+        job.data.x_train,
+        job.data.y_train,
+        generator=job.generator("train"),
+        **job.train_kwargs(),
+    )
+    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
+
+
 def train(job):
     if job.method == "toy-avg":
-        model = job.global_model()
-        loss, steps = train_epochs(
-            model,
-            job.data.x_train,
-            job.data.y_train,
-            generator=job.generator("train"),
-            **job.train_kwargs(),
-        )
-        return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
+        return train_toy_avg(job)
     model = job.global_model()
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if job.phase == "gradients":

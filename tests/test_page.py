@@ -40,7 +40,7 @@ from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy, parse_config
-from pflarena.server.results import ResultsWriter, read_rounds
+from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
 from pflarena.strategies.page import Page, aggregate, data_size_weights, weight_entropy
 
 ROUNDS = 4
@@ -476,10 +476,8 @@ def _nodes(cfg, state: Path, base: int) -> LocalGrid:
 
 
 def _comparable(path: Path) -> list[dict]:
-    drop = {"elapsed_s", "round_time_s", "train_time_s"}
-    out = [{k: v for k, v in r.items() if k not in drop} for r in read_rounds(path)]
+    out = comparable_rounds(read_rounds(path))
     for record in out:
-        record.get("train", {}).pop("client_time_s", None)
         server = record.get("train", {}).get("server", {})
         for key in [k for k in server if k.endswith("-time-s")]:
             server.pop(key)

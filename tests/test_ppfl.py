@@ -24,7 +24,7 @@ from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy
-from pflarena.server.results import ResultsWriter, read_rounds
+from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
 from pflarena.strategies.ppfl import PPFL
 
 
@@ -287,11 +287,7 @@ def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically
     resumed = run(tmp_path / "broken", grid("state-broken", 3_000_017), resume=True)
 
     def comparable(path):
-        drop = {"elapsed_s", "round_time_s", "train_time_s"}
-        out = [{k: v for k, v in r.items() if k not in drop} for r in read_rounds(path)]
-        for r in out:
-            r.get("train", {}).pop("client_time_s", None)
-        return out
+        return comparable_rounds(read_rounds(path))
 
     assert comparable(tmp_path / "broken" / "rounds.jsonl") == comparable(
         tmp_path / "whole" / "rounds.jsonl"

@@ -95,10 +95,11 @@ def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Sol
 def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
     job, solver = _job(msg, context, train=True)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     records, metrics = solver.train(job)
     job.state.save()  # before replying: the reply may be accepted at once
     metrics[keys.TRAIN_TIME] = time.perf_counter() - start
+    metrics[keys.TRAIN_CPU] = time.process_time() - start_cpu
     if job.state.missing:
         metrics[keys.STATE_MISSING] = 1
     return Message(

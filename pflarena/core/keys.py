@@ -46,6 +46,7 @@ NUM_EXAMPLES = "num-examples"  # training examples (FedAvg weighting)
 TRAIN_LOSS = "train-loss"
 TRAIN_STEPS = "train-steps"
 TRAIN_TIME = "train-time-s"  # wall time of the local solver (set by the ClientApp)
+TRAIN_CPU = "train-cpu-s"  # CPU time of the local solver's process (set by the ClientApp)
 STATE_MISSING = "state-missing"  # 1: the server accepted updates this client no longer has
 
 # Evaluation replies: sums, so the server can pool them exactly.

@@ -995,6 +995,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Flower's SuperExec and SuperNode flags pass through untouched (argparse would claim them).
+    if argv[:1] == ["executor"]:
+        from pflarena.server.executor import main as executor_main
+
+        executor_main(argv[1:])
+        return 0
+    if argv[:1] == ["supernode"]:
+        from pflarena.server.supernode import main as supernode_main
+
+        supernode_main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -49,7 +49,9 @@ __all__ = [
     "FAST_ROUND_ENV",
     "CertificateSet",
     "DeploymentError",
+    "EXECUTORS",
     "LocalDeployment",
+    "executor_cmd",
     "make_certificates",
     "make_node_key",
     "stop_recorded",
@@ -64,6 +66,8 @@ STATE_FILE = "deployment.json"
 FAST_ROUND_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 #: Flower's default task poll interval, which a local deployment keeps unless told otherwise.
 DEFAULT_TASK_POLL_S = 1.0
+#: What may run a SuperNode's ClientApp messages (:class:`LocalDeployment`'s ``executor``).
+EXECUTORS = ("warm", "flower")
 #: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
 EXIT_NODE_NOT_REGISTERED = 305
 GRACE_S = 15.0
@@ -276,6 +280,35 @@ def free_port(taken: set[int] | None = None) -> int:
             return port
 
 
+#: The name of a SuperNode's warm executor in a deployment's records: this and the node's.
+EXECUTOR_PREFIX = "executor-"
+
+
+def _executor_name(supernode: str) -> str:
+    return f"{EXECUTOR_PREFIX}{supernode}"
+
+
+def _pflarena_cmd() -> list[str]:
+    """The ``pflarena`` command of this environment."""
+    script = Path(sys.executable).parent / "pflarena"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pflarena.server.cli"]
+
+
+def executor_cmd(
+    runtime_api_address: str, parent_pid: int | None = None, root_certificates: Path | None = None
+) -> list[str]:
+    """``pflarena executor`` (the warm ClientApp executor) for the SuperNode whose Runtime API
+    is at ``runtime_api_address`` (``--isolation process``); it exits with ``parent_pid``."""
+    cmd = [*_pflarena_cmd(), "executor", "--runtime-api-address", runtime_api_address]
+    if root_certificates is not None:
+        cmd += ["--root-certificates", str(root_certificates)]
+    else:
+        cmd += ["--insecure"]
+    if parent_pid is not None:
+        cmd += ["--parent-pid", str(parent_pid)]
+    return cmd
+
+
 # --------------------------------------------------------------------------- deployment
 @dataclass
 class LocalDeployment:
@@ -303,6 +336,16 @@ class LocalDeployment:
         the replies lost as failures), which the in-memory state does not.
     env : dict
         Extra environment of every process (e.g. ``PFLARENA_PLUGINS``).
+    executor : str
+        What runs each SuperNode's ClientApp messages: ``"warm"`` (default), pflarena's warm
+        executor (:mod:`pflarena.server.executor`: one forked child of a pre-imported parent
+        per message; the SuperNode runs with ``--isolation process`` and the executor is
+        started beside it as ``executor-i``), or ``"flower"``, Flower's own (the SuperNode
+        starts ``flower-superexec``, a fresh process per message).
+    idle_poll : float or None
+        Seconds a SuperNode waits after asking for a message and finding none: ``None`` keeps
+        Flower's hard-coded 3 s; a value runs the SuperNodes as ``pflarena supernode
+        --idle-poll`` (:mod:`pflarena.server.supernode`).
     """
 
     root: Path
@@ -313,8 +356,11 @@ class LocalDeployment:
     database: bool = False
     task_poll: float = DEFAULT_TASK_POLL_S
     env: dict[str, str] = field(default_factory=dict)
+    executor: str = "warm"
+    idle_poll: float | None = None
     superlink: _Process | None = None
     supernodes: list[_Process] = field(default_factory=list)
+    executors: list[_Process] = field(default_factory=list)
     certs: CertificateSet | None = None
     launcher: dict[str, Any] | None = None
     _ports: set[int] = field(default_factory=set)
@@ -323,10 +369,16 @@ class LocalDeployment:
         self.root = Path(self.root).resolve()
         if self.auth and not self.tls:
             raise DeploymentError("SuperNode authentication needs TLS (--tls)")
+        if self.idle_poll is not None and not 0.01 <= self.idle_poll <= 60:
+            raise DeploymentError(f"idle poll {self.idle_poll} s: choose 0.01 to 60 s")
         if not 0.01 <= self.task_poll <= 60:
             raise DeploymentError(f"task poll {self.task_poll} s: Flower allows 0.01 to 60 s")
         if not self.shards:
             raise DeploymentError("a deployment needs at least one SuperNode (one shard file)")
+        if self.executor not in EXECUTORS:
+            raise DeploymentError(
+                f"executor {self.executor!r}: choose one of {', '.join(EXECUTORS)}"
+            )
         for shard in self.shards:
             if not Path(shard).is_file():
                 raise DeploymentError(f"shard file {shard} does not exist")
@@ -343,6 +395,8 @@ class LocalDeployment:
             auth=state["auth"],
             database=state.get("database", False),
             task_poll=state.get("task_poll", DEFAULT_TASK_POLL_S),
+            executor=state.get("executor", "flower"),
+            idle_poll=state.get("idle_poll"),
         )
         dep.port = int(state["address"].rsplit(":", 1)[1])
         dep._ports.add(dep.port)
@@ -351,7 +405,10 @@ class LocalDeployment:
                 dep.root / "certs", {"superlink": ["localhost", "127.0.0.1"]}
             )
         dep.superlink = next((p for p in procs if p.name == "superlink"), None)
-        dep.supernodes = [p for p in procs if p.name != "superlink"]
+        dep.supernodes = [
+            p for p in procs if p.name != "superlink" and not p.name.startswith(EXECUTOR_PREFIX)
+        ]
+        dep.executors = [p for p in procs if p.name.startswith(EXECUTOR_PREFIX)]
         dep.launcher = state.get("launcher")
         return dep
 
@@ -401,6 +458,8 @@ class LocalDeployment:
         proc.started = _start_time(proc.pid)
         if name == "superlink":
             self.superlink = proc
+        elif name.startswith(EXECUTOR_PREFIX):
+            self.executors.append(proc)
         else:
             self.supernodes.append(proc)
         self.save()  # recorded at once: `--stop` finds whatever was started
@@ -458,7 +517,10 @@ class LocalDeployment:
         """``flower-supernode`` for SuperNode ``index`` (``key``: its private key; with
         ``auth``, the registered one by default)."""
         shard = Path(self.shards[index]).resolve()
-        cmd = ["flower-supernode", "--superlink", self.address]
+        cmd = ["flower-supernode"]
+        if self.idle_poll is not None:
+            cmd = [*_pflarena_cmd(), "supernode", "--idle-poll", repr(self.idle_poll)]
+        cmd += ["--superlink", self.address]
         if self.tls:
             assert self.certs is not None
             cmd += ["--root-certificates", str(self.certs.ca_cert)]
@@ -469,14 +531,44 @@ class LocalDeployment:
             cmd += ["--auth-supernode-private-key", str(key)]
         # Node config values are TOML: paths are quoted.
         node_config = f'data-path="{shard}" state-dir="{self.state_dir(index)}"'
-        return cmd + ["--port", str(free_port(self._ports)), "--node-config", node_config]
+        port = free_port(self._ports)
+        if self.executor == "warm":
+            cmd += ["--isolation", "process"]
+        return cmd + ["--port", str(port), "--node-config", node_config]
 
     def start_supernode(
         self, index: int, key: Path | None = None, name: str | None = None
     ) -> _Process:
-        """Start SuperNode ``index`` (not waiting for it), record it; returns its process."""
+        """Start SuperNode ``index`` (not waiting for it), and with the warm executor its
+        executor; record them; returns the SuperNode's process."""
         name = name or f"supernode-{index}"
-        return self._spawn(name, self.supernode_cmd(index, key), self.root / f"home-{name}")
+        cmd = self.supernode_cmd(index, key)
+        node = self._spawn(name, cmd, self.root / f"home-{name}")
+        if self.executor == "warm":
+            runtime = f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+            self._spawn(
+                _executor_name(name),
+                executor_cmd(runtime, parent_pid=node.pid),
+                self.root / f"home-{name}",
+            )
+        return node
+
+    def supervise(self, say: Callable[[str], Any] = print) -> list[str]:
+        """Restart every warm executor that exited while its SuperNode runs (a killed
+        executor is a node failure; the node serves again from its next message). Returns the
+        names restarted."""
+        restarted = []
+        nodes = {p.name: p for p in self.supernodes}
+        for proc in list(self.executors):
+            node = nodes.get(proc.name.removeprefix(EXECUTOR_PREFIX))
+            if proc.alive() or node is None or not node.alive():
+                continue
+            self.executors.remove(proc)
+            code = proc.popen.returncode if proc.popen else "?"
+            self._spawn(proc.name, proc.cmd, self.root / f"home-{node.name}")
+            say(f"{proc.name} exited (code {code}); restarted it")
+            restarted.append(proc.name)
+        return restarted
 
     def write_cli_config(self) -> None:
         """``config.toml`` of the ``flwr`` CLI: connection :data:`CONNECTION`, the default."""
@@ -570,7 +662,7 @@ class LocalDeployment:
         """Until at least ``count`` SuperNodes are online; fails early if one of ``watch``
         (default: every SuperNode started) exits."""
         deadline = time.monotonic() + timeout
-        watch = self.supernodes if watch is None else watch
+        watch = [*self.supernodes, *self.executors] if watch is None else watch
         while True:
             dead = [p for p in watch if not p.alive()]
             if dead:
@@ -594,7 +686,7 @@ class LocalDeployment:
     # ------------------------------------------------------------------ recording, stopping
     def processes(self) -> list[_Process]:
         """SuperNodes first, then the SuperLink: the order they are stopped in."""
-        return [*self.supernodes, *([self.superlink] if self.superlink else [])]
+        return [*self.supernodes, *self.executors, *([self.superlink] if self.superlink else [])]
 
     def save(self, launcher_pid: int | None = None) -> None:
         """Write ``deployment.json``: what ``--stop`` needs, and how to use the deployment."""
@@ -608,6 +700,8 @@ class LocalDeployment:
             "auth": self.auth,
             "database": self.database,
             "task_poll": self.task_poll,
+            "executor": self.executor,
+            "idle_poll": self.idle_poll,
             "shards": [str(Path(s).resolve()) for s in self.shards],
             "launcher": self.launcher,
             "processes": [p.record() for p in self.processes()],
@@ -619,7 +713,7 @@ class LocalDeployment:
     def stop(self, grace: float = GRACE_S) -> None:
         """Stop every process this deployment started, by PID (SuperNodes, then the
         SuperLink; SIGTERM, then SIGKILL after ``grace`` s). Safe to call twice."""
-        _stop_processes(self.supernodes, grace)
+        _stop_processes([*self.supernodes, *self.executors], grace)
         if self.superlink is not None:
             _stop_processes([self.superlink], grace)
         state = self.root / STATE_FILE

@@ -87,6 +87,8 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         port=args.port,
         database=args.database,
         task_poll=args.task_poll,
+        executor=args.executor,
+        idle_poll=args.idle_poll,
     )
     stop_requested: list[int] = []
 
@@ -113,6 +115,7 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
             return 0
         print(f"\nCtrl-C (or pflarena local-deploy --stop --dir {root}) stops everything")
         while dep.superlink is not None and dep.superlink.alive():
+            dep.supervise()  # a killed warm executor is a node failure: start it again
             time.sleep(1.0)
         print("the SuperLink exited; stopping the SuperNodes", file=sys.stderr)
         return 1
@@ -236,6 +239,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "default 1, Flower's: 0.1 answers sooner but costs CPU on every idle SuperNode)",
     )
     local.add_argument(
+        "--executor",
+        choices=("warm", "flower"),
+        default="warm",
+        help="what runs each SuperNode's messages: warm (default), pflarena's warm executor, one "
+        "forked child of a pre-imported parent per message, restarted if it dies while this "
+        "command runs in the foreground; flower, Flower's own, a fresh process per message",
+    )
+    local.add_argument(
+        "--idle-poll",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a SuperNode waits after finding no message (default: Flower's fixed 3 s; "
+        "a value runs the SuperNodes as `pflarena supernode --idle-poll S`)",
+    )
+    local.add_argument(
         "--detach", action="store_true", help="start, print how to use it, and leave it running"
     )
     local.add_argument("--stop", action="store_true", help="stop the deployment recorded in --dir")
@@ -288,3 +307,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     compose.add_argument("--out-dir", default=".", help="where the files go (default .)")
     compose.add_argument("--force", action="store_true", help="replace compose files that differ")
     compose.set_defaults(func=_cmd_compose)
+
+    # `pflarena executor ...` is dispatched before parsing (its flags are Flower's); this
+    # entry lists it in `pflarena --help`.
+    sub.add_parser(
+        "executor",
+        add_help=False,
+        help="a warm ClientApp executor: flower-superexec's flags, one forked child per message",
+        description="See `pflarena executor --help` (pflarena.server.executor).",
+    )
+    sub.add_parser(
+        "supernode",
+        add_help=False,
+        help="flower-supernode with --idle-poll S: its wait after an empty pull (Flower: 3 s)",
+        description="See pflarena.server.supernode.",
+    )

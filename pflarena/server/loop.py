@@ -135,10 +135,11 @@ def cross_evaluates(cfg: RunConfig, server_round: int) -> bool:
     return every == 0 or server_round % every == 0 or server_round == cfg.num_rounds
 
 
-def _client_time(replies: list[Message]) -> float:
-    """Summed wall time the clients report for their local solvers this round."""
+def _client_time(replies: list[Message], key: str = keys.TRAIN_TIME) -> float:
+    """Summed wall time (or, ``key=keys.TRAIN_CPU``, CPU time) the clients report for their
+    local solvers this round."""
     return sum(
-        float(m.content.metric_records[keys.METRICS].get(keys.TRAIN_TIME, 0.0))
+        float(m.content.metric_records[keys.METRICS].get(key, 0.0))
         for m in replies
         if not m.has_error() and keys.METRICS in m.content.metric_records
     )
@@ -260,6 +261,7 @@ def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any
         "loss": float(metrics[keys.TRAIN_LOSS]) if metrics and keys.TRAIN_LOSS in metrics else None,
         "sampled": sorted(strategy.client_ids.get(n, -1) for n in sampled),
         "client_time_s": sum(_client_time(e.replies) for e in exchanges),
+        "client_cpu_s": sum(_client_time(e.replies, keys.TRAIN_CPU) for e in exchanges),
         # whatever else the strategy reports about its own state (e.g. pFedGT's ‖θ‖)
         "server": {
             k: float(v)

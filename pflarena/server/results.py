@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "comparable_rounds",
     "ResultsWriter",
     "OutputDirError",
     "read_rounds",
@@ -111,6 +112,25 @@ def read_rounds(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 break
     return records
+
+
+#: Fields of a round record that two identical runs may differ in: wall-clock and CPU times.
+TIMING_KEYS = frozenset({"elapsed_s", "round_time_s", "train_time_s"})
+TRAIN_TIMING_KEYS = frozenset({"client_time_s", "client_cpu_s"})
+
+
+def comparable_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The round records without their timings (:data:`TIMING_KEYS`, and the clients'
+    solver times in ``train``): what two runs of the same seed must agree on."""
+    out = []
+    for record in rounds:
+        record = {k: v for k, v in record.items() if k not in TIMING_KEYS}
+        if "train" in record:
+            record["train"] = {
+                k: v for k, v in record["train"].items() if k not in TRAIN_TIMING_KEYS
+            }
+        out.append(record)
+    return out
 
 
 def completed_summary(run_dir: str | Path) -> dict[str, Any] | None:
