@@ -9,9 +9,10 @@ SuperNodes, then the SuperLink; SIGTERM, then SIGKILL after a grace period), als
 assertion fails. A failing assertion shows the tail of every process's log.
 
 A SuperNode polls for messages every 3 s (Flower's fixed interval; the ServerApp checks for
-replies every 1 s here, ``pflarena/server/polling.py``), and every message starts a new
-ClientApp process that imports Flower and torch (3-5 s of CPU), so a round takes 10-40 s here.
-The runs of a module go one after another: seven runs submitted at once on this deployment
+replies every 1 s here, ``pflarena/server/polling.py``), and every message runs in a child
+forked by the node's warm executor (``pflarena executor``, :mod:`pflarena.server.executor`;
+Flower's own executor starts a new process that imports Flower and torch, 3-5 s of CPU, per
+message: ``PFLARENA_TEST_EXECUTOR=flower`` runs the tests on it). The runs of a module go one after another: seven runs submitted at once on this deployment
 took longer than one after another on 2 cores (after 618 s one of them had completed; one
 after another they take ~100 s each), as the SuperNodes serve one message at a time and the
 ClientApp processes already keep both cores busy.
@@ -57,6 +58,8 @@ RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
 LOG_TAIL_LINES = 25
 TESTS_DIR = Path(__file__).resolve().parent
 PLUGINS = "pflarena_test_methods"
+#: ``flower``: the deployments run Flower's own ClientApp executor instead of pflarena's warm one.
+EXECUTOR_ENV = "PFLARENA_TEST_EXECUTOR"
 
 
 def flwr_run_args(connection: str, overrides: Path, app: Path) -> list[str]:
@@ -191,12 +194,15 @@ class Deployment:
     def start(self, shards: list[Path]) -> None:
         """The SuperLink, then one SuperNode per shard file, each with its own state-dir and
         its warm ClientApp executor (``--isolation process``: ``pflarena executor``, as
-        ``pflarena local-deploy`` starts it)."""
+        ``pflarena local-deploy`` starts it; ``PFLARENA_TEST_EXECUTOR=flower``: Flower's own,
+        started by the SuperNode)."""
         self.shards = shards
         self.port = self._port()
         self.start_superlink()
+        warm = os.environ.get(EXECUTOR_ENV, "warm") != "flower"
         for i, shard in enumerate(shards):
             runtime_port = self._port()
+            isolation = ["--isolation", "process"] if warm else []
             node = self._spawn(
                 f"supernode{i}",
                 [
@@ -206,8 +212,7 @@ class Deployment:
                     f"127.0.0.1:{self.port}",
                     "--port",
                     str(runtime_port),
-                    "--isolation",
-                    "process",
+                    *isolation,
                     # Node config values are parsed as TOML: a path must be quoted.
                     "--node-config",
                     f'data-path="{shard}" state-dir="{self.root / f"state-sn{i}"}"',
@@ -215,6 +220,8 @@ class Deployment:
                 self.root / f"home-sn{i}",
             )
             self.supernodes.append(node)
+            if not warm:
+                continue
             self.executors.append(
                 self._spawn(
                     f"executor{i}",
