@@ -307,7 +307,8 @@ def test_images_share_one_base_and_install_without_network() -> None:
     image with Python 3.11 of the installed flwr release, never the bare, Alpine tag) or
     from another stage; pip never reaches an index during the build; the app and edge
     images stand on one ``runtime`` stage (the dependencies' layer made once), the
-    dependencies in a stage of their own that the project's wheel does not enter."""
+    dependencies in a stage of their own that the project's wheel does not enter, copied
+    from the wheelhouse's image (not the build context)."""
     text = (ROOT / "docker" / "Dockerfile").read_text()
     version = compose.flower_version()
     assert f"ARG BASE_IMAGE=flwr/superexec:{version}-py3.11-ubuntu24.04" in text
@@ -315,13 +316,14 @@ def test_images_share_one_base_and_install_without_network() -> None:
         (m.group(2), m.group(1)) for m in re.finditer(r"^FROM (\S+) AS (\S+)$", text, re.M)
     )
     assert set(stages) >= {"superlink", "supernode", "app", "edge", "deps", "runtime"}
+    assert stages["wheelhouse"] == "${WHEELHOUSE}"
     for stage, parent in stages.items():
-        assert parent == "${BASE_IMAGE}" or parent in stages, (stage, parent)
+        assert parent in ("${BASE_IMAGE}", "${WHEELHOUSE}") or parent in stages, (stage, parent)
     assert stages["app"] == stages["edge"] == "runtime"
     installs = [line for line in text.splitlines() if "pip install" in line]
     assert installs and all("--no-index" in line for line in installs), installs
     deps = text[text.index("AS deps") : text.index("AS runtime")]
-    assert "pflarena-dist" not in deps and "build/wheelhouse" in deps
+    assert "pflarena-dist" not in deps and "COPY --from=wheelhouse /wheels/" in deps
     assert "COPY --from=deps /python/venv /python/venv" in text
     assert "-e ." not in text and "git clone" not in text
     constraints = (ROOT / "docker" / "constraints.txt").read_text()
@@ -357,9 +359,9 @@ def _deep_match(path: str, pattern: str) -> bool:
 
 
 def test_dockerignore_keeps_secrets_and_data_out_of_the_context() -> None:
-    """What docker/Dockerfile copies is in the build context; the virtual environment,
-    results, data, shards and certificates (the CA key, the node keys) are not, also
-    inside the folders the Dockerfile copies."""
+    """What docker/Dockerfile copies from the context is in it; the virtual environment,
+    results, data, shards, certificates (the CA key, the node keys) and the wheelhouse
+    (~3.4 GB, an image of its own) are not, also inside the folders the Dockerfile copies."""
     patterns = [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text().splitlines()
@@ -367,8 +369,6 @@ def test_dockerignore_keeps_secrets_and_data_out_of_the_context() -> None:
     ]
     for path in (
         "docker/Dockerfile",
-        "build/wheelhouse/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
-        "build/wheelhouse/requirements.txt",
         "build/pflarena-dist/pflarena-0.1.0-py3-none-any.whl",
     ):
         assert not _docker_ignored(patterns, path), path
@@ -380,9 +380,10 @@ def test_dockerignore_keeps_secrets_and_data_out_of_the_context() -> None:
         "certs/keys/supernode-0",
         "shards/client_0000.npz",
         "pflarena/server/app.py",
-        "build/wheelhouse/certs/ca.key",
+        "build/wheelhouse/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
         "build/pflarena-dist/shards/client_0000.npz",
-        "build/wheelhouse/superlink.key",
+        "build/pflarena-dist/certs/ca.key",
+        "docker/superlink.key",
     ):
         assert _docker_ignored(patterns, path), path
 
@@ -426,3 +427,58 @@ def test_certs_make_a_ca_and_certificates_that_verify(tmp_path: Path) -> None:
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert main(args) == 0
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:
+    """The images' requirements are pyproject.toml's dependencies, torch and torchvision at
+    the pinned builds (each once), nothing dropped."""
+    import tomllib
+
+    from pflarena.server import images
+
+    reqs = images.requirements()
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in reqs]
+    assert len(names) == len(set(names)), reqs
+    assert {"torch==2.14.1", "torchvision==0.29.1"} <= set(reqs)
+    for dep in declared:
+        name = re.split(r"[<>=\[ ]", dep, maxsplit=1)[0]
+        assert name in names, dep
+        if name not in ("torch", "torchvision"):
+            assert dep in reqs, dep
+
+
+def _tree(root: Path) -> Path:
+    for rel in ("docker/Dockerfile", "docker/wheelhouse.Dockerfile", ".dockerignore",
+                "docker/constraints.txt", "pyproject.toml", "pflarena/__init__.py"):  # fmt: skip
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    return root
+
+
+def test_image_digest_follows_every_input(tmp_path: Path) -> None:
+    """The digest that tags the test suite's images changes with the source, the Dockerfile,
+    the pins and the base image, and with nothing else (a stray file outside them)."""
+    from pflarena.server.images import inputs_digest
+
+    root = _tree(tmp_path)
+    before = inputs_digest(root, base="b")
+    assert inputs_digest(root, base="b") == before
+    (root / "notes.txt").write_text("not an input")
+    assert inputs_digest(root, base="b") == before
+    assert inputs_digest(root, base="other") != before
+    for rel in ("pflarena/__init__.py", "docker/Dockerfile", "docker/constraints.txt"):
+        text = (root / rel).read_text()
+        (root / rel).write_text(text + "#")
+        assert inputs_digest(root, base="b") != before, rel
+        (root / rel).write_text(text)
+    (root / "pflarena" / "new.py").write_text("")
+    assert inputs_digest(root, base="b") != before
+
+
+def test_images_refuse_an_unknown_target_before_building(tmp_path: Path) -> None:
+    from pflarena.server.images import build_images
+
+    with pytest.raises(ValueError, match="unknown image target"):
+        build_images(targets=["app", "gpu"], root=_tree(tmp_path))
+    assert not (tmp_path / "build").exists(), "nothing may be made"

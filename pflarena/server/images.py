@@ -6,9 +6,13 @@
 ``build/wheelhouse/``
     every dependency as a wheel (``pip wheel`` of pyproject.toml's dependencies with torch
     and torchvision pinned, under ``docker/constraints.txt``), with ``requirements.txt`` and
-    ``constraints.txt``. Made again only when those inputs change (``.inputs`` records them).
+    ``constraints.txt``. Made again only when those inputs change (``.inputs`` records them),
+    then put in an image of its own, ``pflarena-wheelhouse:<digest>``
+    (``docker/wheelhouse.Dockerfile``), from which ``docker/Dockerfile`` copies it: the
+    classic builder sends the whole build context on every build, and the wheels (~3.4 GB)
+    are sent once this way.
 ``build/pflarena-dist/``
-    the project's wheel, built from this source tree every time.
+    the project's wheel, built from this source tree every time (the build context).
 
 Then it builds the targets ``superlink``, ``supernode``, ``app`` and ``edge`` on one base
 image, tagged ``pflarena-<target>:<tag>``:
@@ -127,14 +131,32 @@ def make_wheelhouse(root: Path = ROOT, extra_index_url: str | None = None) -> Pa
     return out
 
 
+def make_wheelhouse_image(wheelhouse: Path, root: Path = ROOT) -> str:
+    """``pflarena-wheelhouse:<digest>``: the wheelhouse as an image; kept if it exists."""
+    name = f"pflarena-wheelhouse:{(wheelhouse / '.inputs').read_text()[:16]}"
+    if image_exists(name):
+        print(f"{name}: exists, kept")
+        return name
+    _run(
+        ["docker", "build", "-f", root / "docker" / "wheelhouse.Dockerfile", "-t", name,
+         wheelhouse],
+    )  # fmt: skip
+    return name
+
+
 def make_project_wheel(root: Path = ROOT) -> Path:
     """``build/pflarena-dist``: the project's wheel alone, built from the source tree."""
     out = root / "build" / "pflarena-dist"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    # setuptools builds under build/lib and would package files left there by an older tree.
+    shutil.rmtree(root / "build" / "lib", ignore_errors=True)
+    # Fixed timestamps in the zip: the same source, the same wheel, and docker's cache of
+    # the layer that installs it holds (it compares the files' content).
     _run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
          "--wheel-dir", out, root],
+        env=os.environ | {"SOURCE_DATE_EPOCH": "315532800"},
     )  # fmt: skip
     shutil.rmtree(root / "build" / "lib", ignore_errors=True)
     return out
@@ -216,10 +238,10 @@ def inputs_digest(root: Path = ROOT, base: str = "") -> str:
     digest = hashlib.sha256(base.encode())
     files = [
         root / "docker" / "Dockerfile",
+        root / "docker" / "wheelhouse.Dockerfile",
         root / ".dockerignore",
         root / "docker" / "constraints.txt",
         root / "pyproject.toml",
-        Path(__file__),
         *sorted(
             p
             for p in (root / "pflarena").rglob("*")
@@ -253,6 +275,7 @@ def build_images(
     times: dict[str, float] = {}
     t0 = time.monotonic()
     wheelhouse = make_wheelhouse(root, extra_index_url)
+    wheelhouse_image = make_wheelhouse_image(wheelhouse, root)
     times["wheelhouse"] = time.monotonic() - t0
     t0 = time.monotonic()
     make_project_wheel(root)
@@ -267,7 +290,8 @@ def build_images(
         names = [image_name(target, tag) for tag in tags]
         _run(
             ["docker", "build", "-f", root / "docker" / "Dockerfile", "--target", target,
-             "--build-arg", f"BASE_IMAGE={base}", *[a for n in names for a in ("-t", n)],
+             "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"WHEELHOUSE={wheelhouse_image}",
+             *[a for n in names for a in ("-t", n)],
              root],
         )  # fmt: skip
         times[target] = time.monotonic() - t0
