@@ -12,7 +12,7 @@ MAIN_JOB := --preset digits-main
 comma := ,
 space := $(subst ,, )
 
-.PHONY: setup run test lint generated clean-runs
+.PHONY: setup run test lint generated clean-runs images
 
 setup: $(VENV)/.installed
 
@@ -46,3 +46,11 @@ lint: setup
 # [tool.flwr.app.config] tables of pyproject.toml and docs/methods.md (tests check both).
 generated: setup
 	$(PY) -m pflarena.server.catalog
+
+# The container images pflarena-{superlink,supernode,app,edge}:latest (docker/Dockerfile), built
+# from a wheelhouse made here, so that `docker build` needs no network. LOCAL_BASE=1 where no
+# image can be pulled: the base is made here from Debian bookworm (debootstrap; needs root).
+# docs/deployment.md, "Containers".
+LOCAL_BASE ?=
+images: setup
+	$(PY) -m pflarena.server.images $(if $(LOCAL_BASE),--local-base)

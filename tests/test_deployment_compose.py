@@ -8,6 +8,8 @@ why). Fast: no process is started but openssl for the certificate test.
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
 import shutil
 import subprocess
@@ -23,8 +25,8 @@ from pflarena.server.compose import SUPERLINK_PORT, compose_files, load
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _files(n: int = 4, gpus: list[str] | None = None) -> dict[str, Any]:
-    return {name: load(text) for name, text in compose_files(n, gpus).items()}
+def _files(n: int = 4, gpus: list[str] | None = None, edge: int = 0) -> dict[str, Any]:
+    return {name: load(text) for name, text in compose_files(n, gpus, edge_nodes=edge).items()}
 
 
 def _option(command: list[str], flag: str) -> str:
@@ -33,18 +35,16 @@ def _option(command: list[str], flag: str) -> str:
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Compose's merge for what these files use: an override's ``command`` replaces the
-    base's, its ``volumes`` add to them, ``!reset`` removes a key."""
+    """Compose's merge for what the GPU override uses: its keys add to the base's services
+    (``volumes`` append, anything else replaces)."""
     merged = {name: dict(service) for name, service in base["services"].items()}
     for name, service in override["services"].items():
-        target = merged.setdefault(name, {})
+        assert name in merged, f"the override names {name}, which the base lacks"
         for key, value in service.items():
-            if isinstance(value, compose.Reset):
-                target.pop(key, None)
-            elif key == "volumes":
-                target[key] = [*target.get(key, []), *value]
+            if key == "volumes":
+                merged[name][key] = [*merged[name].get(key, []), *value]
             else:
-                target[key] = value
+                merged[name][key] = value
     return {"services": merged}
 
 
@@ -61,17 +61,19 @@ def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return found
 
 
+VARIANTS = {"plain": "docker-compose.yml", "tls": "docker-compose.tls.yml"}
+
+
 @pytest.mark.parametrize("variant", ["plain", "tls"])
 def test_every_supernode_has_its_gpu_shard_and_executor(variant: str) -> None:
-    """Per SuperNode: a distinct GPU, its own shard mounted read-only where its
-    ``data-path`` says, its own state volume, and executors that reach the right service
-    and port. Catches a generator that shares a GPU, a shard or a state volume, or points
-    an executor at the wrong node or port."""
+    """Per SuperNode: a distinct GPU (the GPU override on either variant), its own shard
+    mounted read-only where its ``data-path`` says (in its executor only), its own state
+    volume, and executors that reach the right service and port. Catches a generator that
+    shares a GPU, a shard or a state volume, mounts other shards, or points an executor at
+    the wrong node or port."""
     n, gpus = 4, ["3", "1", "0", "2"]
     files = _files(n, gpus)
-    spec = files["docker-compose.yml"]
-    if variant == "tls":
-        spec = _merge(spec, files["docker-compose.tls.yml"])
+    spec = _merge(files[VARIANTS[variant]], files["docker-compose.gpu.yml"])
     services = spec["services"]
     superlink = services["superlink"]["command"]
     assert _option(superlink, "--port") == str(SUPERLINK_PORT)
@@ -81,17 +83,21 @@ def test_every_supernode_has_its_gpu_shard_and_executor(variant: str) -> None:
     )
     seen_gpus, seen_shards, seen_state = [], set(), set()
     for i in range(n):
-        node = services[f"supernode-{i}"]["command"]
+        node = services[f"supernode-{i}"]
         executor = services[f"clientapp-{i}"]
-        assert _option(node, "--superlink") == f"superlink:{SUPERLINK_PORT}"
-        assert _option(node, "--isolation") == "process"
+        assert _option(node["command"], "--superlink") == f"superlink:{SUPERLINK_PORT}"
+        assert _option(node["command"], "--isolation") == "process"
         assert _option(executor["command"], "--runtime-api-address") == (
-            f"supernode-{i}:{_option(node, '--port')}"
+            f"supernode-{i}:{_option(node['command'], '--port')}"
         )
-        config = _node_config(node)
+        config = _node_config(node["command"])
         mounts = _mounts(executor)
         source, mode = mounts[config["data-path"]]
         assert (source, mode) == (f"./shards/client_{i:04d}.npz", "ro"), mounts
+        # No other shard in the executor, none at all in the SuperNode.
+        shard_mounts = [s for s, _ in mounts.values() if "shards" in s]
+        assert shard_mounts == [source], mounts
+        assert not [s for s, _ in _mounts(node).values() if "shards" in s], node
         seen_shards.add(source)
         seen_state.add(mounts[config["state-dir"]][0])
         (device,) = executor["deploy"]["resources"]["reservations"]["devices"]
@@ -101,35 +107,114 @@ def test_every_supernode_has_its_gpu_shard_and_executor(variant: str) -> None:
     assert len(seen_shards) == len(seen_state) == n
 
 
+def test_the_base_files_reserve_no_gpu() -> None:
+    """Without the GPU override nothing asks for a GPU, so the files start on any host."""
+    for name in VARIANTS.values():
+        for service, spec in _files(2)[name]["services"].items():
+            assert "deploy" not in spec, (name, service)
+
+
 def test_insecure_only_in_the_plain_variant() -> None:
-    """``--insecure`` on every Flower process of the plain file and nowhere once the TLS
-    override applies, where the SuperLink requires registered SuperNodes and each SuperNode
-    signs with its own key; the edge node never runs insecure."""
-    files = _files(3)
+    """``--insecure`` on every Flower process of the plain file and nowhere in the TLS one,
+    where the SuperLink requires registered SuperNodes and each SuperNode (edge nodes too)
+    signs with its own key; the remote edge node never runs insecure."""
+    files = _files(3, edge=1)
     plain = files["docker-compose.yml"]["services"]
     assert all("--insecure" in s["command"] for s in plain.values()), plain
-    secure = _merge(files["docker-compose.yml"], files["docker-compose.tls.yml"])["services"]
+    secure = files["docker-compose.tls.yml"]["services"]
     assert set(secure) == set(plain)
     for name, service in secure.items():
         assert "--insecure" not in service["command"], name
         assert "--root-certificates" in service["command"] or name == "superlink", name
     assert "--enable-supernode-auth" in secure["superlink"]["command"]
     keys = {
-        _option(secure[f"supernode-{i}"]["command"], "--auth-supernode-private-key")
-        for i in range(3)
+        _option(secure[node]["command"], "--auth-supernode-private-key")
+        for node in ("supernode-0", "supernode-1", "supernode-2", "edge-0")
     }
-    assert len(keys) == 3
+    assert len(keys) == 4
     edge = files["docker-compose.edge.yml"]["services"]["supernode"]["command"]
     assert "--insecure" not in edge and "--root-certificates" in edge
 
 
-def test_cpu_override_drops_the_gpus() -> None:
-    files = _files(2)
-    cpu = _merge(files["docker-compose.yml"], files["docker-compose.cpu.yml"])["services"]
-    for i in range(2):
-        assert "deploy" not in cpu[f"clientapp-{i}"]
-        assert cpu[f"clientapp-{i}"]["image"].endswith(":cpu")
-        assert "whl/cpu" in cpu[f"clientapp-{i}"]["build"]["args"]["TORCH_INDEX_URL"]
+def _published(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(host address, container port) of each published port; no address: every interface."""
+    found = []
+    for entry in service.get("ports", []):
+        parts = re.sub(r"\$\{[^}]*\}", "VAR", str(entry)).split(":")
+        address = parts[0] if len(parts) == 3 else "0.0.0.0"
+        found.append((address, parts[-1]))
+    return found
+
+
+def test_plain_http_is_published_on_loopback_only() -> None:
+    """The plain SuperLink's port (Fleet, Control and Runtime API, no TLS) is published on
+    127.0.0.1 alone; the TLS variant publishes it on every interface; nothing else is
+    published in either."""
+    for variant, address in (("plain", "127.0.0.1"), ("tls", "0.0.0.0")):
+        services = _files(2, edge=1)[VARIANTS[variant]]["services"]
+        assert _published(services["superlink"]) == [(address, str(SUPERLINK_PORT))], variant
+        others = {name: _published(s) for name, s in services.items() if name != "superlink"}
+        assert not any(others.values()), (variant, others)
+
+
+@pytest.mark.parametrize("variant", ["plain", "tls"])
+def test_services_wait_for_what_they_connect_to(variant: str) -> None:
+    """Start order: the SuperLink and every SuperNode have a healthcheck probing the port
+    they serve (over TLS in the TLS variant); whatever connects to a service waits until it
+    is healthy. Catches a missing or mistargeted ``depends_on`` or probe."""
+    services = _files(2, edge=1)[VARIANTS[variant]]["services"]
+    scheme = "https" if variant == "tls" else "http"
+    for name, service in services.items():
+        command = service["command"]
+        if "--port" in command:  # a server: its probe asks its own port
+            probe = " ".join(service["healthcheck"]["test"])
+            assert f"{scheme}://127.0.0.1:{_option(command, '--port')}/health" in probe, name
+        target = next(
+            (
+                _option(command, flag)
+                for flag in ("--superlink", "--runtime-api-address")
+                if flag in command
+            ),
+            None,
+        )
+        if target is None:
+            assert name == "superlink"
+            continue
+        host = target.split(":")[0]
+        assert service["depends_on"] == {host: {"condition": "service_healthy"}}, name
+        assert "healthcheck" in services[host], host
+
+
+def test_no_setting_that_does_nothing() -> None:
+    """``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION`` is read by the SuperLink only (which
+    gets the flag): no service sets it."""
+    for name, spec in _files(2, edge=1).items():
+        for service, body in spec["services"].items():
+            assert "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION" not in str(body), (name, service)
+
+
+def test_the_clientapp_executor_is_named_in_one_place() -> None:
+    """Every ``clientapp-i`` of both variants runs :func:`clientapp_executor`'s program."""
+    files = _files(3)
+    for variant, tls in (("plain", False), ("tls", True)):
+        services = files[VARIANTS[variant]]["services"]
+        for i in range(3):
+            expected = compose.clientapp_executor(f"supernode-{i}:9094", tls)
+            got = {k: services[f"clientapp-{i}"][k] for k in expected}
+            assert got == expected, (variant, i)
+
+
+def test_edge_nodes_are_limited_and_hold_the_next_shards() -> None:
+    """``--edge-nodes``: SuperNodes that run their ClientApps themselves, limited to one CPU
+    and 1 GiB, holding the shards after the SuperNodes'."""
+    services = _files(2, edge=2)["docker-compose.yml"]["services"]
+    for j in range(2):
+        edge = services[f"edge-{j}"]
+        assert edge["image"].startswith("pflarena-edge:")
+        assert _option(edge["command"], "--isolation") == "subprocess"
+        assert (edge["cpus"], edge["mem_limit"]) == (compose.EDGE_CPUS, compose.EDGE_MEMORY)
+        path = _node_config(edge["command"])["data-path"]
+        assert _mounts(edge)[path] == (f"./shards/client_{2 + j:04d}.npz", "ro")
 
 
 def test_committed_files_are_the_generated_ones() -> None:
@@ -138,10 +223,12 @@ def test_committed_files_are_the_generated_ones() -> None:
     expected = compose_files(
         2, ["0", "1"], command_line="pflarena compose --num-supernodes 2 --gpus 0,1"
     )
+    assert set(expected) == set(compose.COMPOSE_FILES)
     for name, text in expected.items():
         assert (ROOT / name).read_text() == text, (
             f"{name}: run `pflarena compose --num-supernodes 2 --gpus 0,1 --force`"
         )
+    assert not (ROOT / "docker-compose.cpu.yml").exists(), "a file no longer generated"
 
 
 @pytest.mark.parametrize(
@@ -170,66 +257,135 @@ def test_compose_never_replaces_a_differing_file(tmp_path: Path, capsys) -> None
     assert "superlink" in load((tmp_path / "docker-compose.yml").read_text())["services"]
 
 
-def _compose_command() -> list[str] | None:
+def _compose_commands() -> list[list[str]]:
+    """Every Compose installed here: the v2 plugin, the Python ``docker-compose``."""
+    found = []
     for cmd in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(cmd[0]) is None:
             continue
         probe = subprocess.run([*cmd, "version"], capture_output=True, text=True)
         if probe.returncode == 0:
-            return cmd
-    return None
+            found.append(cmd)
+    return found
 
 
 @pytest.mark.parametrize(
     "files",
     [
         ["docker-compose.yml"],
-        ["docker-compose.yml", "docker-compose.tls.yml"],
-        ["docker-compose.yml", "docker-compose.cpu.yml"],
+        ["docker-compose.tls.yml"],
+        ["docker-compose.yml", "docker-compose.gpu.yml"],
+        ["docker-compose.tls.yml", "docker-compose.gpu.yml"],
         ["docker-compose.edge.yml"],
     ],
 )
 def test_docker_compose_config_accepts_the_files(files: list[str]) -> None:
-    cmd = _compose_command()
-    if cmd is None:
+    """Every Compose installed here (v2 and the Python 1.29) accepts each file and the GPU
+    override on both variants."""
+    commands = _compose_commands()
+    if not commands:
         pytest.skip(
             "neither `docker compose` (v2 plugin) nor `docker-compose` is installed here; "
             "the files are checked as YAML by the other tests"
         )
     env = {
+        "PATH": os.environ.get("PATH", ""),
         "SUPERLINK_ADDRESS": "superlink.example:9091",
         "SHARD_FILE": "./s.npz",
         "NODE_KEY": "./k",
     }
     args = [a for name in files for a in ("-f", str(ROOT / name))]
-    result = subprocess.run(
-        [*cmd, *args, "config", "--quiet"], capture_output=True, text=True, env=env, cwd=ROOT
-    )
-    assert result.returncode == 0, result.stderr
+    for cmd in commands:
+        result = subprocess.run(
+            [*cmd, *args, "config", "--quiet"], capture_output=True, text=True, env=env, cwd=ROOT
+        )
+        assert result.returncode == 0, (cmd, result.stderr)
 
 
-def test_images_install_the_wheel_with_runtime_installation_off() -> None:
-    """The Dockerfile builds the wheel and installs it (no clone, no editable install) on
-    Flower's images of the installed flwr release, CPU torch for the edge image, and turns
-    runtime dependency installation off."""
+def test_images_share_one_base_and_install_without_network() -> None:
+    """docker/Dockerfile: every stage starts from ``BASE_IMAGE`` (by default Flower's Ubuntu
+    image with Python 3.11 of the installed flwr release, never the bare, Alpine tag) or
+    from another stage; pip never reaches an index during the build; the app and edge
+    images stand on one ``runtime`` stage (the dependencies' layer made once), the
+    dependencies in a stage of their own that the project's wheel does not enter, copied
+    from the wheelhouse's image (not the build context)."""
     text = (ROOT / "docker" / "Dockerfile").read_text()
     version = compose.flower_version()
-    assert f"ARG FLWR_VERSION={version}" in text
-    for image in (
-        "flwr/superexec:${FLWR_VERSION} AS app",
-        "flwr/supernode:${FLWR_VERSION} AS edge",
-    ):
-        assert f"FROM {image}" in text
-    assert (
-        text.count("pip install --no-cache-dir -c /tmp/constraints.txt /tmp/dist/pflarena-*.whl")
-        == 2
+    assert f"ARG BASE_IMAGE=flwr/superexec:{version}-py3.11-ubuntu24.04" in text
+    stages = dict(
+        (m.group(2), m.group(1)) for m in re.finditer(r"^FROM (\S+) AS (\S+)$", text, re.M)
     )
+    assert set(stages) >= {"superlink", "supernode", "app", "edge", "deps", "runtime"}
+    assert stages["wheelhouse"] == "${WHEELHOUSE}"
+    for stage, parent in stages.items():
+        assert parent in ("${BASE_IMAGE}", "${WHEELHOUSE}") or parent in stages, (stage, parent)
+    assert stages["app"] == stages["edge"] == "runtime"
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs and all("--no-index" in line for line in installs), installs
+    deps = text[text.index("AS deps") : text.index("AS runtime")]
+    assert "pflarena-dist" not in deps and "COPY --from=wheelhouse /wheels/" in deps
+    assert "COPY --from=deps /python/venv /python/venv" in text
     assert "-e ." not in text and "git clone" not in text
-    assert text.count("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1") == 2
-    edge = text[text.index("AS edge") :]
-    assert "download.pytorch.org/whl/cpu" in edge
     constraints = (ROOT / "docker" / "constraints.txt").read_text()
     assert f"flwr=={version}" in constraints.splitlines()
+
+
+def _docker_ignored(patterns: list[str], path: str) -> bool:
+    """Docker's .dockerignore rule: the last pattern that matches the path or one of its
+    parent directories decides; ``!`` lets a path back in."""
+    ignored = False
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        body = pattern[1:] if negate else pattern
+        body = body.rstrip("/")
+        for prefix in prefixes:
+            candidates = [body]
+            if body.startswith("**/"):
+                candidates.append(body[3:])
+            if any(fnmatch.fnmatchcase(prefix, c) or _deep_match(prefix, c) for c in candidates):
+                ignored = not negate
+                break
+    return ignored
+
+
+def _deep_match(path: str, pattern: str) -> bool:
+    if not pattern.startswith("**/"):
+        return False
+    tail = pattern[3:]
+    parts = path.split("/")
+    return any(fnmatch.fnmatchcase("/".join(parts[i:]), tail) for i in range(len(parts)))
+
+
+def test_dockerignore_keeps_secrets_and_data_out_of_the_context() -> None:
+    """What docker/Dockerfile copies from the context is in it; the virtual environment,
+    results, data, shards, certificates (the CA key, the node keys) and the wheelhouse
+    (~3.4 GB, an image of its own) are not, also inside the folders the Dockerfile copies."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for path in (
+        "docker/Dockerfile",
+        "build/pflarena-dist/pflarena-0.1.0-py3-none-any.whl",
+    ):
+        assert not _docker_ignored(patterns, path), path
+    for path in (
+        ".venv/bin/python",
+        "runs/main/summary.json",
+        "data/cifar10/x.bin",
+        "certs/ca.key",
+        "certs/keys/supernode-0",
+        "shards/client_0000.npz",
+        "pflarena/server/app.py",
+        "build/wheelhouse/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "build/pflarena-dist/shards/client_0000.npz",
+        "build/pflarena-dist/certs/ca.key",
+        "docker/superlink.key",
+    ):
+        assert _docker_ignored(patterns, path), path
 
 
 def test_certs_make_a_ca_and_certificates_that_verify(tmp_path: Path) -> None:
@@ -271,3 +427,58 @@ def test_certs_make_a_ca_and_certificates_that_verify(tmp_path: Path) -> None:
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert main(args) == 0
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:
+    """The images' requirements are pyproject.toml's dependencies, torch and torchvision at
+    the pinned builds (each once), nothing dropped."""
+    import tomllib
+
+    from pflarena.server import images
+
+    reqs = images.requirements()
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in reqs]
+    assert len(names) == len(set(names)), reqs
+    assert {"torch==2.14.1", "torchvision==0.29.1"} <= set(reqs)
+    for dep in declared:
+        name = re.split(r"[<>=\[ ]", dep, maxsplit=1)[0]
+        assert name in names, dep
+        if name not in ("torch", "torchvision"):
+            assert dep in reqs, dep
+
+
+def _tree(root: Path) -> Path:
+    for rel in ("docker/Dockerfile", "docker/wheelhouse.Dockerfile", ".dockerignore",
+                "docker/constraints.txt", "pyproject.toml", "pflarena/__init__.py"):  # fmt: skip
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    return root
+
+
+def test_image_digest_follows_every_input(tmp_path: Path) -> None:
+    """The digest that tags the test suite's images changes with the source, the Dockerfile,
+    the pins and the base image, and with nothing else (a stray file outside them)."""
+    from pflarena.server.images import inputs_digest
+
+    root = _tree(tmp_path)
+    before = inputs_digest(root, base="b")
+    assert inputs_digest(root, base="b") == before
+    (root / "notes.txt").write_text("not an input")
+    assert inputs_digest(root, base="b") == before
+    assert inputs_digest(root, base="other") != before
+    for rel in ("pflarena/__init__.py", "docker/Dockerfile", "docker/constraints.txt"):
+        text = (root / rel).read_text()
+        (root / rel).write_text(text + "#")
+        assert inputs_digest(root, base="b") != before, rel
+        (root / rel).write_text(text)
+    (root / "pflarena" / "new.py").write_text("")
+    assert inputs_digest(root, base="b") != before
+
+
+def test_images_refuse_an_unknown_target_before_building(tmp_path: Path) -> None:
+    from pflarena.server.images import build_images
+
+    with pytest.raises(ValueError, match="unknown image target"):
+        build_images(targets=["app", "gpu"], root=_tree(tmp_path))
+    assert not (tmp_path / "build").exists(), "nothing may be made"

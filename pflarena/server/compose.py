@@ -1,31 +1,39 @@
 """Docker compose files for a multi-node deployment (``pflarena compose``).
 
 Compose cannot loop, so the number of SuperNodes is set here, once, and the files are
-generated:
+generated. Every file works with Compose v2 (``docker compose``) and with the Python
+``docker-compose`` 1.29 (no ``!reset``, no ``--wait``):
 
 ``docker-compose.yml``
-    A SuperLink (``flwr/superlink`` with a ``/state`` its user owns, ``--isolation process``,
-    its state database on a volume), the ServerApp executor (``serverapp``: the app image running
-    ``flower-superexec`` against the SuperLink's port), and per SuperNode ``i`` a
-    ``supernode-i`` (``flwr/supernode``, ``--isolation process``, ``--node-config`` naming its
-    shard and ``state-dir``) with its ClientApp executor ``clientapp-i`` (the app image,
-    ``flower-superexec`` against ``supernode-i``'s Runtime API), pinned to one GPU by a device
-    reservation, its shard file mounted read-only and a volume for its client state. Plain
-    HTTP (``--insecure``).
+    Plain HTTP (``--insecure``), CPU. A SuperLink (``--isolation process``, its state
+    database on a volume, its one port published on **127.0.0.1 only**), the ServerApp
+    executor ``serverapp`` (writing results under ``/runs``, the host's ``./runs``), and per
+    SuperNode ``i`` a ``supernode-i`` (``--node-config`` naming its shard and ``state-dir``)
+    with its ClientApp executor ``clientapp-i`` (its shard file alone mounted read-only, a
+    volume for its client state). Optional edge nodes ``edge-j`` (``--edge-nodes``): a
+    SuperNode that runs its ClientApps itself, limited to :data:`EDGE_CPUS` CPUs and
+    :data:`EDGE_MEMORY` of memory.
 ``docker-compose.tls.yml``
-    An override: the same services with TLS everywhere and SuperNode authentication
+    The same services with TLS everywhere and SuperNode authentication
     (``--enable-supernode-auth``; each SuperNode signs with its own key), the files made by
     ``pflarena certs --out certs --superlink-host superlink --supernodes N --node-keys N``.
-    No ``--insecure`` remains.
-``docker-compose.cpu.yml``
-    An override: the same topology without GPUs (the device reservations reset, the
-    executors on the CPU build of the app image).
+    No ``--insecure`` anywhere; the SuperLink's port is published on every interface.
+    A complete file, not an override (an override cannot take a published port away).
+``docker-compose.gpu.yml``
+    An override for either: ``clientapp-i`` reserves GPU ``gpus[i]``.
 ``docker-compose.edge.yml``
-    One SuperNode on an edge device (the slim CPU image, the ClientApp in a subprocess of
-    the SuperNode) joining a remote SuperLink over TLS with its own key and shard.
+    One SuperNode on an edge device joining a remote SuperLink over TLS with its own key
+    and shard.
 
-Images are built from ``docker/Dockerfile`` (targets ``app`` and ``edge``), which installs the
-project's wheel on Flower's own images of the installed flwr version.
+Start order rests on healthchecks: the SuperLink and each SuperNode answer ``GET /health``
+on their HTTP port (probed with the image's Python), the executors and SuperNodes start once
+what they connect to is healthy (``depends_on: condition: service_healthy``).
+
+The images (``pflarena-<target>:${PFLARENA_TAG:-latest}``) are built by ``make images``
+(:mod:`pflarena.server.images`, ``docker/Dockerfile``); the files name them and do not build.
+Environment read by the files: ``PFLARENA_TAG`` (the images' tag), ``PFLARENA_PORT`` (the
+published port, default 9091), ``PFLARENA_UID``/``PFLARENA_GID`` (the user the ServerApp
+executor runs as, who owns what it writes under ``./runs``; default Flower's 49999).
 """
 
 from __future__ import annotations
@@ -39,8 +47,11 @@ import yaml
 
 __all__ = [
     "COMPOSE_FILES",
+    "EDGE_CPUS",
+    "EDGE_MEMORY",
     "SUPERLINK_PORT",
     "SUPERNODE_RUNTIME_PORT",
+    "clientapp_executor",
     "compose_files",
     "dump",
     "load",
@@ -53,34 +64,43 @@ SUPERNODE_RUNTIME_PORT = 9094
 COMPOSE_FILES = (
     "docker-compose.yml",
     "docker-compose.tls.yml",
-    "docker-compose.cpu.yml",
+    "docker-compose.gpu.yml",
     "docker-compose.edge.yml",
 )
-FAST_ROUNDS = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
-NO_INSTALL = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+#: An edge node's limits (the compose service's ``cpus`` and ``mem_limit``).
+EDGE_CPUS = 1.0
+EDGE_MEMORY = "1g"
+#: Where the CA's certificate is mounted in every container of the TLS variant.
+CA = "/certs/ca.crt"
+#: How often the healthchecks probe (each probe starts a Python interpreter: ~0.05 CPU-s).
+HEALTH_INTERVAL = "5s"
+TAG = "${PFLARENA_TAG:-latest}"
 
 
-class Reset:
-    """Compose's ``!reset`` tag (Compose 2.24+): an override removes the key."""
+def clientapp_executor(runtime_api: str, tls: bool) -> dict[str, Any]:
+    """The program that runs SuperNode ``i``'s ClientApp tasks (service ``clientapp-i``):
+    its ``entrypoint`` and ``command``. The one place that names it for every variant.
+
+    ``runtime_api`` is the SuperNode's Runtime API (``supernode-i:9094``); with ``tls`` the
+    executor verifies it with the CA."""
+    transport = ["--root-certificates", CA] if tls else ["--insecure"]
+    return {
+        "entrypoint": ["flower-superexec"],
+        "command": [*transport, "--runtime-api-address", runtime_api],
+    }
 
 
 class _Dumper(yaml.SafeDumper):
     pass
 
 
-_Dumper.add_representer(Reset, lambda dumper, _: dumper.represent_mapping("!reset", {}))
-
-
 class _Loader(yaml.SafeLoader):
     pass
 
 
-_Loader.add_constructor("!reset", lambda loader, node: Reset())
-
-
 def load(text: str) -> Any:
-    """Parse a compose file (understands ``!reset``)."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader with one extra tag
+    """Parse a compose file."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
 
 
 def dump(data: Any, header: str) -> str:
@@ -89,7 +109,7 @@ def dump(data: Any, header: str) -> str:
 
 
 def flower_version() -> str:
-    """The installed flwr release: the Flower images' tag."""
+    """The installed flwr release."""
     return version("flwr")
 
 
@@ -98,25 +118,208 @@ def _node_config(shard_name: str) -> str:
     return f'data-path="/data/{shard_name}" state-dir="/state"'
 
 
+def healthcheck(port: int, tls: bool) -> dict[str, Any]:
+    """``GET /health`` on ``port`` inside the container, with the image's Python (Flower's
+    images have no curl); over TLS verified with the CA (the certificates name 127.0.0.1)."""
+    scheme, context = (
+        ("https", f"ssl.create_default_context(cafile='{CA}')") if tls else ("http", "None")
+    )
+    probe = (
+        "import ssl, urllib.request; "
+        f"urllib.request.urlopen('{scheme}://127.0.0.1:{port}/health', timeout=4, context={context})"
+    )
+    return {
+        "test": ["CMD", "python", "-c", probe],
+        "interval": HEALTH_INTERVAL,
+        "timeout": "5s",
+        "retries": 3,
+        "start_period": "120s",
+    }
+
+
+def _healthy(*services: str) -> dict[str, Any]:
+    return {name: {"condition": "service_healthy"} for name in services}
+
+
+def _services(
+    num_supernodes: int,
+    edge_nodes: int,
+    tls: bool,
+    *,
+    shards_dir: str,
+    certs_dir: str,
+    runs_dir: str,
+    prefix: str,
+) -> dict[str, Any]:
+    """One variant's whole file (plain HTTP or TLS with SuperNode authentication)."""
+    superlink = f"superlink:{SUPERLINK_PORT}"
+    transport = ["--root-certificates", CA] if tls else ["--insecure"]
+    ca_mount = [f"{certs_dir}/ca.crt:{CA}:ro"] if tls else []
+
+    def image(target: str) -> str:
+        return f"{prefix}-{target}:{TAG}"
+
+    if tls:
+        superlink_transport = [
+            "--ssl-ca-certfile", CA, "--ssl-certfile", "/certs/superlink.pem",
+            "--ssl-keyfile", "/certs/superlink.key", "--enable-supernode-auth",
+        ]  # fmt: skip
+        superlink_mounts = [
+            *ca_mount,
+            f"{certs_dir}/superlink.pem:/certs/superlink.pem:ro",
+            f"{certs_dir}/superlink.key:/certs/superlink.key:ro",
+        ]
+        # TLS: reachable from other hosts (SuperNodes elsewhere, the flwr CLI).
+        published = f"${{PFLARENA_PORT:-{SUPERLINK_PORT}}}:{SUPERLINK_PORT}"
+    else:
+        superlink_transport, superlink_mounts = ["--insecure"], []
+        # Plain HTTP serves the Control and Runtime APIs to whoever reaches the port: this
+        # host only.
+        published = f"127.0.0.1:${{PFLARENA_PORT:-{SUPERLINK_PORT}}}:{SUPERLINK_PORT}"
+
+    services: dict[str, Any] = {
+        "superlink": {
+            "image": image("superlink"),
+            "command": [
+                *superlink_transport,
+                "--isolation",
+                "process",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(SUPERLINK_PORT),
+                "--database",
+                "/state/superlink.db",
+                "--disable-runtime-dependency-installation",
+            ],  # fmt: skip
+            "ports": [published],
+            "volumes": ["superlink-state:/state", *superlink_mounts],
+            "healthcheck": healthcheck(SUPERLINK_PORT, tls),
+            "restart": "unless-stopped",
+        },
+        "serverapp": {
+            "image": image("app"),
+            "entrypoint": ["flower-superexec"],
+            "command": [*transport, "--runtime-api-address", superlink],
+            # The ServerApp writes results under /runs (output-dir='/runs/NAME') as this
+            # user, so that they belong to whoever runs compose (PFLARENA_UID=$(id -u));
+            # HOME is writable by any user.
+            "user": "${PFLARENA_UID:-49999}:${PFLARENA_GID:-49999}",
+            "environment": {"HOME": "/tmp"},
+            # It reads the shards' manifest (shards-dir='/shards') for the data's description.
+            "volumes": [f"{runs_dir}:/runs", f"{shards_dir}:/shards:ro", *ca_mount],
+            "depends_on": _healthy("superlink"),
+            "restart": "unless-stopped",
+        },
+    }
+    volumes: dict[str, Any] = {"superlink-state": {}}
+    for i in range(num_supernodes):
+        node, shard = f"supernode-{i}", f"client_{i:04d}.npz"
+        runtime_tls, node_mounts = [], []
+        if tls:
+            runtime_tls = [
+                "--auth-supernode-private-key", f"/keys/{node}",
+                "--ssl-certfile", f"/certs/{node}.pem", "--ssl-keyfile", f"/certs/{node}.key",
+                "--ssl-ca-certfile", CA,
+            ]  # fmt: skip
+            node_mounts = [
+                *ca_mount,
+                f"{certs_dir}/{node}.pem:/certs/{node}.pem:ro",
+                f"{certs_dir}/{node}.key:/certs/{node}.key:ro",
+                f"{certs_dir}/keys/{node}:/keys/{node}:ro",
+            ]
+        services[node] = {
+            "image": image("supernode"),
+            "command": [
+                *transport,
+                "--superlink",
+                superlink,
+                *runtime_tls,
+                "--isolation",
+                "process",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(SUPERNODE_RUNTIME_PORT),
+                "--node-config",
+                _node_config(shard),
+            ],  # fmt: skip
+            **({"volumes": node_mounts} if node_mounts else {}),
+            "healthcheck": healthcheck(SUPERNODE_RUNTIME_PORT, tls),
+            "depends_on": _healthy("superlink"),
+            # With authentication a node is refused (exit 305) until its key is registered.
+            "restart": "unless-stopped",
+        }
+        services[f"clientapp-{i}"] = {
+            "image": image("app"),
+            **clientapp_executor(f"{node}:{SUPERNODE_RUNTIME_PORT}", tls),
+            "volumes": [
+                f"{shards_dir}/{shard}:/data/{shard}:ro",
+                f"{node}-state:/state",
+                *ca_mount,
+            ],
+            "depends_on": _healthy(node),
+            "restart": "unless-stopped",
+        }
+        volumes[f"{node}-state"] = {}
+    for j in range(edge_nodes):
+        node, shard = f"edge-{j}", f"client_{num_supernodes + j:04d}.npz"
+        key = f"supernode-{num_supernodes + j}"
+        auth = ["--auth-supernode-private-key", f"/keys/{key}"] if tls else []
+        services[node] = {
+            "image": image("edge"),
+            "command": [
+                *transport,
+                "--superlink",
+                superlink,
+                *auth,
+                "--isolation",
+                "subprocess",
+                "--node-config",
+                _node_config(shard),
+            ],  # fmt: skip
+            "volumes": [
+                f"{shards_dir}/{shard}:/data/{shard}:ro",
+                f"{node}-state:/state",
+                *ca_mount,
+                *([f"{certs_dir}/keys/{key}:/keys/{key}:ro"] if tls else []),
+            ],
+            # An edge device: one CPU and 1 GiB (a degraded link is added with tc netem in
+            # its network namespace: docs/deployment.md).
+            "cpus": EDGE_CPUS,
+            "mem_limit": EDGE_MEMORY,
+            "depends_on": _healthy("superlink"),
+            "restart": "unless-stopped",
+        }
+        volumes[f"{node}-state"] = {}
+    return {"services": services, "volumes": volumes}
+
+
 def compose_files(
     num_supernodes: int,
     gpus: Sequence[str] | None = None,
     *,
+    edge_nodes: int = 0,
     shards_dir: str = "./shards",
     certs_dir: str = "./certs",
     runs_dir: str = "./runs",
-    image: str = "pflarena-app",
+    image: str = "pflarena",
     command_line: str = "",
 ) -> dict[str, str]:
-    """The four compose files' text for ``num_supernodes`` SuperNodes.
+    """The four compose files' text for ``num_supernodes`` SuperNodes (and ``edge_nodes``
+    edge nodes after them).
 
-    ``gpus[i]`` is the GPU (a device id) of SuperNode ``i``'s ClientApp executor; by default
-    ``0 .. N-1``. SuperNode ``i`` holds ``<shards_dir>/client_<i:04d>.npz`` (the files
-    ``pflarena shards`` writes). Raises ``ValueError`` for a count below 1, or GPUs that are
-    not one distinct id per SuperNode.
+    ``gpus[i]`` is the GPU (a device id) of SuperNode ``i``'s ClientApp executor in
+    ``docker-compose.gpu.yml``; by default ``0 .. N-1``. SuperNode ``i`` holds
+    ``<shards_dir>/client_<i:04d>.npz`` (the files ``pflarena shards`` writes), edge node
+    ``j`` the file ``N + j``. Images are ``<image>-<target>``. Raises ``ValueError`` for a
+    count below 1, a negative number of edge nodes, or GPUs that are not one distinct id per
+    SuperNode.
     """
     if num_supernodes < 1:
         raise ValueError("--num-supernodes must be at least 1")
+    if edge_nodes < 0:
+        raise ValueError("--edge-nodes must be 0 or more")
     gpus = (
         [str(g).strip() for g in gpus]
         if gpus is not None
@@ -128,213 +331,81 @@ def compose_files(
         )
     if any(not g for g in gpus) or len(set(gpus)) != len(gpus):
         raise ValueError(f"--gpus must be distinct, non-empty device ids, got {','.join(gpus)}")
-    flwr = flower_version()
     header = (
         f"Generated by `{command_line or f'pflarena compose --num-supernodes {num_supernodes}'}`"
-        "; do not edit.\nSee docs/deployment.md."
+        "; do not edit.\nSee docs/deployment.md. Images: `make images`."
     )
-    superlink = f"superlink:{SUPERLINK_PORT}"
-    shard = [f"client_{i:04d}.npz" for i in range(num_supernodes)]
-    app_build = {"context": ".", "dockerfile": "docker/Dockerfile", "target": "app"}
-
-    # The SuperLink's serving flags, the same with and without TLS (an override file
-    # replaces a service's whole command, so the TLS file repeats them after its own).
-    superlink_serves = [
-        "--isolation", "process", "--host", "0.0.0.0", "--port", str(SUPERLINK_PORT),
-        "--database", "/state/superlink.db", "--disable-runtime-dependency-installation",
-    ]  # fmt: skip
-
-    # ------------------------------------------------------------------ docker-compose.yml
-    services: dict[str, Any] = {
-        "superlink": {
-            "build": app_build | {"target": "superlink"},
-            "image": f"{image}:superlink",
-            "command": ["--insecure", *superlink_serves],
-            "ports": [f"{SUPERLINK_PORT}:{SUPERLINK_PORT}"],
-            "volumes": ["superlink-state:/state"],
-            "restart": "unless-stopped",
-        },
-        "serverapp": {
-            "build": app_build,
-            "image": f"{image}:gpu",
-            "command": ["--insecure", "--runtime-api-address", superlink],
-            "environment": FAST_ROUNDS | NO_INSTALL,
-            # The ServerApp writes results under /runs (output-dir='/runs/NAME') and reads
-            # the shards' manifest (shards-dir='/shards') for the data's description.
-            "volumes": [f"{runs_dir}:/runs", f"{shards_dir}:/shards:ro"],
-            "depends_on": ["superlink"],
-            "restart": "unless-stopped",
-        },
-    }
-    volumes: dict[str, Any] = {"superlink-state": {}}
-    for i in range(num_supernodes):
-        services[f"supernode-{i}"] = {
-            "image": f"flwr/supernode:{flwr}",
-            "command": [
-                "--insecure",
-                "--superlink",
-                superlink,
-                "--isolation",
-                "process",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SUPERNODE_RUNTIME_PORT),
-                "--node-config",
-                _node_config(shard[i]),
-            ],  # fmt: skip
-            "depends_on": ["superlink"],
-            "restart": "unless-stopped",
-        }
-        services[f"clientapp-{i}"] = {
-            "build": app_build,
-            "image": f"{image}:gpu",
-            "command": [
-                "--insecure",
-                "--runtime-api-address",
-                f"supernode-{i}:{SUPERNODE_RUNTIME_PORT}",
-            ],  # fmt: skip
-            "environment": FAST_ROUNDS | NO_INSTALL,
-            "volumes": [
-                f"{shards_dir}/{shard[i]}:/data/{shard[i]}:ro",
-                f"supernode-{i}-state:/state",
-            ],
-            "deploy": {
-                "resources": {
-                    "reservations": {
-                        "devices": [
-                            {"driver": "nvidia", "device_ids": [gpus[i]], "capabilities": ["gpu"]}
-                        ]
+    dirs = {"shards_dir": shards_dir, "certs_dir": certs_dir, "runs_dir": runs_dir}
+    plain = _services(num_supernodes, edge_nodes, False, prefix=image, **dirs)
+    secure = _services(num_supernodes, edge_nodes, True, prefix=image, **dirs)
+    gpu = {
+        "services": {
+            f"clientapp-{i}": {
+                "deploy": {
+                    "resources": {
+                        "reservations": {
+                            "devices": [
+                                {
+                                    "driver": "nvidia",
+                                    "device_ids": [gpus[i]],
+                                    "capabilities": ["gpu"],
+                                }
+                            ]
+                        }
                     }
                 }
-            },
-            "depends_on": ["serverapp", f"supernode-{i}"],
-            "restart": "unless-stopped",
+            }
+            for i in range(num_supernodes)
         }
-        volumes[f"supernode-{i}-state"] = {}
-    base = {"name": "pflarena", "services": services, "volumes": volumes}
-
-    # ------------------------------------------------------------------ docker-compose.tls.yml
-    ca = "/certs/ca.crt"
-    tls: dict[str, Any] = {
-        "superlink": {
-            "command": [
-                "--ssl-ca-certfile",
-                ca,
-                "--ssl-certfile",
-                "/certs/superlink.pem",
-                "--ssl-keyfile",
-                "/certs/superlink.key",
-                "--enable-supernode-auth",
-                *superlink_serves,
-            ],  # fmt: skip
-            "volumes": [
-                f"{certs_dir}/ca.crt:{ca}:ro",
-                f"{certs_dir}/superlink.pem:/certs/superlink.pem:ro",
-                f"{certs_dir}/superlink.key:/certs/superlink.key:ro",
-            ],
-        },
-        "serverapp": {
-            "command": ["--root-certificates", ca, "--runtime-api-address", superlink],
-            "volumes": [f"{certs_dir}/ca.crt:{ca}:ro"],
-        },
     }
-    for i in range(num_supernodes):
-        node = f"supernode-{i}"
-        tls[node] = {
-            "command": [
-                "--root-certificates",
-                ca,
-                "--superlink",
-                superlink,
-                "--auth-supernode-private-key",
-                f"/keys/{node}",
-                "--isolation",
-                "process",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SUPERNODE_RUNTIME_PORT),
-                "--ssl-certfile",
-                f"/certs/{node}.pem",
-                "--ssl-keyfile",
-                f"/certs/{node}.key",
-                "--ssl-ca-certfile",
-                ca,
-                "--node-config",
-                _node_config(shard[i]),
-            ],  # fmt: skip
-            "volumes": [
-                f"{certs_dir}/ca.crt:{ca}:ro",
-                f"{certs_dir}/{node}.pem:/certs/{node}.pem:ro",
-                f"{certs_dir}/{node}.key:/certs/{node}.key:ro",
-                f"{certs_dir}/keys/{node}:/keys/{node}:ro",
-            ],
-            # Refused until its key is registered (`flwr supernode register`): retry.
-            "restart": "on-failure",
-        }
-        tls[f"clientapp-{i}"] = {
-            "command": [
-                "--root-certificates",
-                ca,
-                "--runtime-api-address",
-                f"{node}:{SUPERNODE_RUNTIME_PORT}",
-            ],  # fmt: skip
-            "volumes": [f"{certs_dir}/ca.crt:{ca}:ro"],
-        }
-
-    # ------------------------------------------------------------------ docker-compose.cpu.yml
-    cpu_build = app_build | {"args": {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"}}
-    cpu: dict[str, Any] = {"serverapp": {"build": cpu_build, "image": f"{image}:cpu"}}
-    for i in range(num_supernodes):
-        cpu[f"clientapp-{i}"] = {"build": cpu_build, "image": f"{image}:cpu", "deploy": Reset()}
-
-    # ------------------------------------------------------------------ docker-compose.edge.yml
     edge = {
-        "name": "pflarena-edge",
         "services": {
             "supernode": {
-                "build": {"context": ".", "dockerfile": "docker/Dockerfile", "target": "edge"},
-                "image": f"{image}:edge",
+                "image": f"{image}-edge:{TAG}",
                 "command": [
                     "--root-certificates",
-                    ca,
+                    CA,
                     "--superlink",
                     "${SUPERLINK_ADDRESS:?host:port of the SuperLink}",
                     "--auth-supernode-private-key",
                     "/keys/supernode",
+                    "--isolation",
+                    "subprocess",
                     "--node-config",
                     _node_config("shard.npz"),
                 ],  # fmt: skip
-                "environment": FAST_ROUNDS | NO_INSTALL,
                 "volumes": [
                     "${SHARD_FILE:?this node's shard file}:/data/shard.npz:ro",
-                    "${CA_CERT:-./certs/ca.crt}:" + ca + ":ro",
+                    "${CA_CERT:-./certs/ca.crt}:" + CA + ":ro",
                     "${NODE_KEY:?this node's private key}:/keys/supernode:ro",
                     "edge-state:/state",
                 ],
-                "restart": "on-failure",
+                "restart": "unless-stopped",
             }
         },
         "volumes": {"edge-state": {}},
     }
+    up = "docker-compose -f"  # Compose v2: `docker compose -f`
     return {
-        "docker-compose.yml": dump(base, header),
-        "docker-compose.tls.yml": dump(
-            {"services": tls},
-            header + "\nTLS and SuperNode authentication: docker compose -f docker-compose.yml "
-            "-f docker-compose.tls.yml up",
+        "docker-compose.yml": dump(
+            plain,
+            header + f"\nPlain HTTP, published on 127.0.0.1 only: {up} docker-compose.yml up -d",
         ),
-        "docker-compose.cpu.yml": dump(
-            {"services": cpu},
-            header + "\nNo GPUs: docker compose -f docker-compose.yml -f docker-compose.cpu.yml up "
-            "(Compose 2.24+ for !reset)",
+        "docker-compose.tls.yml": dump(
+            secure,
+            header + "\nTLS and SuperNode authentication (the port on every interface): "
+            f"{up} docker-compose.tls.yml up -d superlink,\nregister the keys "
+            "(flwr supernode register), then the same without `superlink`.",
+        ),
+        "docker-compose.gpu.yml": dump(
+            gpu,
+            header + f"\nOne GPU per ClientApp executor: {up} docker-compose.yml "
+            "-f docker-compose.gpu.yml up -d (or on docker-compose.tls.yml).",
         ),
         "docker-compose.edge.yml": dump(
             edge,
             header + "\nOne SuperNode on an edge device: SUPERLINK_ADDRESS=host:9091 "
-            "SHARD_FILE=./shard.npz NODE_KEY=./supernode docker compose -f "
-            "docker-compose.edge.yml up",
+            f"SHARD_FILE=./shard.npz NODE_KEY=./supernode {up} docker-compose.edge.yml up -d",
         ),
     }
 

@@ -163,11 +163,14 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 
     gpus = [g for g in args.gpus.split(",")] if args.gpus else None
     command = f"pflarena compose --num-supernodes {args.num_supernodes}"
+    if args.edge_nodes:
+        command += f" --edge-nodes {args.edge_nodes}"
     if args.gpus:
         command += f" --gpus {args.gpus}"
     files = compose_files(
         args.num_supernodes,
         gpus,
+        edge_nodes=args.edge_nodes,
         shards_dir=args.shards_dir,
         certs_dir=args.certs_dir,
         runs_dir=args.runs_dir,
@@ -176,15 +179,18 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     )
     for path in write_compose_files(files, Path(args.out_dir), force=args.force):
         print(f"wrote {path}")
-    n = args.num_supernodes
+    n = args.num_supernodes + args.edge_nodes
     print(
-        f"\nshards: pflarena shards --num-clients {n} --out {args.shards_dir} ...\n"
-        "GPUs:    docker compose up --build\n"
-        "no GPU:  docker compose -f docker-compose.yml -f docker-compose.cpu.yml up --build\n"
+        f"\nshards:  pflarena shards --num-clients {n} --out {args.shards_dir} ...\n"
+        "images:  make images   (no registry: make images LOCAL_BASE=1, as root)\n"
+        f"results: mkdir -p {args.runs_dir}; export PFLARENA_UID=$(id -u) PFLARENA_GID=$(id -g)\n"
+        "plain:   docker-compose up -d          (port 9091 on 127.0.0.1 only)\n"
+        "GPUs:    docker-compose -f docker-compose.yml -f docker-compose.gpu.yml up -d\n"
         f"TLS:     pflarena certs --out {args.certs_dir} --superlink-host superlink "
-        f"--supernodes {n} --node-keys {n}\n"
-        "         docker compose -f docker-compose.yml -f docker-compose.tls.yml up --build\n"
-        'then, from the host: flwr run . <connection> --run-config "num-clients='
+        f"--supernodes {args.num_supernodes} --node-keys {n}\n"
+        "         docker-compose -f docker-compose.tls.yml up -d superlink; flwr supernode "
+        "register ...; docker-compose -f docker-compose.tls.yml up -d\n"
+        'then, from the host: flwr run <app> <connection> --run-config "num-clients='
         f"{n} shards-dir='/shards' output-dir='/runs/NAME'\" (docs/deployment.md)"
     )
     return 0
@@ -289,12 +295,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     compose = sub.add_parser(
         "compose",
-        help="write docker-compose.yml (one SuperNode per GPU) and its TLS, CPU and edge files",
-        description="Write docker-compose.yml (a SuperLink, the ServerApp executor, and N "
-        "SuperNodes, each with its ClientApp executor pinned to one GPU, its shard mounted "
-        "read-only and a state volume), docker-compose.tls.yml (TLS and SuperNode "
-        "authentication), docker-compose.cpu.yml (no GPUs) and docker-compose.edge.yml (one "
-        "SuperNode joining a remote SuperLink). Compose cannot loop: N is set here.",
+        help="write docker-compose.yml (N SuperNodes) and its TLS, GPU and edge files",
+        description="Write docker-compose.yml (a SuperLink published on 127.0.0.1, the "
+        "ServerApp executor, and N SuperNodes, each with its ClientApp executor, its shard "
+        "mounted read-only and a state volume; plain HTTP), docker-compose.tls.yml (the same "
+        "with TLS and SuperNode authentication), docker-compose.gpu.yml (an override: one GPU "
+        "per ClientApp executor) and docker-compose.edge.yml (one SuperNode joining a remote "
+        "SuperLink). Compose cannot loop: N is set here. Images: `make images`.",
     )
     compose.add_argument("--num-supernodes", type=int, required=True, metavar="N")
     compose.add_argument(
@@ -303,10 +310,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     compose.add_argument("--shards-dir", default="./shards", help="host directory of the shards")
     compose.add_argument("--certs-dir", default="./certs", help="host directory of the TLS files")
     compose.add_argument("--runs-dir", default="./runs", help="host directory for results")
-    compose.add_argument("--image", default="pflarena-app", help="the app image's name")
+    compose.add_argument(
+        "--edge-nodes",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also K edge nodes (1 CPU, 1 GiB; shards N..N+K-1; default 0)",
+    )
+    compose.add_argument(
+        "--image",
+        default="pflarena",
+        help="the images' prefix: <prefix>-<target> (default pflarena)",
+    )
     compose.add_argument("--out-dir", default=".", help="where the files go (default .)")
     compose.add_argument("--force", action="store_true", help="replace compose files that differ")
     compose.set_defaults(func=_cmd_compose)
+
+    from pflarena.server import images
+
+    images.add_parser(sub)
 
     # `pflarena executor ...` is dispatched before parsing (its flags are Flower's); this
     # entry lists it in `pflarena --help`.
