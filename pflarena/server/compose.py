@@ -81,11 +81,13 @@ def clientapp_executor(runtime_api: str, tls: bool) -> dict[str, Any]:
     """The program that runs SuperNode ``i``'s ClientApp tasks (service ``clientapp-i``):
     its ``entrypoint`` and ``command``. The one place that names it for every variant.
 
-    ``runtime_api`` is the SuperNode's Runtime API (``supernode-i:9094``); with ``tls`` the
-    executor verifies it with the CA."""
+    pflarena's warm executor (``pflarena executor``, :mod:`pflarena.server.executor`: one
+    forked child of a pre-imported parent per message; ``pflarena executor --stock`` is
+    Flower's ``flower-superexec``). ``runtime_api`` is the SuperNode's Runtime API
+    (``supernode-i:9094``); with ``tls`` the executor verifies it with the CA."""
     transport = ["--root-certificates", CA] if tls else ["--insecure"]
     return {
-        "entrypoint": ["flower-superexec"],
+        "entrypoint": ["pflarena", "executor"],
         "command": [*transport, "--runtime-api-address", runtime_api],
     }
 
