@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, MessageType, MetricRecord
 from helpers import build_strategy, grid_for, run_local
 
 from pflarena.core import keys
+from pflarena.core.federation import load_server_data
 from pflarena.server.registry import parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES
 
@@ -133,13 +134,14 @@ def test_forged_replies_are_rejected_and_cost_only_their_sender(method, tmp_path
         "num-rounds": 1,
         "fraction-train": 1.0,
         "lr": 0.1,
+        "max-failure-fraction": 1.0,  # most clients forge: the round must still go on
         **NEEDS.get(method, {}),
     }
     cfg = parse_config(values)
     grid = grid_for(cfg)
     forger = Forger(grid, TRAIN_FORGERIES)
     grid.reply_filter = forger
-    strategy = build_strategy(cfg)
+    strategy = build_strategy(cfg, load_server_data(cfg.federation_spec()))
     outcome = run_local(cfg, tmp_path, grid=grid, strategy=strategy)
 
     assert forger.forged.get(forger.evaluator) == "1e9 correct of 1e9"

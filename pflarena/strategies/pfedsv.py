@@ -352,7 +352,11 @@ class PFedSV(MultiExchangeStrategy):
     def _check_answer(self, content: RecordDict) -> str | None:
         if RELEVANCE not in content.array_records:
             return None
-        return vector_problem(content, RELEVANCE, {"relevance": (self.num_clients,)})
+        return vector_problem(
+            content,
+            RELEVANCE,
+            {"relevance": (self.num_clients,), "values": (None,), "players": (None,)},
+        )
 
     def _personalize_message(
         self, server_round: int, node: int, upload: Message, available: set[int], head: list[str]

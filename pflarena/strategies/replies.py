@@ -294,13 +294,13 @@ def _bound_problem(name: str, values: np.ndarray, reference: ArrayRecord | None)
 
 
 def vector_problem(
-    content: RecordDict, key: str, shapes: Mapping[str, Sequence[int]]
+    content: RecordDict, key: str, shapes: Mapping[str, Sequence[int | None]]
 ) -> str | None:
     """Why a reply's ArrayRecord ``key`` of small numeric vectors is unusable, or ``None``.
 
     For a record whose values are the method's own (weights, histograms, memberships; the
     method checks their range): exactly the arrays of ``shapes``, in that order, each of
-    its shape, numeric, finite, and of norm at most :data:`MAX_NORM`.
+    its shape (``None``: a length the method does not fix), numeric, finite, and of norm at most :data:`MAX_NORM`.
     """
     _mark_read(key)
     if key not in content.array_records:
@@ -313,7 +313,10 @@ def vector_problem(
             values = record[name].numpy()
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are the client's fault
             return f"{key!r} array {name!r} cannot be decoded: {exc}"
-        if values.shape != tuple(shape):
+        if len(values.shape) != len(shape) or any(
+            size is not None and size != actual
+            for size, actual in zip(shape, values.shape, strict=True)
+        ):
             return f"{key!r} array {name!r} has shape {values.shape}, expected {tuple(shape)}"
         if values.dtype.kind not in "iuf":
             return f"{key!r} array {name!r} has dtype {values.dtype}, not a number"
