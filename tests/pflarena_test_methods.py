@@ -34,7 +34,12 @@ from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.training import train_epochs
-from pflarena.strategies.base import MultiExchangeStrategy, PflStrategy, array_problem
+from pflarena.strategies.base import (
+    MultiExchangeStrategy,
+    PflStrategy,
+    array_problem,
+    vector_problem,
+)
 
 MODULE = __name__
 GRADIENT = "gradient"
@@ -163,14 +168,7 @@ class LineSearch(MultiExchangeStrategy):
         )
 
         def check(content):
-            if LOSSES not in content.array_records:
-                return "no losses"
-            losses = content[LOSSES]["losses"].numpy()
-            return (
-                None
-                if losses.shape == (len(self.steps),) and np.isfinite(losses).all()
-                else "bad losses"
-            )
+            return vector_problem(content, LOSSES, {"losses": (len(self.steps),)})
 
         answers = self.valid_replies(second, check)
         if not answers:

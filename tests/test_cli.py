@@ -246,3 +246,48 @@ def test_relative_shard_and_data_paths_reach_the_runtime_absolute(tmp_path, monk
     assert absolute.shards_dir == str(tmp_path.resolve() / "shards")
     assert absolute.data_dir == str(tmp_path.resolve() / "data")
     assert with_absolute_paths(parse_config({})).shards_dir == ""
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--seed", "99999999999999999999"], "seed: Input should be less than or equal to"),
+        (["--num-clients", "1000000000"], "num-clients: Input should be less than or equal to"),
+    ],
+)
+def test_check_refuses_a_seed_or_client_count_out_of_range(flags, expected, tmp_path, capsys):
+    code = main(["run", "--check", "--output-dir", str(tmp_path / "run"), *flags])
+    assert code == 2 and expected in capsys.readouterr().err
+
+
+def test_check_refuses_an_output_dir_that_names_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("keep")
+    for target, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "x", "under")):
+        assert main(["run", "--check", "--output-dir", str(target)]) == 1
+        assert says in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_compare_names_and_skips_a_malformed_run(tmp_path, capsys):
+    _fake_run(tmp_path / "good", "fedavg", 0.6)
+    _fake_run(tmp_path / "no-strategy", "local", 0.9)
+    summary = json.loads((tmp_path / "no-strategy" / "summary.json").read_text())
+    del summary["strategy"]
+    (tmp_path / "no-strategy" / "summary.json").write_text(json.dumps(summary))
+    _fake_run(tmp_path / "odd-values", "ditto", 0.5)
+    summary = json.loads((tmp_path / "odd-values" / "summary.json").read_text())
+    summary["personalized"]["last"] = "n/a"
+    summary["bytes_up"] = None
+    (tmp_path / "odd-values" / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "odd-values" / "rounds.jsonl").write_text('{"evaluation": {}}\n')
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / "summary.json").write_text("{")
+    runs = [str(tmp_path / name) for name in ("good", "no-strategy", "odd-values", "garbled")]
+    code = main(["compare", *runs, "--plot", str(tmp_path / "c.png")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "'strategy' is missing" in err and "garbled" in err and "not readable JSON" in err
+    assert "| good | fedavg |" in out and "| odd-values | ditto |" in out
+    assert "no-strategy" not in out
+    assert (tmp_path / "c.png").exists()
+    assert main(["compare", runs[1]]) == 1

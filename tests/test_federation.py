@@ -415,3 +415,106 @@ def test_failed_write_leaves_the_previous_shard_intact(
         "client_0002.npz",
         "manifest.json",
     ]
+
+
+def _float_federation() -> Federation:
+    """Three clients of float inputs (where NaN can hide), as a PFLlib import writes."""
+    rng = np.random.default_rng(1)
+    info = DatasetInfo("floats", 4, (3,))
+    clients = [
+        ClientData(
+            client_id=cid,
+            x_train=rng.normal(size=(5, 3)).astype(np.float32),
+            y_train=rng.integers(0, 4, 5).astype(np.int64),
+            x_test=rng.normal(size=(2, 3)).astype(np.float32),
+            y_test=rng.integers(0, 4, 2).astype(np.int64),
+        )
+        for cid in range(3)
+    ]
+    return Federation(info=info, clients=clients)
+
+
+def _rewrite(path: Path, **changes: np.ndarray) -> None:
+    with np.load(path) as archive:
+        arrays = dict(archive)
+    np.savez(path, **(arrays | changes))
+
+
+@pytest.mark.parametrize(
+    "array, value, message",
+    [
+        ("y_train", np.array([0, 1, 2, 3, 4]), r"y_train holds labels 0\.\.4, outside 0\.\.3"),
+        ("y_test", np.array([-1, 0]), r"y_test holds labels -1\.\.0"),
+        ("y_train", np.array([0.0, 1.5, 2.0, 3.0, 1.0]), "y_train holds labels that are not whole"),
+        ("y_test", np.array([np.nan, 1.0]), "y_test holds labels that are not whole"),
+        ("x_train", np.full((5, 3), np.nan, np.float32), "x_train holds NaN or infinite"),
+        ("x_test", np.array([[np.inf, 0, 0], [0, 0, 0]], np.float32), "x_test holds NaN"),
+    ],
+)
+def test_a_shard_with_values_that_cannot_be_true_is_refused_at_load(
+    tmp_path: Path, array: str, value: np.ndarray, message: str
+) -> None:
+    (path, *_) = write_shards(_float_federation(), tmp_path)
+    _rewrite(path, **{array: value})
+    with pytest.raises(ShardError, match=message) as error:
+        load_shard(path)
+    assert str(path) in str(error.value)
+
+
+def test_whole_float_labels_load_as_integers(tmp_path: Path) -> None:
+    (path, *_) = write_shards(_float_federation(), tmp_path)
+    _rewrite(path, y_test=np.array([3.0, 1.0]))
+    client, _ = load_shard(path)
+    assert client.y_test.dtype == np.int64 and client.y_test.tolist() == [3, 1]
+
+
+@pytest.mark.parametrize("name", ["../elsewhere/client_0001.npz", "/etc/hostname", "a/../../x"])
+def test_a_manifest_naming_files_outside_its_directory_is_refused(tmp_path: Path, name) -> None:
+    from pflarena.core.shards import read_shard_set
+
+    shards = tmp_path / "shards"
+    write_shards(_float_federation(), shards)
+    outside = tmp_path / "elsewhere"
+    write_shards(_float_federation(), outside)  # a real file there: only the path is wrong
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["shards"][1]["file"] = name
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="outside its directory"):
+        read_shard_set(shards)
+
+
+def test_a_shard_whose_sizes_differ_from_the_manifest_is_refused(tmp_path: Path) -> None:
+    from pflarena.core.shards import load_shard_client
+
+    paths = write_shards(_float_federation(), tmp_path)
+    load_shard_client(tmp_path, 1)
+    with np.load(paths[1]) as archive:
+        arrays = dict(archive)
+    arrays["x_train"], arrays["y_train"] = arrays["x_train"][:3], arrays["y_train"][:3]
+    np.savez(paths[1], **arrays)
+    with pytest.raises(ShardError, match=r"3 train .* the manifest says 5"):
+        load_shard_client(tmp_path, 1)
+
+
+def test_client_sizes_are_those_of_the_built_federation() -> None:
+    spec = FederationSpec(dataset="digits", num_clients=4, validation_fraction=0.2)
+    built = build_federation(spec)
+    assert fed.client_sizes(spec) == (
+        [len(c.y_train) for c in built.clients],
+        [len(c.y_val) for c in built.clients],
+        [len(c.y_test) for c in built.clients],
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("seed", 2**32, "less than or equal to 4294967295"),
+        ("seed", 99999999999999999999, "less than or equal to 4294967295"),
+        ("num_clients", 10**9, "less than or equal to 100000"),
+    ],
+)
+def test_seed_and_client_count_ranges(field: str, value: int, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        FederationSpec(**{field: value})
+    FederationSpec(**{field: 2**32 - 1 if field == "seed" else 100_000})

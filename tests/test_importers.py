@@ -304,3 +304,32 @@ def test_pflarena_run_on_an_imported_pfllib_folder_in_flower_simulation(tmp_path
             i: len(c["test"]["y"]) for i, c in enumerate(clients)
         }
     assert [r["train"]["clients"] for r in rounds[1:]] == [len(SIZES), len(SIZES)]
+
+
+def _set_num_classes(root, value):
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps(config | {"num_classes": value}))
+
+
+def _empty_client(root, split):
+    np.savez(root / split / "1.npz", x=np.zeros((0, 1, 28, 28), np.float32), y=np.zeros(0, int))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda root: _set_num_classes(root, 10**12),
+            r"num_classes=1000000000000 is outside 2\.\.",
+        ),
+        (lambda root: _set_num_classes(root, 1), r"num_classes=1 is outside 2\.\."),
+        (lambda root: _empty_client(root, "train"), "client 1 .* has no training samples"),
+        (lambda root: _empty_client(root, "test"), "client 1 .* has no test samples"),
+    ],
+)
+def test_pfllib_import_bounds_classes_and_refuses_empty_clients(tmp_path, damage, message):
+    write_pfllib_folder(tmp_path / "MNIST")
+    damage(tmp_path / "MNIST")
+    with pytest.raises(ImportFormatError, match=message):
+        import_pfllib(tmp_path / "MNIST", tmp_path / "shards")
+    assert not (tmp_path / "shards" / "manifest.json").exists()

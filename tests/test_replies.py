@@ -14,6 +14,7 @@ from helpers import build_strategy, config, grid_for, run_local
 
 from pflarena.client.app import app as pflarena_app
 from pflarena.core import keys
+from pflarena.strategies.replies import read_evaluation
 
 # --------------------------------------------------------------------------- tampering
 
@@ -211,3 +212,72 @@ def test_no_client_able_to_evaluate_stops_at_round_0_naming_what_was_missing(tmp
         match=r"no client could evaluate.*neither pflarena's counts nor an accuracy.*\['foo'\]",
     ):
         run_local(cfg, tmp_path, grid=grid)
+
+
+# --------------------------------------------------------------------------- value bounds
+def _reply(**arrays):
+    return RecordDict({keys.ARRAYS: ArrayRecord({k: Array(v) for k, v in arrays.items()})})
+
+
+def test_an_update_is_bounded_relative_to_what_the_server_sent():
+    from pflarena.strategies.replies import MAX_NORM, NORM_RATIO, array_problem
+
+    rng = np.random.default_rng(0)
+    sent = rng.normal(0, 3.0, (40, 25)).astype(np.float32)  # norm ≈ 95 > √1000 ≈ 31.6
+    reference = ArrayRecord({"w": Array(sent)})
+    bound = NORM_RATIO * float(np.linalg.norm(sent.astype(np.float64)))
+    direction = rng.normal(size=sent.shape)
+    direction /= np.linalg.norm(direction)
+    for scale, accepted in ((0.999, True), (1.001, False)):
+        update = (direction * bound * scale).astype(np.float32)
+        problem = array_problem(_reply(w=update), reference, keys.ARRAYS)
+        assert (problem is None) == accepted, problem
+    assert "beyond its bound" in problem
+    # a reference of zeros (a delta's template) still allows NORM_RATIO · √size
+    zeros = ArrayRecord({"w": Array(np.zeros_like(sent))})
+    floor = NORM_RATIO * np.sqrt(sent.size)
+    assert (
+        array_problem(_reply(w=(direction * floor * 0.99).astype(np.float32)), zeros, "arrays")
+        is None
+    )
+    assert array_problem(_reply(w=(direction * floor * 1.01).astype(np.float32)), zeros, "arrays")
+    # and nothing passes MAX_NORM, whatever was sent
+    big = ArrayRecord({"w": Array(np.full((4,), MAX_NORM, np.float32))})
+    problem = array_problem(_reply(w=np.full((4,), MAX_NORM, np.float32)), big, keys.ARRAYS)
+    assert problem is not None and f"at most {MAX_NORM:g}" in problem
+    # finite values whose squares overflow float32, and NaN, are named apart
+    huge = np.zeros(4, np.float32)
+    huge[0] = 3e38
+    assert "norm beyond" in array_problem(_reply(w=huge), None, keys.ARRAYS)
+    huge[1] = np.nan
+    assert "NaN or infinity" in array_problem(_reply(w=huge), None, keys.ARRAYS)
+
+
+def test_counts_are_checked_against_each_clients_splits():
+    from pflarena.strategies.replies import MAX_EXAMPLES, ClientSizes, examples_problem
+
+    sizes = ClientSizes(num_train=(100, 50), num_val=(0, 0), num_test=(30, 20))
+
+    def train(examples, client=1):
+        content = RecordDict({keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: examples})})
+        return examples_problem(content, client, sizes)
+
+    assert train(50) is None and train(10) is None  # a method may train on part of it
+    assert "exceeds client 1's 50 training samples" in train(51)
+    assert "whole number" in train(12.5)
+    assert train(10**12, client=None) is not None and train(MAX_EXAMPLES, client=None) is None
+
+    def evaluate(correct, count, client=0):
+        metrics = {
+            keys.CLIENT_ID: client,
+            keys.NUM_EXAMPLES: count,
+            keys.PERSONALIZED_CORRECT: correct,
+            keys.PERSONALIZED_COUNT: count,
+            keys.PERSONALIZED_LOSS_SUM: 1.0,
+        }
+        return read_evaluation(RecordDict({keys.METRICS: MetricRecord(metrics)}), 7, 2, sizes)
+
+    assert evaluate(29, 30).personalized_accuracy == 29 / 30
+    assert "not client 0's 30 test samples" in evaluate(10**9, 10**9)
+    assert "not client 1's 20 test samples" in evaluate(5, 30, client=1)
+    assert "exceeds" in evaluate(31, 30)

@@ -100,6 +100,8 @@ fedprox.mu = [0.01, 0.1]
         ({"grid": {"ditto.lambda": [0.1]}}, "ditto.lambda is given but ditto is not among"),
         ({"settings": {"pfedgt.mu": 0.1}}, "pfedgt.mu is given but pfedgt is not among"),
         ({"seeds": [1, 1]}, "seeds repeat"),
+        ({"grid": {"alpha": [0.1, 0.5, 0.1]}}, r"grid key 'alpha' repeats value\(s\) \['0.1'\]"),
+        ({"grid": {"local-epochs": [1, "1"]}}, "grid key 'local-epochs' repeats"),
         ({"out": None}, "needs an output directory"),
         ({"strategies": []}, "no strategies to sweep"),
         ({"grid": {"alpha": [-1.0]}}, r"run alpha=-1\.0/fedavg/seed-0: invalid run config"),

@@ -79,6 +79,7 @@ __all__ = [
     "FederationSpec",
     "ServerData",
     "ShardError",
+    "client_sizes",
     "build_federation",
     "load_client",
     "load_server_data",
@@ -87,6 +88,11 @@ __all__ = [
     "synthetic_mixture_truth",
     "write_shards",
 ]
+
+#: The most clients a federation may have (each is a simulated node or a SuperNode).
+MAX_CLIENTS = 100_000
+#: The largest seed: the seeds of numpy's and scikit-learn's generators are 32-bit.
+MAX_SEED = 2**32 - 1
 
 SHARD_FORMAT = "pflarena-shard"
 #: Version written by :func:`write_shards`; 2 added the validation split, 3 the vocabulary
@@ -149,7 +155,12 @@ class FederationSpec(BaseModel):
     )
 
     dataset: str = Field("digits", description="dataset name")
-    num_clients: int = Field(10, ge=1, description="number of clients (SuperNodes)")
+    num_clients: int = Field(
+        10,
+        ge=1,
+        le=MAX_CLIENTS,
+        description=f"number of clients (SuperNodes), at most {MAX_CLIENTS:,}",
+    )
     partition: str = Field("dirichlet", description="how pooled data is split over clients")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
     classes_per_client: int = Field(2, ge=1, description="classes per client (pathological)")
@@ -188,7 +199,9 @@ class FederationSpec(BaseModel):
         description="share of the pooled data held by the server, removed before "
         "partitioning (0: none)",
     )
-    seed: int = Field(0, ge=0, description="seed for data, models and client sampling")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="seed for data, models and client sampling (0 .. 2^32-1)"
+    )
     data_dir: str = Field("", description="directory with real datasets (torchvision layout)")
     synthetic_alpha: float = Field(0.5, ge=0, description="Synthetic(α, β): model heterogeneity")
     synthetic_beta: float = Field(0.5, ge=0, description="Synthetic(α, β): data heterogeneity")
@@ -522,6 +535,23 @@ def load_server_data(spec: FederationSpec) -> ServerData | None:
     return ServerData(x=rows.x[rows.server], y=_labels(rows.y[rows.server]), info=rows.info)
 
 
+def client_sizes(spec: FederationSpec) -> tuple[list[int], list[int], list[int]]:
+    """Every client's numbers of train, validation and test samples for a spec (what
+    :func:`build_federation` gives them), without keeping the data.
+
+    Raises
+    ------
+    DatasetError
+        As :func:`build_federation`.
+    """
+    rows = _federation_rows(spec)
+    return (
+        [len(part) for part in rows.train],
+        [len(part) for part in rows.val],
+        [len(part) for part in rows.test],
+    )
+
+
 def load_client(spec: FederationSpec, client_id: int) -> tuple[ClientData, DatasetInfo]:
     """One client's data from the (memoised) federation of a spec.
 
@@ -743,6 +773,38 @@ def _check_shard_shapes(path: Path, arrays: dict[str, np.ndarray], info: Dataset
             )
 
 
+def _check_shard_values(path: Path, arrays: dict[str, np.ndarray], info: DatasetInfo) -> None:
+    """Labels whole numbers in ``0 .. num_classes - 1``; inputs finite, and token ids in
+    ``0 .. vocabulary_size - 1`` for token data. A shard that breaks these would fail every
+    round it trains in (or train on truncated labels) instead of failing here."""
+    for split in ("train", "val", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if y.size:
+            if y.dtype.kind not in "iuf" or (
+                y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all())
+            ):
+                raise ShardError(
+                    f"shard file {path}: y_{split} holds labels that are not whole numbers "
+                    f"(dtype {y.dtype})"
+                )
+            if y.min() < 0 or y.max() >= info.num_classes:
+                raise ShardError(
+                    f"shard file {path}: y_{split} holds labels {y.min():g}..{y.max():g}, "
+                    f"outside 0..{info.num_classes - 1} ({info.num_classes} classes)"
+                )
+        if not x.size:
+            continue
+        if x.dtype.kind not in "biuf":
+            raise ShardError(f"shard file {path}: x_{split} has dtype {x.dtype}, not numbers")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise ShardError(f"shard file {path}: x_{split} holds NaN or infinite values")
+        if info.vocabulary_size and (x.min() < 0 or x.max() >= info.vocabulary_size):
+            raise ShardError(
+                f"shard file {path}: x_{split} holds token ids {x.min():g}..{x.max():g}, "
+                f"outside 0..{info.vocabulary_size - 1}"
+            )
+
+
 def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
     """Read one client's shard file written by :func:`write_shards`.
 
@@ -764,8 +826,9 @@ def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
     Raises
     ------
     ShardError
-        The file is missing, not a shard, corrupt or truncated, or lacks arrays or
-        metadata; the message names the path.
+        The file is missing, not a shard, corrupt or truncated, lacks arrays or metadata,
+        or holds labels that are not whole numbers of its classes or inputs that are not
+        finite; the message names the path.
     """
     shard_path = Path(path)
     arrays = _read_shard_arrays(shard_path)
@@ -790,6 +853,7 @@ def load_shard(path: str | Path) -> tuple[ClientData, DatasetInfo]:
         if missing:
             raise ShardError(f"shard file {shard_path} lacks array(s): {', '.join(missing)}")
     _check_shard_shapes(shard_path, arrays, info)
+    _check_shard_values(shard_path, arrays, info)
     client = ClientData(
         client_id=client_id,
         x_train=arrays["x_train"],

@@ -39,11 +39,16 @@ from pflarena.core.partition import validation_indices
 __all__ = [
     "IMPORT_FORMATS",
     "LEAF_LETTERS",
+    "MAX_CLASSES",
     "ImportFormatError",
     "import_leaf",
     "import_pfllib",
     "read_pfllib_npz",
 ]
+
+#: The most classes an import accepts: a model's output layer has one unit per class, so a
+#: garbled ``num_classes`` would otherwise build a model that cannot fit in memory.
+MAX_CLASSES = 100_000
 
 #: The layouts ``pflarena shards import --format`` reads.
 IMPORT_FORMATS: tuple[str, ...] = ("pfllib", "leaf-femnist", "leaf-shakespeare")
@@ -158,6 +163,13 @@ def _split_validation(client: ClientData, fraction: float, seed: int) -> ClientD
     )
 
 
+def _refuse_empty(client: ClientData, where: str) -> None:
+    """A client with no training or no test sample can neither train nor be evaluated."""
+    for split, y in (("training", client.y_train), ("test", client.y_test)):
+        if not len(y):
+            raise ImportFormatError(f"{where} has no {split} samples")
+
+
 def _check_shapes(clients: list[ClientData], where: Path) -> tuple[int, ...]:
     shapes = {tuple(c.x_train.shape[1:]) for c in clients} | {
         tuple(c.x_test.shape[1:]) for c in clients
@@ -209,6 +221,12 @@ def import_pfllib(
         raise ImportFormatError(
             f"{config_path} lacks num_clients or num_classes: {error!r}"
         ) from error
+    if not 2 <= num_classes <= MAX_CLASSES:
+        raise ImportFormatError(
+            f"{config_path}: num_classes={num_classes} is outside 2..{MAX_CLASSES}"
+        )
+    if num_clients < 1:
+        raise ImportFormatError(f"{config_path}: num_clients={num_clients} names no client")
     clients = []
     for client_id in range(num_clients):
         arrays = {}
@@ -229,6 +247,9 @@ def import_pfllib(
             y_train=arrays["train"][1],
             x_test=arrays["test"][0],
             y_test=arrays["test"][1],
+        )
+        _refuse_empty(
+            client, f"{root}: client {client_id} (train/{client_id}.npz, test/{client_id}.npz)"
         )
         clients.append(_split_validation(client, validation_fraction, seed))
     info = DatasetInfo(
@@ -351,6 +372,7 @@ def import_leaf(
         x_train, y_train = _leaf_arrays(dataset, *train[user], f"{root}/train, user {user}")
         x_test, y_test = _leaf_arrays(dataset, *test[user], f"{root}/test, user {user}")
         client = ClientData(client_id, x_train, y_train, x_test, y_test)
+        _refuse_empty(client, f"{root}: user {user}")
         clients.append(_split_validation(client, validation_fraction, seed))
     return write_shards(
         Federation(info=LEAF_DATASETS[dataset], clients=clients), out, source="leaf"

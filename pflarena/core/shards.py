@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pflarena.core.datasets import DatasetInfo
 from pflarena.core.federation import (
@@ -96,6 +96,12 @@ def read_shard_set(directory: str | Path) -> ShardSet:
     return _read_manifest(path, stamp)
 
 
+def _inside(name: str) -> bool:
+    """Whether a manifest's file name stays within its directory: relative, no ``..``."""
+    pure = PurePosixPath(name.replace("\\", "/"))
+    return bool(name) and not pure.is_absolute() and ".." not in pure.parts and ":" not in name
+
+
 @lru_cache(maxsize=16)
 def _read_manifest(path: Path, stamp: int) -> ShardSet:
     try:
@@ -130,6 +136,14 @@ def _read_manifest(path: Path, stamp: int) -> ShardSet:
         raise ShardError(f"{path} lacks or garbles an entry: {error!r}") from error
     if ids != list(range(len(ids))) or not ids:
         raise ShardError(f"{path}: clients must be numbered 0..n-1, found {ids}")
+    if any(count < 0 for split in counts.values() for count in split):
+        raise ShardError(f"{path} gives a client a negative number of samples")
+    outside = [name for name in files if not _inside(name)]
+    if outside:
+        raise ShardError(
+            f"{path} names shard files outside its directory: {outside} (a manifest names "
+            "files relative to its directory, without '..')"
+        )
     missing = [name for name in files if not (path.parent / name).is_file()]
     if missing:
         raise ShardError(f"{path.parent} lacks the shard file(s) its manifest names: {missing}")
@@ -161,5 +175,16 @@ def load_shard_client(directory: str | Path, client_id: int) -> tuple[ClientData
         raise ShardError(
             f"{path} holds {info.num_classes} classes of shape {info.input_shape}; the "
             f"manifest says {shard_set.info.num_classes} of {shard_set.info.input_shape}"
+        )
+    counts = (len(client.y_train), len(client.y_val), len(client.y_test))
+    expected = (
+        shard_set.num_train[client_id],
+        shard_set.num_val[client_id],
+        shard_set.num_test[client_id],
+    )
+    if counts != expected:
+        raise ShardError(
+            f"{path} holds {counts[0]} train / {counts[1]} validation / {counts[2]} test "
+            f"samples; the manifest says {expected[0]} / {expected[1]} / {expected[2]}"
         )
     return client, info

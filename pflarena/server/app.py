@@ -25,7 +25,7 @@ from pflarena.core.models import build_model
 from pflarena.core.partition import label_permutations, permutation_group_of
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
-from pflarena.server.polling import prompt_grid
+from pflarena.server.polling import PromptGrid, prompt_grid
 from pflarena.server.registry import build_strategy, declaration_of, parse_config
 from pflarena.server.results import ResultsWriter, plot_run, read_rounds
 
@@ -128,7 +128,13 @@ def main(grid: Grid, context: Context) -> None:
     start = time.monotonic()
     rounds: list[dict] = []
     try:
-        strategy = build_strategy(cfg, server_data, state_dir=output_dir / "server-state")
+        strategy = build_strategy(
+            cfg,
+            server_data,
+            state_dir=output_dir / "server-state",
+            # a deployment's nodes may hold files of their own: only a manifest says
+            data_from_spec=not isinstance(grid, PromptGrid),
+        )
         strategy.summary()
         outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
         rounds = outcome.rounds

@@ -353,17 +353,64 @@ def _simulate_on_superlink(
 
 
 # --------------------------------------------------------------------------- compare
+#: What ``compare`` reads of every run's ``summary.json``, and the types it needs.
+SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "strategy": str,
+    "dataset": str,
+    "num_clients": int,
+    "num_rounds": int,
+    "seed": int,
+    "wall_time_s": (int, float),
+}
+
+
 def _load_run(path: Path) -> dict[str, Any]:
+    """A run's ``summary.json``; ValueError naming the run and what is wrong with it."""
     summary_path = path / "summary.json"
     if not summary_path.exists():
         raise FileNotFoundError(f"{path} is not a run directory (no summary.json)")
-    return json.loads(summary_path.read_text())
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{summary_path} is not readable JSON: {error}") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path} is not a JSON object")
+    for key, kind in SUMMARY_FIELDS.items():
+        value = summary.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{summary_path}: {key!r} is missing or malformed ({value!r})")
+    for key in ("personalized", "global", "cross"):
+        if not isinstance(summary.get(key) or {}, dict):
+            raise ValueError(f"{summary_path}: {key!r} is malformed")
+    return summary
+
+
+def comparable_runs(run_dirs: list[Path]) -> tuple[list[Path], list[str]]:
+    """The runs ``compare`` can read, and why each other one is left out."""
+    kept, skipped = [], []
+    for run_dir in run_dirs:
+        try:
+            _load_run(run_dir)
+        except (OSError, ValueError) as error:
+            skipped.append(str(error))
+        else:
+            kept.append(run_dir)
+    return kept, skipped
 
 
 def _fmt(value: Any, pct: bool = True) -> str:
-    if value is None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return "—"
     return f"{100 * value:.2f}" if pct else f"{value}"
+
+
+def _entry(record: dict, key: str) -> dict:
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _megabytes(value: Any) -> str:
+    return f"{value / 1e6:.1f}" if isinstance(value, int | float) else "0.0"
 
 
 def compare_table(run_dirs: list[Path]) -> str:
@@ -379,21 +426,20 @@ def compare_table(run_dirs: list[Path]) -> str:
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for run_dir, s in zip(run_dirs, summaries, strict=True):
         pers = s.get("personalized") or {}
-        last, best = pers.get("last") or {}, pers.get("best") or {}
-        glob = (s.get("global") or {}).get("last") or {}
+        last, best = _entry(pers, "last"), _entry(pers, "best")
+        glob = _entry(s.get("global") or {}, "last")
         best_txt = f"{_fmt(best.get('mean'))} ({best.get('round')})" if best else "—"
         rows.append(
             f"| {run_dir.name} | {s['strategy']} | {s['dataset']} | {s['num_clients']} "
             f"| {s['num_rounds']} | {s['seed']} | {_fmt(last.get('mean'))} "
             f"| {_fmt(last.get('weighted'))} | {_fmt(last.get('worst10'))} | {best_txt} "
             f"| {_fmt(glob.get('weighted'))} | {s['wall_time_s']:.0f} "
-            f"| {s.get('bytes_up', 0) / 1e6:.1f} | {s.get('bytes_down', 0) / 1e6:.1f} |"
+            f"| {_megabytes(s.get('bytes_up'))} | {_megabytes(s.get('bytes_down'))} |"
         )
         if crossed:
             cross = s.get("cross") or {}
             rows[-1] += "".join(
-                f" {_fmt((cross.get(scope) or {}).get('mean'))} |"
-                for scope in ("synthetic", "global")
+                f" {_fmt(_entry(cross, scope).get('mean'))} |" for scope in ("synthetic", "global")
             )
     return "\n".join(rows)
 
@@ -409,17 +455,29 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for index, run_dir in enumerate(run_dirs):
         s = _load_run(run_dir)
-        rounds = [r for r in read_rounds(run_dir / "rounds.jsonl") if r.get("evaluation")]
+        try:
+            rounds = [
+                (int(r["round"]), r["evaluation"])
+                for r in read_rounds(run_dir / "rounds.jsonl")
+                if isinstance(r, dict) and isinstance(r.get("evaluation"), dict)
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(
+                f"pflarena compare: {run_dir}/rounds.jsonl left out of the plot: {error!r}",
+                file=sys.stderr,
+            )
+            continue
         same = run_dir.name == s["strategy"] or len(run_dirs) == 1
         label = s["strategy"] if same else f"{s['strategy']} ({run_dir.name})"
         # One colour and line style per run, the same in both panels: past ten runs the
         # colours repeat with another line style.
         color, style = f"C{index % 10}", ("-", "--", ":", "-.")[index // 10 % 4]
         for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
-            ys = [(r["evaluation"].get(scope) or {}).get(key) for r in rounds]
+            ys = [_entry(evaluation, scope).get(key) for _, evaluation in rounds]
+            ys = [y if isinstance(y, int | float) else None for y in ys]
             if any(y is not None for y in ys):
                 ax.plot(
-                    [r["round"] for r in rounds],
+                    [number for number, _ in rounds],
                     [float("nan") if y is None else y for y in ys],
                     marker="o",
                     ms=2,
@@ -667,7 +725,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    dirs = [Path(d) for d in args.runs]
+    dirs, skipped = comparable_runs([Path(d) for d in args.runs])
+    for reason in skipped:
+        print(f"pflarena compare: skipping a run: {reason}", file=sys.stderr)
+    if not dirs:
+        print("pflarena compare: error: no run to compare", file=sys.stderr)
+        return 1
     table = compare_table(dirs)
     print(table)
     if args.output:

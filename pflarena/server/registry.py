@@ -11,9 +11,9 @@ from pflarena.core.methods import MethodDeclaration
 from pflarena.core.models import build_model
 from pflarena.core.training import trainable_names
 from pflarena.strategies import declarations, strategy_classes
-from pflarena.strategies.base import PflStrategy, StrategySetup
+from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup
 
-__all__ = ["build_strategy", "declaration_of", "parse_config"]
+__all__ = ["build_strategy", "declaration_of", "known_client_sizes", "parse_config"]
 
 
 def parse_config(run_config: Mapping[str, Any]) -> RunConfig:
@@ -31,13 +31,38 @@ def _trainable_names(cfg: RunConfig) -> tuple[str, ...]:
     return tuple(trainable_names(model))
 
 
+def known_client_sizes(cfg: RunConfig, data_from_spec: bool = True) -> ClientSizes | None:
+    """What the server knows of each client's data: the shard manifest's counts with
+    ``shards-dir``; otherwise, where the clients build their data from the run config
+    (``data_from_spec``: a simulation, not a deployment whose nodes hold files of their
+    own), the counts of that federation; ``None`` where it cannot know."""
+    from pflarena.core.federation import DatasetError, client_sizes
+    from pflarena.core.shards import read_shard_set
+
+    if cfg.shards_dir:
+        shard_set = read_shard_set(cfg.shards_dir)
+        return ClientSizes(shard_set.num_train, shard_set.num_val, shard_set.num_test)
+    if not data_from_spec:
+        return None
+    try:
+        train, val, test = client_sizes(cfg.federation_spec())
+    except (DatasetError, OSError):  # the data is not on the server's machine
+        return None
+    return ClientSizes(tuple(train), tuple(val), tuple(test))
+
+
 def build_strategy(
-    cfg: RunConfig, server_data: Any = None, state_dir: Path | None = None
+    cfg: RunConfig,
+    server_data: Any = None,
+    state_dir: Path | None = None,
+    data_from_spec: bool = True,
 ) -> PflStrategy:
     """The strategy ``cfg`` names, built with its method's parameters.
 
     ``state_dir`` is where its per-client pools go (the ServerApp passes
-    ``<output-dir>/server-state``); None keeps them in memory.
+    ``<output-dir>/server-state``); None keeps them in memory. The strategy checks the
+    counts clients report against :func:`known_client_sizes` (``data_from_spec``: whether
+    the clients build their data from the run config, as in a simulation).
     """
     cls = strategy_classes()[cfg.strategy]
     setup = StrategySetup(
@@ -47,4 +72,6 @@ def build_strategy(
         server_data=server_data,
         state_dir=state_dir,
     )
-    return cls.from_setup(setup)
+    strategy = cls.from_setup(setup)
+    strategy.client_sizes = known_client_sizes(cfg, data_from_spec)
+    return strategy

@@ -32,7 +32,14 @@ class OutputDirError(ValueError):
 
 
 def check_output_dir(path: Path) -> None:
-    """Refuse a directory that already holds a run's results."""
+    """Refuse a directory that already holds a run's results, and a path that cannot be
+    one: a file, or a path under a file."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                what = "is a file" if part == path else f"lies under the file {part}"
+                raise OutputDirError(f"output directory {path} {what}; choose a directory")
+            break
     existing = [name for name in RESULT_FILES if (path / name).exists()]
     if existing:
         raise OutputDirError(

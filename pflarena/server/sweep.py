@@ -177,6 +177,15 @@ def build_sweep(
         raise ConfigError(f"seeds repeat: {seed_list}")
     if len(set(chosen)) != len(chosen):
         raise ConfigError(f"strategies repeat: {chosen}")
+    for key, values in swept.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid key {key!r} needs a non-empty list of values, got {values!r}")
+        # two values that name one run directory (1 and "1", or a value given twice) would
+        # make the second run find the first one's results
+        labels = [_format(value) for value in values]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ConfigError(f"grid key {key!r} repeats value(s) {repeated}: {values}")
     # A preset's or file's [config] may hold other methods' tables; a swept key or a flag
     # naming a method that is not swept is a mistake.
     for key in list(swept) + list(settings or {}):

@@ -31,10 +31,15 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.versions import ClientPool
 from pflarena.strategies.replies import (
     ClientEvaluation,
+    ClientSizes,
     array_problem,
+    examples_problem,
     metric_problem,
     read_client_id,
     read_evaluation,
+    records_read,
+    unread_records_problem,
+    vector_problem,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ClientEvaluation",
+    "ClientSizes",
     "array_problem",
+    "vector_problem",
     "Exchange",
     "LocalTraining",
     "MultiExchangeStrategy",
@@ -272,6 +279,9 @@ class PflStrategy(Strategy):
         self.seed = seed
         #: the federation's size, when known: replies claiming another client id are refused
         self.num_clients = num_clients
+        #: each client's samples per split, where the server knows them (set by
+        #: ``build_strategy``): counts a reply claims are checked against them
+        self.client_sizes: ClientSizes | None = None
         self.state_dir = state_dir
         self._pools: dict[str, ClientPool] = {}
         #: the round being trained (set by the run loop and by ``configure_train``)
@@ -462,8 +472,11 @@ class PflStrategy(Strategy):
         """The usable replies of an exchange, in client-id order; the rest are logged.
 
         A reply is unusable when it is an error, its metrics are missing or not finite, it
-        claims a client id out of range or one another node of the exchange claims, or
-        ``check`` (the method's own layout) rejects it. Those are added to
+        claims a client id out of range or one another node of the exchange claims, its
+        ``num-examples`` cannot be true (:func:`~pflarena.strategies.replies.examples_problem`),
+        ``check`` (the method's own layout) rejects it, or it holds an ArrayRecord that
+        ``check`` did not examine or a MetricRecord besides ``metrics``: a reply holds
+        what the server reads and nothing else. Those are added to
         ``exchange.rejected``; usable replies teach the strategy their node's client id and
         make their update the client's accepted state.
         """
@@ -491,7 +504,16 @@ class PflStrategy(Strategy):
             ):
                 problem = f"client id {client_id} is already claimed by node {claimed[client_id]}"
             if problem is None:
-                problem = check(msg.content)
+                problem = examples_problem(
+                    msg.content,
+                    client_id if isinstance(client_id, int) else None,
+                    self.client_sizes,
+                )
+            if problem is None:
+                with records_read() as read:
+                    problem = check(msg.content)
+                if problem is None:
+                    problem = unread_records_problem(msg.content, read)
             if problem is not None:
                 log(WARNING, "%s: rejected reply from node %d: %s", exchange.name, node_id, problem)
                 exchange.rejected.append(node_id)
@@ -552,7 +574,7 @@ class PflStrategy(Strategy):
             if msg.has_error():
                 failures.append((node_id, msg.error.reason))
                 continue
-            evaluation = read_evaluation(msg.content, node_id, self.num_clients)
+            evaluation = read_evaluation(msg.content, node_id, self.num_clients, self.client_sizes)
             if not isinstance(evaluation, str) and evaluation.client_id in results:
                 evaluation = f"client id {evaluation.client_id} reported by two nodes"
             if isinstance(evaluation, str):

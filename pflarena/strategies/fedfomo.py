@@ -84,7 +84,7 @@ from pydantic import Field
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import PflStrategy
-from pflarena.strategies.replies import read_client_id
+from pflarena.strategies.replies import read_client_id, vector_problem
 
 __all__ = [
     "FOMO",
@@ -310,17 +310,16 @@ class FedFomo(PflStrategy):
         client = read_client_id(content, self.num_clients)
         if not isinstance(client, int):
             return "no client id"
-        record = content.array_records.get(FOMO)
-        if record is None or any(k not in record for k in ("peers", "weights", "affinity")):
-            return f"no {FOMO!r} record with peers, weights and affinity"
-        peers = record["peers"].numpy()
         expected = self.offered.get(client, [])
-        if peers.shape != (len(expected),) or [int(p) for p in peers] != expected:
+        shape = (len(expected),)
+        problem = vector_problem(
+            content, FOMO, {"peers": shape, "weights": shape, "affinity": shape}
+        )
+        if problem is not None:
+            return problem
+        peers = content[FOMO]["peers"].numpy()
+        if [int(p) for p in peers] != expected or (peers != peers.astype(np.int64)).any():
             return f"weighs peers {peers.tolist()}, was sent {expected}"
-        for name in ("weights", "affinity"):
-            values = record[name].numpy()
-            if values.shape != peers.shape or not np.isfinite(values).all():
-                return f"{name} of shape {values.shape} or not finite"
         return None
 
     def aggregate_train(

@@ -46,6 +46,7 @@ from pflarena.strategies.base import (
     Send,
     StrategySetup,
     array_problem,
+    vector_problem,
 )
 
 __all__ = ["PFedSV", "PFedSVParams", "dp_epsilon", "split_head"]
@@ -351,10 +352,11 @@ class PFedSV(MultiExchangeStrategy):
     def _check_answer(self, content: RecordDict) -> str | None:
         if RELEVANCE not in content.array_records:
             return None
-        relevance = content[RELEVANCE]["relevance"].numpy()
-        if relevance.shape != (self.num_clients,) or not np.isfinite(relevance).all():
-            return f"relevance vector of shape {relevance.shape} or not finite"
-        return None
+        return vector_problem(
+            content,
+            RELEVANCE,
+            {"relevance": (self.num_clients,), "values": (None,), "players": (None,)},
+        )
 
     def _personalize_message(
         self, server_round: int, node: int, upload: Message, available: set[int], head: list[str]

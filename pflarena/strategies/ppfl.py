@@ -82,6 +82,7 @@ from pflarena.strategies.base import (
     Send,
     StrategySetup,
     array_problem,
+    vector_problem,
 )
 
 __all__ = ["PPFL", "PPFLParams", "weighted_average"]
@@ -492,19 +493,10 @@ class PPFL(MultiExchangeStrategy):
 
     # ------------------------------------------------------------------ reply checks
     def _check_vector(self, content: RecordDict, key: str, simplex: bool) -> str | None:
-        if key not in content.array_records:
-            return f"no ArrayRecord {key!r} in reply"
-        record = content.array_records[key]
-        if keys.PPFL_MEMBERSHIP_C not in record:
-            return f"ArrayRecord {key!r} has no {keys.PPFL_MEMBERSHIP_C!r}"
-        try:
-            vector = record[keys.PPFL_MEMBERSHIP_C].numpy()
-        except Exception as exc:  # noqa: BLE001 - undecodable bytes are the client's fault
-            return f"{key!r} cannot be decoded: {exc}"
-        if vector.shape != (self.count,):
-            return f"{key!r} has shape {vector.shape}, expected ({self.count},)"
-        if not np.isfinite(vector).all():
-            return f"{key!r} contains NaN or infinity"
+        problem = vector_problem(content, key, {keys.PPFL_MEMBERSHIP_C: (self.count,)})
+        if problem is not None:
+            return problem
+        vector = content[key][keys.PPFL_MEMBERSHIP_C].numpy()
         if simplex and ((vector < 0).any() or abs(float(vector.sum()) - 1.0) > 1e-6):
             return f"{key!r} is not on the simplex (sum {float(vector.sum()):.6g})"
         return None
@@ -537,14 +529,18 @@ class PPFL(MultiExchangeStrategy):
         return self._check_vector(content, keys.PPFL_MEMBERSHIP, simplex=True)
 
     def _check_histogram(self, content: RecordDict) -> str | None:
-        record = content.array_records.get(keys.PPFL_LABEL_COUNTS)
-        if record is None or "counts" not in record:
-            return f"no label histogram {keys.PPFL_LABEL_COUNTS!r} in reply"
-        counts = record["counts"].numpy()
-        if counts.shape != (self.num_classes,):
-            return f"label histogram of shape {counts.shape}, expected ({self.num_classes},)"
-        if not np.isfinite(counts).all() or (counts < 0).any():
-            return "the label histogram is not a histogram (negative or not finite)"
+        problem = vector_problem(content, keys.PPFL_LABEL_COUNTS, {"counts": (self.num_classes,)})
+        if problem is not None:
+            return f"label histogram: {problem}"
+        counts = content[keys.PPFL_LABEL_COUNTS]["counts"].numpy()
+        if (counts < 0).any():
+            return "the label histogram is not a histogram (negative counts)"
+        examples = content[keys.METRICS].get(keys.NUM_EXAMPLES)
+        if examples is None or float(counts.sum()) != float(examples):
+            return (
+                f"the label histogram counts {float(counts.sum()):g} samples, the reply's "
+                f"{keys.NUM_EXAMPLES!r} {examples!r}"
+            )
         return None
 
     # ------------------------------------------------------------------ the round
