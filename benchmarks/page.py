@@ -1,9 +1,11 @@
 """PAGE on the paper's Synthetic setting against FedAvg, FedProx, Ditto and local training.
 
-The preset ``page-synthetic`` (``pflarena presets page-synthetic``): FedProx Synthetic(0.5,
-0.5) with 30 features and 30 classes, 100 clients, logistic regression, full participation,
-a fifth of each client's samples held by the server (D_CS), the rest split 7:3. Every run
-uses the same data (the server's share is taken in every run, used only by PAGE).
+The preset ``page-synthetic`` (``pflarena presets page-synthetic``): one labelling model
+shared by all clients (``synthetic-model=shared``), 30 features and 30 classes, 100 clients
+with 210 train and 90 test samples each, logistic regression, full participation, 7,500
+samples held by the server (D_CS). Every run uses the same data (the server's share is
+taken in every run, used only by PAGE). ``results/page.md`` was written before the preset
+took the shared model (FedProx's per-client W_k then) and the Adam default.
 
 Runs (labels):
 

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -204,7 +206,63 @@ def test_the_defaults_are_the_papers_synthetic_settings():
     config = DDPGConfig(state_dim=1, action_dim=2)
     assert (config.critic_lr, config.actor_lr, config.tau) == PAGE_TABLE7["synthetic"]
     assert config.gamma == 0.99
-    assert config.optimizer == "sgd"
+    assert config.optimizer == "adam"
+
+
+#: A PAGE-length run: Table 2's convergence rounds reach about 900.
+PAGE_RUN = 1000
+
+
+def _play_reciprocal_loss_bandit(config: DDPGConfig, seed: int) -> float:
+    """A client agent's game with a known answer, played the way PAGE plays it: one state,
+    one action, one reward and one update per round, the transition completed a round
+    later, the first action random. States uniform in [0.3, 0.9] (an accuracy); the reward
+    is PAGE's 1/f with f = 0.2 + 2‖u − u*‖², u the action in the box's unit coordinates and
+    u* drawn inside (0.15, 0.85)²: rewards from 5 at the best action down to about 1, the
+    spread of 1/f between a good and a poor local training. Returns the noiseless policy's
+    largest distance to u*, per coordinate, over 11 states."""
+    agent = DDPGAgent(config, seed=seed)
+    rng = np.random.default_rng(seed)
+    best = np.random.default_rng(100 + seed).uniform(0.15, 0.85, 2)
+    low, high = config.bounds()
+    for _ in range(PAGE_RUN):
+        state = rng.uniform(0.3, 0.9, 1)
+        agent.complete(state)
+        if agent.steps < 1:
+            action = agent.random_action(rng)
+        else:
+            agent.update(rng)
+            action = agent.act(state, rng)
+        u = (action - low) / (high - low)
+        agent.set_pending(state, action, 1.0 / (0.2 + 2.0 * np.sum((u - best) ** 2)))
+    states = np.linspace(0.3, 0.9, 11)
+    return max(np.max(np.abs((agent.policy([s]) - low) / (high - low) - best)) for s in states)
+
+
+def _page_client_config(**overrides) -> DDPGConfig:
+    """PAGE's client agent with every default: Table 7's Synthetic rates, γ = 0.99, the
+    default optimizer, noise and widths; the box of α ∈ [1, 5] and ln η ∈ [ln 1e-3, ln 0.1]."""
+    return DDPGConfig(
+        state_dim=1,
+        action_dim=2,
+        low=(1.0, math.log(1e-3)),
+        high=(5.0, math.log(0.1)),
+        **overrides,
+    )
+
+
+@pytest.mark.parametrize(
+    "seed", [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in (1, 2, 3))]
+)
+def test_the_default_learner_learns_a_bandit_within_a_page_length_run(seed):
+    """Tolerance 0.1 of the box per coordinate after 1,000 rounds (measured: at most 0.04
+    over seeds 0-3). The untrained actor sits at the box's middle, more than 0.15 away from
+    u* here; plain SGD at the same rates (Algorithm 1 read literally) ends 0.14 to 0.30
+    away for these seeds, which is why the default is Adam (docs/architecture.md, PAGE)."""
+    error = _play_reciprocal_loss_bandit(_page_client_config(), seed)
+    assert error < 0.1, error
+    best = np.random.default_rng(100 + seed).uniform(0.15, 0.85, 2)
+    assert np.max(np.abs(0.5 - best)) > 0.15
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])

@@ -601,13 +601,14 @@ FAST_LEARNER = {"page.rl-optimizer": "adam", "page.actor-lr": 0.01}
 
 @pytest.mark.slow
 def test_with_the_bounded_reward_the_weights_stay_spread(tmp_path):
-    """The acceptance check on ``synthetic`` (10 clients, 25 rounds, the default PAGE:
-    bounded reward, Table 7 settings): the weights' entropy stays above 0.9 log N in every
-    round after the random first one (measured: 0.995 or more). Under the same settings
-    the server's actor barely moves with either reward (plain SGD at l^Act = 0.001, one
-    step per round); the next test shows that the floor does detect the degenerate
-    optimum when the actor learns fast."""
-    strategy = page_run(page_config(**DEGENERATE), tmp_path)
+    """The acceptance check on ``synthetic`` (10 clients, 25 rounds, bounded reward,
+    Table 7 settings, Algorithm 1's plain SGD): the weights' entropy stays above 0.9 log N
+    in every round after the random first one (measured: 0.995 or more). Under these
+    settings the server's actor barely moves with either reward (plain SGD at l^Act =
+    0.001, one step per round); with the default Adam it does move, and concentrates the
+    weights (test_the_agents_move_away_from_their_initial_play); the next test shows that
+    the floor does detect the degenerate optimum when the actor learns fast."""
+    strategy = page_run(page_config(**DEGENERATE, **{"page.rl-optimizer": "sgd"}), tmp_path)
     ratios = _entropy_ratios(strategy)
     print(f"entropy / log N per round: min {ratios[1:].min():.4f}, last {ratios[-1]:.4f}")
     assert ratios[1:].min() > ENTROPY_FLOOR, np.round(ratios, 3)
@@ -636,3 +637,133 @@ def test_a_fast_learner_reaches_the_degenerate_optimum_and_the_weight_floor_boun
     assert ratios.min() >= bound - 1e-9
     assert min(w.min() for w in floored.history["weights"]) >= epsilon / n - 1e-12
     assert ratios[-5:].min() < bound + 0.05  # the actor underneath did collapse
+
+
+# --------------------------------------------------------------------------- the paper's data
+#: The data ``generate_synthetic(100, 0.5, 0.5, seed=0)`` gave before the shared-model option
+#: existed: the FedProx reading must stay exactly as it was.
+FEDPROX_SYNTHETIC_SHA256 = "4a2629c87bebdd49a7f9508c87339248c568e2cabaf3d5a60ac558a3cfefb3e2"
+
+
+def _centralised_fit_accuracy(model: str, samples: int) -> tuple[float, object]:
+    """A pooled logistic regression (scikit-learn) fit on every client's training split and
+    scored on the server's data, for the preset's 100 clients."""
+    from sklearn.linear_model import LogisticRegression
+
+    from pflarena.core.federation import FederationSpec, build_federation
+
+    spec = FederationSpec(
+        dataset="synthetic",
+        partition="natural",
+        num_clients=100,
+        synthetic_model=model,
+        synthetic_samples=samples,
+        server_fraction=0.2,
+        test_fraction=0.3,
+    )
+    federation = build_federation(spec)
+    x = np.concatenate([c.x_train for c in federation.clients])
+    y = np.concatenate([c.y_train for c in federation.clients])
+    server = load_server_data(spec)
+    fit = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
+    return float(fit.score(server.x, server.y)), federation
+
+
+def test_the_shared_model_synthetic_is_learnable_centrally_with_the_papers_counts():
+    """The paper's Synthetic: a centralised logistic fit reaches >= 95 % (measured 96.2 %;
+    the FedProx reading, every client with its own W_k, stays near 71 %, see below), and
+    every client holds 210 training and 90 test samples, the server 7,500."""
+    accuracy, federation = _centralised_fit_accuracy("shared", 375)
+    assert accuracy >= 0.95, accuracy
+    assert {len(c.y_train) for c in federation.clients} == {210}
+    assert {len(c.y_test) for c in federation.clients} == {90}
+    spec = load_preset_config("page-synthetic", "page").federation_spec()
+    assert (spec.synthetic_model, spec.num_clients) == ("shared", 100)
+    assert len(load_server_data(spec).y) == 7500
+
+
+def test_the_fedprox_synthetic_is_unchanged():
+    import hashlib
+
+    from pflarena.core.datasets import generate_synthetic
+
+    digest = hashlib.sha256()
+    for x, y in generate_synthetic(100, 0.5, 0.5, seed=0).clients:
+        digest.update(x.tobytes())
+        digest.update(y.tobytes())
+    assert digest.hexdigest() == FEDPROX_SYNTHETIC_SHA256
+    with pytest.raises(ValueError, match="synthetic-model"):
+        generate_synthetic(3, model="pooled")
+
+
+@pytest.mark.slow
+def test_the_fedprox_synthetic_caps_a_centralised_fit():
+    """Measured 70.4 %: no single model fits clients that label by their own W_k."""
+    accuracy, _ = _centralised_fit_accuracy("per-client", 0)
+    assert accuracy < 0.8, accuracy
+
+
+# --------------------------------------------------------------------------- Table 7
+#: PAGE's Table 7 as printed: (l^Cri, l^Act, β), the same for the server's and the clients'
+#: agents, per task.
+TABLE_7 = {
+    "page-synthetic": (0.01, 0.001, 0.01),
+    "page-cifar100": (0.05, 0.005, 0.05),
+    "page-tiny-imagenet": (0.001, 0.0001, 0.001),
+    "page-shakespeare": (0.005, 0.0005, 0.005),
+}
+
+
+def load_preset_config(name: str, strategy: str):
+    from pflarena.server.presets import load_preset
+
+    return parse_config(load_preset(name).overrides(strategy) | {"strategy": strategy})
+
+
+def test_every_page_preset_has_a_table_7_row():
+    from pflarena.server.presets import preset_names
+
+    assert {n for n in preset_names() if n.startswith("page-")} == set(TABLE_7)
+
+
+@pytest.mark.parametrize("preset", sorted(TABLE_7))
+def test_each_page_preset_runs_its_table_7_row(preset):
+    cfg = load_preset_config(preset, "page")
+    params = cfg.params(Page.declaration)
+    assert (params.critic_lr, params.actor_lr, params.tau) == TABLE_7[preset]
+    assert params.gamma == 0.99
+
+
+# --------------------------------------------------------------------------- the agents move
+MOVING = {"num_clients": 10, "num_rounds": 25, "eval_every": 25}
+
+
+def _movement(strategy: Page) -> tuple[float, float]:
+    """Over the last 5 rounds: the clients' actions' largest distance from the middle of
+    the box (mean over clients and rounds, per coordinate, in the box's unit coordinates),
+    and the smallest entropy of the server's weights over log N."""
+    p = strategy.params
+    epochs = np.stack(strategy.history["epochs"])[-5:]
+    lrs = np.stack(strategy.history["lrs"])[-5:]
+    u_epochs = (epochs - p.min_epochs) / (p.max_epochs - p.min_epochs)
+    u_lr = (np.log(lrs) - math.log(p.min_lr)) / (math.log(p.max_lr) - math.log(p.min_lr))
+    action = max(abs(float(u_epochs.mean()) - 0.5), abs(float(u_lr.mean()) - 0.5))
+    return action, float(_entropy_ratios(strategy)[-5:].min())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agents", ["learning", "inert"])
+def test_the_agents_move_away_from_their_initial_play(agents, tmp_path, monkeypatch):
+    """The paper's Synthetic at 10 clients and 25 rounds with every PAGE default: the
+    clients' mean action leaves the box's middle (where an untrained actor plays) by 0.1 or
+    more in one coordinate, and the server's weights leave the uniform point (entropy below
+    0.9 log N), over the last 5 rounds. Measured at 25 rounds: 0.155 (more epochs, a larger
+    lr: the client's 1/f favours more training) and 0.26. Inert agents (their update a
+    no-op; the ``inert`` case) stay within noise of the start: the same checks fail."""
+    if agents == "inert":
+        monkeypatch.setattr(DDPGAgent, "update", lambda self, rng: None)
+    cfg = page_config(**MOVING, synthetic_model="shared", synthetic_samples=375)
+    action, entropy = _movement(page_run(cfg, tmp_path))
+    print(f"{agents}: client action {action:.3f} from the middle, min entropy ratio {entropy:.4f}")
+    moved = action >= 0.1 and entropy < 0.9
+    assert moved == (agents == "learning"), (action, entropy)

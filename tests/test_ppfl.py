@@ -355,3 +355,123 @@ def test_ppfl2_is_cross_evaluated_and_ppfl1_says_why_it_cannot_be(tmp_path):
     )  # fmt: skip
     with pytest.raises(RuntimeError, match="PPFL1"):
         run_local(mixed, tmp_path / "ppfl1")
+
+
+# --------------------------------------------------------------------------- the authors' optimizer
+def _canonical_person(form: str = "mix"):
+    from pflarena.core.canonical import CanonicalModel, PersonalizedModel, initial_stacked_state
+    from pflarena.core.models import build_model
+
+    stacked = initial_stacked_state("logreg", (6,), 3, 7, 2, 0, "canonical")
+    state = {k: torch.as_tensor(v) for k, v in stacked.items()}
+    model = CanonicalModel(build_model("logreg", (6,), 3), state, "canonical")
+    return PersonalizedModel(model, torch.tensor([0.3, 0.7]), form, "prob")
+
+
+def _momentum_reference(person, x, y, generators, lr, momentum, weight_decay, batch_size):
+    """SGD with momentum written out (v ← μ v + g + wd·w, w ← w − lr v), the gradients from
+    autograd, one velocity carried through every call's batches."""
+    from pflarena.core.training import batches
+
+    params = list(person.model.shared_parameters())
+    velocity = [torch.zeros_like(p) for p in params]
+    for generator in generators:
+        for idx in batches(len(y), batch_size, generator=generator):
+            grads = torch.autograd.grad(person.loss(x[idx], y[idx]), params)
+            with torch.no_grad():
+                for p, g, v in zip(params, grads, velocity, strict=True):
+                    v.mul_(momentum).add_(g + weight_decay * p)
+                    p.sub_(lr * v)
+    return [p.detach().clone() for p in params]
+
+
+def test_persistent_momentum_continues_the_velocity_across_theta_blocks():
+    """Two θ-blocks with the buffers carried equal one SGD-with-momentum run over both
+    blocks' batches (the authors' clients keep their optimizer); fresh buffers do not."""
+    from pflarena.client.solvers.ppfl import train_theta
+
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(40, 6)), dtype=torch.float32)
+    y = torch.as_tensor(rng.integers(0, 3, 40))
+    settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 8}
+    seeds = (11, 12)
+    reference = _momentum_reference(
+        _canonical_person(),
+        x,
+        y,
+        [torch.Generator().manual_seed(s) for s in seeds],
+        **settings,
+    )
+    carried, fresh = _canonical_person(), _canonical_person()
+    buffers: list[torch.Tensor] = []
+    for seed in seeds:
+        train_theta(
+            carried, x, y, epochs=1, generator=torch.Generator().manual_seed(seed),
+            momentum_buffers=buffers, **settings,
+        )  # fmt: skip
+        train_theta(
+            fresh, x, y, epochs=1, generator=torch.Generator().manual_seed(seed), **settings
+        )
+    assert len(buffers) == len(reference)
+    for got, want in zip(carried.model.shared_parameters(), reference, strict=True):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    gap = max(
+        float((got.detach() - want).abs().max())
+        for got, want in zip(fresh.model.shared_parameters(), reference, strict=True)
+    )
+    assert gap > 1e-3
+
+
+def test_the_step_size_schedule_is_the_multi_step_scheduler():
+    """The factor of every round equals torch's MultiStepLR stepped once after each round
+    (milestones 100 and 150, ×0.1), for rounds 1-200; and the messages carry it."""
+    from pflarena.strategies.ppfl import PPFLParams
+
+    params = PPFLParams(lr_milestones="100,150", lr_decay=0.1)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[100, 150], gamma=0.1)
+    for server_round in range(1, 201):
+        assert params.lr_factor(server_round) == pytest.approx(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert PPFLParams().lr_factor(500) == 1.0
+    cfg = config(
+        strategy="ppfl",
+        num_clients=3,
+        lr=0.2,
+        **{"ppfl.lr-milestones": "2,4", "ppfl.membership-lr": 0.5},
+    )
+    strategy = build_strategy(cfg)
+    for server_round, factor in ((1, 1.0), (2, 1.0), (3, 0.1), (5, 0.01)):
+        sent = strategy._config(server_round, keys.PPFL_PHASE_THETA)
+        assert sent[keys.LR] == pytest.approx(0.2 * factor)
+        assert sent["ppfl.membership-lr"] == pytest.approx(0.5 * factor)
+    with pytest.raises(ConfigError, match="lr-milestones"):
+        config(strategy="ppfl", **{"ppfl.lr-milestones": "10,x"})
+
+
+def test_the_paper_presets_keep_momentum_and_decay_the_step_sizes():
+    from pflarena.server.presets import load_preset
+    from pflarena.server.registry import parse_config
+
+    for name in ("ppfl-synthetic", "ppfl-mnist"):
+        cfg = parse_config(load_preset(name).overrides("ppfl") | {"strategy": "ppfl"})
+        params = cfg.params(PPFL.declaration)
+        assert cfg.momentum == 0.9 and params.persistent_momentum
+        assert params.milestones() == [100, 150] and params.lr_decay == 0.1
+
+
+def test_a_run_with_persistent_momentum_stores_each_clients_buffers(tmp_path):
+    cfg = config(
+        strategy="ppfl",
+        num_clients=3,
+        num_rounds=2,
+        momentum=0.9,
+        **{"ppfl.persistent-momentum": True, "ppfl.num-canonical": 2},
+    )
+    grid = grid_for(cfg)
+    run_local(cfg, tmp_path, grid=grid)
+    assert len(grid.contexts) == 3
+    for context in grid.contexts.values():
+        record = stored(context, "ppfl/momentum")
+        assert record is not None and len(record) > 0

@@ -205,6 +205,14 @@ class FederationSpec(BaseModel):
     data_dir: str = Field("", description="directory with real datasets (torchvision layout)")
     synthetic_alpha: float = Field(0.5, ge=0, description="Synthetic(α, β): model heterogeneity")
     synthetic_beta: float = Field(0.5, ge=0, description="Synthetic(α, β): data heterogeneity")
+    synthetic_model: Literal["per-client", "shared"] = Field(
+        "per-client",
+        description="synthetic: a labelling model per client (FedProx) or one shared by all "
+        "(FedDyn's iid_sol, PAGE's reading)",
+    )
+    synthetic_samples: int = Field(
+        0, ge=0, description="synthetic: samples per client (0: lognormal sizes, mean 300)"
+    )
     mixture_label_mode: Literal["fixed", "faithful"] = Field(
         "fixed", description="synthetic-mixture labels ('faithful': the reference generator's)"
     )
@@ -396,6 +404,8 @@ def _shares(
             data_dir=spec.data_dir,
             synthetic_alpha=spec.synthetic_alpha,
             synthetic_beta=spec.synthetic_beta,
+            synthetic_model=spec.synthetic_model,
+            synthetic_samples=spec.synthetic_samples,
             mixture_label_mode=spec.mixture_label_mode,
             min_client_samples=spec.min_client_samples,
         )

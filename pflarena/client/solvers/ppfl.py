@@ -129,16 +129,49 @@ def train_theta(
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     max_steps: int | None = None,
+    momentum_buffers: list[torch.Tensor] | None = None,
 ) -> tuple[float, int]:
     """Local SGD on θ with the membership fixed (Eq. 11): ``(mean loss, steps)``.
 
     The loop of :func:`pflarena.core.training.train_epochs` with the personalized loss, so
     that K = 1 trains exactly like FedAvg (same batches, same optimizer, same arithmetic).
+    ``momentum_buffers`` (one per shared parameter, in order) continue an earlier call's
+    momentum (the authors' clients keep their optimizer between rounds); after the call
+    the list holds the new buffers.
     """
     person.train()
-    optimizer = torch.optim.SGD(
-        person.model.shared_parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
-    )
+    parameters = list(person.model.shared_parameters())
+    optimizer = torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if momentum_buffers:
+        if len(momentum_buffers) != len(parameters):
+            raise ValueError(
+                f"ppfl: {len(momentum_buffers)} momentum buffers for {len(parameters)} parameters"
+            )
+        for param, buffer in zip(parameters, momentum_buffers, strict=True):
+            optimizer.state[param]["momentum_buffer"] = buffer.to(param).clone()
+    try:
+        return _sgd_loop(person, optimizer, x, y, epochs, batch_size, generator, max_steps)
+    finally:
+        if momentum_buffers is not None and momentum > 0:
+            # a parameter that got no gradient has no buffer: zero continues it exactly
+            momentum_buffers[:] = [
+                optimizer.state[p]["momentum_buffer"].detach().clone()
+                if optimizer.state[p].get("momentum_buffer") is not None
+                else torch.zeros_like(p.detach())
+                for p in parameters
+            ]
+
+
+def _sgd_loop(
+    person: PersonalizedModel,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    max_steps: int | None,
+) -> tuple[float, int]:
     total, steps = 0.0, 0
     for _ in range(epochs):
         for idx in batches(len(y), batch_size, generator=generator):
@@ -265,14 +298,30 @@ def _local_sgd(job: ClientJob, person: PersonalizedModel) -> tuple[float, int]:
     local_steps = int(job.param("local-steps"))
     if local_steps > 0:  # exactly E steps (the theory's E), cycling through epochs
         kwargs["epochs"] = 1 + local_steps * kwargs["batch_size"] // max(len(job.data.y_train), 1)
-    return train_theta(
+    keep = bool(job.config.get(f"{job.method}.persistent-momentum", False))
+    buffers = _stored_momentum(job) if keep else None
+    result = train_theta(
         person,
         job.data.x_train,
         job.data.y_train,
         generator=job.generator("train"),
         max_steps=local_steps if local_steps > 0 else None,
+        momentum_buffers=buffers,
         **kwargs,
     )
+    if keep and buffers:
+        job.state[_key(job, "momentum")] = ArrayRecord(
+            {str(i): Array(b.cpu().numpy()) for i, b in enumerate(buffers)}
+        )
+    return result
+
+
+def _stored_momentum(job: ClientJob) -> list[torch.Tensor]:
+    """The client's momentum buffers from its last θ-block (empty before its first)."""
+    record = job.state.get(_key(job, "momentum"))
+    if record is None:
+        return []
+    return [torch.as_tensor(record[str(i)].numpy(), device=job.device) for i in range(len(record))]
 
 
 def _theta(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:

@@ -54,6 +54,8 @@ LOADER_ARGUMENTS: tuple[str, ...] = (
     "data_dir",
     "synthetic_alpha",
     "synthetic_beta",
+    "synthetic_model",
+    "synthetic_samples",
     "mixture_label_mode",
     "min_client_samples",
 )
@@ -306,6 +308,8 @@ def load_natural(
     synthetic_beta: float = 0.5,
     mixture_label_mode: str = "fixed",
     min_client_samples: int = 0,
+    synthetic_model: str = "per-client",
+    synthetic_samples: int = 0,
 ) -> NaturalDataset:
     """Load or generate a natively federated data set.
 
@@ -325,6 +329,10 @@ def load_natural(
         See :func:`~pflarena.core.datasets.mixture_labels`.
     min_client_samples : int
         LEAF data sets: users with this many samples or fewer are dropped (LEAF's ``-k``).
+    synthetic_model : {"per-client", "shared"}
+        ``synthetic``: a labelling model per client (FedProx) or one shared by all.
+    synthetic_samples : int
+        ``synthetic``: samples per client (0: lognormal sizes).
 
     Returns
     -------
@@ -343,6 +351,8 @@ def load_natural(
         "data_dir": data_dir,
         "synthetic_alpha": synthetic_alpha,
         "synthetic_beta": synthetic_beta,
+        "synthetic_model": synthetic_model,
+        "synthetic_samples": synthetic_samples,
         "mixture_label_mode": mixture_label_mode,
         "min_client_samples": min_client_samples,
     }
