@@ -345,3 +345,171 @@ def test_the_validation_guard_never_keeps_an_aggregate_worse_than_the_own_model(
         assert min(gaps) < 0, gaps
         assert kept == 0
         assert below == pytest.approx(np.mean([g < 0 for g in gaps]))
+
+
+# --------------------------------------------------------------------------- θ_i^{t*}
+def _brute_force_shapley(utility, n: int) -> np.ndarray:
+    """Eq. 2 literally: the mean marginal contribution over all n! orderings, v(∅) = 0."""
+    values = np.zeros(n)
+    orderings = list(__import__("itertools").permutations(range(n)))
+    for ordering in orderings:
+        before: frozenset = frozenset()
+        previous = 0.0
+        for player in ordering:
+            before = before | {player}
+            current = utility(before)
+            values[player] += current - previous
+            previous = current
+    return values / len(orderings)
+
+
+def _expected_personalized(model, players, x_val, y_val, reference, measured):
+    """θ_i^{t*} computed apart from the solver: exact Shapley values of the coalition game
+    (utility: validation accuracy of the members' uniform average), then Eq. 6-7 with every
+    distance from ``reference`` over the ``measured`` entries; the own model (first) when no
+    value is positive."""
+    floats = [k for k, v in players[0].items() if torch.is_floating_point(v)]
+    memo: dict = {}
+
+    def utility(members: frozenset) -> float:
+        if members not in memo:
+            average = {
+                k: (
+                    torch.stack([players[m][k].double() for m in sorted(members)]).mean(0).float()
+                    if k in floats
+                    else players[min(members)][k]
+                )
+                for k in players[0]
+            }
+            model.load_state_dict(average)
+            model.eval()
+            with torch.no_grad():
+                memo[members] = float((model(x_val).argmax(1) == y_val).double().mean())
+        return memo[members]
+
+    values = _brute_force_shapley(utility, len(players))
+    flat = [np.concatenate([p[k].double().numpy().ravel() for k in measured]) for p in players]
+    ref = np.concatenate([reference[k].double().numpy().ravel() for k in measured])
+    raw = np.array(
+        [
+            max(v, 0.0) / max(np.linalg.norm(f - ref), 1e-12)
+            for v, f in zip(values, flat, strict=True)
+        ]
+    )
+    if raw.sum() <= 0:
+        return {k: v.double() for k, v in players[0].items()}, values
+    weights = raw / raw.sum()
+    return {
+        k: sum(w * p[k].double() for w, p in zip(weights, players, strict=True))
+        if k in floats
+        else players[0][k]
+        for k in players[0]
+    }, values
+
+
+def _round_two_games(cfg, grid, strategy):
+    """For each client, round 2's players (own trained model first, then the peers in the
+    order the server sent them), its round-start model and its stored θ_i^{2*}."""
+    from pflarena.core.datasets.tensors import to_tensors
+
+    sent = [
+        m for m in _personalize_messages(grid) if m.content[keys.CONFIG][keys.SERVER_ROUND] == 2
+    ]
+    for msg in sent:
+        node = msg.metadata.dst_node_id
+        context = grid.contexts[node]
+        client = strategy.client_ids[node]
+        config_ = msg.content[keys.CONFIG]
+        assert config_["pfedsv.own"] == strategy.pids[client]
+        peers = list(config_["pfedsv.peers"])
+        own = stored(context, TRAINED_KEY).to_torch_state_dict()
+        players = [own] + [
+            {k: torch.from_numpy(np.array(v.numpy())) for k, v in msg.content[f"peer/{p}"].items()}
+            for p in peers
+        ]
+        data, info = load_client(cfg.federation_spec(), client)
+        x_val, y_val = to_tensors(data.x_val, data.y_val, info)
+        model = build_model(cfg.model_name(), tuple(info.input_shape), info.num_classes)
+        reference = stored(context, PERSONAL_KEY, accepted=1 * 100 + 2).to_torch_state_dict()
+        personal = stored(context, PERSONAL_KEY).to_torch_state_dict()
+        yield client, model, players, x_val, y_val, reference, personal, msg, data
+
+
+def test_the_stored_personalized_model_is_the_shapley_weighted_sum_computed_apart(tmp_path):
+    """Round 2 (where the relevance φ, a moving average, is no longer ∝ the round's SVs and
+    the distance reference θ_i^{1*} is neither θ⁰ nor the own trained model): every client's
+    stored θ_i^{2*} is Σ_j w_j θ_j^2 with exact Shapley values on its validation split,
+    computed here from the models the server sent and the client's own trained model."""
+    cfg, grid, strategy, _ = _run(
+        tmp_path,
+        partition="pathological",
+        class_assignment="deterministic",
+        num_clients=6,
+        num_rounds=2,
+        local_epochs=2,
+        seed=3,
+    )
+    checked = negative = 0
+    for client, model, players, x, y, reference, personal, _, _ in _round_two_games(
+        cfg, grid, strategy
+    ):
+        measured = [n for n, p in model.named_parameters() if p.requires_grad]
+        expected, values = _expected_personalized(model, players, x, y, reference, measured)
+        for name, value in expected.items():
+            np.testing.assert_allclose(
+                personal[name].double().numpy(), value.numpy(), rtol=1e-5, atol=1e-6,
+                err_msg=f"client {client}, {name}",
+            )  # fmt: skip
+        assert len(values) >= 2
+        checked += 1
+        negative += int((values <= 0).any())
+    assert checked == 6 and negative > 0  # some player was left out of some aggregate
+
+
+def test_the_feature_extractor_average_and_the_heads_aggregate_computed_apart(tmp_path):
+    """D+C: the feature extractor every client stores is the uploads' average weighted by
+    training-set size, computed here from the clients' trained models; the head is the
+    Shapley-weighted sum of the coalition's heads on that extractor, distances over the head."""
+    cfg, grid, strategy, _ = _run(
+        tmp_path,
+        partition="pathological",
+        class_assignment="deterministic",
+        num_clients=5,
+        num_rounds=2,
+        local_epochs=2,
+        seed=1,
+        **{"pfedsv.variant": "D+C"},
+    )
+    names = list(initial_arrays(cfg).keys())
+    head = split_head(names, strategy.trainable, 1)
+    trained, sizes = {}, {}
+    for node, context in grid.contexts.items():
+        client = strategy.client_ids[node]
+        trained[client] = stored(context, TRAINED_KEY).to_torch_state_dict()
+        sizes[client] = len(load_client(cfg.federation_spec(), client)[0].y_train)
+    assert len(set(sizes.values())) > 1  # unequal sizes: a plain mean would differ
+    total = sum(sizes.values())
+    features = {
+        n: sum(sizes[c] * trained[c][n].double() for c in trained) / total
+        for n in names
+        if n not in head
+    }
+    for client, model, players, x, y, reference, personal, msg, _ in _round_two_games(
+        cfg, grid, strategy
+    ):
+        assert sorted(
+            msg.content["peer/" + str(msg.content[keys.CONFIG]["pfedsv.peers"][0])]
+        ) == sorted(head)
+        for name, value in features.items():
+            np.testing.assert_allclose(
+                personal[name].double().numpy(), value.numpy(), rtol=1e-5, atol=1e-6,
+                err_msg=f"client {client}, {name}",
+            )  # fmt: skip
+        shared = {n: v.float() for n, v in features.items()}
+        games = [{n: (shared[n] if n in shared else p[n]) for n in names} for p in players]
+        expected, _ = _expected_personalized(model, games, x, y, reference, head)
+        for name in head:
+            np.testing.assert_allclose(
+                personal[name].double().numpy(), expected[name].numpy(), rtol=1e-5, atol=1e-6,
+                err_msg=f"client {client}, {name}",
+            )  # fmt: skip
