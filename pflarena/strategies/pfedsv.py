@@ -15,8 +15,11 @@ The server only stores and routes models; it never sees validation data, and see
 values only in the reported relevance vectors. Clients know each other by pseudonyms (a
 seeded permutation of the client ids, §9.21). In the D+C variant the server also averages
 the uploaded feature extractors and sends that one extractor plus k classifier heads. In
-the private variant each upload is a clipped, noised update (§3.6) and the run reports the
-(ε, δ) of the clients' uploads from opacus' RDP accountant.
+the private variant each upload is ``r + clip(θ − r, C) + N(0, σ²C²)`` on the public
+reference r (the client's previous upload, θ⁰ at first), the client asks for every peer
+and chooses among them locally, its replies carry no other data-dependent field, and the run
+reports the (ε, δ) of all its uploads under replace adjacency (sensitivity 2C) from opacus'
+RDP accountant (docs/architecture.md, "pFedSV decisions").
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pflarena.strategies.base import (
     array_problem,
 )
 
-__all__ = ["PFedSV", "PFedSVParams", "dp_epsilon", "split_head"]
+__all__ = ["DP_ADJACENCY", "DP_SENSITIVITY", "PFedSV", "PFedSVParams", "dp_epsilon", "split_head"]
 
 MODELS = "models"  # the server pool's record: each client's latest upload
 REQUEST, RELEVANCE = keys.PFEDSV_REQUEST, keys.PFEDSV_RELEVANCE
@@ -125,12 +128,22 @@ def split_head(names: Sequence[str], trainable: Sequence[str], layers: int) -> l
     return list(split_names(names, trainable, layers).head)
 
 
-def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
-    """(ε, δ) of ``uploads`` Gaussian releases with noise multiplier ``noise`` (opacus RDP).
+#: the private variant's neighbouring relation and the sensitivity of each release under it
+DP_ADJACENCY = "replace"
+DP_SENSITIVITY = 2.0  # × C: clip(θ − r) and clip(θ' − r) both lie in the ball of radius C
 
-    Each upload is the client's update clipped to C plus N(0, σ²C²): a Gaussian mechanism of
-    sensitivity C (one client's whole data), composed without subsampling amplification
-    (the server knows who was sampled).
+
+def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
+    """ε of ``uploads`` releases of the private variant at ``δ`` (opacus' RDP accountant).
+
+    Each release is ``r + clip(θ − r, C) + N(0, σ²C²)`` on a public reference r (the
+    client's previous release), so, given the earlier releases, it is a Gaussian mechanism
+    on the clipped difference. Neighbouring inputs: the client's private data (training,
+    validation and test splits, and through them everything it computes) replaced by any
+    other data of the same sizes; the clipped difference then moves by at most 2C, so the
+    noise multiplier relative to the sensitivity is σ/2. The releases compose adaptively
+    over all the client's uploads, without subsampling amplification (the server knows who
+    was sampled).
     """
     if uploads == 0:
         return 0.0
@@ -139,7 +152,7 @@ def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
     from opacus.accountants import RDPAccountant
 
     accountant = RDPAccountant()
-    accountant.history = [(noise, 1.0, uploads)]
+    accountant.history = [(noise / DP_SENSITIVITY, 1.0, uploads)]
     return float(accountant.get_epsilon(delta))
 
 
@@ -213,7 +226,8 @@ class PFedSV(MultiExchangeStrategy):
             "distance-ref": distance_ref,
             "empty-value": empty_value,
             "guard": guard,
-            "report-relevance": report_relevance,
+            # the private variant reports nothing that depends on the validation split
+            "report-relevance": report_relevance and dp_noise <= 0,
             "dp-noise": dp_noise,
             "dp-clip": dp_clip,
             "num-peers": self.num_clients,
@@ -388,6 +402,15 @@ class PFedSV(MultiExchangeStrategy):
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
     def _round_metrics(self, uploaded: list[Message], answers: list[Message]) -> MetricRecord:
+        if self.dp["noise"] > 0:  # the private variant's replies carry no private metric
+            return MetricRecord(
+                {
+                    "clients-trained": len(uploaded),
+                    "dp-epsilon": dp_epsilon(
+                        self.dp["noise"], max(self.uploads.values(), default=0), self.dp["delta"]
+                    ),
+                }
+            )
         metrics = self.train_metrics(uploaded)
         assert metrics is not None
         if answers:
@@ -426,6 +449,8 @@ class PFedSV(MultiExchangeStrategy):
             summary["dp"] = {
                 "noise_multiplier": self.dp["noise"],
                 "clip": self.dp["clip"],
+                "adjacency": DP_ADJACENCY,
+                "sensitivity": DP_SENSITIVITY * self.dp["clip"],
                 "delta": self.dp["delta"],
                 "max_uploads": max(self.uploads.values(), default=0),
                 "epsilon": dp_epsilon(
