@@ -29,7 +29,7 @@ from pflarena.server.app import initial_arrays
 from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter
-from pflarena.strategies.pfedsv import dp_epsilon, split_head
+from pflarena.strategies.pfedsv import PFedSVParams, dp_epsilon, split_head
 
 
 # --------------------------------------------------------------------------- top-k rule
@@ -650,3 +650,19 @@ def test_the_feature_extractor_average_and_the_heads_aggregate_computed_apart(tm
                 personal[name].double().numpy(), expected[name].numpy(), rtol=1e-5, atol=1e-6,
                 err_msg=f"client {client}, {name}",
             )  # fmt: skip
+
+
+def test_the_validation_subsample_is_off_by_default_and_draws_distinct_images():
+    from pflarena.client.solvers.pfedsv import validation_subsample
+
+    assert PFedSVParams().validation_subsample == 0  # the paper: the whole split
+    x = torch.arange(40, dtype=torch.float32).reshape(20, 2)
+    y = torch.arange(20)
+    whole = validation_subsample(x, y, 0, torch.Generator().manual_seed(0))
+    assert whole[0] is x and whole[1] is y
+    assert validation_subsample(x, y, 20, torch.Generator().manual_seed(0))[1] is y
+    xs, ys = validation_subsample(x, y, 7, torch.Generator().manual_seed(1))
+    assert len(ys) == 7 == len(set(ys.tolist()))
+    torch.testing.assert_close(xs, x[ys])  # each image keeps its label
+    other = validation_subsample(x, y, 7, torch.Generator().manual_seed(2))[1]
+    assert set(other.tolist()) != set(ys.tolist())  # another round, another draw

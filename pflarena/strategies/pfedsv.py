@@ -83,6 +83,13 @@ class PFedSVParams(MethodParams):
         "§9.1); current-self-median: the peers' from the own trained model, the own model's "
         "the median of those; or none (weights ∝ SV)",
     )
+    validation_subsample: int = Field(
+        0,
+        ge=0,
+        description="Shapley utilities on this many validation images, drawn afresh each "
+        "round (0: the whole split, as the paper; not in the paper, it trades accuracy of the "
+        "values for time)",
+    )
     empty_value: Literal["zero", "chance"] = Field(
         "zero", description="v(∅): 0 (paper) or chance accuracy 1/classes"
     )
@@ -101,9 +108,12 @@ class PFedSVParams(MethodParams):
         description="peers offered: every client's latest upload, or this round's only",
     )
     dp_noise: float = Field(
-        0.0, ge=0, description="noise multiplier σ of the private variant (0: off)"
+        0.0,
+        ge=0,
+        description="noise multiplier σ of the private variant: each upload is r + clip(θ − r, "
+        "C) + N(0, σ²C²) on the client's previous upload r (0: off)",
     )
-    dp_clip: float = Field(1.0, gt=0, description="L2 clip C of each uploaded update")
+    dp_clip: float = Field(1.0, gt=0, description="L2 clip C of θ − r in the private variant")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the reported (ε, δ)")
     report_relevance: bool = Field(
         True,
@@ -196,6 +206,7 @@ class PFedSV(MultiExchangeStrategy):
         alpha: float = 0.5,
         permutations_per_player: int = 3,
         distance_ref: str = "round-start",
+        validation_subsample: int = 0,
         empty_value: str = "zero",
         guard: str = "none",
         variant: str = "D",
@@ -224,6 +235,7 @@ class PFedSV(MultiExchangeStrategy):
             "alpha": alpha,
             "permutations-per-player": permutations_per_player,
             "distance-ref": distance_ref,
+            "validation-subsample": validation_subsample,
             "empty-value": empty_value,
             "guard": guard,
             # the private variant reports nothing that depends on the validation split

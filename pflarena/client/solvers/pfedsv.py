@@ -56,6 +56,7 @@ __all__ = [
     "select_peers",
     "train",
     "update_relevance",
+    "validation_subsample",
 ]
 
 PERSONAL_KEY = "pfedsv/personal-model"  # θ_i^{t*}: trained from, evaluated, the distance ref
@@ -213,6 +214,17 @@ def private_release(
         {k: trained[k] - reference[k] for k in floating}, clip, noise, generator
     )
     return {k: reference[k] + noised[k] if k in noised else reference[k] for k in reference}, norm
+
+
+def validation_subsample(
+    x: torch.Tensor, y: torch.Tensor, size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` validation images drawn uniformly without replacement (all when ``size`` is 0
+    or at least the split's size)."""
+    if size <= 0 or size >= len(y):
+        return x, y
+    chosen = torch.randperm(len(y), generator=generator)[:size].to(y.device)
+    return x[chosen], y[chosen]
 
 
 # --------------------------------------------------------------------------- the game
@@ -427,12 +439,18 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
 
     players = [own, *peers]
     num_classes = job.data.info.num_classes
+    x_val, y_val = validation_subsample(
+        job.data.x_val,
+        job.data.y_val,
+        int(job.param("validation-subsample")),
+        job.generator("validation-subsample"),
+    )
     game = _Game(
         model=copy.deepcopy(trained),
         players=players,
         states=states,
-        x_val=job.data.x_val,
-        y_val=job.data.y_val,
+        x_val=x_val,
+        y_val=y_val,
         empty_value=1.0 / num_classes if job.param("empty-value") == "chance" else 0.0,
         linear_head=_linear_head(trained, head),
     )
