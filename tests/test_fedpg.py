@@ -473,3 +473,185 @@ def test_a_lost_personalize_reply_leaves_no_p_model_and_is_charged_to_that_excha
     assert not np.array_equal(
         flatten(stored(other, key), names), flatten(stored(other, key, accepted=102), names)
     )
+
+
+# --------------------------------------------------------------------------- S-FedPG's bound
+def _search_run(tmp_path, lower: str, unsafe_above: float):
+    """One S-FedPG round on 3 clients with hand-made unit gradients whose centroid is far
+    from their min-norm point, no fair column, and trial losses made here: a trial step above
+    ``unsafe_above`` raises every client's loss by 1, any other leaves it level (so no step
+    meets Armijo and the search ends at its lower bound)."""
+    cfg = config(
+        strategy="fedpg", num_clients=3, num_rounds=1, fraction_train=1.0, lr=1.0,
+        eval_every=10,
+        **{"fedpg.line-search": True, "fedpg.fairness": False, "fedpg.personalize": False,
+           "fedpg.line-search-lower": lower},
+    )  # fmt: skip
+    grid = grid_for(cfg)
+    strategy = build_strategy(cfg)
+    names = strategy.trainable
+    theta0 = initial_arrays(cfg)
+    size = flatten(theta0, names).size
+    a, b, c = np.zeros(size), np.zeros(size), np.zeros(size)
+    a[:2], b[:2], c[1] = [1.0, 0.1], [-1.0, 0.1], 1.0
+    made = [v / np.linalg.norm(v) for v in (a, b, c)]
+    old = {0: 2.0, 1: 1.5, 2: 1.0}
+    steps: list[float] = []
+
+    def swap(reply):
+        sent = {m.metadata.message_id: m for m in grid.sent}[reply.metadata.reply_to_message_id]
+        phase = sent.content[keys.CONFIG].get(keys.PHASE)
+        client = int(reply.content[keys.METRICS][keys.CLIENT_ID])
+        if phase == keys.FEDPG_PHASE_GRADIENTS:
+            like = ArrayRecord({n: theta0[n] for n in names})
+            vector = unflatten(made[client], like, names)
+            reply.content[GRAD] = ArrayRecord(
+                {n: Array(v.astype(np.float32)) for n, v in vector.items()}
+            )
+            reply.content[keys.METRICS][keys.TRAIN_LOSS] = old[client]
+        elif phase == keys.FEDPG_PHASE_LINE_SEARCH:
+            step = float(sent.content[keys.CONFIG][keys.FEDPG_STEP])
+            if client == 0:
+                steps.append(step)
+            raised = old[client] + (1.0 if step > unsafe_above else 0.0)
+            reply.content[keys.METRICS][keys.FEDPG_TRIAL_LOSS] = raised
+        return reply
+
+    grid.reply_filter = swap
+    outcome = run_local(cfg, tmp_path, grid=grid, strategy=strategy)
+    # computed apart: the min-norm point of the three is the midpoint of a and b (c only adds
+    # to the second coordinate), d_r their mean, d = u‖d_r‖/‖u‖ and σ = ‖d_r‖/‖u‖
+    u = (made[0] + made[1]) / 2
+    mean = sum(made) / 3
+    sigma = np.linalg.norm(mean) / np.linalg.norm(u)
+    d = u * sigma
+    return outcome, steps, sigma, d, flatten(theta0, names), names
+
+
+@pytest.mark.parametrize("lower", ["times-sigma", "over-sigma"])
+@pytest.mark.parametrize("unsafe_above", [3.0, 0.0])
+def test_the_line_search_falls_back_at_its_lower_bound(tmp_path, lower, unsafe_above):
+    """No trial meets Armijo: the trials halve from 2^s η down to the last one at or above
+    the bound (1/2)^s η σ (paper) or (1/2)^s η / σ (``over-sigma``), and the round takes the
+    largest tried step that raised no loss, else the smallest tried step."""
+    outcome, steps, sigma, d, theta0, names = _search_run(tmp_path, lower, unsafe_above)
+    assert sigma > 3  # far apart: the two bounds differ by σ² ≈ 16, four halvings
+    eta, s = 1.0, 5
+    bound = 0.5**s * eta * (sigma if lower == "times-sigma" else 1 / sigma)
+    expected_steps = []
+    trial = 2.0**s * eta
+    while trial >= bound:
+        expected_steps.append(trial)
+        trial /= 2
+    assert steps == expected_steps
+    assert len(expected_steps) == (8 if lower == "times-sigma" else 13)
+    server = outcome.rounds[1]["train"]["server"]
+    assert server["line-search-fallback"] == 1
+    assert server["line-search-trials"] == len(expected_steps)
+    safe = [t for t in expected_steps if t <= unsafe_above]
+    taken = max(safe) if safe else min(expected_steps)
+    assert taken == (2.0 if unsafe_above == 3.0 else expected_steps[-1])
+    assert server["step"] == pytest.approx(taken)
+    np.testing.assert_allclose(
+        flatten(outcome.arrays, names), theta0 - taken * d, rtol=1e-5, atol=1e-6
+    )
+
+
+# --------------------------------------------------------------------------- M4
+def _m4_run(tmp_path, absent_clients: bool):
+    cfg = config(
+        strategy="fedpg", num_clients=4, num_rounds=4, fraction_train=0.25, lr=0.5,
+        eval_every=10,
+        **{"fedpg.fairness": False, "fedpg.personalize": False,
+           "fedpg.absent-clients": absent_clients},
+    )  # fmt: skip
+    grid = grid_for(cfg)
+    strategy = build_strategy(cfg)
+    outcome = run_local(cfg, tmp_path, grid=grid, strategy=strategy)
+    sent = [
+        m for m in grid.sent if m.content[keys.CONFIG].get(keys.PHASE) == keys.FEDPG_PHASE_GRADIENTS
+    ]
+    return cfg, strategy, outcome, sent
+
+
+@pytest.mark.parametrize("absent_clients", [False, True])
+def test_m4_leaves_the_stale_gradients_out_of_the_direction(tmp_path, absent_clients):
+    """One client a round, no fair column: without the absent clients (M4) the update is
+    θ^{t+1} = θ^t − η^t g_t with g_t the online client's full training gradient at θ^t,
+    computed here with torch; with them (the default) stale gradients join the QP and the
+    update is another one."""
+    cfg, strategy, outcome, sent = _m4_run(tmp_path, absent_clients)
+    names = strategy.trainable
+    thetas = [flatten(m.content[keys.ARRAYS], names) for m in sent] + [
+        flatten(outcome.arrays, names)
+    ]
+    matches = []
+    for t, msg in enumerate(sent, start=1):
+        client = strategy.client_ids[msg.metadata.dst_node_id]
+        x, y, info = _client_tensors(cfg, client)
+        model = _model(cfg, info, msg.content[keys.ARRAYS])
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        g = np.concatenate([p.grad.double().numpy().ravel() for _, p in model.named_parameters()])
+        eta = outcome.rounds[t]["train"]["server"]["step"]
+        matches.append(np.allclose(thetas[t], thetas[t - 1] - eta * g, rtol=1e-4, atol=1e-6))
+        if not absent_clients:
+            assert strategy.weights[t]["stale"] == {}
+            assert outcome.rounds[t]["train"]["server"]["window-stale"] == 0
+    assert matches[0]  # round 1: nobody is absent yet either way
+    if absent_clients:
+        stale_rounds = [t for t in strategy.weights if strategy.weights[t]["stale"]]
+        assert stale_rounds
+        assert not all(matches[t - 1] for t in stale_rounds)
+    else:
+        assert all(matches)
+
+
+# --------------------------------------------------------------------------- dropout
+def test_with_dropout_the_gradient_is_train_mode_and_the_loss_eval_mode():
+    """Spec A12 on a network with dropout: ``full_gradient`` (train mode, mini-batches, a
+    fresh mask per batch) is an unbiased estimate of the expected train-mode full-batch
+    gradient, estimated here apart from one-pass backward calls, and not the eval-mode
+    gradient; ``training_loss`` is the deterministic eval-mode loss."""
+    cfg = config(strategy="fedpg")
+    x, y, _ = _client_tensors(cfg, 0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(x[0].numel(), 32),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.8),
+        torch.nn.Linear(32, 10),
+    )
+
+    def flat(grads) -> torch.Tensor:
+        return torch.cat([g.reshape(-1) for g in grads]).double()
+
+    runs = 120
+    ours, apart = [], []
+    for seed in range(runs):
+        torch.manual_seed(seed)
+        ours.append(flat(full_gradient(net, x, y, batch_size=64)))
+        torch.manual_seed(10_000 + seed)
+        net.train()
+        net.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        apart.append(flat(p.grad for p in net.parameters()))
+    ours, apart = torch.stack(ours), torch.stack(apart)
+    net.eval()
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    evaluated = flat(p.grad for p in net.parameters())
+    varies = (ours.var(0) > 0) & (apart.var(0) > 0)
+    assert int(varies.sum()) > 100  # the masks really change the gradient
+    ours, apart, evaluated = ours[:, varies], apart[:, varies], evaluated[varies]
+    z_apart = (ours.mean(0) - apart.mean(0)) / (ours.var(0) / runs + apart.var(0) / runs).sqrt()
+    z_eval = (ours.mean(0) - evaluated) / (ours.var(0) / runs).sqrt()
+    assert float(z_apart.pow(2).mean().sqrt()) < 1.5  # ≈ 1: the same expectation
+    assert float(z_eval.pow(2).mean().sqrt()) > 3.0  # the eval-mode gradient is another one
+    # the loss of the fair objective and of Armijo: eval mode, the same on every call
+    with torch.no_grad():
+        expected = float(F.cross_entropy(net(x), y))
+    net.train()
+    assert training_loss(net, x, y) == pytest.approx(expected, rel=1e-6)
+    assert training_loss(net, x, y) == pytest.approx(expected, rel=1e-6)

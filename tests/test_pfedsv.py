@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import config, grid_for, stored
+from helpers import config, grid_for, run_local, stored
 from scipy.optimize import brentq
 from scipy.stats import norm
 
@@ -18,6 +18,7 @@ from pflarena.client.solvers.pfedsv import (
     aggregation_weights,
     clip_and_noise,
     eq6_distances,
+    private_release,
     select_peers,
     update_relevance,
 )
@@ -28,7 +29,7 @@ from pflarena.server.app import initial_arrays
 from pflarena.server.loop import run_rounds
 from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter
-from pflarena.strategies.pfedsv import dp_epsilon, split_head
+from pflarena.strategies.pfedsv import PFedSVParams, dp_epsilon, split_head
 
 
 # --------------------------------------------------------------------------- top-k rule
@@ -160,26 +161,162 @@ def test_clip_and_noise():
     assert float(residual.std()) == pytest.approx(2.0 * 0.5, rel=0.1)
 
 
-def _analytic_gaussian_epsilon(sigma: float, compositions: int, delta: float) -> float:
-    """Exact ε of the Gaussian mechanism (Balle & Wang 2018, Theorem 8), composed."""
-    s = sigma / math.sqrt(compositions)  # T Gaussian releases = one with σ/√T
+def _analytic_gaussian_epsilon(sigma: float, compositions: int, delta: float, sensitivity=2.0):
+    """Exact ε of the Gaussian mechanism (Balle & Wang 2018, Theorem 8), composed.
+
+    T adaptive Gaussian releases of sensitivity Δ and noise std σ (in units of C) are
+    exactly one of sensitivity √T·Δ: μ = √T·Δ/σ.
+    """
+    mu = math.sqrt(compositions) * sensitivity / sigma
 
     def gap(eps):
-        return (
-            norm.cdf(-eps * s + 1 / (2 * s))
-            - math.exp(eps) * norm.cdf(-eps * s - 1 / (2 * s))
-            - delta
-        )
+        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
 
     return brentq(gap, 1e-9, 500)
 
 
-@pytest.mark.parametrize(("sigma", "uploads"), [(1.0, 20), (2.0, 20), (4.0, 100)])
-def test_reported_epsilon_is_a_valid_and_tight_bound(sigma, uploads):
+@pytest.mark.parametrize(("sigma", "uploads"), [(1.0, 1), (1.0, 20), (2.0, 5), (4.0, 100)])
+def test_reported_epsilon_is_a_valid_and_tight_bound_at_sensitivity_2c(sigma, uploads):
+    """Replace adjacency: each release moves by up to 2C. The reported ε (RDP) is at least
+    the exact ε of the composed Gaussian mechanism at sensitivity 2C, computed here with
+    scipy, and at most 1.5 times it; at sensitivity C it would be below the exact value."""
     exact = _analytic_gaussian_epsilon(sigma, uploads, 1e-5)
     reported = dp_epsilon(sigma, uploads, 1e-5)
     assert exact <= reported <= 1.5 * exact
+    assert reported > 1.5 * _analytic_gaussian_epsilon(sigma, uploads, 1e-5, sensitivity=1.0)
     assert dp_epsilon(sigma, 0, 1e-5) == 0.0 and dp_epsilon(0.0, 3, 1e-5) == math.inf
+
+
+def test_a_release_moves_only_through_the_clipped_difference():
+    """r + clip(θ − r, C) + z: for two trained models θ, θ' (two private datasets) and the same
+    noise draw, the releases differ by exactly clip(θ − r) − clip(θ' − r), at most 2C; every
+    floating entry (buffers too) goes through it, integer entries are r's."""
+    torch.manual_seed(0)
+    reference = {"w": torch.randn(50), "b": torch.randn(3), "count": torch.tensor(7)}
+    first = {
+        "w": reference["w"] + 3 * torch.randn(50),
+        "b": torch.randn(3),
+        "count": torch.tensor(9),
+    }
+    second = {
+        "w": reference["w"] - 2 * torch.randn(50),
+        "b": torch.randn(3),
+        "count": torch.tensor(1),
+    }
+    clip = 0.5
+
+    def clipped(model):
+        diff = torch.cat([model[k] - reference[k] for k in ("w", "b")])
+        return diff * min(1.0, clip / float(diff.norm()))
+
+    one, norm_one = private_release(reference, first, clip, 2.0, torch.Generator().manual_seed(3))
+    two, _ = private_release(reference, second, clip, 2.0, torch.Generator().manual_seed(3))
+    assert norm_one == pytest.approx(
+        float(torch.cat([first[k] - reference[k] for k in "wb"]).norm())
+    )
+    gap = torch.cat([one[k] - two[k] for k in ("w", "b")])
+    torch.testing.assert_close(gap, clipped(first) - clipped(second), rtol=1e-5, atol=1e-5)
+    assert float(gap.norm()) <= 2 * clip + 1e-5
+    assert int(one["count"]) == int(two["count"]) == 7
+    quiet, _ = private_release(reference, first, clip, 1e-9, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        torch.cat([quiet[k] - reference[k] for k in "wb"]), clipped(first), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_the_private_variants_replies_change_only_through_the_clipped_release(
+    tmp_path, monkeypatch
+):
+    """Two runs of the private variant that differ only in client 0's validation labels,
+    with the same noise draws: every field of every train-phase reply is the same in both,
+    except the releases, and each release minus its reference (the client's previous
+    release, θ⁰ first) differs between the runs by at most 2C. The runs do differ: client 0's
+    clean aggregate is another model."""
+    import dataclasses
+
+    import pflarena.client.app as client_app_module
+    import pflarena.client.solvers.pfedsv as solver
+
+    monkeypatch.setattr(solver.secrets, "randbits", lambda bits: 12345)
+    original = client_app_module.load_node_data
+    clip = 0.05
+
+    def run(name: str, change: bool):
+        def load(cfg, node_config, device):
+            data = original(cfg, node_config, device)
+            if change and data.client_id == 0:
+                data = dataclasses.replace(data, y_val=(data.y_val + 3) % 10)
+            return data
+
+        monkeypatch.setattr(client_app_module, "load_node_data", load)
+        cfg = config(
+            strategy="pfedsv", validation_fraction=0.3, num_clients=4, num_rounds=3,
+            local_epochs=2, eval_every=10,
+            **{"pfedsv.dp-noise": 1e-3, "pfedsv.dp-clip": clip},
+        )  # fmt: skip
+        grid = grid_for(cfg)
+        replies: list = []
+
+        def keep(reply):
+            replies.append(reply)
+            return reply
+
+        grid.reply_filter = keep
+        strategy = build_strategy(cfg)
+        outcome = run_local(cfg, tmp_path / name, grid=grid, strategy=strategy)
+        sent = {m.metadata.message_id: m for m in grid.sent}
+        out = {}
+        for reply in replies:
+            config_ = sent[reply.metadata.reply_to_message_id].content[keys.CONFIG]
+            phase = config_.get(keys.PHASE)
+            if phase not in (keys.PHASE_TRAIN, "personalize"):
+                continue  # the evaluation's test accuracies: not covered, see the docs
+            client = int(reply.content[keys.METRICS][keys.CLIENT_ID])
+            out[(config_[keys.SERVER_ROUND], phase, client)] = reply.content
+        personal = {
+            strategy.client_ids[n]: stored(c, PERSONAL_KEY).to_torch_state_dict()
+            for n, c in grid.contexts.items()
+        }
+        return cfg, outcome, out, personal
+
+    cfg, outcome, same, personal_same = run("same", False)
+    _, _, changed, personal_changed = run("changed", True)
+    assert same.keys() == changed.keys() and len(same) == 3 * 2 * 4
+    names = list(initial_arrays(cfg).keys())
+    theta0 = initial_arrays(cfg)
+    previous = {
+        (side, c): np.concatenate([theta0[n].numpy().ravel() for n in names])
+        for side in ("same", "changed")
+        for c in range(4)
+    }
+    for key in sorted(same):
+        a, b = same[key], changed[key]
+        # the client app's wall-clock time is a side channel the accounting does not cover
+        timing = {keys.TRAIN_TIME}
+        assert {k: v for k, v in a[keys.METRICS].items() if k not in timing} == {
+            k: v for k, v in b[keys.METRICS].items() if k not in timing
+        }
+        assert set(a[keys.METRICS]) - timing == {keys.CLIENT_ID, keys.NUM_EXAMPLES}
+        assert set(a.metric_records) == {keys.METRICS} == set(b.metric_records)
+        assert list(a.config_records) == list(b.config_records)
+        for name in a.config_records:
+            assert dict(a[name]) == dict(b[name])
+        assert set(a.array_records) == set(b.array_records)
+        assert set(a.array_records) <= {keys.ARRAYS}  # no relevance, no values
+        if keys.ARRAYS in a.array_records:
+            client = key[2]
+            moved = {}
+            for side, content in (("same", a), ("changed", b)):
+                release = np.concatenate([content[keys.ARRAYS][n].numpy().ravel() for n in names])
+                moved[side] = release - previous[(side, client)]
+                previous[(side, client)] = release
+            assert np.linalg.norm(moved["same"] - moved["changed"]) <= 2 * clip * (1 + 1e-5)
+    assert outcome.rounds[-1]["train"]["server"]["dp-epsilon"] == pytest.approx(
+        dp_epsilon(1e-3, 3, 1e-5)
+    )
+    assert any(
+        not torch.equal(personal_same[0][n], personal_changed[0][n]) for n in personal_same[0]
+    )
 
 
 # --------------------------------------------------------------------------- runs
@@ -345,3 +482,187 @@ def test_the_validation_guard_never_keeps_an_aggregate_worse_than_the_own_model(
         assert min(gaps) < 0, gaps
         assert kept == 0
         assert below == pytest.approx(np.mean([g < 0 for g in gaps]))
+
+
+# --------------------------------------------------------------------------- θ_i^{t*}
+def _brute_force_shapley(utility, n: int) -> np.ndarray:
+    """Eq. 2 literally: the mean marginal contribution over all n! orderings, v(∅) = 0."""
+    values = np.zeros(n)
+    orderings = list(__import__("itertools").permutations(range(n)))
+    for ordering in orderings:
+        before: frozenset = frozenset()
+        previous = 0.0
+        for player in ordering:
+            before = before | {player}
+            current = utility(before)
+            values[player] += current - previous
+            previous = current
+    return values / len(orderings)
+
+
+def _expected_personalized(model, players, x_val, y_val, reference, measured):
+    """θ_i^{t*} computed apart from the solver: exact Shapley values of the coalition game
+    (utility: validation accuracy of the members' uniform average), then Eq. 6-7 with every
+    distance from ``reference`` over the ``measured`` entries; the own model (first) when no
+    value is positive."""
+    floats = [k for k, v in players[0].items() if torch.is_floating_point(v)]
+    memo: dict = {}
+
+    def utility(members: frozenset) -> float:
+        if members not in memo:
+            average = {
+                k: (
+                    torch.stack([players[m][k].double() for m in sorted(members)]).mean(0).float()
+                    if k in floats
+                    else players[min(members)][k]
+                )
+                for k in players[0]
+            }
+            model.load_state_dict(average)
+            model.eval()
+            with torch.no_grad():
+                memo[members] = float((model(x_val).argmax(1) == y_val).double().mean())
+        return memo[members]
+
+    values = _brute_force_shapley(utility, len(players))
+    flat = [np.concatenate([p[k].double().numpy().ravel() for k in measured]) for p in players]
+    ref = np.concatenate([reference[k].double().numpy().ravel() for k in measured])
+    raw = np.array(
+        [
+            max(v, 0.0) / max(np.linalg.norm(f - ref), 1e-12)
+            for v, f in zip(values, flat, strict=True)
+        ]
+    )
+    if raw.sum() <= 0:
+        return {k: v.double() for k, v in players[0].items()}, values
+    weights = raw / raw.sum()
+    return {
+        k: sum(w * p[k].double() for w, p in zip(weights, players, strict=True))
+        if k in floats
+        else players[0][k]
+        for k in players[0]
+    }, values
+
+
+def _round_two_games(cfg, grid, strategy):
+    """For each client, round 2's players (own trained model first, then the peers in the
+    order the server sent them), its round-start model and its stored θ_i^{2*}."""
+    from pflarena.core.datasets.tensors import to_tensors
+
+    sent = [
+        m for m in _personalize_messages(grid) if m.content[keys.CONFIG][keys.SERVER_ROUND] == 2
+    ]
+    for msg in sent:
+        node = msg.metadata.dst_node_id
+        context = grid.contexts[node]
+        client = strategy.client_ids[node]
+        config_ = msg.content[keys.CONFIG]
+        assert config_["pfedsv.own"] == strategy.pids[client]
+        peers = list(config_["pfedsv.peers"])
+        own = stored(context, TRAINED_KEY).to_torch_state_dict()
+        players = [own] + [
+            {k: torch.from_numpy(np.array(v.numpy())) for k, v in msg.content[f"peer/{p}"].items()}
+            for p in peers
+        ]
+        data, info = load_client(cfg.federation_spec(), client)
+        x_val, y_val = to_tensors(data.x_val, data.y_val, info)
+        model = build_model(cfg.model_name(), tuple(info.input_shape), info.num_classes)
+        reference = stored(context, PERSONAL_KEY, accepted=1 * 100 + 2).to_torch_state_dict()
+        personal = stored(context, PERSONAL_KEY).to_torch_state_dict()
+        yield client, model, players, x_val, y_val, reference, personal, msg, data
+
+
+def test_the_stored_personalized_model_is_the_shapley_weighted_sum_computed_apart(tmp_path):
+    """Round 2 (where the relevance φ, a moving average, is no longer ∝ the round's SVs and
+    the distance reference θ_i^{1*} is neither θ⁰ nor the own trained model): every client's
+    stored θ_i^{2*} is Σ_j w_j θ_j^2 with exact Shapley values on its validation split,
+    computed here from the models the server sent and the client's own trained model."""
+    cfg, grid, strategy, _ = _run(
+        tmp_path,
+        partition="pathological",
+        class_assignment="deterministic",
+        num_clients=6,
+        num_rounds=2,
+        local_epochs=2,
+        seed=3,
+    )
+    checked = negative = 0
+    for client, model, players, x, y, reference, personal, _, _ in _round_two_games(
+        cfg, grid, strategy
+    ):
+        measured = [n for n, p in model.named_parameters() if p.requires_grad]
+        expected, values = _expected_personalized(model, players, x, y, reference, measured)
+        for name, value in expected.items():
+            np.testing.assert_allclose(
+                personal[name].double().numpy(), value.numpy(), rtol=1e-5, atol=1e-6,
+                err_msg=f"client {client}, {name}",
+            )  # fmt: skip
+        assert len(values) >= 2
+        checked += 1
+        negative += int((values <= 0).any())
+    assert checked == 6 and negative > 0  # some player was left out of some aggregate
+
+
+def test_the_feature_extractor_average_and_the_heads_aggregate_computed_apart(tmp_path):
+    """D+C: the feature extractor every client stores is the uploads' average weighted by
+    training-set size, computed here from the clients' trained models; the head is the
+    Shapley-weighted sum of the coalition's heads on that extractor, distances over the head."""
+    cfg, grid, strategy, _ = _run(
+        tmp_path,
+        partition="pathological",
+        class_assignment="deterministic",
+        num_clients=5,
+        num_rounds=2,
+        local_epochs=2,
+        seed=1,
+        **{"pfedsv.variant": "D+C"},
+    )
+    names = list(initial_arrays(cfg).keys())
+    head = split_head(names, strategy.trainable, 1)
+    trained, sizes = {}, {}
+    for node, context in grid.contexts.items():
+        client = strategy.client_ids[node]
+        trained[client] = stored(context, TRAINED_KEY).to_torch_state_dict()
+        sizes[client] = len(load_client(cfg.federation_spec(), client)[0].y_train)
+    assert len(set(sizes.values())) > 1  # unequal sizes: a plain mean would differ
+    total = sum(sizes.values())
+    features = {
+        n: sum(sizes[c] * trained[c][n].double() for c in trained) / total
+        for n in names
+        if n not in head
+    }
+    for client, model, players, x, y, reference, personal, msg, _ in _round_two_games(
+        cfg, grid, strategy
+    ):
+        assert sorted(
+            msg.content["peer/" + str(msg.content[keys.CONFIG]["pfedsv.peers"][0])]
+        ) == sorted(head)
+        for name, value in features.items():
+            np.testing.assert_allclose(
+                personal[name].double().numpy(), value.numpy(), rtol=1e-5, atol=1e-6,
+                err_msg=f"client {client}, {name}",
+            )  # fmt: skip
+        shared = {n: v.float() for n, v in features.items()}
+        games = [{n: (shared[n] if n in shared else p[n]) for n in names} for p in players]
+        expected, _ = _expected_personalized(model, games, x, y, reference, head)
+        for name in head:
+            np.testing.assert_allclose(
+                personal[name].double().numpy(), expected[name].numpy(), rtol=1e-5, atol=1e-6,
+                err_msg=f"client {client}, {name}",
+            )  # fmt: skip
+
+
+def test_the_validation_subsample_is_off_by_default_and_draws_distinct_images():
+    from pflarena.client.solvers.pfedsv import validation_subsample
+
+    assert PFedSVParams().validation_subsample == 0  # the paper: the whole split
+    x = torch.arange(40, dtype=torch.float32).reshape(20, 2)
+    y = torch.arange(20)
+    whole = validation_subsample(x, y, 0, torch.Generator().manual_seed(0))
+    assert whole[0] is x and whole[1] is y
+    assert validation_subsample(x, y, 20, torch.Generator().manual_seed(0))[1] is y
+    xs, ys = validation_subsample(x, y, 7, torch.Generator().manual_seed(1))
+    assert len(ys) == 7 == len(set(ys.tolist()))
+    torch.testing.assert_close(xs, x[ys])  # each image keeps its label
+    other = validation_subsample(x, y, 7, torch.Generator().manual_seed(2))[1]
+    assert set(other.tolist()) != set(ys.tolist())  # another round, another draw

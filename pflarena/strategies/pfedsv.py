@@ -15,8 +15,11 @@ The server only stores and routes models; it never sees validation data, and see
 values only in the reported relevance vectors. Clients know each other by pseudonyms (a
 seeded permutation of the client ids, §9.21). In the D+C variant the server also averages
 the uploaded feature extractors and sends that one extractor plus k classifier heads. In
-the private variant each upload is a clipped, noised update (§3.6) and the run reports the
-(ε, δ) of the clients' uploads from opacus' RDP accountant.
+the private variant each upload is ``r + clip(θ − r, C) + N(0, σ²C²)`` on the public
+reference r (the client's previous upload, θ⁰ at first), the client asks for every peer
+and chooses among them locally, its replies carry no other data-dependent field, and the run
+reports the (ε, δ) of all its uploads under replace adjacency (sensitivity 2C) from opacus'
+RDP accountant (docs/architecture.md, "pFedSV decisions").
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from pflarena.strategies.base import (
     vector_problem,
 )
 
-__all__ = ["PFedSV", "PFedSVParams", "dp_epsilon", "split_head"]
+__all__ = ["DP_ADJACENCY", "DP_SENSITIVITY", "PFedSV", "PFedSVParams", "dp_epsilon", "split_head"]
 
 MODELS = "models"  # the server pool's record: each client's latest upload
 REQUEST, RELEVANCE = keys.PFEDSV_REQUEST, keys.PFEDSV_RELEVANCE
@@ -81,6 +84,13 @@ class PFedSVParams(MethodParams):
         "§9.1); current-self-median: the peers' from the own trained model, the own model's "
         "the median of those; or none (weights ∝ SV)",
     )
+    validation_subsample: int = Field(
+        0,
+        ge=0,
+        description="Shapley utilities on this many validation images, drawn afresh each "
+        "round (0: the whole split, as the paper; not in the paper, it trades accuracy of the "
+        "values for time)",
+    )
     empty_value: Literal["zero", "chance"] = Field(
         "zero", description="v(∅): 0 (paper) or chance accuracy 1/classes"
     )
@@ -99,9 +109,12 @@ class PFedSVParams(MethodParams):
         description="peers offered: every client's latest upload, or this round's only",
     )
     dp_noise: float = Field(
-        0.0, ge=0, description="noise multiplier σ of the private variant (0: off)"
+        0.0,
+        ge=0,
+        description="noise multiplier σ of the private variant: each upload is r + clip(θ − r, "
+        "C) + N(0, σ²C²) on the client's previous upload r (0: off)",
     )
-    dp_clip: float = Field(1.0, gt=0, description="L2 clip C of each uploaded update")
+    dp_clip: float = Field(1.0, gt=0, description="L2 clip C of θ − r in the private variant")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the reported (ε, δ)")
     report_relevance: bool = Field(
         True,
@@ -126,12 +139,22 @@ def split_head(names: Sequence[str], trainable: Sequence[str], layers: int) -> l
     return list(split_names(names, trainable, layers).head)
 
 
-def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
-    """(ε, δ) of ``uploads`` Gaussian releases with noise multiplier ``noise`` (opacus RDP).
+#: the private variant's neighbouring relation and the sensitivity of each release under it
+DP_ADJACENCY = "replace"
+DP_SENSITIVITY = 2.0  # × C: clip(θ − r) and clip(θ' − r) both lie in the ball of radius C
 
-    Each upload is the client's update clipped to C plus N(0, σ²C²): a Gaussian mechanism of
-    sensitivity C (one client's whole data), composed without subsampling amplification
-    (the server knows who was sampled).
+
+def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
+    """ε of ``uploads`` releases of the private variant at ``δ`` (opacus' RDP accountant).
+
+    Each release is ``r + clip(θ − r, C) + N(0, σ²C²)`` on a public reference r (the
+    client's previous release), so, given the earlier releases, it is a Gaussian mechanism
+    on the clipped difference. Neighbouring inputs: the client's private data (training,
+    validation and test splits, and through them everything it computes) replaced by any
+    other data of the same sizes; the clipped difference then moves by at most 2C, so the
+    noise multiplier relative to the sensitivity is σ/2. The releases compose adaptively
+    over all the client's uploads, without subsampling amplification (the server knows who
+    was sampled).
     """
     if uploads == 0:
         return 0.0
@@ -140,7 +163,7 @@ def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
     from opacus.accountants import RDPAccountant
 
     accountant = RDPAccountant()
-    accountant.history = [(noise, 1.0, uploads)]
+    accountant.history = [(noise / DP_SENSITIVITY, 1.0, uploads)]
     return float(accountant.get_epsilon(delta))
 
 
@@ -184,6 +207,7 @@ class PFedSV(MultiExchangeStrategy):
         alpha: float = 0.5,
         permutations_per_player: int = 3,
         distance_ref: str = "round-start",
+        validation_subsample: int = 0,
         empty_value: str = "zero",
         guard: str = "none",
         variant: str = "D",
@@ -212,9 +236,11 @@ class PFedSV(MultiExchangeStrategy):
             "alpha": alpha,
             "permutations-per-player": permutations_per_player,
             "distance-ref": distance_ref,
+            "validation-subsample": validation_subsample,
             "empty-value": empty_value,
             "guard": guard,
-            "report-relevance": report_relevance,
+            # the private variant reports nothing that depends on the validation split
+            "report-relevance": report_relevance and dp_noise <= 0,
             "dp-noise": dp_noise,
             "dp-clip": dp_clip,
             "num-peers": self.num_clients,
@@ -390,6 +416,15 @@ class PFedSV(MultiExchangeStrategy):
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
     def _round_metrics(self, uploaded: list[Message], answers: list[Message]) -> MetricRecord:
+        if self.dp["noise"] > 0:  # the private variant's replies carry no private metric
+            return MetricRecord(
+                {
+                    "clients-trained": len(uploaded),
+                    "dp-epsilon": dp_epsilon(
+                        self.dp["noise"], max(self.uploads.values(), default=0), self.dp["delta"]
+                    ),
+                }
+            )
         metrics = self.train_metrics(uploaded)
         assert metrics is not None
         if answers:
@@ -428,6 +463,8 @@ class PFedSV(MultiExchangeStrategy):
             summary["dp"] = {
                 "noise_multiplier": self.dp["noise"],
                 "clip": self.dp["clip"],
+                "adjacency": DP_ADJACENCY,
+                "sensitivity": DP_SENSITIVITY * self.dp["clip"],
                 "delta": self.dp["delta"],
                 "max_uploads": max(self.uploads.values(), default=0),
                 "epsilon": dp_epsilon(

@@ -43,6 +43,7 @@ __all__ = [
     "FEATURES",
     "PEER_PREFIX",
     "PERSONAL_KEY",
+    "RELEASE_KEY",
     "RELEVANCE",
     "RELEVANCE_KEY",
     "REQUEST",
@@ -51,14 +52,18 @@ __all__ = [
     "clip_and_noise",
     "evaluate",
     "personalized_model",
+    "private_release",
     "select_peers",
     "train",
     "update_relevance",
+    "validation_subsample",
 ]
 
 PERSONAL_KEY = "pfedsv/personal-model"  # θ_i^{t*}: trained from, evaluated, the distance ref
 TRAINED_KEY = "pfedsv/trained-model"  # θ_i^t: this round's locally trained model (clean)
 RELEVANCE_KEY = "pfedsv/relevance"  # φ^i and the explored set, indexed by pid
+RELEASE_KEY = "pfedsv/release"  # private variant: the client's latest release (public)
+CHOSEN_KEY = "pfedsv/chosen"  # private variant: the peers chosen this round (kept local)
 
 REQUEST = keys.PFEDSV_REQUEST
 RELEVANCE = keys.PFEDSV_RELEVANCE
@@ -189,6 +194,39 @@ def clip_and_noise(
     return noised, norm
 
 
+def private_release(
+    reference: dict[str, torch.Tensor],
+    trained: dict[str, torch.Tensor],
+    clip: float,
+    noise: float,
+    generator: torch.Generator,
+) -> tuple[dict[str, torch.Tensor], float]:
+    """The private variant's release ``r + clip(θ − r, C) + N(0, σ²C²)``.
+
+    ``reference`` is the public reference r (the client's previous release, the initial
+    model at first); ``trained`` is θ. Every floating entry (parameters and buffers) goes
+    through the clipped, noised difference; the others (integer counters) are r's, so
+    nothing of θ leaves except through the Gaussian mechanism. Returns the release and
+    ``‖θ − r‖`` before clipping (which the client keeps to itself).
+    """
+    floating = [k for k, v in reference.items() if torch.is_floating_point(v)]
+    noised, norm = clip_and_noise(
+        {k: trained[k] - reference[k] for k in floating}, clip, noise, generator
+    )
+    return {k: reference[k] + noised[k] if k in noised else reference[k] for k in reference}, norm
+
+
+def validation_subsample(
+    x: torch.Tensor, y: torch.Tensor, size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` validation images drawn uniformly without replacement (all when ``size`` is 0
+    or at least the split's size)."""
+    if size <= 0 or size >= len(y):
+        return x, y
+    chosen = torch.randperm(len(y), generator=generator)[:size].to(y.device)
+    return x[chosen], y[chosen]
+
+
 # --------------------------------------------------------------------------- the game
 @dataclass
 class _Game:
@@ -309,7 +347,6 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _train(job: ClientJob) -> tuple[dict, dict]:
     model = job.state_model_or_initial(PERSONAL_KEY)
-    start = _state(model)
     loss, steps = train_epochs(
         model,
         job.data.x_train,
@@ -320,20 +357,25 @@ def _train(job: ClientJob) -> tuple[dict, dict]:
     job.save_state_model(TRAINED_KEY, model)
     upload = _state(model)
     metrics = train_metrics(job, loss, steps)
-    noise = float(job.param("dp-noise"))
-    if noise > 0:
-        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-        # Fresh, unpredictable noise: a generator seeded from the run seed would let anyone
-        # who knows the run config subtract it.
-        generator = torch.Generator().manual_seed(secrets.randbits(63))
-        noised, norm = clip_and_noise(
-            {n: upload[n] - start[n] for n in trainable},
+    private = float(job.param("dp-noise")) > 0
+    if private:
+        # The release is built on the public reference r (the previous release, θ⁰ at
+        # first): the private inputs (training and validation splits, the aggregate this
+        # round trained from) enter only through clip(θ − r). Fresh, unpredictable noise: a
+        # generator seeded from the run seed would let anyone who knows the config subtract it.
+        reference_model = job.state_model_or_initial(RELEASE_KEY)
+        upload, _ = private_release(
+            _state(reference_model),
+            upload,
             float(job.param("dp-clip")),
-            noise,
-            generator,
+            float(job.param("dp-noise")),
+            torch.Generator().manual_seed(secrets.randbits(63)),
         )
-        upload |= {n: start[n] + noised[n] for n in trainable}
-        metrics["update-norm"] = norm
+        reference_model.load_state_dict(upload)
+        job.save_state_model(RELEASE_KEY, reference_model)
+        # only what does not depend on the private data: the id and the training split's
+        # size (public under the replace adjacency of the accounting)
+        metrics = {k: metrics[k] for k in (keys.CLIENT_ID, keys.NUM_EXAMPLES)}
     num_peers = int(job.param("num-peers"))
     relevance, explored = _relevance(job, num_peers)
     own = int(job.param("own"))
@@ -348,6 +390,11 @@ def _train(job: ClientJob) -> tuple[dict, dict]:
         rule=str(job.param("top-k-rule")),
         rng=_rng(job, "peers"),
     )
+    if private:
+        # the choice follows the relevance, i.e. the validation split: it stays on the
+        # client, which asks for every candidate (a request that depends on nothing private)
+        job.state[CHOSEN_KEY] = ArrayRecord({"peers": Array(np.array(request[:k], dtype=np.int64))})
+        request, k = sorted(candidates), len(candidates)
     records = {
         keys.ARRAYS: ArrayRecord({k_: Array(v.cpu().numpy()) for k_, v in upload.items()}),
         REQUEST: ConfigRecord({"peers": request, "k": k}),
@@ -361,6 +408,13 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     peers = [int(p) for p in job.param("peers")]
     if own in peers:
         raise ValueError(f"the server sent this client's own model (pid {own}) as a peer")
+    private = float(job.param("dp-noise")) > 0
+    if private:  # every candidate was sent: play the peers chosen in the train phase
+        chosen = job.state.get(CHOSEN_KEY)
+        if chosen is None:
+            raise RuntimeError("personalize: this client chose no peers this round")
+        delivered = set(peers)
+        peers = [int(p) for p in chosen["peers"].numpy() if int(p) in delivered]
     trained = job.load_state_model(TRAINED_KEY)
     if trained is None:
         raise RuntimeError("personalize: this client has no model trained this round")
@@ -385,12 +439,18 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
 
     players = [own, *peers]
     num_classes = job.data.info.num_classes
+    x_val, y_val = validation_subsample(
+        job.data.x_val,
+        job.data.y_val,
+        int(job.param("validation-subsample")),
+        job.generator("validation-subsample"),
+    )
     game = _Game(
         model=copy.deepcopy(trained),
         players=players,
         states=states,
-        x_val=job.data.x_val,
-        y_val=job.data.y_val,
+        x_val=x_val,
+        y_val=y_val,
         empty_value=1.0 / num_classes if job.param("empty-value") == "chance" else 0.0,
         linear_head=_linear_head(trained, head),
     )
@@ -449,6 +509,8 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
         "trained-test-accuracy": trained_test.correct / max(trained_test.count, 1),
     }
     records: dict = {}
+    if private:  # everything above depends on the validation or test split
+        return records, {k: metrics[k] for k in (keys.CLIENT_ID, keys.NUM_EXAMPLES)}
     if bool(job.param("report-relevance")):
         records[RELEVANCE] = ArrayRecord(
             {
