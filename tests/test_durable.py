@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import config, run_resumable, stateful_grid
+from helpers import comparable, config, run_resumable, stateful_grid
 
 from pflarena.server import cli
 from pflarena.server.checkpoint import (
@@ -197,3 +197,34 @@ def test_resume_with_more_rounds_asks_for_them(finished_run, tmp_path, monkeypat
     assert [(c.num_rounds, c.resume, c.output_dir) for c in started] == [
         (5, True, str(run.resolve()))
     ]
+
+
+@pytest.mark.slow
+def test_a_moved_run_resumes_with_its_clients_state(tmp_path):
+    """The ServerApp's own path, in process: a Ditto run moved to another directory, then
+    extended by a round, finds every client's personal model (its state key is in
+    config.json, not derived from the output directory) and ends as a run of 3 rounds."""
+    common = ["--strategy", "ditto", "--num-clients", "3", "--fraction-train", "1",
+              "--engine", "inprocess", "--quiet"]  # fmt: skip
+
+    def pflarena_run(*args: str) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "pflarena.server.cli", "run", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+
+    pflarena_run(*common, "--num-rounds", "3", "--output-dir", str(tmp_path / "whole"))
+    pflarena_run(*common, "--num-rounds", "2", "--output-dir", str(tmp_path / "first"))
+    moved = (tmp_path / "first").rename(tmp_path / "moved")
+    pflarena_run("--resume", str(moved), "--num-rounds", "3", "--engine", "inprocess", "--quiet")
+    rounds = read_rounds(moved / "rounds.jsonl")
+    assert not any(r["train"].get("state_problems") for r in rounds[1:])
+    assert comparable(rounds) == comparable(read_rounds(tmp_path / "whole" / "rounds.jsonl"))
+    summary = json.loads((moved / "summary.json").read_text())
+    assert summary["status"] == "completed" and "state_problems" not in summary
+    resumes = json.loads((moved / "config.json").read_text())["resumes"]
+    assert resumes[0]["num_rounds"] == {"from": 2, "to": 3}
