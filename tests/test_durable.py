@@ -228,3 +228,24 @@ def test_a_moved_run_resumes_with_its_clients_state(tmp_path):
     assert summary["status"] == "completed" and "state_problems" not in summary
     resumes = json.loads((moved / "config.json").read_text())["resumes"]
     assert resumes[0]["num_rounds"] == {"from": 2, "to": 3}
+
+
+def test_a_failed_resume_reports_its_own_error(finished_run, tmp_path):
+    """Before, a resume that failed on a damaged checkpoint left the previous attempt's
+    summary.json in place, and `pflarena run` reported that attempt's error."""
+    run = _copy(finished_run, tmp_path / "run")
+    summary = {"strategy": "fedavg", "status": "failed", "error": "the previous error"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    path = run / CHECKPOINT_NAME
+    path.write_bytes(path.read_bytes()[:100])
+    result = subprocess.run(
+        [sys.executable, "-m", "pflarena.server.cli", "run", "--resume", str(run)]
+        + ["--engine", "inprocess", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert f"checkpoint {path} is unreadable" in result.stderr
+    assert "the previous error" not in result.stderr

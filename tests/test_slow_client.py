@@ -48,14 +48,14 @@ def test_in_process_a_client_past_the_round_timeout_costs_only_itself(tmp_path, 
 
 @pytest.mark.slow
 def test_on_ray_a_client_past_the_round_timeout_does_not_make_others_time_out(tmp_path):
-    """Two actors, four clients; client 0 sleeps 180 s a round with round-timeout=60 (more than
-    an actor's first message takes on a loaded machine, its ClientApp imports). Before,
+    """Two actors, four clients; client 0 sleeps 300 s a round with round-timeout=120 (more
+    than round 0 takes on a loaded machine, where the actors load the ClientApp). Before,
     its actor stayed busy after the timeout, the next round's slow message took the other
     actor too, and the three honest clients timed out behind them: the run failed."""
     env = {
         **__import__("os").environ,
         "PFLARENA_PLUGINS": PLUGIN,
-        "PFLARENA_TEST_SLEEP_S": "180",
+        "PFLARENA_TEST_SLEEP_S": "300",
         "PYTHONPATH": f"{TESTS}:{Path(__file__).parents[1]}",
     }
     out = tmp_path / "run"
@@ -74,14 +74,14 @@ def test_on_ray_a_client_past_the_round_timeout_does_not_make_others_time_out(tm
             "--fraction-train",
             "1",
             "--round-timeout",
-            "60",
+            "120",
             "--output-dir",
             str(out),
             "--quiet",
         ],  # fmt: skip
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1200,
         env=env,
         cwd=tmp_path,
     )

@@ -31,7 +31,13 @@ class ReusableRayBackend(RayBackend):
     running it is killed and replaced by a new one, and the message gets no reply (the
     server records the client as not having replied within the round timeout). A message
     taken up after it expired is not run at all.
+
+    An actor's first message is waited for as Flower does: it loads the ClientApp (torch,
+    the data), which on a loaded machine can take longer than a short round timeout, and a
+    new actor killed during its start-up would be replaced by another that starts up again.
     """
+
+    _warm: set[str]
 
     def build(self, app_fn: Callable[[], Any]) -> None:
         if self.pool is None:
@@ -54,7 +60,10 @@ class ReusableRayBackend(RayBackend):
             lambda a, a_fn, mssg, cid, state: a.run.remote(a_fn, mssg, cid, state),
             (self.app_fn, message, str(partition_id), context),
         )
-        ready, _ = ray.wait([future], timeout=remaining)
+        actor = self.pool._future_to_actor[future]._actor_id.hex()  # noqa: SLF001
+        warm = self.__dict__.setdefault("_warm", set())
+        ready, _ = ray.wait([future], timeout=remaining if actor in warm else None)
+        warm.add(actor)
         if not ready:
             self._replace_actor(future)
             log(
