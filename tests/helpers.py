@@ -74,17 +74,27 @@ def stateful_grid(cfg: RunConfig, state_dir: Path, node_id_base: int) -> LocalGr
 
 
 def run_resumable(
-    cfg: RunConfig, out: Path, grid: LocalGrid, resume: bool = False
+    cfg: RunConfig, out: Path, grid: LocalGrid, resume: bool = False, state_key: str = "run"
 ) -> tuple[RunOutcome, PflStrategy]:
-    """Run ``cfg`` into ``out`` as the ServerApp does (checkpoints, server pools on disk), or
-    continue it from its checkpoint with ``resume``."""
+    """Run ``cfg`` into ``out`` as the ServerApp does (checkpoints, server pools on disk, the
+    clients' state under ``state_key``), or continue it from its checkpoint with ``resume``."""
     checkpoint = load_checkpoint(out, cfg.strategy) if resume else None
-    writer = ResultsWriter(out, resume_after=checkpoint.server_round if checkpoint else None)
+    writer = ResultsWriter(
+        out, resume_after=checkpoint.server_round if checkpoint else None, checkpoint=checkpoint
+    )
     if not resume:
         writer.write_config({"run_config": cfg.to_run_config()})
     try:
         strategy = build_strategy(cfg, state_dir=out / "server-state")
-        outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
+        outcome = run_rounds(
+            grid,
+            cfg,
+            strategy,
+            initial_arrays(cfg),
+            writer,
+            resume=checkpoint,
+            state_key=state_key,
+        )
         return outcome, strategy
     finally:
         writer.close()

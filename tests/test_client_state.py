@@ -60,9 +60,26 @@ def test_a_server_restarted_one_round_back_rolls_the_client_back(store):
 
 
 def test_missing_state_is_reported(store):
-    state = ClientState(store, 301, 401)
-    assert state.missing and _value(state, "model") is None
-    assert not ClientState(store, 0, 101).missing
+    state = ClientState(store, 301, 401, holds=301)
+    assert state.missing and state.problem_code == 1 and _value(state, "model") is None
+    assert not ClientState(store, 0, 101, holds=0).missing
+    # a stateless client (FedAvg) holds version 0 however many updates were accepted
+    assert not ClientState(store, 301, 401, holds=0).missing
+
+
+def test_a_client_holding_what_the_server_says_is_not_missing(store):
+    _write(store, 0, 101, model=1.0)
+    state = ClientState(store, 301, 401, holds=101)  # 201 and 301 wrote nothing
+    assert not state.missing and _value(state, "model") == 1.0 and state.problem_code == 0
+
+
+def test_an_unreadable_entry_is_reported(tmp_path):
+    store = DiskVersions(tmp_path / "client-0")
+    _write(store, 0, 101, model=1.0)
+    (tmp_path / "client-0" / "v101" / "model.npz").write_bytes(b"garbage")
+    state = ClientState(store, 101, 201, holds=101)
+    assert _value(state, "model") is None and state.problem_code == 2
+    assert "model.npz" in state.unreadable
 
 
 def test_without_sync_the_newest_version_is_current(store):

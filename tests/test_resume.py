@@ -18,11 +18,9 @@ from local_grid import LocalGrid
 from processes import descendants
 
 from pflarena.core import keys
-from pflarena.server.app import initial_arrays
 from pflarena.server.checkpoint import load_checkpoint
-from pflarena.server.loop import TooManyFailures, run_rounds
-from pflarena.server.registry import build_strategy
-from pflarena.server.results import ResultsWriter, read_rounds
+from pflarena.server.loop import TooManyFailures
+from pflarena.server.results import read_rounds, summarize_rounds
 
 
 @pytest.mark.parametrize(
@@ -89,33 +87,70 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
     assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(whole.rounds)
 
 
-def test_a_client_without_its_state_says_so_and_starts_from_the_server_model(tmp_path):
-    cfg = config(strategy="ditto", num_clients=3, num_rounds=2, fraction_train=1.0)
-    grid = stateful_grid(cfg, tmp_path / "state", 1_000_003)
-    run_resumable(cfg, tmp_path / "run", grid)
-    # lose every client's state, then continue the same run for two more rounds
-    cfg4 = cfg.model_copy(update={"num_rounds": 4})
-    for path in (tmp_path / "state").rglob("v*"):
-        if path.is_dir():
-            for file in path.iterdir():
+def _lose_state(state_dir: Path, client: int, how: str) -> None:
+    """Delete a client's stored versions, or replace each stored entry with garbage."""
+    for version in (state_dir / "run" / f"client-{client}").glob("v*"):
+        for file in version.iterdir():
+            if how == "delete":
                 file.unlink()
-            path.rmdir()
-    grid = stateful_grid(cfg4, tmp_path / "state", 1_000_003)
-    grid.contexts = {n: c for n, c in grid.contexts.items()}
-    seen = []
-    grid.reply_filter = lambda reply: seen.append(reply) or reply
-    checkpoint = load_checkpoint(tmp_path / "run", "ditto")
-    writer = ResultsWriter(tmp_path / "run", resume_after=checkpoint.server_round)
-    try:
-        run_rounds(
-            grid, cfg4, build_strategy(cfg4), initial_arrays(cfg4), writer, resume=checkpoint
-        )
-    finally:
-        writer.close()
-    train_replies = [
-        r.content[keys.METRICS] for r in seen if keys.TRAIN_LOSS in r.content.get(keys.METRICS, {})
+            else:
+                file.write_bytes(b"not a numpy file")
+        if how == "delete":
+            version.rmdir()
+
+
+def test_a_client_whose_state_is_lost_is_reported_and_its_replies_not_used(tmp_path):
+    """Catches a server that ignores the clients' state-missing flag (a lost personal model
+    silently restarted, a garbled one failing as an anonymous error) and a run that then
+    ends `completed` without a word about it."""
+    cfg = config(strategy="ditto", num_clients=5, num_rounds=2, fraction_train=1.0)
+    state = tmp_path / "state"
+    run_resumable(cfg, tmp_path / "run", stateful_grid(cfg, state, 1_000_003))
+    _lose_state(state, 1, "delete")
+    _lose_state(state, 3, "garble")
+    cfg4 = cfg.model_copy(update={"num_rounds": 4})  # the same run, two more rounds
+    outcome, _ = run_resumable(
+        cfg4, tmp_path / "run", stateful_grid(cfg4, state, 2_000_003), resume=True
+    )
+    for record in outcome.rounds[3:]:
+        lost = {
+            (e["client"], e["problem"].split(":")[0]) for e in record["train"]["state_problems"]
+        }
+        assert lost == {(1, "client state missing"), (3, "client state unreadable")}
+        assert record["train"]["clients"] == 3 and record["train"]["failures"] == 2
+        assert {e["client"] for e in record["evaluation"]["state_problems"]} == {1, 3}
+        assert set(record["evaluation"]["per_client"]) == {"0", "2", "4"}
+    summary = summarize_rounds(outcome.rounds)
+    assert [(e["client"], e["first_round"], e["rounds"]) for e in summary["state_problems"]] == [
+        (1, 3, 2),
+        (3, 3, 2),
     ]
-    assert train_replies and all(m.get(keys.STATE_MISSING) == 1 for m in train_replies[:3])
+
+
+def test_a_run_most_of_whose_clients_lost_their_state_stops_naming_them(tmp_path):
+    cfg = config(strategy="ditto", num_clients=3, num_rounds=2, fraction_train=1.0)
+    state = tmp_path / "state"
+    run_resumable(cfg, tmp_path / "run", stateful_grid(cfg, state, 1_000_003))
+    for client in (0, 2):
+        _lose_state(state, client, "delete")
+    cfg4 = cfg.model_copy(update={"num_rounds": 4})
+    with pytest.raises(TooManyFailures, match=r"client state missing or unreadable: clients 0, 2"):
+        run_resumable(cfg4, tmp_path / "run", stateful_grid(cfg4, state, 1_000_003), resume=True)
+
+
+def test_a_run_extended_with_more_rounds_equals_one_started_with_them(tmp_path):
+    """Ditto keeps a personal model per client: the extension must find it (the state key
+    may not depend on num-rounds) and continue to the rounds of an uninterrupted run."""
+    cfg = config(strategy="ditto", num_clients=3, num_rounds=2, fraction_train=1.0)
+    cfg4 = cfg.model_copy(update={"num_rounds": 4})
+    whole, _ = run_resumable(
+        cfg4, tmp_path / "whole", stateful_grid(cfg4, tmp_path / "state-whole", 1_000_003)
+    )
+    run_resumable(cfg, tmp_path / "run", stateful_grid(cfg, tmp_path / "state", 1_000_003))
+    extended, _ = run_resumable(
+        cfg4, tmp_path / "run", stateful_grid(cfg4, tmp_path / "state", 2_000_003), resume=True
+    )
+    assert comparable(extended.rounds) == comparable(whole.rounds)
 
 
 def test_resume_refuses_a_directory_without_a_run(tmp_path):

@@ -54,18 +54,29 @@ def open_state(
     root = node_config.get("state-dir")
     if not root and cfg.output_dir and "data-path" not in node_config:
         root = str(Path(cfg.output_dir) / "client-state")
+    sync = msg.content.config_records.get(keys.SYNC)
+    key = str(sync[keys.STATE_KEY]) if sync is not None and keys.STATE_KEY in sync else ""
+    if not key.isalnum():  # not given (or not a plain name): the run config's hash
+        key = run_key(context.run_config)
     store = (
-        DiskVersions(Path(str(root)) / run_key(context.run_config) / f"client-{client_id}")
+        DiskVersions(Path(str(root)) / key / f"client-{client_id}")
         if root
         else MemoryVersions(context.state)
     )
-    sync = msg.content.config_records.get(keys.SYNC)
     if sync is None:  # no sync: the newest version is current, a train message adds one
         newest = max(store.versions(), default=0)
         return ClientState(store, None, newest + 1 if train else None)
     accepted = int(sync[keys.ACCEPTED]) if keys.ACCEPTED in sync else None
     update_id = int(sync[keys.UPDATE_ID]) if train and keys.UPDATE_ID in sync else None
-    return ClientState(store, accepted, update_id)
+    holds = int(sync[keys.HOLDS]) if keys.HOLDS in sync else None
+    return ClientState(store, accepted, update_id, holds=holds)
+
+
+def _state_metrics(state: ClientState) -> dict[str, int]:
+    """What a reply says about this client's state: ``state-missing`` when the version the
+    server says it holds is gone or unreadable (the server then does not use the reply)."""
+    code = state.problem_code
+    return {keys.STATE_MISSING: code} if code else {}
 
 
 def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Solver]:
@@ -100,8 +111,8 @@ def train(msg: Message, context: Context) -> Message:
     job.state.save()  # before replying: the reply may be accepted at once
     metrics[keys.TRAIN_TIME] = time.perf_counter() - start
     metrics[keys.TRAIN_CPU] = time.process_time() - start_cpu
-    if job.state.missing:
-        metrics[keys.STATE_MISSING] = 1
+    metrics[keys.STATE_VERSION] = job.state.version
+    metrics |= _state_metrics(job.state)
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
     )
@@ -116,6 +127,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         records, metrics = cross_evaluate(job, solver)
     else:
         records, metrics = {}, solver.evaluate(job)
+    metrics |= _state_metrics(job.state)
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
     )

@@ -16,10 +16,18 @@ So a client's state moves only with the server's: a rejected or lost reply leave
 (pFedGT's tracked average c stays the mean of the stored messages, its Lemma 1), and a run
 resumed from round r sees every client as it was at round r.
 
-Where versions live: ``<root>/<run-key>/client-<id>/v<update-id>/<entry>.npz``, ``root``
+The server also says which version the client must hold (``holds``: the state version its
+last accepted reply left, 0 for none). A client that no longer holds it (a deleted or
+moved state directory, a SuperNode restarted without one), or whose stored entry cannot be
+read, says so in its reply (``state-missing``: :data:`STATE_MISSING_CODE` or
+:data:`STATE_UNREADABLE_CODE`) and the server does not use that reply.
+
+Where versions live: ``<root>/<state-key>/client-<id>/v<update-id>/<entry>.npz``, ``root``
 being the node's ``state-dir`` (deployment) or the run's output directory (simulation). The
-run key is a hash of the run config, so two runs never share state and a resumed run finds
-its own. Without a root (a deployment with no ``state-dir``) the same versions are kept in
+state key is the run's own (``state-key`` in the sync record, chosen when the run starts and
+kept in its ``config.json``), so two runs never share state, and a resumed, moved, copied or
+extended run finds its own; a message without one (Flower's own ``Strategy.start``) uses a
+hash of the run config. Without a root (a deployment with no ``state-dir``) the same versions are kept in
 Flower's ``context.state`` (in memory, for the life of the SuperNode). Entries read from disk
 are cached per process (a few, least recently used), so a simulation's memory does not grow
 with its number of clients.
@@ -27,25 +35,25 @@ with its number of clients.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping
-from typing import Any
-
 from flwr.app import ArrayRecord
 
-from pflarena.core.versions import DiskVersions, MemoryVersions
+from pflarena.core.versions import DiskVersions, MemoryVersions, run_key
 
-__all__ = ["ClientState", "DiskVersions", "MemoryVersions", "run_key"]
+__all__ = [
+    "ClientState",
+    "DiskVersions",
+    "MemoryVersions",
+    "STATE_MISSING_CODE",
+    "STATE_UNREADABLE_CODE",
+    "run_key",
+]
 
 #: Versions kept before the accepted one (a server restarts at most a round behind).
 KEEP_VERSIONS = 3
-
-
-def run_key(run_config: Mapping[str, Any]) -> str:
-    """A short stable name for a run: a hash of its config (``resume`` left out)."""
-    items = sorted((k, v) for k, v in run_config.items() if k != "resume")
-    return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:16]
+#: ``state-missing`` values of a reply: the version the server says this client holds is
+#: gone, or a stored entry could not be read.
+STATE_MISSING_CODE = 1
+STATE_UNREADABLE_CODE = 2
 
 
 class ClientState:
@@ -65,6 +73,9 @@ class ClientState:
     prune
         Delete the versions after ``accepted`` and all but a few before it (``False`` to
         only look, as tests do).
+    holds
+        The version the server says this client holds (its last accepted reply's
+        ``state-version``; 0: none; ``None``: not said, nothing is checked).
     """
 
     def __init__(
@@ -74,6 +85,7 @@ class ClientState:
         update_id: int | None,
         *,
         prune: bool = True,
+        holds: int | None = None,
     ) -> None:
         self.store = store
         self.update_id = update_id
@@ -87,9 +99,11 @@ class ClientState:
             for version in versions if prune else []:
                 if version > accepted or version in kept[:-KEEP_VERSIONS]:
                     store.delete(version)
-        #: the server accepted updates from this client but none of them is stored here
-        #: (a lost state directory): the solver starts afresh and the reply says so
-        self.missing = bool(accepted) and self.current is None
+        #: the server accepted state from this client that is not stored here (a lost or
+        #: moved state directory): the reply says so and the server does not use it
+        self.missing = bool(holds) and (self.current is None or self.current < holds)
+        #: why a stored entry could not be read (``None``: every read worked)
+        self.unreadable: str | None = None
         self._current_entries = (
             set(store.entries(self.current)) if self.current is not None else set()
         )
@@ -102,8 +116,26 @@ class ClientState:
         if entry in self.changed:
             return self.changed[entry]
         if entry in self._current_entries:
-            return self.store.read(self.current, entry)
+            try:
+                return self.store.read(self.current, entry)
+            except Exception as exc:  # noqa: BLE001 - any damage: the reply says so
+                self.unreadable = f"{entry} of version {self.current}: {exc}"
+                self._current_entries.discard(entry)
         return None
+
+    @property
+    def problem_code(self) -> int:
+        """The reply's ``state-missing`` value (0: the state is whole)."""
+        if self.missing:
+            return STATE_MISSING_CODE
+        return STATE_UNREADABLE_CODE if self.unreadable is not None else 0
+
+    @property
+    def version(self) -> int:
+        """The version this client holds after this message (its ``state-version``)."""
+        if self.changed and self.update_id is not None:
+            return self.update_id
+        return self.current or 0
 
     def __getitem__(self, entry: str) -> ArrayRecord:
         record = self.get(entry)

@@ -39,6 +39,8 @@ CROSS_LOSS_SUM = "cross-loss-sum"
 SYNC = "sync"
 ACCEPTED = "accepted"
 UPDATE_ID = "update-id"
+HOLDS = "holds"  # the state version the client must hold (its last accepted state-version)
+STATE_KEY = "state-key"  # the run's name for its clients' state (kept in config.json)
 
 # MetricRecord keys every client reply carries.
 CLIENT_ID = "client-id"
@@ -47,7 +49,8 @@ TRAIN_LOSS = "train-loss"
 TRAIN_STEPS = "train-steps"
 TRAIN_TIME = "train-time-s"  # wall time of the local solver (set by the ClientApp)
 TRAIN_CPU = "train-cpu-s"  # CPU time of the local solver's process (set by the ClientApp)
-STATE_MISSING = "state-missing"  # 1: the server accepted updates this client no longer has
+STATE_MISSING = "state-missing"  # 1: the state the server accepted is gone; 2: unreadable
+STATE_VERSION = "state-version"  # the client's state version after a train message
 
 # Evaluation replies: sums, so the server can pool them exactly.
 PERSONALIZED_CORRECT = "personalized-correct"

@@ -16,19 +16,28 @@ the number of clients.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-__all__ = ["ClientPool", "DiskVersions", "MemoryVersions"]
+__all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "run_key"]
 
 _CACHE_ENTRIES = 16
+
+
+def run_key(run_config: Mapping[str, Any]) -> str:
+    """A short stable name for a run: a hash of its config (``resume`` left out)."""
+    items = sorted((k, v) for k, v in run_config.items() if k != "resume")
+    return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:16]
 
 
 def _file_name(entry: str) -> str:
@@ -70,8 +79,11 @@ class DiskVersions:
             return self._cache[key]
         if not path.exists():
             return None
-        with np.load(path, allow_pickle=False) as data:
-            record = ArrayRecord({name: Array(data[name]) for name in data.files})
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                record = ArrayRecord({name: Array(data[name]) for name in data.files})
+        except Exception as exc:  # noqa: BLE001 - a damaged file, whatever numpy says
+            raise ValueError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
         self._cache[key] = record
         while len(self._cache) > _CACHE_ENTRIES:
             self._cache.popitem(last=False)

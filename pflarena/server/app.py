@@ -7,6 +7,7 @@ import os
 import platform
 import time
 import traceback
+import uuid
 from datetime import datetime, timezone
 from logging import ERROR, INFO
 from pathlib import Path
@@ -23,11 +24,19 @@ from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
 from pflarena.core.partition import label_permutations, permutation_group_of
+from pflarena.core.versions import run_key
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.polling import PromptGrid, prompt_grid
 from pflarena.server.registry import build_strategy, declaration_of, parse_config
-from pflarena.server.results import ResultsWriter, plot_run, read_rounds
+from pflarena.server.results import (
+    ResultsWriter,
+    check_output_dir,
+    completed_summary,
+    plot_run,
+    read_rounds,
+)
+from pflarena.server.runlock import lock_run_dir, release
 
 __all__ = ["app", "resolve_output_dir", "initial_arrays", "label_permutation_record"]
 
@@ -61,22 +70,70 @@ def label_permutation_record(cfg: RunConfig) -> dict:
     }
 
 
+def state_key_of(previous: dict, run_config: dict) -> str:
+    """The name of a resumed run's client state: the one its ``config.json`` keeps, or for a
+    run begun before the key was kept there, the hash of its run config its clients used
+    (with the run's first ``output-dir`` and ``num-rounds``, so it survives a move and an
+    extension too)."""
+    if previous.get("state_key"):
+        return str(previous["state_key"])
+    original = previous.get("run_config", {})
+    return run_key(
+        dict(run_config) | {k: original[k] for k in ("output-dir", "num-rounds") if k in original}
+    )
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     grid = prompt_grid(grid)  # a deployment's replies checked every 0.1 s, not every 3 s
     cfg = parse_config(context.run_config)  # raises ConfigError naming the bad keys
     output_dir = resolve_output_dir(cfg)
+    if cfg.resume and not cfg.output_dir:
+        raise ConfigError("resume=true needs the output-dir of the run to continue")
+    if not cfg.resume:
+        check_output_dir(output_dir)  # before the lock file: results are never overwritten
+    lock = lock_run_dir(output_dir)  # one process at a time in a run directory
+    try:
+        _run(grid, context, cfg, output_dir)
+    finally:
+        release(lock)
+
+
+def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None:
     checkpoint = None
+    previous: dict = {}
     if cfg.resume:
-        if not cfg.output_dir:
-            raise ConfigError("resume=true needs the output-dir of the run to continue")
-        checkpoint = load_checkpoint(output_dir, cfg.strategy)
-        # no checkpoint yet (it died in round 1): start again from round 0
-        writer = ResultsWriter(
-            output_dir, resume_after=checkpoint.server_round if checkpoint else -1
-        )
+        if not (output_dir / "config.json").exists():
+            raise ConfigError(f"{output_dir} holds no run to resume (no config.json)")
+        previous = json.loads((output_dir / "config.json").read_text())
+        try:
+            checkpoint = load_checkpoint(output_dir, cfg.strategy)
+            if checkpoint is not None and checkpoint.server_round > cfg.num_rounds:
+                raise ConfigError(
+                    f"checkpoint {checkpoint.path} is after round {checkpoint.server_round}, "
+                    f"past the run's num-rounds={cfg.num_rounds}"
+                )
+            if (
+                checkpoint is not None
+                and checkpoint.server_round == cfg.num_rounds
+                and completed_summary(output_dir) is not None
+            ):
+                log(INFO, "pflarena: the run in %s is complete; nothing to resume", output_dir)
+                return
+            # no checkpoint yet (it died in round 1): start again from round 0
+            writer = ResultsWriter(
+                output_dir,
+                resume_after=checkpoint.server_round if checkpoint else -1,
+                checkpoint=checkpoint,
+            )
+        except Exception as exc:
+            # this attempt's own error, not the summary of the attempt before
+            _write_failed_summary(output_dir, cfg, exc)
+            raise
+        state_key = state_key_of(previous, context.run_config)
     else:
         writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
+        state_key = uuid.uuid4().hex[:16]
     log(
         INFO,
         "pflarena: %s on %s, %d clients, %d rounds -> %s",
@@ -104,6 +161,9 @@ def main(grid: Grid, context: Context) -> None:
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         },
         "started_at": datetime.now(timezone.utc).isoformat(),
+        # the name of the clients' state (client/state.py): kept here, so that the run
+        # finds it again when its directory is moved or copied
+        "state_key": state_key,
     }
     server_data = load_server_data(cfg.federation_spec())  # None unless server-fraction > 0
     if server_data is not None:
@@ -114,14 +174,19 @@ def main(grid: Grid, context: Context) -> None:
     if cfg.label_permutation_groups and not cfg.shards_dir:
         config_record["label_permutations"] = label_permutation_record(cfg)
     if cfg.resume:  # config.json stays the original run's; each resume is noted in it
-        previous = json.loads((output_dir / "config.json").read_text())
-        previous.setdefault("resumes", []).append(
-            {
-                "run_id": grid.run.run_id,
-                "after_round": checkpoint.server_round if checkpoint else 0,
-                "started_at": config_record["started_at"],
-            }
-        )
+        resume_note = {
+            "run_id": grid.run.run_id,
+            "after_round": checkpoint.server_round if checkpoint else 0,
+            "started_at": config_record["started_at"],
+        }
+        if writer.repaired:
+            resume_note["repaired"] = writer.repaired
+        recorded = previous.get("run_config", {}).get("num-rounds")
+        if recorded is not None and recorded != cfg.num_rounds:  # an extended run
+            resume_note["num_rounds"] = {"from": recorded, "to": cfg.num_rounds}
+            previous["run_config"]["num-rounds"] = cfg.num_rounds
+        previous.setdefault("resumes", []).append(resume_note)
+        previous.setdefault("state_key", state_key)
         writer.write_config(previous)
     else:
         writer.write_config(config_record)
@@ -136,7 +201,15 @@ def main(grid: Grid, context: Context) -> None:
             data_from_spec=not isinstance(grid, PromptGrid),
         )
         strategy.summary()
-        outcome = run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer, resume=checkpoint)
+        outcome = run_rounds(
+            grid,
+            cfg,
+            strategy,
+            initial_arrays(cfg),
+            writer,
+            resume=checkpoint,
+            state_key=state_key,
+        )
         rounds = outcome.rounds
     except BaseException as exc:
         rounds = read_rounds(output_dir / "rounds.jsonl")
@@ -160,3 +233,20 @@ def main(grid: Grid, context: Context) -> None:
     plot_run(output_dir)
     strategy.write_artifacts(output_dir)
     log(INFO, "pflarena: results in %s", output_dir)
+
+
+def _write_failed_summary(output_dir: Path, cfg: RunConfig, exc: BaseException) -> None:
+    """A ``summary.json`` saying the run failed with ``exc`` (the rounds recorded so far)."""
+    from pflarena.server.results import _write_json_atomic
+
+    rounds = (
+        read_rounds(output_dir / "rounds.jsonl") if (output_dir / "rounds.jsonl").exists() else []
+    )
+    summary = summary_record(
+        cfg,
+        rounds,
+        status="failed",
+        wall_time_s=0.0,
+        error="".join(traceback.format_exception_only(exc)).strip(),
+    )
+    _write_json_atomic(output_dir / "summary.json", summary)

@@ -14,6 +14,7 @@ runs many runs on one start-up of the runtime (:mod:`pflarena.server.sweep`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -120,6 +121,30 @@ def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """Stop a process started as the leader of its own process group, and whatever of its
+    group is left: SIGTERM (it shuts down what it started, Ray included), SIGKILL after
+    ``grace`` seconds, then SIGKILL to the group's remaining members. The leader is reaped
+    only after that, so its id cannot name another group meanwhile."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while not _exited(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the leader is a zombie or gone: the rest
+    proc.wait(timeout=30)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` (our child) has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _check_flower_keys(cfg: RunConfig) -> None:
@@ -255,19 +280,54 @@ def run_simulations(
         ],
     }
     (scratch / "spec.json").write_text(json.dumps(spec))
-    log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pflarena.server.simulation", str(scratch / "spec.json")],
-        env=_flwr_env(scratch),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=scratch,
-    )
+    from pflarena.server.runlock import HELD_ENV, lock_run_dir
+
+    # One process at a time in a run directory: taken here, before any start-up, and
+    # handed to the simulation process (server/runlock.py).
+    locks = []
     try:
+        for cfg in configs:
+            if cfg.output_dir:
+                locks.append(lock_run_dir(Path(cfg.output_dir)))
+    except BaseException:
+        for lock in locks:
+            lock.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    env = _flwr_env(scratch)
+    env[HELD_ENV] = json.dumps(
+        {
+            str(Path(cfg.output_dir).resolve()): lock.fileno()
+            for cfg, lock in zip([c for c in configs if c.output_dir], locks, strict=True)
+        }
+    )
+    log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
+    proc = None
+    try:
+        # Its own process group: a Ctrl-C at the terminal reaches this process only, which
+        # stops the simulation in order (Ray shut down, its helpers ended) and then ends
+        # whatever of that group is left.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pflarena.server.simulation", str(scratch / "spec.json")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=scratch,
+            start_new_session=True,
+            pass_fds=[lock.fileno() for lock in locks],
+        )
         tail = _stream(proc, log_handle, verbosity)
     finally:
-        _stop(proc)
+        # a second Ctrl-C must not cut the shutdown short and leave processes behind
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            if proc is not None:
+                _stop_group(proc)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        for lock in locks:
+            lock.close()
         if log_handle:
             log_handle.close()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -619,13 +679,59 @@ def simulate_resuming(
     raise AssertionError("unreachable")
 
 
+#: What ``--resume`` takes besides the run directory: a larger ``num-rounds`` extends the run.
+RESUME_KEYS = ("num-rounds",)
+
+
+def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | None:
+    """The config that continues ``args.resume``'s run, or ``None`` when the run is complete
+    and nothing asks for more rounds (then nothing is started and nothing rewritten).
+
+    A resumed run is its directory's run: flags it would ignore are refused, naming them;
+    ``--num-rounds N`` past the recorded rounds extends it (each method's rounds do not
+    depend on ``num-rounds``, so the rounds are those of a run started with N).
+    """
+    from pflarena.server.registry import parse_config
+    from pflarena.server.results import completed_summary
+
+    run_dir = Path(args.resume)
+    given = _collect_overrides(args, keys)
+    ignored = sorted(f"--{key}" for key in given if key not in RESUME_KEYS)
+    if args.preset:
+        ignored.insert(0, "--preset")
+    if ignored:
+        raise ConfigError(
+            f"--resume continues the run in {run_dir} with that run's own settings; it would "
+            f"ignore {', '.join(ignored)}. Leave them out (--num-rounds N extends the run), or "
+            "start a new run in a new --output-dir"
+        )
+    run_config = resume_config(run_dir)
+    recorded = int(run_config.get("num-rounds", 0))
+    rounds = int(given.get("num-rounds", recorded))
+    if rounds < recorded:
+        raise ConfigError(
+            f"--num-rounds {rounds} would shorten the run in {run_dir}, which has "
+            f"num-rounds={recorded}; give more rounds to extend it"
+        )
+    if rounds == recorded and completed_summary(run_dir) is not None:
+        print(
+            f"pflarena run: the run in {run_dir} is complete ({recorded} rounds); nothing to "
+            "resume (--num-rounds N with more rounds extends it)"
+        )
+        return None
+    return parse_config(run_config | {"num-rounds": rounds})
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pflarena.server.registry import parse_config
     from pflarena.server.results import check_output_dir
 
     keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys
     if args.resume:
-        cfg = parse_config(resume_config(Path(args.resume)))
+        cfg = resume_run_config(args, keys)
+        if cfg is None:  # complete: nothing to run, nothing rewritten
+            print(compare_table([Path(args.resume)]))
+            return 0
     else:
         cfg = parse_config(run_overrides(args, keys))
         if not cfg.output_dir:
@@ -638,6 +744,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.check:
         print("".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
+    args.run_dir = str(Path(cfg.output_dir).resolve())  # named if the run is interrupted
     # Before the simulation's start-up: files that are not there fail the run now, with
     # the path looked at, the layout expected and where to get them.
     check_files(cfg.dataset, cfg.data_dir)
@@ -1076,6 +1183,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:
         print(f"pflarena {args.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:
+        # Everything started was stopped on the way out (run_simulations); one line.
+        run_dir = getattr(args, "run_dir", None)
+        hint = f"; `pflarena run --resume {run_dir}` continues it" if run_dir else ""
+        print(f"\npflarena {args.command}: interrupted{hint}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,17 +14,27 @@ Every message and every reply crosses the Grid as Flower's wire format (``messag
 and back), as it does between a SuperLink and a SuperNode, so a ClientApp can never change
 the server's copy of a record in place, and the run's ``rounds.jsonl`` is the one the Ray
 engine gives (``tests/test_startup.py``).
+
+A slow client costs only itself: each ClientApp call gets its message's time to live (the
+run loop sets it to ``round-timeout``) from the moment it starts, in a thread of its own.
+A call still running then is abandoned: the message gets no reply (the server records no
+reply within the round timeout), the next client runs, and the node gets no further
+message until that call has ended (a SuperNode works one message at a time). Python cannot
+stop a thread, so an abandoned call runs on in the background until it returns.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterable
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -79,6 +89,8 @@ class InProcessGrid(Grid):
         self.keep_sent = keep_sent
         self.wire = wire
         self.sent: list[Message] = []
+        #: nodes whose last call ran past its message's time to live and still runs
+        self.busy: dict[int, threading.Thread] = {}
         self.reply_filter: Callable[[Message], Message] | None = None
         self._replies: dict[str, Message] = {}  # pushed, not yet pulled
         self._run = Run.create_empty(run_id=run_id)
@@ -137,17 +149,51 @@ class InProcessGrid(Grid):
         node_id = msg.metadata.dst_node_id
         if node_id in self.offline:
             return None  # no reply, as for a node that died
+        if node_id in self.busy:
+            if self.busy[node_id].is_alive():
+                return None  # still on a message it ran too long on
+            del self.busy[node_id]
         received = _over_the_wire(msg) if self.wire else msg
-        try:
-            reply = self.client_app(received, self.contexts[node_id])
-        except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
-            reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        reply = self._call(received, msg, node_id)
+        if reply is None:
+            return None
         reply.metadata.__dict__["_src_node_id"] = node_id
         if self.wire:
             reply = _over_the_wire(reply)
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply
+
+    def _call(self, received: Message, msg: Message, node_id: int) -> Message | None:
+        """The ClientApp's reply to ``received`` (an error reply if it raised), or None
+        when it is still running once the message's time to live has passed."""
+        outcome: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                outcome["reply"] = self.client_app(received, self.contexts[node_id])
+            except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
+                reason = f"{type(exc).__name__}: {exc}"
+                outcome["reply"] = Message(Error(code=0, reason=reason), reply_to=msg)
+            except BaseException as exc:  # an interrupt: raised again in the caller
+                outcome["raise"] = exc
+
+        thread = threading.Thread(target=call, name=f"pflarena-node-{node_id}", daemon=True)
+        thread.start()
+        thread.join(timeout=msg.metadata.ttl)
+        if thread.is_alive():
+            self.busy[node_id] = thread
+            log(
+                WARNING,
+                "pflarena: node %d's ClientApp ran past the round timeout (%.0fs); "
+                "no reply, the next client runs",
+                node_id,
+                msg.metadata.ttl,
+            )
+            return None
+        if "raise" in outcome:
+            raise outcome["raise"]
+        return outcome["reply"]
 
 
 def run_inprocess(app: Any, run_config: dict[str, Any], num_supernodes: int, scratch: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -24,13 +24,94 @@ from pflarena.server.crosseval import run_cross_evaluation
 from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
 from pflarena.strategies.base import Exchange, PflStrategy, evaluation_stats, record_nbytes
 
-__all__ = ["RunOutcome", "run_rounds", "wait_for_nodes"]
+__all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
 
 
 @dataclass
 class RunOutcome:
     arrays: ArrayRecord
     rounds: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ClientSync:
+    """What the loop tells every client about its state, beside what the strategy accepted
+    (client/state.py), and how long a message lives.
+
+    ``state_key`` names the run's client state (kept in ``config.json``, so that a moved,
+    copied or extended run finds it; empty: the clients hash the run config); ``held`` maps
+    a client id to the state version its last accepted train reply left (``state-version``),
+    which the client must still hold; ``ttl`` is each message's time to live (the round
+    timeout: an engine gives up on a client, and frees what runs it, when it passes).
+    """
+
+    state_key: str = ""
+    held: dict[int, int] = field(default_factory=dict)
+    ttl: float | None = None
+
+    def learn(self, strategy: PflStrategy, exchanges: list[Exchange]) -> None:
+        """Note the state version of every train reply the strategy accepted."""
+        for exchange in exchanges:
+            if exchange.update_id is None:
+                continue
+            for reply in exchange.replies:
+                if reply.has_error() or keys.METRICS not in reply.content.metric_records:
+                    continue
+                client_id = strategy.client_ids.get(exchange.node_of(reply))
+                if client_id is None or strategy.accepted.get(client_id) != exchange.update_id:
+                    continue
+                version = reply.content.metric_records[keys.METRICS].get(keys.STATE_VERSION)
+                if isinstance(version, int) and 0 <= version <= exchange.update_id:
+                    self.held[client_id] = version
+
+    def meta(self) -> dict[str, Any]:
+        return {"held": {str(client): version for client, version in self.held.items()}}
+
+    def restore(self, meta: dict[str, Any] | None) -> None:
+        self.held = {int(c): int(v) for c, v in (meta or {}).get("held", {}).items()}
+
+
+def state_problem(reply: Message) -> str | None:
+    """Why a reply cannot be used because of its client's state (``state-missing``)."""
+    if reply.has_error() or keys.METRICS not in reply.content.metric_records:
+        return None
+    code = reply.content.metric_records[keys.METRICS].get(keys.STATE_MISSING)
+    if not code:
+        return None
+    if code == 2:
+        return "client state unreadable: a stored entry of this client's state cannot be read"
+    return "client state missing: the state this client's accepted replies left is gone"
+
+
+def screen_state(
+    strategy: PflStrategy, messages: list[Message], replies: list[Message]
+) -> tuple[list[Message], list[dict[str, Any]]]:
+    """The replies with those whose client lost its state turned into error replies (so no
+    strategy uses them), and who those clients are (client id as the reply says, problem).
+
+    The strategy learns such a node's client id (unless the node is known), as from any
+    reply: its next messages must say which version the server accepted, or the client
+    would take its newest one, which the server never accepted, for its state."""
+    sent = {m.metadata.message_id: m for m in messages}
+    screened, lost = [], []
+    for reply in replies:
+        problem = state_problem(reply)
+        original = sent.get(reply.metadata.reply_to_message_id)
+        if problem is None or original is None:
+            screened.append(reply)
+            continue
+        client = reply.content.metric_records[keys.METRICS].get(keys.CLIENT_ID)
+        limit = strategy.num_clients
+        in_range = isinstance(client, int) and client >= 0 and (limit is None or client < limit)
+        client = client if in_range else None
+        if client is not None:
+            strategy.client_ids.setdefault(original.metadata.dst_node_id, client)
+        lost.append({"client": client, "problem": problem})
+        log(WARNING, "node %d: %s", original.metadata.dst_node_id, problem)
+        error = Message(Error(code=0, reason=problem), reply_to=original)
+        error.metadata.__dict__["_src_node_id"] = original.metadata.dst_node_id
+        screened.append(error)
+    return screened, lost
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 1.0) -> list[int]:
@@ -53,9 +134,18 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 1.0) ->
         time.sleep(poll)
 
 
-def _send(grid: Grid, messages: list[Message], timeout: float) -> tuple[list[Message], int, int]:
+def _send(
+    grid: Grid,
+    strategy: PflStrategy,
+    messages: list[Message],
+    timeout: float,
+    lost: list[dict[str, Any]] | None = None,
+) -> tuple[list[Message], int, int]:
     down = sum(record_nbytes(m.content) for m in messages)
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    replies, found = screen_state(strategy, messages, replies)
+    if lost is not None:
+        lost.extend(found)
     up = sum(record_nbytes(m.content) for m in replies if not m.has_error())
     missing = len(messages) - len(replies)
     if missing:
@@ -70,12 +160,16 @@ def _evaluate(
     arrays: ArrayRecord,
     cfg: RunConfig,
     template: ArrayRecord,
+    sync: ClientSync | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, int]]:
     """The protocol's evaluation of every client, and the cross-evaluation when asked for;
     returns the record and the traffic (``eval_bytes_down``, ``cross_eval_bytes_*``)."""
     timeout = cfg.round_timeout
     messages = list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
-    replies, down, _ = _send(grid, with_sync(strategy, messages, None), timeout)
+    lost: list[dict[str, Any]] = []
+    replies, down, _ = _send(
+        grid, strategy, with_sync(strategy, messages, None, sync), timeout, lost
+    )
     traffic = {"eval_bytes_down": down}
     strategy.aggregate_evaluate(server_round, replies)
     results = list(strategy.last_evaluation.values())
@@ -88,7 +182,9 @@ def _evaluate(
             f"{failures[0][1] if failures else 'no reply'}"
         )
     first = failures[0][1] if failures else "no reply within the round timeout"
-    check_eval_failures(cfg, server_round, len(failures) + missing, len(messages), first)
+    check_eval_failures(
+        cfg, server_round, len(failures) + missing, len(messages), first + _lost_state_text(lost)
+    )
     if not results:
         return None, traffic
     personalized, global_ = evaluation_stats(results)
@@ -109,6 +205,8 @@ def _evaluate(
             {"client": strategy.client_ids.get(node), "problem": reason}
             for node, reason in failures
         ]
+    if lost:
+        record["state_problems"] = lost
     if strategy.last_eval_details:
         record["method"] = strategy.last_eval_details
     if cfg.cross_eval_clients > 0 and cross_evaluates(cfg, server_round):
@@ -119,7 +217,7 @@ def _evaluate(
             server_round,
             arrays,
             template,
-            send=lambda msgs: _send(grid, with_sync(strategy, msgs, None), timeout),
+            send=lambda msgs: _send(grid, strategy, with_sync(strategy, msgs, None, sync), timeout),
         )
         record["cross"] = cross.record
         traffic |= {
@@ -146,26 +244,40 @@ def _client_time(replies: list[Message], key: str = keys.TRAIN_TIME) -> float:
 
 
 def with_sync(
-    strategy: PflStrategy, messages: list[Message], update_id: int | None
+    strategy: PflStrategy,
+    messages: list[Message],
+    update_id: int | None,
+    client_sync: ClientSync | None = None,
 ) -> list[Message]:
     """The messages, each with its client's sync record (client/state.py).
 
     A node whose client id is not known yet gets no ``accepted`` (its newest state stands);
-    train messages carry the ``update-id`` their writes become. The other records are the
-    strategy's own objects, not copies.
+    train messages carry the ``update-id`` their writes become; with ``client_sync`` each
+    also carries the run's ``state-key``, the version its client must hold (``holds``) and
+    the time to live. The other records are the strategy's own objects, not copies.
     """
     stamped = []
     for msg in messages:
         node_id = msg.metadata.dst_node_id
-        sync: dict[str, int] = {}
+        sync: dict[str, int | str] = {}
         client_id = strategy.client_ids.get(node_id)
         if client_id is not None:
             sync[keys.ACCEPTED] = strategy.accepted.get(client_id, 0)
+            if client_sync is not None:
+                sync[keys.HOLDS] = client_sync.held.get(client_id, 0)
         if update_id is not None:
             sync[keys.UPDATE_ID] = update_id
+        if client_sync is not None and client_sync.state_key:
+            sync[keys.STATE_KEY] = client_sync.state_key
         content = RecordDict({**dict(msg.content.items()), keys.SYNC: ConfigRecord(sync)})
+        ttl = client_sync.ttl if client_sync is not None else None
         stamped.append(
-            Message(content=content, message_type=msg.metadata.message_type, dst_node_id=node_id)
+            Message(
+                content=content,
+                message_type=msg.metadata.message_type,
+                dst_node_id=node_id,
+                ttl=ttl,
+            )
         )
     return stamped
 
@@ -177,19 +289,31 @@ MAX_EXCHANGES = 100
 class RoundExchanges:
     """The ``send`` a strategy's round gets: sends, receives, and keeps every exchange."""
 
-    def __init__(self, grid: Grid, strategy: PflStrategy, server_round: int, timeout: float):
+    def __init__(
+        self,
+        grid: Grid,
+        strategy: PflStrategy,
+        server_round: int,
+        timeout: float,
+        sync: ClientSync | None = None,
+    ):
         self.grid, self.strategy, self.timeout = grid, strategy, timeout
         self.server_round = server_round
+        self.sync = sync
         self.exchanges: list[Exchange] = []
+        #: clients whose reply was not used because their state is gone or unreadable
+        self.state_problems: list[dict[str, Any]] = []
 
     def __call__(self, name: str, messages: list[Message]) -> Exchange:
         if len(self.exchanges) + 1 >= MAX_EXCHANGES:
             raise RuntimeError(f"more than {MAX_EXCHANGES - 1} exchanges in one round")
         update_id = self.server_round * MAX_EXCHANGES + len(self.exchanges) + 1
-        messages = with_sync(self.strategy, messages, update_id)
+        messages = with_sync(self.strategy, messages, update_id, self.sync)
         replies = (
             list(self.grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
         )
+        replies, lost = screen_state(self.strategy, messages, replies)
+        self.state_problems += [entry | {"exchange": name} for entry in lost]
         exchange = Exchange(name, messages, replies, update_id=update_id)
         if exchange.missing:
             log(
@@ -218,8 +342,18 @@ def _stop(cfg: RunConfig, server_round: int, what: str, failed: int, total: int,
     )
 
 
+def _lost_state_text(lost: list[dict[str, Any]]) -> str:
+    clients = sorted({str(entry["client"]) for entry in lost})
+    return f" (client state missing or unreadable: clients {', '.join(clients)})" if lost else ""
+
+
 def check_failures(
-    cfg: RunConfig, server_round: int, what: str, strategy: PflStrategy, exchanges: list[Exchange]
+    cfg: RunConfig,
+    server_round: int,
+    what: str,
+    strategy: PflStrategy,
+    exchanges: list[Exchange],
+    lost: list[dict[str, Any]] | None = None,
 ) -> None:
     """Stop the run when too many of the round's sampled clients failed in its exchanges."""
     sampled = set(strategy.last_sampled)
@@ -227,7 +361,9 @@ def check_failures(
     unique = set(failed)
     if sampled and len(unique) > cfg.max_failure_fraction * len(sampled):
         first = next(e.problem_of(n) for e in exchanges for n in e.failed if n in sampled)
-        _stop(cfg, server_round, what, len(unique), len(sampled), first)
+        _stop(
+            cfg, server_round, what, len(unique), len(sampled), first + _lost_state_text(lost or [])
+        )
 
 
 def check_eval_failures(cfg: RunConfig, server_round: int, failed: int, total: int, first: str):
@@ -290,6 +426,8 @@ def run_rounds(
     initial_arrays: ArrayRecord,
     writer: ResultsWriter,
     resume: Checkpoint | None = None,
+    *,
+    state_key: str = "",
 ) -> RunOutcome:
     """Run ``cfg.num_rounds`` rounds, writing one ``rounds.jsonl`` line per round.
 
@@ -297,14 +435,18 @@ def run_rounds(
     client each node holds, which makes client sampling reproducible for a seed). After
     every ``checkpoint-every`` rounds (and the last) the state to continue from is saved
     (:mod:`pflarena.server.checkpoint`); with ``resume`` the run continues after that
-    checkpoint's round, the rounds before it already in ``writer``'s file.
+    checkpoint's round, the rounds before it already in ``writer``'s file. ``state_key``
+    names the clients' state (:class:`ClientSync`).
     """
     wait_for_nodes(grid, cfg.num_clients, timeout=cfg.round_timeout)
     start = time.monotonic()
     outcome = RunOutcome(arrays=initial_arrays)
+    sync = ClientSync(state_key=state_key, ttl=cfg.round_timeout)
 
     if resume is None:
-        evaluation, traffic = _evaluate(grid, strategy, 0, initial_arrays, cfg, initial_arrays)
+        evaluation, traffic = _evaluate(
+            grid, strategy, 0, initial_arrays, cfg, initial_arrays, sync
+        )
         record0 = {
             "round": 0,
             "elapsed_s": time.monotonic() - start,
@@ -319,6 +461,7 @@ def run_rounds(
         first_round = 1
     else:
         strategy.restore_state(resume.strategy_arrays, resume.strategy_meta)
+        sync.restore(resume.loop_meta)
         outcome.arrays = resume.arrays
         outcome.rounds = read_rounds(writer.dir / "rounds.jsonl")
         # An unrecorded evaluation tells the strategy which client each node holds now
@@ -331,6 +474,7 @@ def run_rounds(
             outcome.arrays,
             cfg.model_copy(update={"cross_eval_clients": 0}),
             initial_arrays,
+            sync,
         )
         first_round = resume.server_round + 1
         log(INFO, "pflarena: resumed after round %d", resume.server_round)
@@ -338,10 +482,11 @@ def run_rounds(
     for server_round in range(first_round, cfg.num_rounds + 1):
         round_start = time.monotonic()
         strategy.server_round = server_round
-        send = RoundExchanges(grid, strategy, server_round, cfg.round_timeout)
+        send = RoundExchanges(grid, strategy, server_round, cfg.round_timeout, sync)
         new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
         if new_arrays is not None:
             outcome.arrays = new_arrays
+        sync.learn(strategy, send.exchanges)
         exchanges = [exchange.stats() for exchange in send.exchanges]
         record: dict[str, Any] = {
             "round": server_round,
@@ -351,10 +496,12 @@ def run_rounds(
             "bytes_up": sum(e["bytes_up"] for e in exchanges),
             "train_time_s": time.monotonic() - round_start,
         }
-        check_failures(cfg, server_round, "training", strategy, send.exchanges)
+        if send.state_problems:
+            record["train"]["state_problems"] = send.state_problems
+        check_failures(cfg, server_round, "training", strategy, send.exchanges, send.state_problems)
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
             evaluation, traffic = _evaluate(
-                grid, strategy, server_round, outcome.arrays, cfg, initial_arrays
+                grid, strategy, server_round, outcome.arrays, cfg, initial_arrays, sync
             )
             record["evaluation"] = evaluation
             record |= traffic
@@ -363,7 +510,14 @@ def run_rounds(
         writer.append_round(record)
         outcome.rounds.append(record)
         if server_round % cfg.checkpoint_every == 0 or server_round == cfg.num_rounds:
-            save_checkpoint(writer.dir, server_round, outcome.arrays, strategy)
+            save_checkpoint(
+                writer.dir,
+                server_round,
+                outcome.arrays,
+                strategy,
+                loop_meta=sync.meta(),
+                rounds_sha256=writer.rounds_sha256(),
+            )
         log(INFO, _progress(record, cfg.num_rounds))
     return outcome
 

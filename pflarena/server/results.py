@@ -6,9 +6,11 @@ their keys are documented here and in the README.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +67,63 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+class RoundsFileError(ValueError):
+    """A ``rounds.jsonl`` that cannot be continued (a damaged line before its last)."""
+
+
+def rounds_lines(path: Path) -> tuple[list[str], str | None]:
+    """The raw lines (newline included) of a ``rounds.jsonl`` to continue, and what was
+    repaired: a last line cut short by a crash while it was written (not JSON, or no
+    newline) is dropped, and said so; a damaged line before the last is refused."""
+    if not path.exists():
+        return [], None
+    raw = path.read_bytes().decode("utf-8", errors="replace")
+    lines = raw.splitlines(keepends=True)
+    repaired = None
+    if lines and (not lines[-1].endswith("\n") or not _is_json(lines[-1])):
+        torn = lines.pop()
+        repaired = (
+            f"the last line of {path} was cut short ({len(torn.encode())} bytes, a crash while "
+            "it was written) and is dropped: that round runs again"
+        )
+    for number, line in enumerate(lines, start=1):
+        if not _is_json(line):
+            raise RoundsFileError(
+                f"{path} line {number} is not a round record ({line[:60]!r}...): the file "
+                "was damaged or edited. Restore it from a copy, or start the run again in a "
+                "new output directory"
+            )
+    return [line for line in lines if line.strip()], repaired
+
+
+def _is_json(line: str) -> bool:
+    if not line.strip():
+        return True
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("round"), int)
+
+
 class ResultsWriter:
     """Writes one run's result files into ``output_dir``.
 
     A new run's directory is created and must not hold results. ``resume_after=r`` continues
-    a run: its ``rounds.jsonl`` keeps the lines up to round ``r`` (later ones, written after
-    the last checkpoint, are dropped and will be written again) and new lines are appended.
+    a run: its ``rounds.jsonl`` keeps the lines up to round ``r`` byte for byte (later ones,
+    written after the last checkpoint, are dropped and will be written again; a last line
+    cut short by a crash is dropped and said so in ``repaired``) and new lines are appended.
+    With ``checkpoint`` the kept lines must be the ones that checkpoint was written after
+    (:func:`~pflarena.server.checkpoint.check_rounds`), or nothing is changed and it raises.
+    The writer keeps the SHA-256 of the file (:meth:`rounds_sha256`) for the checkpoints.
     """
 
-    def __init__(self, output_dir: str | Path, resume_after: int | None = None) -> None:
+    def __init__(
+        self, output_dir: str | Path, resume_after: int | None = None, checkpoint: Any = None
+    ) -> None:
         self.dir = Path(output_dir).resolve()
+        self.repaired: str | None = None
+        self._hash = hashlib.sha256()
         rounds_path = self.dir / "rounds.jsonl"
         if resume_after is None:
             check_output_dir(self.dir)
@@ -82,19 +131,35 @@ class ResultsWriter:
         else:
             if not (self.dir / "config.json").exists():
                 raise OutputDirError(f"{self.dir} holds no run to resume (no config.json)")
-            kept = [r for r in read_rounds(rounds_path) if r["round"] <= resume_after]
+            lines, self.repaired = rounds_lines(rounds_path)
+            kept = [line for line in lines if json.loads(line)["round"] <= resume_after]
+            if checkpoint is not None:
+                from pflarena.server.checkpoint import check_rounds
+
+                check_rounds(checkpoint, kept, rounds_path)
+            if self.repaired:
+                from flwr.common.logger import log
+
+                log(WARNING, "pflarena: %s", self.repaired)
             tmp = rounds_path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(_finite(r)) + "\n" for r in kept))
+            tmp.write_text("".join(kept))
             os.replace(tmp, rounds_path)
+            self._hash.update("".join(kept).encode())
             (self.dir / "summary.json").unlink(missing_ok=True)
         self._rounds = open(rounds_path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def rounds_sha256(self) -> str:
+        """The SHA-256 of ``rounds.jsonl`` as written so far."""
+        return self._hash.hexdigest()
 
     def write_config(self, config: dict[str, Any]) -> None:
         _write_json_atomic(self.dir / "config.json", config)
 
     def append_round(self, record: dict[str, Any]) -> None:
         """Append one round's line and push it to disk, so a crash loses nothing."""
-        self._rounds.write(json.dumps(_finite(record)) + "\n")
+        line = json.dumps(_finite(record)) + "\n"
+        self._hash.update(line.encode())
+        self._rounds.write(line)
         self._rounds.flush()
         os.fsync(self._rounds.fileno())
 
@@ -194,6 +259,8 @@ def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "eval_bytes_down": sum(r.get("eval_bytes_down", 0) for r in rounds),
         "rounds_completed": max((r["round"] for r in rounds), default=0),
     }
+    if lost := state_problems(rounds):
+        summary["state_problems"] = lost
     crossed = [r for r in evaluated if r["evaluation"].get("cross")]
     if crossed:  # the latest cross-evaluation's means and spreads (server/crosseval.py)
         last = crossed[-1]["evaluation"]["cross"]
@@ -205,6 +272,28 @@ def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             key = f"cross_eval_bytes_{direction}"
             summary[key] = sum(r.get(key, 0) for r in rounds)
     return summary
+
+
+def state_problems(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per client whose state was missing or unreadable (its replies not used): the problem,
+    the first round it was seen in and the number of rounds, from the round records."""
+    found: dict[Any, dict[str, Any]] = {}
+    for record in rounds:
+        entries = ((record.get("train") or {}).get("state_problems") or []) + (
+            (record.get("evaluation") or {}).get("state_problems") or []
+        )
+        for client in {str(e.get("client")): e for e in entries}.values():
+            entry = found.setdefault(
+                client.get("client"),
+                {
+                    "client": client.get("client"),
+                    "problem": client.get("problem"),
+                    "first_round": record["round"],
+                    "rounds": 0,
+                },
+            )
+            entry["rounds"] += 1
+    return sorted(found.values(), key=lambda e: (e["client"] is None, e["client"] or 0))
 
 
 def plot_run(output_dir: str | Path) -> list[Path]:

@@ -304,9 +304,13 @@ class SimulationRuntime:
                 f_stop,
                 VceMetrics(),
             )
-        finally:
+        except KeyboardInterrupt:
+            # Interrupted: the ServerApp thread does not watch f_stop and would finish the
+            # run; do not wait for it (the process ends once Ray is shut down).
             f_stop.set()
-            server_thread.join()
+            raise
+        f_stop.set()
+        server_thread.join()
         if not errors.empty():
             raise errors.get_nowait()
 
@@ -353,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    _become_subreaper()
 
     runtime = SimulationRuntime(
         Path(spec["app_dir"]),
@@ -390,16 +396,60 @@ def main(argv: list[str] | None = None) -> int:
                 log(ERROR, "pflarena: run failed: %s", exc)
                 log(DEBUG, traceback.format_exc())
     except KeyboardInterrupt:
-        print("pflarena: interrupted", file=sys.stderr)
+        # One stop, done in order: no second signal interrupts the shutdown.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("pflarena: interrupted", file=sys.stderr, flush=True)
         return 130
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         runtime.close()
+        stop_descendants()
     log(INFO, "pflarena: %d of %d runs completed", len(spec["runs"]) - failed, len(spec["runs"]))
     return 1 if failed else 0
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+#: ``prctl`` option making orphaned descendants this process's children (Linux).
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Make this process the parent of its orphaned descendants (Linux; elsewhere nothing).
+
+    Ray's raylet starts helper processes of its own (its dashboard and runtime-env agents);
+    when the raylet ends first they would be left to init. As their subreaper this process
+    still sees them, and :func:`stop_descendants` ends them.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def stop_descendants(grace: float = 5.0) -> int:
+    """Terminate every process still below this one (Ray's leftovers), killing those that
+    do not exit within ``grace`` seconds; returns how many there were."""
+    try:
+        psutil = importlib.import_module("psutil")  # Ray's vendored copy, or the package
+    except ImportError:
+        return 0
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    return len(children)
 
 
 if __name__ == "__main__":

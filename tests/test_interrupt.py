@@ -1,0 +1,151 @@
+"""Ctrl-C on `pflarena run` and `pflarena sweep`: one line, no traceback, nothing left running.
+
+The command is started in a process group of its own, as a shell starts a foreground job,
+and the whole group gets SIGINT, as a terminal's Ctrl-C sends it. Every process below the
+command (the simulation process, Ray's GCS, raylet, workers and its dashboard and runtime-env
+agents) is listed just before, and none may be alive afterwards, nor anything in the group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from processes import cmdline, descendants
+
+from pflarena.server.results import read_rounds
+
+pytestmark = pytest.mark.slow
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def _alive(processes: dict[int, str | None]) -> list[str]:
+    """Those of ``processes`` (pid -> start time) still running (not zombies)."""
+    left = []
+    for pid, started in processes.items():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X") and _start_time(pid) == started:
+            left.append(f"{pid} {cmdline(pid)[:120]}")
+    return left
+
+
+def _in_group(pgid: int) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            found.append(f"{entry.name} {cmdline(int(entry.name))[:120]}")
+    return found
+
+
+def _last_round(path: Path) -> int:
+    return max((r["round"] for r in read_rounds(path)), default=-1) if path.exists() else -1
+
+
+def _interrupt(command: list[str], rounds_file: Path, cwd: Path):
+    """Start ``command`` in its own group, Ctrl-C it once a round is recorded; its result
+    and the processes that were below it."""
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 400
+    while _last_round(rounds_file) < 1:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no round recorded"
+        time.sleep(0.2)
+    below = {pid: _start_time(pid) for pid in descendants({proc.pid})}
+    names = " ".join(cmdline(pid) for pid in below)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    time.sleep(1.0)
+    return proc, out, err, below, names
+
+
+def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(tmp_path):
+    out = tmp_path / "run"
+    cli = [sys.executable, "-m", "pflarena.server.cli", "run"]
+    command = [*cli, "--strategy", "fedavg", "--num-clients", "4", "--num-rounds", "200",
+               "--output-dir", str(out), "--quiet"]  # fmt: skip
+    proc, stdout, stderr, below, names = _interrupt(command, out / "rounds.jsonl", tmp_path)
+    assert "raylet" in names and "gcs_server" in names  # Ray was running below it
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        f"pflarena run: interrupted; `pflarena run --resume {out}` continues it"
+    ], stderr
+    assert "Traceback" not in stdout
+    assert _alive(below) == [] and _in_group(proc.pid) == []
+    recorded = _last_round(out / "rounds.jsonl")
+    time.sleep(3)
+    assert _last_round(out / "rounds.jsonl") == recorded  # nothing goes on in the background
+
+
+def test_ctrl_c_stops_a_sweep_and_leaves_no_process(tmp_path):
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "-m", "pflarena.server.cli", "sweep", "--strategies", "fedavg",
+               "--seeds", "0,1", "--set", "num-clients=4", "--set", "num-rounds=200",
+               "--out", str(sweep), "--quiet"]  # fmt: skip
+    proc, stdout, stderr, below = _interrupt_sweep(command, sweep, tmp_path)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr + stdout
+    assert [line for line in stderr.splitlines() if line.strip()] == [
+        "pflarena sweep: interrupted; the same command continues it (completed runs are kept, "
+        "the interrupted one resumes from its checkpoint)"
+    ], stderr
+    assert _alive(below) == [] and _in_group(proc.pid) == []
+    runs = sorted(sweep.rglob("rounds.jsonl"))
+    recorded = {path: _last_round(path) for path in runs}
+    time.sleep(3)
+    assert {path: _last_round(path) for path in sorted(sweep.rglob("rounds.jsonl"))} == recorded
+
+
+def _interrupt_sweep(command: list[str], sweep: Path, cwd: Path):
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 400
+    while max((_last_round(p) for p in sweep.rglob("rounds.jsonl")), default=-1) < 1:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no round recorded"
+        time.sleep(0.2)
+    below = {pid: _start_time(pid) for pid in descendants({proc.pid})}
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    time.sleep(1.0)
+    return proc, stdout, stderr, below
