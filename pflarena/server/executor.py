@@ -72,9 +72,11 @@ __all__ = [
 DEFAULT_PRELOAD = "pflarena.client.app"
 #: Log line prefix of the per-task records the parent writes (benchmarks parse them).
 TASK_LOG_PREFIX = "warm-executor task"
-#: First wait (s) of a child's retries while its SuperNode is still fetching the message's
-#: objects from the SuperLink (Flower's is 1 s, doubling; see :func:`patch_clientapp_runtime`).
+#: First and longest wait (s) between a child's tries for its message's objects while its
+#: SuperNode is still fetching them from the SuperLink (Flower's: 1 s, doubling up to 10 s;
+#: see :func:`patch_clientapp_runtime`).
 PULL_INITIAL_BACKOFF_S = 0.05
+PULL_BACKOFF_CAP_S = 0.2
 #: Environment: seconds a child may run before it is killed (``--task-timeout``).
 TASK_TIMEOUT_ENV = "PFLARENA_EXECUTOR_TASK_TIMEOUT_S"
 #: Environment: address space a child may add beyond the parent's, in MiB.
@@ -322,8 +324,8 @@ def patch_clientapp_runtime() -> None:
     * The SuperNode creates a task before it has fetched the message's objects from the
       SuperLink. A fresh process spends seconds importing before it asks for them; a warm
       child asks at once, finds them missing and waits Flower's first back-off, 1 s (then 2,
-      4, ...): 1.4-3.8 s of a child's 2-5 s were that wait. The child starts at
-      :data:`PULL_INITIAL_BACKOFF_S`, doubling as Flower's does.
+      4, ...): 1.4-3.8 s of a child's 2-5 s were that wait. The child tries again after
+      :data:`PULL_INITIAL_BACKOFF_S`, doubling up to :data:`PULL_BACKOFF_CAP_S`.
     * FABs already installed are reused (:func:`_reuse_installed_fab`).
     * The ClientApp is loaded from the parent's imports when they are the FAB's code
       (:func:`_warm_load_fn`).
@@ -333,7 +335,9 @@ def patch_clientapp_runtime() -> None:
     from flwr.supernode.runtime import run_clientapp as module
 
     module.pull_and_inflate_object_from_tree = functools.partial(
-        module.pull_and_inflate_object_from_tree, initial_backoff=PULL_INITIAL_BACKOFF_S
+        module.pull_and_inflate_object_from_tree,
+        initial_backoff=PULL_INITIAL_BACKOFF_S,
+        backoff_cap=PULL_BACKOFF_CAP_S,
     )
     module.install_from_fab = _reuse_installed_fab(module.install_from_fab)
     module.get_load_client_app_fn = _warm_load_fn(module.get_load_client_app_fn)

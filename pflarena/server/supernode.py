@@ -1,17 +1,22 @@
-"""``pflarena supernode``: Flower's SuperNode with a settable wait after an empty pull.
+"""``pflarena supernode``: Flower's SuperNode with settable waits for the SuperLink.
 
-flwr 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) sleeps a hard-coded
-3 s whenever it asks the SuperLink for a message and finds none, so a message waits 1.5 s on
-average (3 s at worst) before its node sees it, at every exchange of every round. No flag or
-environment variable sets it. ``pflarena supernode --idle-poll S <flower-supernode flags>``
-runs ``flower-supernode`` unchanged except for that one sleep, which becomes ``S`` seconds.
-Without ``--idle-poll`` it is ``flower-supernode`` itself.
+flwr 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) waits for the
+SuperLink in two places no flag or environment variable sets:
+
+* it sleeps a hard-coded 3 s whenever it asks for a message and finds none, so a message
+  waits 1.5 s on average (3 s at worst) before its node sees it;
+* when a message's objects are not yet on the SuperLink (the ServerApp pushes them after the
+  message), it tries again after Flower's pull back-off: 1 s, doubling up to 10 s.
+
+``pflarena supernode --idle-poll S <flower-supernode flags>`` runs ``flower-supernode``
+unchanged except for those two waits: the sleep becomes ``S`` seconds and the back-off starts
+at and is capped at ``S``. Without ``--idle-poll`` it is ``flower-supernode`` itself.
 
 The cost is one pull request to the SuperLink every ``S`` seconds per idle SuperNode
-(``benchmarks/results/deployment.md`` measures both sides). This leans on one line of a
-Flower internal: :func:`check_idle_sleep` fails, naming the file, when the installed flwr no
-longer has exactly one ``time.sleep(3)`` in that loop, so an upgrade cannot silently keep or
-drop the change.
+(``benchmarks/results/deployment.md`` measures both sides). This leans on a Flower internal:
+:func:`check_idle_sleep` fails, naming the file, when the installed flwr no longer has exactly
+one ``time.sleep(3)`` and its ``pull_objects`` in that loop, so an upgrade cannot silently keep
+or drop the change.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def check_idle_sleep() -> ModuleType:
     """
     module = importlib.import_module(_LOOP_MODULE)
     count = inspect.getsource(module).count(_IDLE_LINE)
-    if count != 1 or not hasattr(module, "time"):
+    if count != 1 or not hasattr(module, "time") or not hasattr(module, "pull_objects"):
         import flwr
 
         raise RuntimeError(
@@ -69,10 +74,17 @@ def check_idle_sleep() -> ModuleType:
 
 
 def patch_idle_sleep(idle_s: float) -> None:
-    """Make the SuperNode loop of this process wait ``idle_s`` s after an empty pull."""
+    """Make the SuperNode loop of this process wait ``idle_s`` s after an empty pull and
+    between its tries for a message's objects."""
+    import functools
+
     if not 0.01 <= idle_s <= 60:
         raise ValueError(f"--idle-poll {idle_s}: choose 0.01 to 60 seconds")
-    check_idle_sleep().time = IdleClock(idle_s)
+    module = check_idle_sleep()
+    module.time = IdleClock(idle_s)
+    module.pull_objects = functools.partial(
+        module.pull_objects, initial_backoff=idle_s, backoff_cap=idle_s
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
