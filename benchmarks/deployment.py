@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,18 @@ def _messages(rounds: list[dict]) -> int:
     return sent
 
 
+def phases(logs: Path) -> dict[str, list[float]]:
+    """The warm executors' per-message phase times (s), from their logs."""
+    out: dict[str, list[float]] = {}
+    for log in sorted(logs.glob("executor-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if " phases: " not in line:
+                continue
+            for name, value in re.findall(r"(\w+) ([0-9.]+)s", line.split(" phases: ", 1)[1]):
+                out.setdefault(name, []).append(float(value))
+    return out
+
+
 def deploy(
     shards: list[Path],
     clients: int,
@@ -213,6 +226,7 @@ def deploy(
             "messages": _messages(recorded),
             "message_cpu_s": after.messages - before.messages,
             "executor_own_cpu_s": after.own - before.own,
+            "phases": phases(root / "logs"),
         }
     finally:
         dep.stop()
@@ -355,7 +369,23 @@ def main() -> None:
         "",
         "CPU per message counts every message of the run (train and evaluate); the solver's "
         "column spreads the train messages' solver CPU (`client_cpu_s`) over all of them.",
+        "",
+        "Where a warm child's wall time goes, per message (median / max, s; from the "
+        "executors' logs): `pull` the message (waiting until the SuperNode holds its objects), "
+        "`install` the FAB, `load` the app, `call` it, `push` the reply.",
+        "",
+        "| run | pull | install | load | call | push |",
+        "|---|---|---|---|---|---|",
     ]
+    for name, run in runs.items():
+        if run.get("phases"):
+            cells = [
+                f"{statistics.median(v):.2f} / {max(v):.2f}"
+                for v in (
+                    run["phases"].get(k, [0.0]) for k in ("pull", "install", "load", "call", "push")
+                )
+            ]
+            lines.append(f"| {name} | {' | '.join(cells)} |")
     text = "\n".join(lines) + "\n"
     Path(args.output).write_text(text)
     print(text)

@@ -522,3 +522,21 @@ def test_seed_and_client_count_ranges(field: str, value: int, message: str) -> N
     with pytest.raises(ValidationError, match=message):
         FederationSpec(**{field: value})
     FederationSpec(**{field: 2**32 - 1 if field == "seed" else 100_000})
+
+
+def test_shard_files_get_the_permissions_open_would_give(tmp_path) -> None:
+    """Written atomically through a 0600 temporary file, shards and their manifest still end
+    with ``0o666`` less the umask: ClientApps in containers read them as another user."""
+    import os
+
+    from pflarena.core.config import parse_run_config
+    from pflarena.core.federation import build_federation, write_shards
+
+    spec = parse_run_config({"num-clients": "2"}).federation_spec()
+    old = os.umask(0o022)
+    try:
+        paths = write_shards(build_federation(spec), tmp_path / "shards", spec)
+    finally:
+        os.umask(old)
+    for path in [*paths, tmp_path / "shards" / "manifest.json"]:
+        assert path.stat().st_mode & 0o777 == 0o644, (path, oct(path.stat().st_mode))

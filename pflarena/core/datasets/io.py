@@ -63,10 +63,20 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "pflarena"
 
 
+def _umask() -> int:
+    """This process's umask (read by setting it, as the C library offers no other way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(stream)`` on a temporary file next to ``path``, then rename it.
 
-    A crash leaves either the old file or the complete new one, never a torn file.
+    A crash leaves either the old file or the complete new one, never a torn file. The file
+    gets the permissions a plain ``open`` would give it (``0o666`` less the umask), not the
+    temporary file's ``0o600``: shards are read by ClientApps that run as other users (the
+    container images' ``app`` user), results by the user who started the run.
 
     Parameters
     ----------
@@ -80,6 +90,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         with os.fdopen(handle, "wb") as stream:
             write(stream)
             stream.flush()
+            os.fchmod(stream.fileno(), 0o666 & ~_umask())
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
