@@ -38,7 +38,10 @@ def grid_for(cfg: RunConfig, **kwargs) -> LocalGrid:
 
 def run_local(cfg: RunConfig, tmp_path, grid: LocalGrid | None = None, strategy=None) -> RunOutcome:
     grid = grid or grid_for(cfg)
-    strategy = strategy or build_strategy(cfg)
+    # Nodes given their own data files (deployment-like) hold data the run config does not
+    # describe: the server then knows no client sizes, as in a deployment.
+    own_files = any("data-path" in c.node_config for c in grid.contexts.values())
+    strategy = strategy or build_strategy(cfg, data_from_spec=not own_files)
     writer = ResultsWriter(tmp_path / f"run-{cfg.strategy}")
     try:
         return run_rounds(grid, cfg, strategy, initial_arrays(cfg), writer)
