@@ -28,7 +28,6 @@ from deployment_harness import (
 )
 from helpers import grid_for, run_local
 
-from pflarena.client.state import run_key
 from pflarena.server.registry import parse_config
 
 pytestmark = pytest.mark.slow
@@ -155,8 +154,8 @@ def test_seed_method_on_the_deployment(deployment: Deployment, tmp_path: Path, m
     assert sorted(rounds[-1]["evaluation"]["per_client"]) == [str(i) for i in range(NUM_NODES)]
     # On each node: versions of this run's client state from round 1 and from round 2
     # (update ids r·100 + exchange), each holding the method's entry. The run's state lies
-    # under the digest of its run config (client/state.py), as the server recorded it.
-    key = run_key(json.loads((out / "config.json").read_text())["run_config"])
+    # under the state key the server drew for the run and recorded in config.json.
+    key = json.loads((out / "config.json").read_text())["state_key"]
     stored = entry.replace("/", "__") + ".npz"  # core/versions.py's file name
     for node in range(NUM_NODES):
         versions = list((deployment.root / f"state-sn{node}" / key).glob("client-*/v*"))
