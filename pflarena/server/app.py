@@ -70,6 +70,10 @@ def label_permutation_record(cfg: RunConfig) -> dict:
     }
 
 
+#: Seconds the ServerApp waits for another process to release its run directory's lock.
+LOCK_WAIT_S = 30.0
+
+
 def state_key_of(previous: dict, run_config: dict) -> str:
     """The name of a resumed run's client state: the one its ``config.json`` keeps, or for a
     run begun before the key was kept there, the hash of its run config its clients used
@@ -92,7 +96,9 @@ def main(grid: Grid, context: Context) -> None:
         raise ConfigError("resume=true needs the output-dir of the run to continue")
     if not cfg.resume:
         check_output_dir(output_dir)  # before the lock file: results are never overwritten
-    lock = lock_run_dir(output_dir)  # one process at a time in a run directory
+    # One process at a time in a run directory. A deployment's previous ServerApp can take a
+    # few seconds to notice that its SuperLink was restarted: a resume waits for it.
+    lock = lock_run_dir(output_dir, wait_s=LOCK_WAIT_S)
     try:
         _run(grid, context, cfg, output_dir)
     finally:

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 from typing import IO
 
@@ -41,10 +42,11 @@ def _holder(path: Path) -> str:
     return f"process {text}" if text else "another process"
 
 
-def lock_run_dir(directory: Path) -> IO[str]:
+def lock_run_dir(directory: Path, wait_s: float = 0.0) -> IO[str]:
     """Lock ``directory`` (created if need be) for this process; the open lock file, which
     holds the lock until it is closed or the process ends. Raises
-    :class:`RunDirectoryInUse` naming the holder when another process has it."""
+    :class:`RunDirectoryInUse` naming the holder when another process still has it after
+    ``wait_s`` seconds."""
     directory = Path(directory).resolve()
     inherited = held_locks().get(str(directory))
     if inherited is not None:
@@ -54,9 +56,15 @@ def lock_run_dir(directory: Path) -> IO[str]:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     handle = open(path, "a+")  # noqa: SIM115 - held for the run
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
         handle.close()
         raise RunDirectoryInUse(
             f"run directory {directory} is in use by {_holder(path)}: one process at a time "
