@@ -39,7 +39,10 @@ from pflarena.strategies.arrays import as_record
 
 def client_counts(run_dir: Path, lambdas: list[float], thresholds: list[float]) -> dict:
     """For each client, each (λ, threshold): the solver's evaluation metrics."""
-    run_config = json.loads((run_dir / "config.json").read_text())["run_config"]
+    recorded = json.loads((run_dir / "config.json").read_text())
+    run_config = recorded["run_config"]
+    # the clients' state lies under the key the run drew (older runs: the config's digest)
+    state_key = recorded.get("state_key") or run_key(run_config)
     cfg = parse_run_config(run_config)
     if cfg.strategy != "splitgp":
         raise SystemExit(f"{run_dir} is a {cfg.strategy!r} run, not splitgp")
@@ -56,7 +59,7 @@ def client_counts(run_dir: Path, lambdas: list[float], thresholds: list[float]) 
         data = load_node_data(
             cfg, {"partition-id": client, "num-partitions": cfg.num_clients}, device
         )
-        store = DiskVersions(run_dir / "client-state" / run_key(run_config) / f"client-{client}")
+        store = DiskVersions(run_dir / "client-state" / state_key / f"client-{client}")
         counts[client] = {}
         for lam in lambdas:
             for threshold in thresholds:
