@@ -221,7 +221,7 @@ class Preloaded:
 
 
 # --------------------------------------------------------------------------- the parent
-_warm_state: dict[str, Any] = {"preloaded": None, "threads": 1, "loads": []}
+_warm_state: dict[str, Any] = {"preloaded": None, "threads": 1}
 
 
 def warm_up(preload: Sequence[str] = (DEFAULT_PRELOAD,)) -> list[Preloaded]:
@@ -279,7 +279,6 @@ def _warm_load_fn(original: Callable[..., Callable[[str, str, str], Any]]) -> Ca
                 warm = preloaded.serves(project, module)
                 if not warm and module.split(".")[0] == preloaded.package:
                     preloaded.forget()
-                _warm_state["loads"].append("warm" if warm else "fab")
                 _log(INFO, "%s: app %s from the %s", TASK_LOG_PREFIX, ref,
                      "parent's imports" if warm else f"FAB {fab_hash[:8]} (re-imported)")  # fmt: skip
             return load(fab_id, fab_version, fab_hash)
@@ -374,7 +373,6 @@ class ForkingExecutor:
         self.task_memory_mb = task_memory_mb
         self.fallback = SubprocessExecutor()
         self.children: dict[int, _Child] = {}
-        self.finished: list[dict[str, Any]] = []
 
     # Flower's Executor protocol ------------------------------------------------------
     def get_eligible_capacity(self, supported_task_types: set, **_: Any) -> tuple[set, set[str]]:
@@ -447,13 +445,9 @@ class ForkingExecutor:
         if child.killed:
             outcome += f" ({child.killed})"
         cpu = (usage.ru_utime + usage.ru_stime) if usage is not None else float("nan")
-        record = {"task": child.task_id, "pid": pid, "outcome": outcome,
-                  "wall_s": now - child.started, "cpu_s": cpu}  # fmt: skip
-        self.finished.append(record)
-        del self.finished[:-1000]
         failed = outcome != "exit 0"
         _log(WARNING if failed else INFO, "%s %d pid %d: %s, wall %.2fs, cpu %.2fs",
-             TASK_LOG_PREFIX, child.task_id, pid, outcome, record["wall_s"], cpu)  # fmt: skip
+             TASK_LOG_PREFIX, child.task_id, pid, outcome, now - child.started, cpu)  # fmt: skip
         return outcome
 
 
