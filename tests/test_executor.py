@@ -216,6 +216,34 @@ def test_faulty_children_cost_their_message_only(
 
 
 @pytest.mark.slow
+def test_a_client_past_the_round_timeout_costs_only_itself(
+    deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    """Deployment: client 0 hangs in round 1 (its child is ended only by the 40 s task
+    timeout), the round timeout is 10 s. Round 1 ends at its timeout with client 0 recorded
+    as not having replied and client 1 as a success; client 1 succeeds in round 2 too, while
+    client 0's node may still be busy with the hung child (then client 0 alone fails again).
+    The round ends at its own timeout, not the child's."""
+    rounds = _run(
+        deployment,
+        tmp_path / "slow",
+        flwr_run_dir(tmp_path / "app"),
+        "hang@0:1",
+        **{"num-rounds": 2, "round-timeout": 10.0},
+    )
+    first, second = rounds[1]["train"], rounds[2]["train"]
+    assert first["failures"] == 1, first
+    assert first["problems"] == [
+        {"client": 0, "exchange": "train", "problem": "no reply within the round timeout"}
+    ], first
+    for train in (first, second):  # client 1 replied in both rounds
+        assert train["clients"] >= 1, train
+        assert 1 not in [p["client"] for p in train.get("problems", [])], train
+    # The round ended at its own timeout, well before the hung child's task timeout.
+    assert rounds[1]["round_time_s"] < 40, rounds[1]
+
+
+@pytest.mark.slow
 def test_a_fab_with_other_code_is_imported_from_the_fab(
     deployment: LocalDeployment, tmp_path: Path
 ) -> None:

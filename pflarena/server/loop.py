@@ -22,7 +22,13 @@ from pflarena.core.config import RunConfig
 from pflarena.server.checkpoint import Checkpoint, save_checkpoint
 from pflarena.server.crosseval import run_cross_evaluation
 from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
-from pflarena.strategies.base import Exchange, PflStrategy, evaluation_stats, record_nbytes
+from pflarena.strategies.base import (
+    NO_REPLY,
+    Exchange,
+    PflStrategy,
+    evaluation_stats,
+    record_nbytes,
+)
 
 __all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
 
@@ -181,7 +187,7 @@ def _evaluate(
             f"replies unusable, {missing} missing); first problem: "
             f"{failures[0][1] if failures else 'no reply'}"
         )
-    first = failures[0][1] if failures else "no reply within the round timeout"
+    first = failures[0][1] if failures else NO_REPLY
     check_eval_failures(
         cfg, server_round, len(failures) + missing, len(messages), first + _lost_state_text(lost)
     )

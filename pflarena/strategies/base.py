@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -132,6 +133,18 @@ def record_nbytes(content: RecordDict) -> int:
     )
 
 
+NO_REPLY = "no reply within the round timeout"
+#: Flower's error replies for a message whose time to live (the round timeout) ran out at the
+#: SuperLink before its node answered: in a deployment the ServerApp receives one of these
+#: where the in-process and simulation engines have no reply at all. The same problem.
+EXPIRED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
+
+
+def reply_error(reply: Message) -> str:
+    """The problem an error reply records: :data:`NO_REPLY` where its message expired."""
+    return NO_REPLY if reply.error.code in EXPIRED else f"error: {reply.error.reason}"
+
+
 @dataclass
 class Exchange:
     """One send-and-receive within a round: what went out, what came back, what was used.
@@ -187,11 +200,11 @@ class Exchange:
         """Why ``node_id`` failed in this exchange (empty if it did not)."""
         for reply in self.replies:
             if reply.has_error() and self.node_of(reply) == node_id:
-                return f"error: {reply.error.reason}"
+                return reply_error(reply)
         if node_id in self.problems:
             return f"unusable reply: {self.problems[node_id]}"
         if node_id in self.missing:
-            return "no reply within the round timeout"
+            return NO_REPLY
         return ""
 
     def stats(self) -> dict[str, Any]:
@@ -572,7 +585,7 @@ class PflStrategy(Strategy):
         for msg in replies:
             node_id = msg.metadata.src_node_id
             if msg.has_error():
-                failures.append((node_id, msg.error.reason))
+                failures.append((node_id, reply_error(msg)))
                 continue
             evaluation = read_evaluation(msg.content, node_id, self.num_clients, self.client_sizes)
             if not isinstance(evaluation, str) and evaluation.client_id in results:
