@@ -12,6 +12,7 @@ import fnmatch
 import os
 import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -305,29 +306,73 @@ def test_docker_compose_config_accepts_the_files(files: list[str]) -> None:
 def test_images_share_one_base_and_install_without_network() -> None:
     """docker/Dockerfile: every stage starts from ``BASE_IMAGE`` (by default Flower's Ubuntu
     image with Python 3.11 of the installed flwr release, never the bare, Alpine tag) or
-    from another stage; pip never reaches an index during the build; the app and edge
-    images stand on one ``runtime`` stage (the dependencies' layer made once), the
-    dependencies in a stage of their own that the project's wheel does not enter, copied
-    from the wheelhouse's image (not the build context)."""
+    from another stage; pip never reaches an index during the build, only the wheelhouse's
+    server on the host's loopback at the port ``pflarena images`` serves it on; the app and
+    edge images stand on one ``runtime`` stage whose dependencies are one ``pip install``
+    below the project's wheel (a code change leaves that layer cached), and no stage copies
+    the wheels themselves."""
+    from pflarena.server import images
+
     text = (ROOT / "docker" / "Dockerfile").read_text()
     version = compose.flower_version()
     assert f"ARG BASE_IMAGE=flwr/superexec:{version}-py3.11-ubuntu24.04" in text
     stages = dict(
         (m.group(2), m.group(1)) for m in re.finditer(r"^FROM (\S+) AS (\S+)$", text, re.M)
     )
-    assert set(stages) >= {"superlink", "supernode", "app", "edge", "deps", "runtime"}
-    assert stages["wheelhouse"] == "${WHEELHOUSE}"
+    assert set(stages) >= {"superlink", "supernode", "app", "edge", "runtime"}
     for stage, parent in stages.items():
-        assert parent in ("${BASE_IMAGE}", "${WHEELHOUSE}") or parent in stages, (stage, parent)
+        assert parent == "${BASE_IMAGE}" or parent in stages, (stage, parent)
     assert stages["app"] == stages["edge"] == "runtime"
-    installs = [line for line in text.splitlines() if "pip install" in line]
-    assert installs and all("--no-index" in line for line in installs), installs
-    deps = text[text.index("AS deps") : text.index("AS runtime")]
-    assert "pflarena-dist" not in deps and "COPY --from=wheelhouse /wheels/" in deps
-    assert "COPY --from=deps /python/venv /python/venv" in text
+    installs = [ln for ln in text.splitlines() if "pip install" in ln and not ln.startswith("#")]
+    assert len(installs) == 2 and all("--no-index" in line for line in installs), installs
+    assert f"ARG WHEELHOUSE_URL=http://127.0.0.1:{images.WHEELHOUSE_PORT}/" in text
+    runtime = text[text.index("AS runtime") :]
+    assert runtime.index('--find-links "$WHEELHOUSE_URL"') < runtime.index("pflarena-dist")
+    assert "COPY --from" not in text and "/wheels" not in text
     assert "-e ." not in text and "git clone" not in text
     constraints = (ROOT / "docker" / "constraints.txt").read_text()
     assert f"flwr=={version}" in constraints.splitlines()
+
+
+def test_wheelhouse_server_serves_pip(tmp_path: Path) -> None:
+    """pip itself (``--no-index --find-links URL``, as in docker/Dockerfile) finds and fetches
+    a wheel from the wheelhouse's server on loopback; the server refuses a second one on the
+    same port with a message naming it."""
+    import sys
+    import zipfile
+
+    from pflarena.server import images
+
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    with zipfile.ZipFile(house / "pflarena_probe-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("pflarena_probe/__init__.py", "")
+        wheel.writestr(
+            "pflarena_probe-1.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: pflarena-probe\nVersion: 1.0\n",
+        )
+        wheel.writestr(
+            "pflarena_probe-1.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+    (house / "requirements.txt").write_text("pflarena-probe==1.0\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with images.serve_wheelhouse(house, port=port) as url:
+        assert url == f"http://127.0.0.1:{port}/"
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-index", "--no-deps",
+             "--find-links", url, "-r", f"{url}requirements.txt", "--dest", tmp_path / "got"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+        with (
+            pytest.raises(RuntimeError, match=f"127.0.0.1:{port}"),
+            images.serve_wheelhouse(house, port=port),
+        ):
+            pass
+    assert [p.name for p in (tmp_path / "got").iterdir()] == ["pflarena_probe-1.0-py3-none-any.whl"]
 
 
 def _docker_ignored(patterns: list[str], path: str) -> bool:
@@ -361,7 +406,8 @@ def _deep_match(path: str, pattern: str) -> bool:
 def test_dockerignore_keeps_secrets_and_data_out_of_the_context() -> None:
     """What docker/Dockerfile copies from the context is in it; the virtual environment,
     results, data, shards, certificates (the CA key, the node keys) and the wheelhouse
-    (~3.4 GB, an image of its own) are not, also inside the folders the Dockerfile copies."""
+    (~3.4 GB, served to the build instead) are not, also inside the folders the Dockerfile
+    copies."""
     patterns = [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text().splitlines()
@@ -449,8 +495,8 @@ def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:
 
 
 def _tree(root: Path) -> Path:
-    for rel in ("docker/Dockerfile", "docker/wheelhouse.Dockerfile", ".dockerignore",
-                "docker/constraints.txt", "pyproject.toml", "pflarena/__init__.py"):  # fmt: skip
+    for rel in ("docker/Dockerfile", ".dockerignore", "docker/constraints.txt", "pyproject.toml",
+                "pflarena/__init__.py"):  # fmt: skip
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(rel)
     return root

@@ -6,11 +6,11 @@
 ``build/wheelhouse/``
     every dependency as a wheel (``pip wheel`` of pyproject.toml's dependencies with torch
     and torchvision pinned, under ``docker/constraints.txt``), with ``requirements.txt`` and
-    ``constraints.txt``. Made again only when those inputs change (``.inputs`` records them),
-    then put in an image of its own, ``pflarena-wheelhouse:<digest>``
-    (``docker/wheelhouse.Dockerfile``), from which ``docker/Dockerfile`` copies it: the
-    classic builder sends the whole build context on every build, and the wheels (~3.4 GB)
-    are sent once this way.
+    ``constraints.txt``. Made again only when those inputs change (``.inputs`` records them).
+    While the images build it is served over HTTP on the host's loopback
+    (:data:`WHEELHOUSE_PORT`) and ``docker build --network host`` installs from that server:
+    the wheels (~3.4 GB) are read once, by one ``pip install``, and enter neither the build
+    context (which the classic builder sends whole on every build) nor any layer.
 ``build/pflarena-dist/``
     the project's wheel, built from this source tree every time (the build context).
 
@@ -26,18 +26,21 @@ image, tagged ``pflarena-<target>:<tag>``:
   of that name is used as it is. debootstrap and chroot need root.
 
 The four targets share their layers (``docker/Dockerfile`` says how): the dependencies are
-installed once, whatever the order of the builds.
+installed once, into one layer, whatever the order of the builds.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import http.server
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -59,6 +62,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 #: The images' targets in docker/Dockerfile, in the order they are built.
 TARGETS = ("superlink", "supernode", "app", "edge")
+#: The targets without torch and pflarena: they stop before the stage that reads the wheelhouse.
+FLOWER_ONLY = ("superlink", "supernode")
 TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
 DEBIAN_SUITE = "bookworm"  # Python 3.11, the version every pin was tested on
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -67,6 +72,10 @@ DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libsqlite3-0")
 #: Also in the wheelhouse: the local base's virtual environment gets them.
 BUILD_TOOLS = ("setuptools>=68", "wheel")
 APP_UID = 49999  # Flower's images run as user `app` with this UID
+#: The wheelhouse's server during a build: docker/Dockerfile's WHEELHOUSE_URL names this port.
+#: Fixed, so that the dependencies' layer is cached across builds (the URL is a build argument);
+#: ``PFLARENA_WHEELHOUSE_PORT`` moves it (and rebuilds that layer).
+WHEELHOUSE_PORT = 47391
 
 
 def flower_base() -> str:
@@ -131,17 +140,32 @@ def make_wheelhouse(root: Path = ROOT, extra_index_url: str | None = None) -> Pa
     return out
 
 
-def make_wheelhouse_image(wheelhouse: Path, root: Path = ROOT) -> str:
-    """``pflarena-wheelhouse:<digest>``: the wheelhouse as an image; kept if it exists."""
-    name = f"pflarena-wheelhouse:{(wheelhouse / '.inputs').read_text()[:16]}"
-    if image_exists(name):
-        print(f"{name}: exists, kept")
-        return name
-    _run(
-        ["docker", "build", "-f", root / "docker" / "wheelhouse.Dockerfile", "-t", name,
-         wheelhouse],
-    )  # fmt: skip
-    return name
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base's name)
+        pass
+
+
+@contextmanager
+def serve_wheelhouse(wheelhouse: Path, port: int | None = None):
+    """Serve ``wheelhouse`` on 127.0.0.1 for the duration; yields its URL. The standard
+    library's server: pip's ``--find-links`` reads its directory listing."""
+    if port is None:
+        port = int(os.environ.get("PFLARENA_WHEELHOUSE_PORT", WHEELHOUSE_PORT))
+    handler = functools.partial(_QuietHandler, directory=str(wheelhouse))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot serve the wheelhouse on 127.0.0.1:{port} ({exc.strerror}): is another "
+            "`pflarena images` running? PFLARENA_WHEELHOUSE_PORT picks another port"
+        ) from exc
+    thread = threading.Thread(target=server.serve_forever, name="wheelhouse", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def make_project_wheel(root: Path = ROOT) -> Path:
@@ -238,7 +262,6 @@ def inputs_digest(root: Path = ROOT, base: str = "") -> str:
     digest = hashlib.sha256(base.encode())
     files = [
         root / "docker" / "Dockerfile",
-        root / "docker" / "wheelhouse.Dockerfile",
         root / ".dockerignore",
         root / "docker" / "constraints.txt",
         root / "pyproject.toml",
@@ -275,7 +298,6 @@ def build_images(
     times: dict[str, float] = {}
     t0 = time.monotonic()
     wheelhouse = make_wheelhouse(root, extra_index_url)
-    wheelhouse_image = make_wheelhouse_image(wheelhouse, root)
     times["wheelhouse"] = time.monotonic() - t0
     t0 = time.monotonic()
     make_project_wheel(root)
@@ -285,16 +307,21 @@ def build_images(
         base = make_local_base(wheelhouse, base)
         times["local base"] = time.monotonic() - t0
     base = base or FLOWER_BASE
-    for target in targets:
-        t0 = time.monotonic()
-        names = [image_name(target, tag) for tag in tags]
-        _run(
-            ["docker", "build", "-f", root / "docker" / "Dockerfile", "--target", target,
-             "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"WHEELHOUSE={wheelhouse_image}",
-             *[a for n in names for a in ("-t", n)],
-             root],
-        )  # fmt: skip
-        times[target] = time.monotonic() - t0
+    digest = (wheelhouse / ".inputs").read_text()[:16]
+    with serve_wheelhouse(wheelhouse) as url:
+        for target in targets:
+            t0 = time.monotonic()
+            names = [image_name(target, tag) for tag in tags]
+            wheels = [] if target in FLOWER_ONLY else [
+                "--build-arg", f"WHEELHOUSE_URL={url}", "--build-arg", f"WHEELHOUSE_DIGEST={digest}"
+            ]  # fmt: skip
+            _run(
+                ["docker", "build", "--network", "host", "-f", root / "docker" / "Dockerfile",
+                 "--target", target, "--build-arg", f"BASE_IMAGE={base}", *wheels,
+                 *[a for n in names for a in ("-t", n)],
+                 root],
+            )  # fmt: skip
+            times[target] = time.monotonic() - t0
     return times
 
 
