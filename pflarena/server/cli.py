@@ -961,10 +961,21 @@ def _cmd_shards_import(args: argparse.Namespace) -> int:
         raise ConfigError("--validation-fraction must be in [0, 1)")
     options = {"validation_fraction": args.import_validation_fraction, "seed": args.import_seed}
     if args.format == "pfllib":
-        paths = import_pfllib(args.folder, args.out, name=args.name, **options)
+        paths = import_pfllib(
+            args.folder, args.out, name=args.name, num_classes=args.num_classes, **options
+        )
     else:
+        if args.num_classes is not None:
+            raise ConfigError(f"--num-classes applies to --format pfllib, not {args.format}")
         paths = import_leaf(args.folder, args.out, dataset=args.format.split("-", 1)[1], **options)
     shard_set = read_shard_set(args.out)
+    record = json.loads((shard_set.directory / "manifest.json").read_text()).get("import", {})
+    if record.get("num_classes_source") == "inferred":
+        print(
+            f"config.json has no num_classes: {shard_set.info.num_classes} classes inferred "
+            f"from the labels (largest label {record['largest_label']}, "
+            f"{record['labels_present']} distinct labels; --num-classes sets the count)"
+        )
     print(
         f"wrote {len(paths)} shard files ({shard_set.info.name}: {shard_set.info.num_classes} "
         f"classes, samples {shard_set.info.input_shape}, {sum(shard_set.num_train)} train / "
@@ -1145,6 +1156,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imports.add_argument("--out", required=True, help="directory for the shard files")
     imports.add_argument("--name", help="the data's name (pfllib; default pfllib-<folder>)")
+    imports.add_argument(
+        "--num-classes",
+        type=int,
+        help="pfllib: the number of classes (default: config.json's num_classes, else the "
+        "largest label plus one); must agree with config.json and exceed every label",
+    )
     imports.add_argument(
         "--validation-fraction",
         dest="import_validation_fraction",
