@@ -48,6 +48,11 @@ ENGINE_HELP = (
     "the same ServerApp and ClientApp in one process without Ray, one client after another "
     "(machines without Ray, debugging)"
 )
+RAY_ADDRESS_HELP = (
+    "run the clients on an existing Ray cluster (auto: RAY_ADDRESS or the cluster `ray start` "
+    "started here; or the head's HOST:PORT) instead of a private Ray instance; the app's code "
+    "is shipped to the workers, whose nodes need its dependencies and see its paths"
+)
 
 
 def project_root() -> Path:
@@ -173,6 +178,7 @@ def simulate(
     verbosity: int = 1,
     superlink: bool = False,
     engine: str = "ray",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
@@ -183,6 +189,7 @@ def simulate(
     to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
     longer start-up). ``engine="inprocess"`` runs the ServerApp and the ClientApps in that
     process without Ray, one client after another (:mod:`pflarena.server.inprocess`).
+    ``ray_address`` joins that Ray cluster instead of starting a private Ray instance.
     Raises ``RuntimeError`` when the run did not complete.
     """
     output_dir = Path(cfg.output_dir).resolve()
@@ -190,6 +197,8 @@ def simulate(
     _check_flower_keys(cfg)
     if superlink and engine != "ray":
         raise ConfigError(f"--superlink runs on Flower's Ray engine; --engine {engine} cannot")
+    if superlink and ray_address:
+        raise ConfigError("--ray-address applies to pflarena's runtime, not to --superlink")
     if superlink:
         returncode, tail = _simulate_on_superlink(
             cfg, cpus_per_client, gpus_per_client, log_file, verbosity
@@ -203,6 +212,7 @@ def simulate(
             log_file=log_file,
             verbosity=verbosity,
             engine=engine,
+            ray_address=ray_address,
         )
         what = "the simulation"
     summary_path = output_dir / "summary.json"
@@ -254,6 +264,7 @@ def run_simulations(
     log_file: Path | None = None,
     verbosity: int = 1,
     engine: str = "ray",
+    ray_address: str | None = None,
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
@@ -262,15 +273,27 @@ def run_simulations(
     results; returns the process's exit code (0 when every run completed) and its last
     lines of output. Interrupting this call stops the process and its children.
     ``engine="inprocess"`` runs them without Ray (:mod:`pflarena.server.inprocess`).
+    ``ray_address`` (``auto`` or ``HOST:PORT``) runs them on that Ray cluster, the app's
+    code shipped to its workers (:func:`pflarena.server.simulation._start_ray`).
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if ray_address is not None:
+        from pflarena.server.simulation import check_ray_address
+
+        if engine != "ray":
+            raise ConfigError(f"--ray-address needs the Ray engine, not --engine {engine}")
+        try:
+            check_ray_address(ray_address)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     scratch = Path(tempfile.mkdtemp(prefix="pflarena-sim-"))
     spec = {
         "app_dir": str(project_root()),
         "cpus_per_client": cpus_per_client,
         "gpus_per_client": gpus_per_client,
         "engine": engine,
+        "ray_address": ray_address,
         "runs": [
             {
                 "run_config": with_absolute_paths(cfg).to_run_config(),
@@ -755,6 +778,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         verbosity=0 if args.quiet else 2 if args.verbose else 1,
         superlink=args.superlink,
         engine=args.engine,
+        ray_address=args.ray_address,
     )
     print()
     print(compare_table([Path(cfg.output_dir)]))
@@ -804,6 +828,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 gpus_per_client=args.gpus_per_client,
                 verbosity=0 if args.quiet else 2 if args.verbose else 1,
                 engine=args.engine,
+                ray_address=args.ray_address,
             )
         except KeyboardInterrupt:
             print(
@@ -1042,6 +1067,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate the run config, print it resolved (as TOML) and run nothing",
     )
     run.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    run.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     run.add_argument(
         "--superlink",
         action="store_true",
@@ -1084,6 +1110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpus-per-client", type=float, default=0.0, help="GPU fraction per client (default 0)"
     )
     sweep.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    sweep.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     sweep.add_argument(
         "--check", action="store_true", help="print the runs and what each needs; run nothing"
     )
