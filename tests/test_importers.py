@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -26,42 +29,75 @@ from pflarena.server.cli import main
 SIZES = [(20 + 3 * i, 7 + 2 * i) for i in range(4)]  # (train, test) per client: all differ
 
 
-def write_pfllib_folder(root: Path, *, plain: bool = False, seed: int = 0) -> list[dict]:
+def write_pfllib_folder(
+    root: Path,
+    *,
+    plain: bool = False,
+    seed: int = 0,
+    num_classes: int | None = 10,
+    labels: int = 10,
+    numpy1: bool = False,
+) -> list[dict]:
     """A small dataset folder in PFLlib's layout (dataset/utils/dataset_utils.py: save_file).
 
     Inputs are floats normalised the way PFLlib's MNIST generator does ((v - 0.5) / 0.5),
-    labels are in 0..9; returns each client's arrays.
+    labels are in ``0..labels-1`` (each client's test split holds the largest); returns each
+    client's arrays. ``config.json`` has save_file's keys; ``num_classes=None`` leaves that
+    key out, as the older generator that wrote PFLlib's committed dataset/MNIST/config.json
+    did. ``numpy1`` writes the pickles as numpy 1.x did (``numpy.core.multiarray``), as in
+    that committed partition's files.
     """
     rng = np.random.default_rng(seed)
     clients = []
+    statistic = []
     for split in ("train", "test"):
         (root / split).mkdir(parents=True, exist_ok=True)
     for client_id, (n_train, n_test) in enumerate(SIZES):
         arrays = {}
         for split, n in (("train", n_train), ("test", n_test)):
             x = ((rng.random((n, 1, 28, 28)) - 0.5) / 0.5).astype(np.float32)
-            y = rng.integers(0, 10, n).astype(np.int64)
+            y = rng.integers(0, labels, n).astype(np.int64)
+            if split == "test":
+                y[0] = labels - 1
             arrays[split] = {"x": x, "y": y}
             with open(root / split / f"{client_id}.npz", "wb") as handle:
                 if plain:
                     np.savez_compressed(handle, x=x, y=y)
+                elif numpy1:
+                    _savez_as_numpy1(handle, {"x": x, "y": y})
                 else:  # PFLlib's own call: a dict, pickled into the archive
                     np.savez_compressed(handle, data={"x": x, "y": y})
         clients.append(arrays)
-    (root / "config.json").write_text(
-        json.dumps(
-            {
-                "num_clients": len(SIZES),
-                "num_classes": 10,
-                "non_iid": True,
-                "balance": False,
-                "partition": "dir",
-                "alpha": 0.1,
-                "batch_size": 10,
-            }
-        )
-    )
+        every = np.concatenate([arrays["train"]["y"], arrays["test"]["y"]])
+        present, counts = np.unique(every, return_counts=True)
+        statistic.append([[int(c), int(n)] for c, n in zip(present, counts, strict=True)])
+    config = {
+        "num_clients": len(SIZES),
+        "num_classes": num_classes,
+        "non_iid": True,
+        "balance": False,
+        "partition": "dir",
+        "Size of samples for labels in clients": statistic,
+        "alpha": 0.1,
+        "batch_size": 10,
+    }
+    if num_classes is None:
+        del config["num_classes"]
+    (root / "config.json").write_text(json.dumps(config, separators=(",", ":")))
     return clients
+
+
+def _savez_as_numpy1(handle, data: dict) -> None:
+    """``np.savez_compressed(handle, data=data)`` as numpy 1.x wrote it: the pickle (protocol
+    3, which names classes as text) names ``numpy.core`` where numpy 2 names ``numpy._core``."""
+    array = np.array(data, dtype=object)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, np.lib.format.header_data_from_array_1_0(array))
+    buffer.write(pickle.dumps(array, protocol=3))
+    payload = buffer.getvalue().replace(b"cnumpy._core.", b"cnumpy.core.")
+    assert b"numpy._core" not in payload
+    with zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("data.npy", payload)
 
 
 @pytest.mark.parametrize("plain", [False, True])
@@ -333,3 +369,89 @@ def test_pfllib_import_bounds_classes_and_refuses_empty_clients(tmp_path, damage
     with pytest.raises(ImportFormatError, match=message):
         import_pfllib(tmp_path / "MNIST", tmp_path / "shards")
     assert not (tmp_path / "shards" / "manifest.json").exists()
+
+
+def _manifest(directory: Path) -> dict:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("labels", [10, 7])
+def test_a_pfllib_config_without_num_classes_imports_with_the_classes_inferred(
+    tmp_path, capsys, labels
+):
+    """PFLlib's older generator (its committed dataset/MNIST) wrote no num_classes: the
+    count is the largest label plus one, said in the output and recorded in the manifest."""
+    clients = write_pfllib_folder(tmp_path / "MNIST", num_classes=None, labels=labels, numpy1=True)
+    assert "num_classes" not in json.loads((tmp_path / "MNIST" / "config.json").read_text())
+    out = tmp_path / "shards"
+    assert main(["shards", "import", "--format", "pfllib", str(tmp_path / "MNIST"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"config.json has no num_classes: {labels} classes inferred from the labels" in printed
+    assert f"pfllib-mnist: {labels} classes" in printed
+    assert read_shard_set(out).info.num_classes == labels
+    assert _manifest(out)["import"] == {
+        "num_classes_source": "inferred",
+        "largest_label": labels - 1,
+        "labels_present": labels,
+    }
+    for client_id, expected in enumerate(clients):  # numpy 1.x pickles read bit for bit
+        data, _ = load_shard(out / f"client_{client_id:04d}.npz")
+        assert np.array_equal(data.x_test, expected["test"]["x"])
+        assert np.array_equal(data.y_train, expected["train"]["y"])
+
+
+def test_a_pfllib_num_classes_below_the_labels_is_refused_naming_both_numbers(tmp_path):
+    write_pfllib_folder(tmp_path / "MNIST", num_classes=8, labels=10)
+    with pytest.raises(
+        ImportFormatError,
+        match=r"/0\.npz: labels \d\.\.9 outside 0\.\.7 \(.*config\.json says num_classes=8; "
+        r"the labels need num_classes >= 10\)",
+    ):
+        import_pfllib(tmp_path / "MNIST", tmp_path / "shards")
+    assert not (tmp_path / "shards" / "manifest.json").exists()
+
+
+def test_pfllib_num_classes_given_must_agree_with_config_and_labels(tmp_path, capsys):
+    folder, out = tmp_path / "MNIST", tmp_path / "shards"
+
+    def run(*flags: str) -> int:
+        return main(["shards", "import", "--format", "pfllib", str(folder), "--out", str(out),
+                     *flags])  # fmt: skip
+
+    # config.json says 10: the same count given is taken, another is refused naming both
+    write_pfllib_folder(folder, num_classes=10)
+    assert run("--num-classes", "10") == 0
+    assert _manifest(out)["import"]["num_classes_source"] == "given"
+    assert "inferred" not in capsys.readouterr().out
+    assert run("--num-classes", "12") == 1
+    assert "num_classes=12 was given but" in capsys.readouterr().err
+    with pytest.raises(ImportFormatError, match=r"num_classes=12 was given but .* num_classes=10"):
+        import_pfllib(folder, out, num_classes=12)
+    # no num_classes in config.json, labels 0..6: 10 classes declares three no client holds
+    write_pfllib_folder(folder, num_classes=None, labels=7)
+    assert run("--num-classes", "10") == 0
+    assert read_shard_set(out).info.num_classes == 10
+    assert _manifest(out)["import"] == {
+        "num_classes_source": "given",
+        "largest_label": 6,
+        "labels_present": 7,
+    }
+    # ... but a count the labels exceed is refused, naming both numbers
+    assert run("--num-classes", "5") == 1
+    err = capsys.readouterr().err
+    assert "outside 0..4 (num_classes=5 was given; the labels need num_classes >= 7)" in err
+    assert run("--num-classes", "1") == 1
+    assert "num_classes=1 is outside 2.." in capsys.readouterr().err
+    with pytest.raises(ImportFormatError, match="not a whole number"):
+        import_pfllib(folder, out, num_classes="ten")  # type: ignore[arg-type]
+    # and only PFLlib folders take it
+    assert run("--num-classes", "10", "--format", "leaf-femnist") == 2
+
+
+def test_a_pfllib_folder_whose_labels_are_all_one_class_needs_num_classes(tmp_path):
+    write_pfllib_folder(tmp_path / "MNIST", num_classes=None, labels=1)
+    with pytest.raises(ImportFormatError, match=r"every label is 0: give the number of classes"):
+        import_pfllib(tmp_path / "MNIST", tmp_path / "shards")
+    import_pfllib(tmp_path / "MNIST", tmp_path / "shards", num_classes=2)
+    assert read_shard_set(tmp_path / "shards").info.num_classes == 2

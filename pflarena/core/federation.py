@@ -650,6 +650,7 @@ def write_shards(
     out_dir: str | Path,
     spec: FederationSpec | None = None,
     source: str = "pflarena",
+    details: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Write one shard file per client and a ``manifest.json``.
 
@@ -671,6 +672,8 @@ def write_shards(
     source : str
         Where the data comes from, recorded in the manifest (``pflarena``, or the toolkit
         an import read, :mod:`pflarena.core.importers`).
+    details : dict, optional
+        What an import decided (JSON values), recorded as the manifest's ``import`` entry.
 
     Returns
     -------
@@ -695,6 +698,7 @@ def write_shards(
         "info": asdict(federation.info),
         "spec": None if spec is None else spec.model_dump(),
         "source": source,
+        **({"import": details} if details is not None else {}),
         "shards": [
             {
                 "client_id": client.client_id,

@@ -10,6 +10,10 @@ the result is a shard directory (:mod:`pflarena.core.shards`) that runs in simul
 ``np.savez_compressed(f, data={"x": x, "y": y})``, a pickled dict. Files holding ``x`` and
 ``y`` as plain arrays are read too. Inputs stay as PFLlib stored them (images already
 normalised to floats by its generators; shards keep them, with no normalisation of ours).
+Older PFLlib generators wrote no ``num_classes`` (the MNIST partition in PFLlib's repository
+has none): the class count is then the largest label plus one, and the manifest says so
+(``"import": {"num_classes_source": "inferred"}``); an explicit ``num_classes`` must agree
+with ``config.json``'s when both are given, and every label must lie below it.
 
 **LEAF** (Caldas et al., https://github.com/TalwalkarLab/leaf) writes JSON files with
 ``users``, ``num_samples`` and ``user_data`` (``{user: {"x": [...], "y": [...]}}``) under
@@ -136,14 +140,25 @@ def _inputs(x: np.ndarray, path: Path) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
-def _labels(y: np.ndarray, num_classes: int, path: Path) -> np.ndarray:
+def _label_array(y: np.ndarray, path: Path) -> np.ndarray:
+    """``y`` as int64 labels, one per sample (their range is checked by :func:`_labels`)."""
     if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or y.size == 0):
         raise ImportFormatError(
             f"{path}: y must be one integer label per sample, got {y.dtype} {y.shape}"
         )
-    if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ImportFormatError(f"{path}: labels {y.min()}..{y.max()} outside 0..{num_classes - 1}")
+    if y.size and y.min() < 0:
+        raise ImportFormatError(f"{path}: labels {y.min()}..{y.max()} include negative values")
     return y.astype(np.int64, copy=False)
+
+
+def _labels(y: np.ndarray, num_classes: int, path: Path, where: str = "") -> np.ndarray:
+    """``y`` as int64 labels, each in ``0..num_classes-1`` (``where`` says whose count)."""
+    y = _label_array(y, path)
+    if y.size and y.max() >= num_classes:
+        raise ImportFormatError(
+            f"{path}: labels {y.min()}..{y.max()} outside 0..{num_classes - 1}{where}"
+        )
+    return y
 
 
 def _split_validation(client: ClientData, fraction: float, seed: int) -> ClientData:
@@ -179,11 +194,27 @@ def _check_shapes(clients: list[ClientData], where: Path) -> tuple[int, ...]:
     return shapes.pop()
 
 
+def _class_count(value: Any, what: str) -> int:
+    """``value`` as a class count in ``2..MAX_CLASSES``; ``what`` names where it came from."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ImportFormatError(f"{what}={value!r} is not a whole number")
+    try:
+        count = int(value)
+    except ValueError:
+        raise ImportFormatError(f"{what}={value!r} is not a whole number") from None
+    if count != value and str(count) != value:
+        raise ImportFormatError(f"{what}={value!r} is not a whole number")
+    if not 2 <= count <= MAX_CLASSES:
+        raise ImportFormatError(f"{what}={count} is outside 2..{MAX_CLASSES}")
+    return count
+
+
 def import_pfllib(
     folder: str | Path,
     out: str | Path,
     *,
     name: str | None = None,
+    num_classes: int | None = None,
     validation_fraction: float = 0.0,
     seed: int = 0,
 ) -> list[Path]:
@@ -197,6 +228,11 @@ def import_pfllib(
         The shard directory to write.
     name
         The data's name (default ``pfllib-<folder name, lower case>``).
+    num_classes
+        The number of classes. Default: ``config.json``'s ``num_classes``, or, where the
+        file has none (older PFLlib generators), the largest label plus one. Given, it
+        must equal ``config.json``'s when the file has one; a value above the largest
+        label plus one declares classes that no client holds.
     validation_fraction, seed
         Carve a seeded validation split out of each client's training split (0: none,
         PFLlib's own layout).
@@ -204,30 +240,46 @@ def import_pfllib(
     Returns
     -------
     list of pathlib.Path
-        The shard files, in client order.
+        The shard files, in client order. The manifest's ``import`` entry records where
+        the class count came from (``num_classes_source``: ``config``, ``given`` or
+        ``inferred``), the largest label and how many distinct labels the clients hold.
+
+    Raises
+    ------
+    ImportFormatError
+        A folder not in PFLlib's layout, a label outside ``0..num_classes-1`` (the message
+        names the file and both numbers), or a ``num_classes`` that disagrees with
+        ``config.json``'s.
     """
     root = Path(folder)
     config_path = root / "config.json"
     try:
         config = json.loads(config_path.read_text())
-        num_clients = int(config["num_clients"])
-        num_classes = int(config["num_classes"])
     except FileNotFoundError:
         raise ImportFormatError(
             f"no config.json in {root}: not a PFLlib dataset folder (expected config.json, "
             "train/<i>.npz, test/<i>.npz)"
         ) from None
+    except (OSError, ValueError) as error:
+        raise ImportFormatError(f"cannot read {config_path}: {error}") from error
+    if not isinstance(config, dict):
+        raise ImportFormatError(f"{config_path} is not a JSON object")
+    try:
+        num_clients = int(config["num_clients"])
     except (ValueError, KeyError, TypeError) as error:
-        raise ImportFormatError(
-            f"{config_path} lacks num_clients or num_classes: {error!r}"
-        ) from error
-    if not 2 <= num_classes <= MAX_CLASSES:
-        raise ImportFormatError(
-            f"{config_path}: num_classes={num_classes} is outside 2..{MAX_CLASSES}"
-        )
+        raise ImportFormatError(f"{config_path} lacks num_clients: {error!r}") from error
     if num_clients < 1:
         raise ImportFormatError(f"{config_path}: num_clients={num_clients} names no client")
-    clients = []
+    declared = None
+    if config.get("num_classes") is not None:
+        declared = _class_count(config["num_classes"], f"{config_path}: num_classes")
+    given = None if num_classes is None else _class_count(num_classes, "num_classes")
+    if given is not None and declared is not None and given != declared:
+        raise ImportFormatError(
+            f"num_classes={given} was given but {config_path} says num_classes={declared}"
+        )
+
+    raw: list[dict[str, tuple[np.ndarray, np.ndarray, Path]]] = []
     for client_id in range(num_clients):
         arrays = {}
         for split in ("train", "test"):
@@ -240,7 +292,28 @@ def import_pfllib(
             x, y = read_pfllib_npz(path)
             if len(x) != len(y):
                 raise ImportFormatError(f"{path}: {len(x)} samples but {len(y)} labels")
-            arrays[split] = (_inputs(x, path), _labels(y, num_classes, path))
+            arrays[split] = (_inputs(x, path), _label_array(y, path), path)
+        raw.append(arrays)
+    labels = [y for arrays in raw for _, y, _ in arrays.values() if y.size]
+    largest = max((int(y.max()) for y in labels), default=-1)
+    present = int(np.unique(np.concatenate(labels)).size) if labels else 0
+    if given is not None:
+        count, source, reason = given, "given", f"num_classes={given} was given"
+    elif declared is not None:
+        count, source, reason = declared, "config", f"{config_path} says num_classes={declared}"
+    else:
+        count, source, reason = largest + 1, "inferred", "inferred from the labels"
+        if count < 2:
+            raise ImportFormatError(
+                f"{config_path} has no num_classes and every label is {largest}: give the "
+                "number of classes (--num-classes)"
+            )
+        _class_count(count, f"{root}: the largest label plus one, num_classes")
+    where = f" ({reason}; the labels need num_classes >= {largest + 1})"
+    clients = []
+    for client_id, arrays in enumerate(raw):
+        for _, y, path in arrays.values():
+            _labels(y, count, path, where)
         client = ClientData(
             client_id=client_id,
             x_train=arrays["train"][0],
@@ -254,10 +327,13 @@ def import_pfllib(
         clients.append(_split_validation(client, validation_fraction, seed))
     info = DatasetInfo(
         name=name or f"pfllib-{root.resolve().name.lower()}",
-        num_classes=num_classes,
+        num_classes=count,
         input_shape=_check_shapes(clients, root),
     )
-    return write_shards(Federation(info=info, clients=clients), out, source="pfllib")
+    record = {"num_classes_source": source, "largest_label": largest, "labels_present": present}
+    return write_shards(
+        Federation(info=info, clients=clients), out, source="pfllib", details=record
+    )
 
 
 # --------------------------------------------------------------------------- LEAF

@@ -48,6 +48,11 @@ ENGINE_HELP = (
     "the same ServerApp and ClientApp in one process without Ray, one client after another "
     "(machines without Ray, debugging)"
 )
+RAY_ADDRESS_HELP = (
+    "run the clients on an existing Ray cluster (auto: RAY_ADDRESS or the cluster `ray start` "
+    "started here; or the head's HOST:PORT) instead of a private Ray instance; the app's code "
+    "is shipped to the workers, whose nodes need its dependencies and see its paths"
+)
 
 
 def project_root() -> Path:
@@ -173,6 +178,7 @@ def simulate(
     verbosity: int = 1,
     superlink: bool = False,
     engine: str = "ray",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
@@ -183,6 +189,7 @@ def simulate(
     to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
     longer start-up). ``engine="inprocess"`` runs the ServerApp and the ClientApps in that
     process without Ray, one client after another (:mod:`pflarena.server.inprocess`).
+    ``ray_address`` joins that Ray cluster instead of starting a private Ray instance.
     Raises ``RuntimeError`` when the run did not complete.
     """
     output_dir = Path(cfg.output_dir).resolve()
@@ -190,6 +197,8 @@ def simulate(
     _check_flower_keys(cfg)
     if superlink and engine != "ray":
         raise ConfigError(f"--superlink runs on Flower's Ray engine; --engine {engine} cannot")
+    if superlink and ray_address:
+        raise ConfigError("--ray-address applies to pflarena's runtime, not to --superlink")
     if superlink:
         returncode, tail = _simulate_on_superlink(
             cfg, cpus_per_client, gpus_per_client, log_file, verbosity
@@ -203,6 +212,7 @@ def simulate(
             log_file=log_file,
             verbosity=verbosity,
             engine=engine,
+            ray_address=ray_address,
         )
         what = "the simulation"
     summary_path = output_dir / "summary.json"
@@ -254,6 +264,7 @@ def run_simulations(
     log_file: Path | None = None,
     verbosity: int = 1,
     engine: str = "ray",
+    ray_address: str | None = None,
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
@@ -262,15 +273,27 @@ def run_simulations(
     results; returns the process's exit code (0 when every run completed) and its last
     lines of output. Interrupting this call stops the process and its children.
     ``engine="inprocess"`` runs them without Ray (:mod:`pflarena.server.inprocess`).
+    ``ray_address`` (``auto`` or ``HOST:PORT``) runs them on that Ray cluster, the app's
+    code shipped to its workers (:func:`pflarena.server.simulation._start_ray`).
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if ray_address is not None:
+        from pflarena.server.simulation import check_ray_address
+
+        if engine != "ray":
+            raise ConfigError(f"--ray-address needs the Ray engine, not --engine {engine}")
+        try:
+            check_ray_address(ray_address)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     scratch = Path(tempfile.mkdtemp(prefix="pflarena-sim-"))
     spec = {
         "app_dir": str(project_root()),
         "cpus_per_client": cpus_per_client,
         "gpus_per_client": gpus_per_client,
         "engine": engine,
+        "ray_address": ray_address,
         "runs": [
             {
                 "run_config": with_absolute_paths(cfg).to_run_config(),
@@ -755,6 +778,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         verbosity=0 if args.quiet else 2 if args.verbose else 1,
         superlink=args.superlink,
         engine=args.engine,
+        ray_address=args.ray_address,
     )
     print()
     print(compare_table([Path(cfg.output_dir)]))
@@ -804,6 +828,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 gpus_per_client=args.gpus_per_client,
                 verbosity=0 if args.quiet else 2 if args.verbose else 1,
                 engine=args.engine,
+                ray_address=args.ray_address,
             )
         except KeyboardInterrupt:
             print(
@@ -961,10 +986,21 @@ def _cmd_shards_import(args: argparse.Namespace) -> int:
         raise ConfigError("--validation-fraction must be in [0, 1)")
     options = {"validation_fraction": args.import_validation_fraction, "seed": args.import_seed}
     if args.format == "pfllib":
-        paths = import_pfllib(args.folder, args.out, name=args.name, **options)
+        paths = import_pfllib(
+            args.folder, args.out, name=args.name, num_classes=args.num_classes, **options
+        )
     else:
+        if args.num_classes is not None:
+            raise ConfigError(f"--num-classes applies to --format pfllib, not {args.format}")
         paths = import_leaf(args.folder, args.out, dataset=args.format.split("-", 1)[1], **options)
     shard_set = read_shard_set(args.out)
+    record = json.loads((shard_set.directory / "manifest.json").read_text()).get("import", {})
+    if record.get("num_classes_source") == "inferred":
+        print(
+            f"config.json has no num_classes: {shard_set.info.num_classes} classes inferred "
+            f"from the labels (largest label {record['largest_label']}, "
+            f"{record['labels_present']} distinct labels; --num-classes sets the count)"
+        )
     print(
         f"wrote {len(paths)} shard files ({shard_set.info.name}: {shard_set.info.num_classes} "
         f"classes, samples {shard_set.info.input_shape}, {sum(shard_set.num_train)} train / "
@@ -1031,6 +1067,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate the run config, print it resolved (as TOML) and run nothing",
     )
     run.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    run.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     run.add_argument(
         "--superlink",
         action="store_true",
@@ -1073,6 +1110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpus-per-client", type=float, default=0.0, help="GPU fraction per client (default 0)"
     )
     sweep.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    sweep.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     sweep.add_argument(
         "--check", action="store_true", help="print the runs and what each needs; run nothing"
     )
@@ -1145,6 +1183,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imports.add_argument("--out", required=True, help="directory for the shard files")
     imports.add_argument("--name", help="the data's name (pfllib; default pfllib-<folder>)")
+    imports.add_argument(
+        "--num-classes",
+        type=int,
+        help="pfllib: the number of classes (default: config.json's num_classes, else the "
+        "largest label plus one); must agree with config.json and exceed every label",
+    )
     imports.add_argument(
         "--validation-fraction",
         dest="import_validation_fraction",

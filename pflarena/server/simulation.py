@@ -23,6 +23,9 @@ parses them, Flower's in-memory LinkState and Grid, its message workers (``run_a
   (``context.state``), as separate ``flwr run`` calls have. Actors are recreated when one
   was lost.
 
+With a ``ray_address`` the runtime joins an existing Ray cluster instead of starting a private
+instance, and the app's package is shipped to the cluster's workers (:func:`_start_ray`).
+
 Results do not depend on any of this: ClientApps seed torch per message and derive their
 data from the run config, so a run gives the ``rounds.jsonl`` that ``flwr run`` on a
 SuperLink gives (``tests/test_startup.py``).
@@ -52,6 +55,8 @@ __all__ = [
     "FlowerApp",
     "SimulationRuntime",
     "WORKER_ENV",
+    "app_packages",
+    "check_ray_address",
     "flower_overrides",
     "main",
 ]
@@ -108,26 +113,74 @@ def flower_overrides(run_config: dict[str, Any], scratch: Path) -> dict[str, Any
     return parse_config_args([str(path)])
 
 
-def _start_ray(app_dir: Path, backend_config: dict[str, Any]) -> None:
+def check_ray_address(address: str) -> str:
+    """``address`` if it names a Ray cluster to join: ``auto`` (``RAY_ADDRESS``, else the
+    cluster ``ray start`` last started on this machine) or the head's ``HOST:PORT``."""
+    host, sep, port = address.rpartition(":")
+    if "://" not in address and (
+        address == "auto" or (sep and host and port.isdigit() and 0 < int(port) < 65536)
+    ):
+        return address
+    raise ValueError(
+        f"--ray-address {address!r}: expected auto or the head node's HOST:PORT (the address "
+        "`ray start --head` prints; Ray Client's ray:// addresses are not supported: run "
+        "pflarena on a node of the cluster)"
+    )
+
+
+def app_packages(app: FlowerApp) -> list[str]:
+    """The directories of the top-level packages holding the app's components: the code a
+    Ray cluster's workers are given (``runtime_env["py_modules"]``)."""
+    import importlib.util
+
+    packages = []
+    for attr in (app.client_app_attr, app.server_app_attr):
+        spec = importlib.util.find_spec(_module_of(attr).split(".", 1)[0])
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"{attr}: its top-level module is not a package Ray can ship")
+        directory = str(Path(next(iter(spec.submodule_search_locations))).resolve())
+        if directory not in packages:
+            packages.append(directory)
+    return packages
+
+
+def _start_ray(app: FlowerApp, backend_config: dict[str, Any], address: str | None = None) -> None:
     """``ray.init`` with the arguments Flower's ``RayBackend.init_ray`` uses.
 
     Done before Flower is imported, so that Flower's and the apps' imports (in another
-    thread) overlap Ray's start; Flower's backend then finds Ray running and uses it. The
-    workers get the driver's ``sys.path`` (the app directory first) as ``PYTHONPATH``.
+    thread) overlap Ray's start; Flower's backend then finds Ray running and uses it.
+
+    Without ``address`` a private Ray instance starts (``address="local"``: neither
+    ``RAY_ADDRESS`` nor a cluster started with ``ray start`` on this machine is joined, as a
+    plain ``ray.init()`` would), and its workers get the driver's ``sys.path`` (the app
+    directory first) as ``PYTHONPATH``, as Flower does. With ``address`` the driver joins
+    that cluster; a path of this machine means nothing on another node, so the workers get
+    the app's packages as ``py_modules`` (uploaded once, unpacked on each node ahead of
+    their ``PYTHONPATH``) and this process's :data:`WORKER_ENV`; the other packages (flwr,
+    torch, ...) come from the Python environment the cluster's nodes run.
     """
     import ray
 
+    app_dir = app.root
     if str(app_dir) not in sys.path:  # where Flower's app loader puts it
         sys.path.insert(0, str(app_dir))
     if ray.is_initialized():
         return
     arguments = dict(backend_config.get("init_args", {}))
     arguments.setdefault("include_dashboard", False)
+    if address is not None:
+        runtime_env = {
+            "py_modules": app_packages(app),
+            "excludes": ["__pycache__", "*.pyc"],
+            "env_vars": {key: os.environ.get(key, value) for key, value in WORKER_ENV.items()},
+        }
+        ray.init(address=check_ray_address(address), runtime_env=runtime_env, **arguments)
+        return
     pythonpath = os.pathsep.join(sys.path)
     if os.environ.get("PYTHONPATH"):
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
-    ray_init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **arguments)
+    ray_init(address="local", runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **arguments)
 
 
 #: Ray's message when its raylet did not register within Ray's fixed 30 s
@@ -177,13 +230,22 @@ class SimulationRuntime:
         The Flower App (this project's root).
     cpus_per_client, gpus_per_client
         Flower's ``client-resources-num-cpus`` / ``-num-gpus``: resources Ray reserves per
-        ``ClientAppActor`` (so ``cpus / cpus_per_client`` actors).
+        ``ClientAppActor`` (so ``cpus / cpus_per_client`` actors, over every node).
+    ray_address
+        Join this Ray cluster (``auto`` or ``HOST:PORT``) instead of starting a private
+        Ray instance (:func:`_start_ray`).
     """
 
     def __init__(
-        self, app_dir: Path, *, cpus_per_client: float = 1.0, gpus_per_client: float = 0.0
+        self,
+        app_dir: Path,
+        *,
+        cpus_per_client: float = 1.0,
+        gpus_per_client: float = 0.0,
+        ray_address: str | None = None,
     ) -> None:
         self.app = FlowerApp.from_dir(app_dir)
+        self.ray_address = ray_address
         self.backend_config: dict[str, Any] = {
             "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
             # what flwr-simulation passes when the federation is not `verbose`
@@ -202,10 +264,22 @@ class SimulationRuntime:
         if self._backend is not None:
             return
         begin = time.monotonic()
-        _start_ray(self.app.root, self.backend_config)
+        _start_ray(self.app, self.backend_config, self.ray_address)
         from flwr.supercore import log
 
-        log(DEBUG, "pflarena: Ray started in %.1fs", time.monotonic() - begin)
+        if self.ray_address is None:
+            log(DEBUG, "pflarena: Ray started in %.1fs", time.monotonic() - begin)
+        else:
+            import ray
+
+            log(
+                INFO,
+                "pflarena: joined the Ray cluster at %s (%d nodes, %s CPUs) in %.1fs",
+                self.ray_address,
+                sum(1 for node in ray.nodes() if node["Alive"]),
+                ray.cluster_resources().get("CPU", 0),
+                time.monotonic() - begin,
+            )
         from pflarena.server.ray_backend import ReusableRayBackend
 
         backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
@@ -345,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the runs of a spec file one after another on one runtime.
 
     The spec (JSON) holds ``app_dir``, ``cpus_per_client``, ``gpus_per_client``, ``engine``
-    (``ray``, the default, or ``inprocess``: :mod:`pflarena.server.inprocess`, no Ray) and
+    (``ray``, the default, or ``inprocess``: :mod:`pflarena.server.inprocess`, no Ray),
+    ``ray_address`` (optional: a Ray cluster to join, :class:`SimulationRuntime`) and
     ``runs``: each ``{"run_config": {...}, "num_supernodes": N}``. Prints Flower's log;
     exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
     it ended).
@@ -364,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(spec["app_dir"]),
         cpus_per_client=float(spec.get("cpus_per_client", 1.0)),
         gpus_per_client=float(spec.get("gpus_per_client", 0.0)),
+        ray_address=spec.get("ray_address"),
     )
     app = runtime.app
     in_process = spec.get("engine", "ray") == "inprocess"
