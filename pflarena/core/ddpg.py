@@ -67,8 +67,10 @@ __all__ = [
     "ReplayBuffer",
     "UpdateStats",
     "derive_seed",
+    "pack_arrays",
     "reciprocal_reward",
     "soft_update",
+    "unpack_arrays",
 ]
 
 #: PAGE's Table 7: (critic lr, actor lr, τ) per task, the same for server and clients.
@@ -112,6 +114,42 @@ def derive_seed(*parts: object) -> int:
     the same seed in every process, different parts independent streams."""
     text = "/".join(str(p) for p in parts)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+PACKED_INDEX = "packed/index"
+
+
+def pack_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` as one flat array per dtype plus an index (JSON bytes of each array's
+    name, dtype, shape, in order): a saved agent's 67 small arrays become 4 or 5, which is
+    what a store's per-array costs (Flower's ``Array`` serialization, npz members) are paid
+    on. :func:`unpack_arrays` gives back the same arrays, bit for bit."""
+    index, groups = [], {}
+    for name, value in arrays.items():
+        value = np.asarray(value)
+        index.append([name, value.dtype.str, list(value.shape)])
+        groups.setdefault(value.dtype.str, []).append(value.reshape(-1))
+    out = {f"packed/{dtype}": np.concatenate(parts) for dtype, parts in groups.items()}
+    out[PACKED_INDEX] = np.frombuffer(json.dumps(index).encode(), dtype=np.uint8)
+    return out
+
+
+def unpack_arrays(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays :func:`pack_arrays` packed (a dict without an index is returned as is)."""
+    if PACKED_INDEX not in packed:
+        return packed
+    index = json.loads(bytes(np.asarray(packed[PACKED_INDEX], dtype=np.uint8)).decode())
+    offsets: dict[str, int] = {}
+    out = {}
+    for name, dtype, shape in index:
+        flat = packed.get(f"packed/{dtype}")
+        size = math.prod(shape)
+        start = offsets.get(dtype, 0)
+        if flat is None or start + size > flat.size:
+            raise ValueError(f"packed arrays: {name} ({dtype}, {shape}) is missing")
+        out[name] = np.asarray(flat[start : start + size], dtype=np.dtype(dtype)).reshape(shape)
+        offsets[dtype] = start + size
+    return out
 
 
 @dataclass(frozen=True)
@@ -569,13 +607,20 @@ class DDPGAgent:
             out["pending/reward"] = np.array([reward])
         return out
 
+    def to_packed(self) -> dict[str, np.ndarray]:
+        """:meth:`to_arrays` packed into one array per dtype (:func:`pack_arrays`);
+        :meth:`from_arrays` reads either form."""
+        return pack_arrays(self.to_arrays())
+
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], config: DDPGConfig | None = None):
         """Rebuild an agent saved by :meth:`to_arrays`.
 
         ``config``, when given, must equal the saved one: a run whose settings changed
         cannot continue an agent built for others. Raises ValueError naming the problem.
+        ``arrays`` may be packed (:func:`pack_arrays`).
         """
+        arrays = unpack_arrays(arrays)
         if "config" not in arrays:
             raise ValueError("not a saved DDPG agent: no 'config' entry")
         saved = json.loads(bytes(np.asarray(arrays["config"], dtype=np.uint8)).decode())

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +56,22 @@ class DiskVersions:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        #: seconds the last :meth:`write` spent on each changed entry (serialise, write, fsync)
+        self.write_seconds: dict[str, float] = {}
+
+    @property
+    def location(self) -> str:
+        """Names this store among a process's stores (its folder)."""
+        return str(self.folder)
+
+    def stamp(self, version: int, entry: str) -> tuple | None:
+        """What identifies the file of ``entry`` in ``version`` (inode, mtime, size; a hard
+        link carried forward keeps it); None if there is none."""
+        try:
+            info = (self._path(version) / _file_name(entry)).stat()
+        except OSError:
+            return None
+        return (info.st_ino, info.st_mtime_ns, info.st_size)
 
     def _path(self, version: int) -> Path:
         return self.folder / f"v{version}"
@@ -98,12 +115,15 @@ class DiskVersions:
                 for source in self._path(base).glob("*.npz"):
                     if _entry_name(source.name) not in changed:
                         os.link(source, staging / source.name)
+            self.write_seconds = {}
             for entry, record in changed.items():
+                started = time.perf_counter()
                 arrays = {name: array.numpy() for name, array in record.items()}
                 with open(staging / _file_name(entry), "wb") as handle:
                     np.savez(handle, **arrays)
                     handle.flush()
                     os.fsync(handle.fileno())
+                self.write_seconds[entry] = time.perf_counter() - started
             target = self._path(version)
             if target.exists():
                 shutil.rmtree(target)
@@ -120,6 +140,18 @@ class MemoryVersions:
 
     def __init__(self, records: RecordDict) -> None:
         self.records = records
+        self.write_seconds: dict[str, float] = {}
+
+    @property
+    def location(self) -> str:
+        """Names this store among a process's stores (its RecordDict's identity)."""
+        return f"memory:{id(self.records)}"
+
+    def stamp(self, version: int, entry: str) -> tuple | None:
+        """What identifies the stored record of ``entry`` in ``version`` (the object's
+        identity: a caller that keeps a stamp must keep the record alive with it)."""
+        record = self.read(version, entry)
+        return None if record is None else (id(record),)
 
     def _keys(self) -> list[tuple[int, str]]:
         found = []

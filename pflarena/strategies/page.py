@@ -532,6 +532,9 @@ class Page(PflStrategy):
             "server-reward-time-s": reward_time,
             "client-agent-time-s": float(np.sum(client_agent)),
             "client-sgd-time-s": float(np.sum(client_sgd)),
+            "client-agents-in-memory": int(
+                sum(int(m.get(keys.PAGE_AGENT_MEMORY, 0)) for m in metrics)
+            ),
         }
         if stats is not None:
             server["critic-loss"] = stats.critic_loss

@@ -16,6 +16,14 @@ Algorithm 2 as the spec reconstructs it, once per train message:
 7. ``(s_i(t), a, r_i)`` waits for the next state;
 8. ŵ_i(t) is the client's personalized model (A17) until its next round; it and the
    agent are kept in the client's versioned state, never sent anywhere but ŵ_i(t) itself.
+   The agent object also stays in the process's memory for the client's next message
+   (:func:`~pflarena.client.solvers.common.open_agent`): rebuilding it from the stored
+   arrays is taken only when this process did not write the version the message starts
+   from (a resume, another simulation process, a rejected reply).
+
+The reply's ``page-agent-time-s`` is everything the agent costs the client: the state
+s_i(t), the agent's loading, update and action, the reward's evaluation, packing the agent
+and writing it to the client's state (fsync included).
 
 ``agents=random`` (the control) draws ``a`` uniformly every round and keeps no agent.
 ``tune-epochs=false`` / ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr``.
@@ -76,7 +84,11 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     )
     config = agent_config(job)
     learning = str(job.param("agents")) == "ddpg"
-    agent = load_agent(job, config) if learning else DDPGAgent(config, seed=None)
+    source = "none"
+    if learning:
+        agent, source = common.open_agent(job, AGENT_KEY, config, "page-client")
+    else:
+        agent = DDPGAgent(config, seed=None)
     if learning:
         agent.complete(state)
         action, stats = common.next_action(agent, state, rng, int(job.param("warmup-rounds")))
@@ -97,13 +109,14 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     reward, clamped = reciprocal_reward(
         loss, float(job.param("loss-floor")), float(job.param("reward-scale"))
     )
+    metrics = train_metrics(job, running_loss, steps)
     if learning:
         agent.set_pending(state, action, reward)
-        common.save_agent(job, AGENT_KEY, agent)
+        # the write's seconds join page-agent-time-s once the state is saved
+        common.save_agent(job, AGENT_KEY, agent, metrics, keys.PAGE_AGENT_TIME)
     agent_time += time.perf_counter() - started
     job.save_state_model(MODEL_KEY, model)
 
-    metrics = train_metrics(job, running_loss, steps)
     metrics |= {
         keys.PAGE_LOSS: loss,
         keys.PAGE_STATE: float(state[0]),
@@ -113,6 +126,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.PAGE_CLAMPED: int(clamped),
         keys.PAGE_AGENT_TIME: agent_time,
         keys.PAGE_SGD_TIME: sgd_time,
+        keys.PAGE_AGENT_MEMORY: int(source == "memory"),
     }
     if stats is not None:
         metrics["page-critic-loss"] = stats.critic_loss
