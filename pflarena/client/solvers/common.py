@@ -5,6 +5,7 @@ parts (FedPer, FedRep, LG-FedAvg, FedBABU)."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -122,8 +123,10 @@ def box_agent_config(job: ClientJob, state_dim: int) -> DDPGConfig:
 #: Client agents kept in memory between messages, per process (a simulation's ClientApp
 #: process, the in-process engine): (the client's store, entry) -> (the stamp of the stored
 #: version the agent is, the agent, the stored record, kept alive for its stamp). At most
-#: this many (least recently used dropped; about 0.4 MB each at PAGE's default sizes).
-AGENT_CACHE_SIZE = 256
+#: this many (least recently used dropped; about 0.4 MB each at PAGE's default sizes);
+#: the environment's ``PFLARENA_AGENT_CACHE_SIZE`` sets it (0: every agent is rebuilt from
+#: the stored state, as a deployment's fresh ClientApp process does).
+AGENT_CACHE_SIZE = int(os.environ.get("PFLARENA_AGENT_CACHE_SIZE", "256"))
 _AGENTS: OrderedDict[tuple[str, str], tuple[tuple, DDPGAgent, object]] = OrderedDict()
 _AGENTS_LOCK = threading.Lock()
 
