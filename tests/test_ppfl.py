@@ -475,3 +475,78 @@ def test_a_run_with_persistent_momentum_stores_each_clients_buffers(tmp_path):
     for context in grid.contexts.values():
         record = stored(context, "ppfl/momentum")
         assert record is not None and len(record) > 0
+
+
+# --------------------------------------------------------------------------- per-copy outputs
+def _mixed_person(model_name: str, mix: str, count: int = 3):
+    from pflarena.core.canonical import CanonicalModel, PersonalizedModel, initial_stacked_state
+    from pflarena.core.models import build_model
+
+    stacked = initial_stacked_state(model_name, (6,), 4, 3, count, 0, "canonical")
+    state = {k: torch.as_tensor(v) for k, v in stacked.items()}
+    model = CanonicalModel(build_model(model_name, (6,), 4), state, "canonical")
+    return PersonalizedModel(model, torch.full((count,), 1.0 / count), "mix", mix)
+
+
+def _prob_steps_in_numpy(person, x, y, c, order, lr, weight, penalty, batch_size):
+    """The membership epoch of PPFL1 with mix=prob written out in float64: p_k(y|x) from
+    each copy's own forward pass, ∂/∂c_k of the batch's mean −log Σ_j c_j p_j(y|x) in closed
+    form (−mean p_k / Σ_j c_j p_j), then the exponentiated-gradient step."""
+    with torch.no_grad():
+        p = np.stack(
+            [
+                F.softmax(person.model.output(k, x), dim=-1).double().numpy()[np.arange(len(y)), y]
+                for k in range(person.model.count)
+            ],
+            axis=1,
+        )
+    for start in range(0, len(y), batch_size):
+        idx = order[start : start + batch_size]
+        grad = -(p[idx] / (p[idx] @ c)[:, None]).mean(axis=0)
+        c = exponentiated_gradient_step(c, weight * grad + penalty, lr, 0.0)
+    return c
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "mlp"])
+@pytest.mark.parametrize("mix", ["prob", "logit", "loss"])
+def test_the_membership_epoch_on_per_copy_outputs_equals_the_full_forward_passes(
+    model_name, mix, monkeypatch
+):
+    """PPFL1's membership epoch computed on the copies' outputs (once) takes the steps the
+    K forward passes per minibatch take; for mix=prob both equal the closed-form gradient's
+    steps in float64."""
+    from pflarena.client.solvers import ppfl as solver
+
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 6), torch.randint(0, 4, (50,))
+    c0 = np.array([0.2, 0.5, 0.3])
+    penalty = np.array([0.01, -0.02, 0.0])
+    args = dict(mode="epoch", lr=0.9, weight=1.0, penalty=penalty, batch_size=8, floor=0.0)
+    person = _mixed_person(model_name, mix)
+    assert solver.per_copy_outputs_apply(person)
+    fast, fast_loss, fast_steps = solver.membership_steps(
+        person, x, y, c0, generator=torch.Generator().manual_seed(3), **args
+    )
+    monkeypatch.setattr(solver, "per_copy_outputs_apply", lambda person: False)
+    slow, slow_loss, slow_steps = solver.membership_steps(
+        person, x, y, c0, generator=torch.Generator().manual_seed(3), **args
+    )
+    assert fast_steps == slow_steps == 7
+    assert not np.allclose(fast, c0, atol=1e-3)  # the steps move c
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-6)
+    assert fast_loss == pytest.approx(slow_loss, rel=1e-5)
+    if mix == "prob":
+        order = torch.randperm(50, generator=torch.Generator().manual_seed(3)).numpy()
+        reference = _prob_steps_in_numpy(person, x, y, c0, order, 0.9, 1.0, penalty, 8)
+        np.testing.assert_allclose(fast, reference, rtol=0, atol=1e-6)
+
+
+def test_per_copy_outputs_are_not_used_where_they_would_change_the_result():
+    """PPFL2 (one interpolated model) and models with dropout or batch normalization keep
+    the forward passes."""
+    from pflarena.client.solvers.ppfl import per_copy_outputs_apply
+
+    assert not per_copy_outputs_apply(_canonical_person("interpolate"))
+    person = _mixed_person("mlp", "prob")
+    person.model.base.extra = torch.nn.Dropout(0.5)
+    assert not per_copy_outputs_apply(person)
