@@ -62,10 +62,11 @@ RUNS = {
 }
 
 
-def preset_config(rounds: int, out: Path) -> dict:
+def preset_config(rounds: int, out: Path, clients: int = 100) -> dict:
     config = load_preset(PRESET).overrides("page")
     return config | {
         "strategy": "page",
+        "num-clients": clients,
         "num-rounds": rounds,
         "eval-every": rounds,
         "output-dir": str(out),
@@ -163,7 +164,7 @@ def parts(reps: int) -> dict[str, float]:
     return {name: 1000 * statistics.median(values) for name, values in timed.items()}
 
 
-def run(label: str, rounds: int, runs_dir: Path) -> Path:
+def run(label: str, rounds: int, runs_dir: Path, clients: int) -> Path:
     engine, env = RUNS[label]
     out = runs_dir / label.replace(", ", "-").replace(" ", "-")
     shutil.rmtree(out, ignore_errors=True)
@@ -213,6 +214,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument(
+        "--clients", type=int, default=100, help="the preset's clients (fewer: shorter runs)"
+    )
     parser.add_argument("--runs-dir", default="runs/page-cost")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/page_cost.md"))
     args = parser.parse_args()
@@ -223,7 +227,7 @@ def main() -> None:
     costs = {}
     for label in RUNS:
         print(f"== {label}", flush=True)
-        costs[label] = round_costs(run(label, args.rounds, runs_dir))
+        costs[label] = round_costs(run(label, args.rounds, runs_dir, args.clients))
     write_report(Path(args.out), ms, costs, args)
 
 
@@ -232,7 +236,7 @@ def write_report(path: Path, ms: dict[str, float], costs: dict, args) -> None:
         "# PAGE: the RL's cost per round against the clients' local SGD",
         "",
         "`python benchmarks/page_cost.py "
-        f"--rounds {args.rounds} --reps {args.reps}` (under `nice -n 10`), on the shared 2-core "
+        f"--rounds {args.rounds} --reps {args.reps} --clients {args.clients}` (under `nice -n 10`), on the shared 2-core "
         "machine while other work ran: absolute times are loaded ones; compare the ratios, "
         "which each come from one run (part 2) or from interleaved repetitions (part 1).",
         "",
@@ -266,10 +270,11 @@ def write_report(path: Path, ms: dict[str, float], costs: dict, args) -> None:
         f"packed state {rebuilt:.2f} ms ({rebuilt / sgd3:.2f}x); rebuilt from 67 arrays, as "
         f"before {old:.2f} ms ({old / sgd3:.2f}x).",
         "",
-        f"## 2. Runs: `{PRESET}`, 100 clients, {args.rounds} rounds, rounds 3-{args.rounds}",
+        f"## 2. Runs: `{PRESET}` with {args.clients} clients, {args.rounds} rounds; "
+        f"per round of rounds 3-{args.rounds}",
         "",
         "| run | client agent time per round (s) | client SGD per round (s) | agent / SGD | "
-        "agents in memory per round (of 100) | server RL per round (s) | server RL / SGD | "
+        f"agents in memory per round (of {args.clients}) | server RL per round (s) | server RL / SGD | "
         "mean α |",
         "|---|---|---|---|---|---|---|---|",
     ]
