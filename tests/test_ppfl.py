@@ -242,8 +242,13 @@ def test_the_strategy_needs_the_number_of_clients():
 
 
 # --------------------------------------------------------------------------- results
-def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically(tmp_path):
-    cfg = config(strategy="ppfl", num_clients=4, num_rounds=4,
+@pytest.mark.parametrize("eval_every", [1, 4])
+def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically(
+    tmp_path, eval_every
+):
+    """eval_every=4: rounds 1-3 fold their membership epoch into the next round's message,
+    so the round-2 checkpoint the run resumes from holds a folded epoch."""
+    cfg = config(strategy="ppfl", num_clients=4, num_rounds=4, eval_every=eval_every,
                  **{"ppfl.affinity": "labels", "ppfl.lambda": 0.01})  # fmt: skip
 
     def grid(state: str, base: int) -> LocalGrid:
@@ -295,6 +300,46 @@ def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically
     np.testing.assert_array_equal(resumed.memberships, whole.memberships)
     assert resumed.blocks == whole.blocks and resumed.objective == whole.objective
     assert sorted(resumed.history) == sorted(whole.history)
+    for r in whole.history:
+        np.testing.assert_array_equal(resumed.history[r], whole.history[r])
+    phases = {m.content[keys.CONFIG].get(keys.PHASE) for m in broken.sent}
+    assert (keys.PPFL_PHASE_STEPS in phases) == (eval_every == 1)
+
+
+def test_a_folded_membership_epoch_gives_the_unfolded_run(tmp_path):
+    """theta-first's membership epoch of round t carried by round t+1's message (rounds
+    1-4 of a run evaluated only at its end) gives what its own exchange after round t gives
+    (evaluated every round, never folded): the same θ, memberships, losses and objective
+    every round, and the same final evaluation, with one exchange a round instead of two."""
+    setting = dict(strategy="ppfl", num_clients=4, num_rounds=5, local_epochs=2,
+                   **{"ppfl.affinity": "labels", "ppfl.lambda": 0.01,
+                      "ppfl.membership-lr": 0.9})  # fmt: skip
+    runs = {}
+    for name, every in (("unfolded", 1), ("folded", 5)):
+        cfg = config(eval_every=every, **setting)
+        grid = grid_for(cfg)
+        strategy = build_strategy(cfg)
+        thetas = _recording(strategy)
+        outcome = run_local(cfg, tmp_path / name, grid, strategy)
+        phases = [m.content[keys.CONFIG].get(keys.PHASE) for m in grid.sent]
+        runs[name] = (strategy, outcome, thetas, phases)
+    (s1, o1, t1, p1), (s2, o2, t2, p2) = runs["unfolded"], runs["folded"]
+    assert p1.count(keys.PPFL_PHASE_STEPS) == 4 * 5
+    assert p2.count(keys.PPFL_PHASE_STEPS) == 4  # only the last round's
+    assert not np.allclose(s1.memberships, 0.25)  # the memberships moved
+    np.testing.assert_allclose(s2.memberships, s1.memberships, rtol=0, atol=1e-6)
+    for r in s1.history:
+        np.testing.assert_allclose(s2.history[r], s1.history[r], rtol=0, atol=1e-6)
+    assert s2.objective == pytest.approx(s1.objective, rel=1e-6)
+    assert len(t1) == len(t2) == 5
+    for a, b in zip(t1, t2, strict=True):
+        a, b = _numpy(a), _numpy(b)
+        for name in a:
+            np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)
+    last1 = [r for r in o1.rounds if r["round"] == 5][0]["evaluation"]["personalized"]
+    last2 = [r for r in o2.rounds if r["round"] == 5][0]["evaluation"]["personalized"]
+    assert last2["weighted"] == pytest.approx(last1["weighted"], abs=1e-9)
+    assert last2["loss"] == pytest.approx(last1["loss"], rel=1e-6)
 
 
 # --------------------------------------------------------------------------- recovery

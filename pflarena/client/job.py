@@ -206,14 +206,16 @@ class ClientJob:
     def save_state_model(self, key: str, model: nn.Module) -> None:
         self.state[key] = ArrayRecord(model.state_dict())
 
-    def seed(self, purpose: str) -> int:
-        """A 64-bit seed derived from (run seed, client, round, purpose)."""
-        text = f"{self.cfg.seed}/{self.client_id}/{self.server_round}/{purpose}"
+    def seed(self, purpose: str, server_round: int | None = None) -> int:
+        """A 64-bit seed derived from (run seed, client, round, purpose); the message's
+        round unless ``server_round`` names another (work of an earlier round done now)."""
+        round_ = self.server_round if server_round is None else server_round
+        text = f"{self.cfg.seed}/{self.client_id}/{round_}/{purpose}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
-    def generator(self, purpose: str) -> torch.Generator:
+    def generator(self, purpose: str, server_round: int | None = None) -> torch.Generator:
         """A CPU generator seeded by (run seed, client, round, purpose), for batch order."""
-        return torch.Generator().manual_seed(self.seed(purpose))
+        return torch.Generator().manual_seed(self.seed(purpose, server_round))
 
     def train_kwargs(self) -> dict:
         """SGD hyperparameters from the message config."""

@@ -419,14 +419,28 @@ def _stored_momentum(job: ClientJob) -> list[torch.Tensor]:
 
 def _theta(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     model = population_model(job)
-    c, _ = _current(job, model)
+    c, penalty = _current(job, model)
+    records: dict[str, ArrayRecord] = {}
+    folded = job.config.get(f"{job.method}.folded-round")
+    if folded is not None:
+        # the previous round's membership epoch (theta-first), folded into this message: at
+        # the message's θ (θ^{t+1} of that round), with its π_i, step size and batches
+        c, _, _ = _step_membership(
+            job,
+            _personalized(job, model, c),
+            c,
+            penalty,
+            lr=float(job.config[f"{job.method}.folded-membership-lr"]),
+            generator=job.generator("membership", server_round=int(folded)),
+        )
+        records[keys.PPFL_MEMBERSHIP] = _vector_record(**{keys.PPFL_MEMBERSHIP_C: c})
     person = _personalized(job, model, c)
     start = training_loss(person, job.data.x_train, job.data.y_train)
     loss, steps = _local_sgd(job, person)
     _store(job, c)
     metrics = train_metrics(job, loss, steps)
     metrics[keys.PPFL_START_LOSS] = start
-    return {keys.ARRAYS: ArrayRecord(model.stacked_state())}, metrics
+    return {keys.ARRAYS: ArrayRecord(model.stacked_state()), **records}, metrics
 
 
 def _gradient(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
@@ -466,7 +480,13 @@ def _sync(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 
 
 def _step_membership(
-    job: ClientJob, person: PersonalizedModel, c: np.ndarray, penalty: np.ndarray | None
+    job: ClientJob,
+    person: PersonalizedModel,
+    c: np.ndarray,
+    penalty: np.ndarray | None,
+    *,
+    lr: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[np.ndarray, float, int]:
     if penalty is None:
         raise ValueError("ppfl: a membership step needs the server's penalty row")
@@ -476,11 +496,11 @@ def _step_membership(
         job.data.y_train,
         c,
         mode=str(job.param("membership-steps")),
-        lr=float(job.param("membership-lr")),
+        lr=float(job.param("membership-lr")) if lr is None else lr,
         weight=float(job.config[keys.PPFL_LOSS_WEIGHT]),
         penalty=penalty,
         batch_size=int(job.config[keys.BATCH_SIZE]),
-        generator=job.generator("membership"),
+        generator=job.generator("membership") if generator is None else generator,
         floor=float(job.param("membership-floor")),
     )
 
