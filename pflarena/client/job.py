@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -130,9 +130,11 @@ class ClientJob:
     content: RecordDict
     device: torch.device
 
-    @property
+    @cached_property
     def config(self) -> ConfigRecord:
-        """The message's ConfigRecord (empty if it has none)."""
+        """The message's ConfigRecord (empty if it has none). Kept: Flower's
+        ``RecordDict.config_records`` builds a new mapping on every access, which a solver
+        reading a dozen settings (``param``) paid ~0.3 ms a time for."""
         return self.content.config_records.get(keys.CONFIG, ConfigRecord())
 
     @property

@@ -343,8 +343,12 @@ class Critic(nn.Module):
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """``θ' ← τ θ + (1 − τ) θ'`` for every parameter (the paper's β is τ)."""
-    for t, s in zip(target.parameters(), source.parameters(), strict=True):
-        t.mul_(1.0 - tau).add_(s, alpha=tau)
+    targets, sources = list(target.parameters()), list(source.parameters())
+    if len(targets) != len(sources):
+        raise ValueError(f"soft update: {len(targets)} target and {len(sources)} parameters")
+    with torch.no_grad():
+        torch._foreach_mul_(targets, 1.0 - tau)
+        torch._foreach_add_(targets, sources, alpha=tau)
 
 
 @dataclass
@@ -433,15 +437,20 @@ class DDPGAgent:
             net.requires_grad_(False)
         self.actor_optimizer = self._optimizer(self.actor, config.actor_lr)
         self.critic_optimizer = self._optimizer(self.critic, config.critic_lr)
+        self._parameters = {
+            "actor": list(self.actor.parameters()),
+            "critic": list(self.critic.parameters()),
+        }
         self.buffer = ReplayBuffer(config.buffer_capacity, config.state_dim, config.action_dim)
         self.steps = 0
         self.updates = 0
         self.pending: tuple[np.ndarray, np.ndarray, float] | None = None
 
     def _optimizer(self, net: nn.Module, lr: float) -> torch.optim.Optimizer:
+        # foreach: one call per step for all of a network's tensors (the same arithmetic)
         if self.config.optimizer == "adam":
-            return torch.optim.Adam(net.parameters(), lr=lr)
-        return torch.optim.SGD(net.parameters(), lr=lr)
+            return torch.optim.Adam(net.parameters(), lr=lr, foreach=True)
+        return torch.optim.SGD(net.parameters(), lr=lr, foreach=True)
 
     # ------------------------------------------------------------------ acting
     @property
@@ -554,27 +563,27 @@ class DDPGAgent:
 
         with torch.no_grad():
             target = r + c.gamma * self.target_critic(s2, self.target_actor(s2))
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_params, actor_params = self._parameters["critic"], self._parameters["actor"]
         critic_loss = torch.mean((target - self.critic(s, a)) ** 2)
-        critic_loss.backward()
-        self._step(self.critic, self.critic_optimizer)
+        self._step(critic_params, torch.autograd.grad(critic_loss, critic_params))
+        self.critic_optimizer.step()
 
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        self.critic.requires_grad_(False)  # the actor's step moves the actor only
+        # the actor's step moves the actor only: the gradient of Q(s, μ(s)) in μ's weights
         objective = self.critic(s, self.actor(s)).mean()
-        (-objective).backward()
-        self.critic.requires_grad_(True)
-        self._step(self.actor, self.actor_optimizer)
+        self._step(actor_params, torch.autograd.grad(-objective, actor_params))
+        self.actor_optimizer.step()
 
         soft_update(self.target_critic, self.critic, c.tau)
         soft_update(self.target_actor, self.actor, c.tau)
         self.updates += 1
         return UpdateStats(float(critic_loss.detach()), float(objective.detach()), len(idx))
 
-    def _step(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def _step(self, params: list[nn.Parameter], grads: tuple[torch.Tensor, ...]) -> None:
+        """Set ``params``' gradients to ``grads``, clipped to the norm ``grad_clip``."""
+        for param, grad in zip(params, grads, strict=True):
+            param.grad = grad
         if self.config.grad_clip > 0:
-            nn.utils.clip_grad_norm_(net.parameters(), self.config.grad_clip)
-        optimizer.step()
+            nn.utils.clip_grad_norm_(params, self.config.grad_clip, foreach=True)
 
     # ------------------------------------------------------------------ storage
     def to_arrays(self) -> dict[str, np.ndarray]:

@@ -66,8 +66,10 @@ class DiskVersions:
     def __init__(self, folder: Path, *, durable: bool = True) -> None:
         self.folder = folder
         self.durable = durable
-        #: seconds the last :meth:`write` spent on each changed entry (serialise, write, fsync)
+        #: seconds the last :meth:`write` spent on each changed entry (serialise, write,
+        #: fsync), and the thread's CPU seconds of the same
         self.write_seconds: dict[str, float] = {}
+        self.write_cpu_seconds: dict[str, float] = {}
 
     @property
     def location(self) -> str:
@@ -125,9 +127,9 @@ class DiskVersions:
                 for source in self._path(base).glob("*.npz"):
                     if _entry_name(source.name) not in changed:
                         os.link(source, staging / source.name)
-            self.write_seconds = {}
+            self.write_seconds, self.write_cpu_seconds = {}, {}
             for entry, record in changed.items():
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.thread_time()
                 arrays = {name: array.numpy() for name, array in record.items()}
                 with open(staging / _file_name(entry), "wb") as handle:
                     np.savez(handle, **arrays)
@@ -135,6 +137,7 @@ class DiskVersions:
                         handle.flush()
                         os.fsync(handle.fileno())
                 self.write_seconds[entry] = time.perf_counter() - started
+                self.write_cpu_seconds[entry] = time.thread_time() - started_cpu
             target = self._path(version)
             if target.exists():
                 shutil.rmtree(target)
@@ -152,6 +155,7 @@ class MemoryVersions:
     def __init__(self, records: RecordDict) -> None:
         self.records = records
         self.write_seconds: dict[str, float] = {}
+        self.write_cpu_seconds: dict[str, float] = {}
 
     @property
     def location(self) -> str:

@@ -171,14 +171,14 @@ def save_agent(
     key: str,
     agent: DDPGAgent,
     metrics: dict | None = None,
-    time_key: str | None = None,
+    time_keys: tuple[str, str] | None = None,
 ) -> None:
     """Keep the agent (networks, optimizers, buffer, pending step) in the client's state,
     packed into a few arrays (:func:`~pflarena.core.ddpg.pack_arrays`), and, once the
     state is saved, in this process's memory for the client's next message.
 
-    With ``metrics`` and ``time_key``, the seconds spent writing the agent to the store
-    are added to ``metrics[time_key]`` (the reply's metrics are sent after the save).
+    With ``metrics`` and ``time_keys`` (wall, CPU), the seconds spent writing the agent to
+    the store are added to those metrics (the reply's metrics are sent after the save).
     """
     record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in agent.to_packed().items()})
     job.state[key] = record
@@ -192,10 +192,10 @@ def save_agent(
                 _AGENTS[(state.store.location, key)] = (stamp, agent, record)
                 while len(_AGENTS) > AGENT_CACHE_SIZE:
                     _AGENTS.popitem(last=False)
-        if metrics is not None and time_key is not None:
-            metrics[time_key] = float(metrics.get(time_key, 0.0)) + float(
-                state.store.write_seconds.get(key, 0.0)
-            )
+        if metrics is not None and time_keys is not None:
+            spent = (state.store.write_seconds, state.store.write_cpu_seconds)
+            for name, seconds in zip(time_keys, spent, strict=True):
+                metrics[name] = float(metrics.get(name, 0.0)) + float(seconds.get(key, 0.0))
 
     state.on_save(remember)
 

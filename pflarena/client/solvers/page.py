@@ -23,7 +23,9 @@ Algorithm 2 as the spec reconstructs it, once per train message:
 
 The reply's ``page-agent-time-s`` is everything the agent costs the client: the state
 s_i(t), the agent's loading, update and action, the reward's evaluation, packing the agent
-and writing it to the client's state (fsync included).
+and writing it to the client's state (``page-agent-cpu-s``: the same in the thread's CPU
+time, which other work on the machine does not inflate; ``page-sgd-time-s`` and
+``page-sgd-cpu-s`` for the local SGD).
 
 ``agents=random`` (the control) draws ``a`` uniformly every round and keeps no agent.
 ``tune-epochs=false`` / ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr``.
@@ -77,7 +79,7 @@ def _accuracy(model: nn.Module, job: ClientJob) -> float:
 
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     model = job.global_model()
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     state = np.array([_accuracy(model, job)])  # s_i(t)
     rng = np.random.default_rng(
         derive_seed(job.cfg.seed, job.client_id, job.server_round, "page-client")
@@ -95,15 +97,17 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     else:
         action, stats = agent.random_action(rng), None
     agent_time = time.perf_counter() - started
+    agent_cpu = time.thread_time() - started_cpu
 
     kwargs = common.local_hyperparameters(job, action)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     running_loss, steps = train_epochs(
         model, job.data.x_train, job.data.y_train, generator=job.generator("train"), **kwargs
     )
     sgd_time = time.perf_counter() - started
+    sgd_cpu = time.thread_time() - started_cpu
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     trained = evaluate_model(model, job.data.x_train, job.data.y_train)
     loss = trained.loss  # f_i(ŵ_i(t))
     reward, clamped = reciprocal_reward(
@@ -113,8 +117,11 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     if learning:
         agent.set_pending(state, action, reward)
         # the write's seconds join page-agent-time-s once the state is saved
-        common.save_agent(job, AGENT_KEY, agent, metrics, keys.PAGE_AGENT_TIME)
+        common.save_agent(
+            job, AGENT_KEY, agent, metrics, (keys.PAGE_AGENT_TIME, keys.PAGE_AGENT_CPU)
+        )
     agent_time += time.perf_counter() - started
+    agent_cpu += time.thread_time() - started_cpu
     job.save_state_model(MODEL_KEY, model)
 
     metrics |= {
@@ -126,6 +133,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.PAGE_CLAMPED: int(clamped),
         keys.PAGE_AGENT_TIME: agent_time,
         keys.PAGE_SGD_TIME: sgd_time,
+        keys.PAGE_AGENT_CPU: agent_cpu,
+        keys.PAGE_SGD_CPU: sgd_cpu,
         keys.PAGE_AGENT_MEMORY: int(source == "memory"),
     }
     if stats is not None:
