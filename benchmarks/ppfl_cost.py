@@ -34,10 +34,15 @@ from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "ppfl-synthetic"
+DATA_DIR = ROOT.parent / "shared" / "data"  # mnist (ppfl-mnist)
 
 
-def run_config(strategy: str, clients: int, rounds: int, out: Path, **extra) -> dict:
-    config = load_preset(PRESET).overrides(strategy)
+def run_config(
+    strategy: str, clients: int, rounds: int, out: Path, preset: str = PRESET, **extra
+) -> dict:
+    config = load_preset(preset).overrides(strategy)
+    if preset == "ppfl-mnist":
+        config["data-dir"] = str(DATA_DIR)
     return (
         config
         | {
@@ -75,21 +80,22 @@ def cost(args) -> None:
         measured = {}
         for strategy in ("fedavg", "ppfl"):
             print(f"== cost: {strategy}, repeat {repeat + 1}", flush=True)
-            out = runs / f"cost-{strategy}-{repeat}"
+            out = runs / f"cost-{args.preset}-{strategy}-{repeat}"
             measured[strategy] = round_cost(
-                simulate_run(run_config(strategy, args.clients, args.rounds, out))
+                simulate_run(run_config(strategy, args.clients, args.rounds, out, args.preset))
             )
         table.append(measured)
     lines = [
         "# PPFL: a round's cost against FedAvg's",
         "",
-        f"`python benchmarks/ppfl_cost.py cost --clients {args.clients} --rounds {args.rounds} "
-        f"--repeats {args.repeats}` (under `nice -n 10`, the shared 2-core machine loaded by "
+        f"`python benchmarks/ppfl_cost.py cost --preset {args.preset} --clients {args.clients} "
+        f"--rounds {args.rounds} --repeats {args.repeats}` (under `nice -n 10`, the shared 2-core machine loaded by "
         "other work: compare the ratios, each from runs made one after the other in this "
         "script run). "
-        f"`{PRESET}` with {args.clients} clients (full participation, the preset's settings: "
-        "PPFL1 theta-first, K = 4, one local epoch of batch 128, SGD momentum 0.9 kept between "
-        "rounds; FedAvg the same local training), in-process engine; medians over rounds "
+        f"`{args.preset}` with {args.clients} clients (full participation, the preset's "
+        "settings: PPFL1 theta-first, K = 4, one local epoch of batch 128, SGD momentum 0.9 "
+        "kept between rounds; FedAvg the same local training), in-process engine, evaluated "
+        "only after the last round; medians over rounds "
         f"2-{args.rounds}.",
         "",
         "| repeat | FedAvg train phase (s) | PPFL1 train phase (s) | ratio | "
@@ -151,14 +157,18 @@ def write(path: Path, lines: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=("cost", "mixing"))
+    parser.add_argument("--preset", default=PRESET, choices=(PRESET, "ppfl-mnist"))
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--mix-rounds", type=int, default=20)
     parser.add_argument("--runs-dir", default="runs/ppfl-cost")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/ppfl_cost.md"))
+    parser.add_argument("--out", default=None, help="default results/ppfl_cost[_mnist].md")
     parser.add_argument("--mix-out", default=str(ROOT / "benchmarks/results/ppfl_mix.md"))
     args = parser.parse_args()
+    if args.out is None:
+        suffix = "_mnist" if args.preset == "ppfl-mnist" else ""
+        args.out = str(ROOT / f"benchmarks/results/ppfl_cost{suffix}.md")
     Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
     cost(args) if args.part == "cost" else mixing(args)
 
