@@ -110,9 +110,11 @@ def cost(args) -> None:
         )
     lines += [
         "",
-        "A PPFL1 round is two exchanges (the θ-block, then the membership epoch at the new "
-        "θ), each message carrying the K = 4 canonical models; the membership epoch runs on "
-        "each copy's outputs computed once (docs/architecture.md, PPFL).",
+        "A PPFL1 round here is one exchange (its membership epoch folded into the next "
+        "round's message, the last round's in an exchange of its own), each message carrying "
+        "the K = 4 canonical models; the epoch runs on each copy's outputs computed once "
+        "(docs/architecture.md, PPFL). CPU: the clients' solver CPU time summed "
+        "(`client_cpu_s`).",
         "",
     ]
     write(Path(args.out), lines)
