@@ -121,3 +121,63 @@ def test_a_pool_keeps_per_client_versions_in_step_with_checkpoints(on_disk, tmp_
     assert float(pool.get(7, "g")["w"].numpy()[0]) == 3.0
     assert float(pool.get(8, "g")["w"].numpy()[0]) == 20.0
     assert pool.get(9, "g") is None
+
+
+def test_a_stamp_names_the_stored_file_and_follows_hard_links(tmp_path):
+    """The stamp of an entry is the same in a later version that carried it forward, and
+    differs once the entry is written again (a version rewritten after a resume)."""
+    store = DiskVersions(tmp_path / "c")
+    store.write(1, None, {"a": ArrayRecord({"x": Array(np.zeros(3))}), "b": _record(1.0)})
+    store.write(2, 1, {"b": _record(2.0)})
+    assert store.stamp(1, "a") == store.stamp(2, "a") is not None
+    assert store.stamp(1, "b") != store.stamp(2, "b")
+    assert store.stamp(2, "missing") is None
+    store.delete(2)
+    store.write(2, 1, {"b": _record(2.0)})  # the same bytes, written again: a new file
+    state = ClientState(store, accepted=2, update_id=3)
+    assert state.stamp("b") == store.stamp(2, "b")
+    state["b"] = _record(3.0)
+    assert state.stamp("b") is None  # changed by this message: not the stored value
+
+
+def test_simulated_clients_write_without_fsync_and_the_checkpoint_syncs_first(
+    tmp_path, monkeypatch
+):
+    """A simulated client's store skips the per-file fsync; a SuperNode's state-dir keeps
+    it; the checkpoint syncs the output directory's file system before it is written."""
+    import os
+    from types import SimpleNamespace
+
+    from flwr.app import ConfigRecord, Context
+
+    from pflarena.client.app import open_state
+    from pflarena.core.config import RunConfig
+    from pflarena.server import checkpoint
+
+    cfg = RunConfig(output_dir=str(tmp_path / "run"))
+    msg = SimpleNamespace(content=RecordDict({"config": ConfigRecord({})}))  # no sync record
+    simulated = Context(1, 1, {"partition-id": 0}, RecordDict(), cfg.to_run_config())
+    node = Context(1, 1, {"state-dir": str(tmp_path / "node")}, RecordDict(), cfg.to_run_config())
+    assert open_state(cfg, simulated, msg, 0, train=True).store.durable is False
+    assert open_state(cfg, node, msg, 0, train=True).store.durable is True
+
+    fsyncs = []
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd))
+    DiskVersions(tmp_path / "fast", durable=False).write(1, None, {"b": _record(1.0)})
+    assert fsyncs == []
+    DiskVersions(tmp_path / "safe").write(1, None, {"b": _record(1.0)})
+    assert len(fsyncs) == 1
+
+    order = []
+    monkeypatch.setattr(checkpoint, "sync_filesystem", lambda path: order.append("sync"))
+    monkeypatch.setattr(os, "fsync", lambda fd: order.append("checkpoint"))
+
+    class Stub:
+        method = "fedavg"
+
+        def checkpoint_state(self):
+            return {}, {}
+
+    (tmp_path / "run").mkdir()
+    checkpoint.save_checkpoint(tmp_path / "run", 1, ArrayRecord(), Stub())
+    assert order == ["sync", "checkpoint"]

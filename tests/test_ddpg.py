@@ -318,3 +318,34 @@ def test_bad_settings_and_inputs_are_named():
         agent.remember([0.0, 0.0], [2.0], 1.0, [0.0, 0.0])
     with pytest.raises(ValueError, match="reward must be finite"):
         agent.set_pending([0.0, 0.0], [0.5], float("nan"))
+
+
+def test_a_packed_agent_is_the_same_arrays_and_a_truncated_one_is_refused():
+    """The stored form packs the agent into one array per dtype: unpacking gives every
+    array of to_arrays back, bit for bit (dtype, shape, bytes), and from_arrays reads it."""
+    from pflarena.core.ddpg import pack_arrays, unpack_arrays
+
+    config = _bandit_config("box")
+    agent = DDPGAgent(config, seed=3)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        s = rng.uniform(0, 1, config.state_dim)
+        agent.complete(s)
+        agent.update(rng)
+        agent.set_pending(s, agent.act(s, rng), 0.5)
+    arrays = agent.to_arrays()
+    packed = agent.to_packed()
+    assert len(packed) < 6 < len(arrays)
+    unpacked = unpack_arrays(packed)
+    assert list(unpacked) == list(arrays)
+    for name, value in arrays.items():
+        assert unpacked[name].dtype == value.dtype and unpacked[name].shape == value.shape
+        np.testing.assert_array_equal(unpacked[name], value, err_msg=name)
+    copy = DDPGAgent.from_arrays(packed, config)
+    for name, value in copy.to_arrays().items():
+        np.testing.assert_array_equal(value, arrays[name], err_msg=name)
+    short = dict(packed)
+    short["packed/<f4"] = short["packed/<f4"][:-1]
+    with pytest.raises(ValueError, match="missing"):
+        unpack_arrays(short)
+    assert pack_arrays({}) and unpack_arrays(pack_arrays({})) == {}

@@ -481,6 +481,9 @@ def _comparable(path: Path) -> list[dict]:
         server = record.get("train", {}).get("server", {})
         for key in [k for k in server if k.endswith("-time-s")]:
             server.pop(key)
+        # where the clients' agents came from (memory or the stored state) depends on the
+        # processes that ran them, not on the run
+        server.pop("client-agents-in-memory", None)
     return out
 
 
@@ -521,6 +524,19 @@ def test_a_killed_run_resumes_to_the_same_agents_and_results(tmp_path):
     assert _comparable(tmp_path / "broken" / "rounds.jsonl") == _comparable(
         tmp_path / "whole" / "rounds.jsonl"
     )
+    # the uninterrupted run kept every client's agent in memory from round 2 on; the
+    # resumed run (in the same process, whose memory still holds the killed run's agents)
+    # rebuilt the two clients that trained in the killed round 3 from their stored state
+    in_memory = {
+        name: {
+            r["round"]: r["train"]["server"]["client-agents-in-memory"]
+            for r in read_rounds(tmp_path / name / "rounds.jsonl")
+            if "train" in r
+        }
+        for name in ("whole", "broken")
+    }
+    assert in_memory["whole"] == {1: 0, 2: 4, 3: 4, 4: 4}
+    assert in_memory["broken"] == {1: 0, 2: 4, 3: 2, 4: 4}
     for name, value in whole.agent.to_arrays().items():
         np.testing.assert_array_equal(resumed.agent.to_arrays()[name], value, err_msg=name)
     for name in whole.history:
@@ -541,6 +557,27 @@ def test_a_killed_run_resumes_to_the_same_agents_and_results(tmp_path):
                 newest[store] = {k: data[k] for k in data.files}
         for name, value in newest["state-whole"].items():
             np.testing.assert_array_equal(newest["state-broken"][name], value, err_msg=name)
+
+
+def test_agents_kept_in_memory_run_as_agents_rebuilt_from_the_stored_state(tmp_path, monkeypatch):
+    """The clients' agents kept in memory between messages give the run that rebuilding
+    every agent from its stored arrays gives (no agent in memory: a cache of size 0)."""
+    from pflarena.client.solvers import common
+
+    cfg = page_config(num_rounds=3)
+    page_run(cfg, tmp_path / "memory", _nodes(cfg, tmp_path / "state-memory", 1_000_003))
+    monkeypatch.setattr(common, "AGENT_CACHE_SIZE", 0)
+    page_run(cfg, tmp_path / "stored", _nodes(cfg, tmp_path / "state-stored", 4_000_037))
+    rounds = {n: read_rounds(tmp_path / n / "rounds.jsonl") for n in ("memory", "stored")}
+    assert [r["train"]["server"]["client-agents-in-memory"] for r in rounds["memory"][1:]] == [
+        0,
+        4,
+        4,
+    ]
+    assert all(r["train"]["server"]["client-agents-in-memory"] == 0 for r in rounds["stored"][1:])
+    assert _comparable(tmp_path / "memory" / "rounds.jsonl") == _comparable(
+        tmp_path / "stored" / "rounds.jsonl"
+    )
 
 
 def test_the_paper_setting_is_refused_without_server_data():

@@ -242,8 +242,13 @@ def test_the_strategy_needs_the_number_of_clients():
 
 
 # --------------------------------------------------------------------------- results
-def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically(tmp_path):
-    cfg = config(strategy="ppfl", num_clients=4, num_rounds=4,
+@pytest.mark.parametrize("eval_every", [1, 4])
+def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically(
+    tmp_path, eval_every
+):
+    """eval_every=4: rounds 1-3 fold their membership epoch into the next round's message,
+    so the round-2 checkpoint the run resumes from holds a folded epoch."""
+    cfg = config(strategy="ppfl", num_clients=4, num_rounds=4, eval_every=eval_every,
                  **{"ppfl.affinity": "labels", "ppfl.lambda": 0.01})  # fmt: skip
 
     def grid(state: str, base: int) -> LocalGrid:
@@ -295,6 +300,46 @@ def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically
     np.testing.assert_array_equal(resumed.memberships, whole.memberships)
     assert resumed.blocks == whole.blocks and resumed.objective == whole.objective
     assert sorted(resumed.history) == sorted(whole.history)
+    for r in whole.history:
+        np.testing.assert_array_equal(resumed.history[r], whole.history[r])
+    phases = {m.content[keys.CONFIG].get(keys.PHASE) for m in broken.sent}
+    assert (keys.PPFL_PHASE_STEPS in phases) == (eval_every == 1)
+
+
+def test_a_folded_membership_epoch_gives_the_unfolded_run(tmp_path):
+    """theta-first's membership epoch of round t carried by round t+1's message (rounds
+    1-4 of a run evaluated only at its end) gives what its own exchange after round t gives
+    (evaluated every round, never folded): the same θ, memberships, losses and objective
+    every round, and the same final evaluation, with one exchange a round instead of two."""
+    setting = dict(strategy="ppfl", num_clients=4, num_rounds=5, local_epochs=2,
+                   **{"ppfl.affinity": "labels", "ppfl.lambda": 0.01,
+                      "ppfl.membership-lr": 0.9})  # fmt: skip
+    runs = {}
+    for name, every in (("unfolded", 1), ("folded", 5)):
+        cfg = config(eval_every=every, **setting)
+        grid = grid_for(cfg)
+        strategy = build_strategy(cfg)
+        thetas = _recording(strategy)
+        outcome = run_local(cfg, tmp_path / name, grid, strategy)
+        phases = [m.content[keys.CONFIG].get(keys.PHASE) for m in grid.sent]
+        runs[name] = (strategy, outcome, thetas, phases)
+    (s1, o1, t1, p1), (s2, o2, t2, p2) = runs["unfolded"], runs["folded"]
+    assert p1.count(keys.PPFL_PHASE_STEPS) == 4 * 5
+    assert p2.count(keys.PPFL_PHASE_STEPS) == 4  # only the last round's
+    assert not np.allclose(s1.memberships, 0.25)  # the memberships moved
+    np.testing.assert_allclose(s2.memberships, s1.memberships, rtol=0, atol=1e-6)
+    for r in s1.history:
+        np.testing.assert_allclose(s2.history[r], s1.history[r], rtol=0, atol=1e-6)
+    assert s2.objective == pytest.approx(s1.objective, rel=1e-6)
+    assert len(t1) == len(t2) == 5
+    for a, b in zip(t1, t2, strict=True):
+        a, b = _numpy(a), _numpy(b)
+        for name in a:
+            np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)
+    last1 = [r for r in o1.rounds if r["round"] == 5][0]["evaluation"]["personalized"]
+    last2 = [r for r in o2.rounds if r["round"] == 5][0]["evaluation"]["personalized"]
+    assert last2["weighted"] == pytest.approx(last1["weighted"], abs=1e-9)
+    assert last2["loss"] == pytest.approx(last1["loss"], rel=1e-6)
 
 
 # --------------------------------------------------------------------------- recovery
@@ -475,3 +520,78 @@ def test_a_run_with_persistent_momentum_stores_each_clients_buffers(tmp_path):
     for context in grid.contexts.values():
         record = stored(context, "ppfl/momentum")
         assert record is not None and len(record) > 0
+
+
+# --------------------------------------------------------------------------- per-copy outputs
+def _mixed_person(model_name: str, mix: str, count: int = 3):
+    from pflarena.core.canonical import CanonicalModel, PersonalizedModel, initial_stacked_state
+    from pflarena.core.models import build_model
+
+    stacked = initial_stacked_state(model_name, (6,), 4, 3, count, 0, "canonical")
+    state = {k: torch.as_tensor(v) for k, v in stacked.items()}
+    model = CanonicalModel(build_model(model_name, (6,), 4), state, "canonical")
+    return PersonalizedModel(model, torch.full((count,), 1.0 / count), "mix", mix)
+
+
+def _prob_steps_in_numpy(person, x, y, c, order, lr, weight, penalty, batch_size):
+    """The membership epoch of PPFL1 with mix=prob written out in float64: p_k(y|x) from
+    each copy's own forward pass, ∂/∂c_k of the batch's mean −log Σ_j c_j p_j(y|x) in closed
+    form (−mean p_k / Σ_j c_j p_j), then the exponentiated-gradient step."""
+    with torch.no_grad():
+        p = np.stack(
+            [
+                F.softmax(person.model.output(k, x), dim=-1).double().numpy()[np.arange(len(y)), y]
+                for k in range(person.model.count)
+            ],
+            axis=1,
+        )
+    for start in range(0, len(y), batch_size):
+        idx = order[start : start + batch_size]
+        grad = -(p[idx] / (p[idx] @ c)[:, None]).mean(axis=0)
+        c = exponentiated_gradient_step(c, weight * grad + penalty, lr, 0.0)
+    return c
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "mlp"])
+@pytest.mark.parametrize("mix", ["prob", "logit", "loss"])
+def test_the_membership_epoch_on_per_copy_outputs_equals_the_full_forward_passes(
+    model_name, mix, monkeypatch
+):
+    """PPFL1's membership epoch computed on the copies' outputs (once) takes the steps the
+    K forward passes per minibatch take; for mix=prob both equal the closed-form gradient's
+    steps in float64."""
+    from pflarena.client.solvers import ppfl as solver
+
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 6), torch.randint(0, 4, (50,))
+    c0 = np.array([0.2, 0.5, 0.3])
+    penalty = np.array([0.01, -0.02, 0.0])
+    args = dict(mode="epoch", lr=0.9, weight=1.0, penalty=penalty, batch_size=8, floor=0.0)
+    person = _mixed_person(model_name, mix)
+    assert solver.per_copy_outputs_apply(person)
+    fast, fast_loss, fast_steps = solver.membership_steps(
+        person, x, y, c0, generator=torch.Generator().manual_seed(3), **args
+    )
+    monkeypatch.setattr(solver, "per_copy_outputs_apply", lambda person: False)
+    slow, slow_loss, slow_steps = solver.membership_steps(
+        person, x, y, c0, generator=torch.Generator().manual_seed(3), **args
+    )
+    assert fast_steps == slow_steps == 7
+    assert not np.allclose(fast, c0, atol=1e-3)  # the steps move c
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-6)
+    assert fast_loss == pytest.approx(slow_loss, rel=1e-5)
+    if mix == "prob":
+        order = torch.randperm(50, generator=torch.Generator().manual_seed(3)).numpy()
+        reference = _prob_steps_in_numpy(person, x, y, c0, order, 0.9, 1.0, penalty, 8)
+        np.testing.assert_allclose(fast, reference, rtol=0, atol=1e-6)
+
+
+def test_per_copy_outputs_are_not_used_where_they_would_change_the_result():
+    """PPFL2 (one interpolated model) and models with dropout or batch normalization keep
+    the forward passes."""
+    from pflarena.client.solvers.ppfl import per_copy_outputs_apply
+
+    assert not per_copy_outputs_apply(_canonical_person("interpolate"))
+    person = _mixed_person("mlp", "prob")
+    person.model.base.extra = torch.nn.Dropout(0.5)
+    assert not per_copy_outputs_apply(person)

@@ -52,14 +52,17 @@ def open_state(
     """
     node_config = dict(context.node_config)
     root = node_config.get("state-dir")
+    durable = True
     if not root and cfg.output_dir and "data-path" not in node_config:
+        # a simulated client: the server syncs this file system before each checkpoint
         root = str(Path(cfg.output_dir) / "client-state")
+        durable = False
     sync = msg.content.config_records.get(keys.SYNC)
     key = str(sync[keys.STATE_KEY]) if sync is not None and keys.STATE_KEY in sync else ""
     if not key.isalnum():  # not given (or not a plain name): the run config's hash
         key = run_key(context.run_config)
     store = (
-        DiskVersions(Path(str(root)) / key / f"client-{client_id}")
+        DiskVersions(Path(str(root)) / key / f"client-{client_id}", durable=durable)
         if root
         else MemoryVersions(context.state)
     )

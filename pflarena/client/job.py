@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -130,9 +130,11 @@ class ClientJob:
     content: RecordDict
     device: torch.device
 
-    @property
+    @cached_property
     def config(self) -> ConfigRecord:
-        """The message's ConfigRecord (empty if it has none)."""
+        """The message's ConfigRecord (empty if it has none). Kept: Flower's
+        ``RecordDict.config_records`` builds a new mapping on every access, which a solver
+        reading a dozen settings (``param``) paid ~0.3 ms a time for."""
         return self.content.config_records.get(keys.CONFIG, ConfigRecord())
 
     @property
@@ -206,14 +208,16 @@ class ClientJob:
     def save_state_model(self, key: str, model: nn.Module) -> None:
         self.state[key] = ArrayRecord(model.state_dict())
 
-    def seed(self, purpose: str) -> int:
-        """A 64-bit seed derived from (run seed, client, round, purpose)."""
-        text = f"{self.cfg.seed}/{self.client_id}/{self.server_round}/{purpose}"
+    def seed(self, purpose: str, server_round: int | None = None) -> int:
+        """A 64-bit seed derived from (run seed, client, round, purpose); the message's
+        round unless ``server_round`` names another (work of an earlier round done now)."""
+        round_ = self.server_round if server_round is None else server_round
+        text = f"{self.cfg.seed}/{self.client_id}/{round_}/{purpose}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
-    def generator(self, purpose: str) -> torch.Generator:
+    def generator(self, purpose: str, server_round: int | None = None) -> torch.Generator:
         """A CPU generator seeded by (run seed, client, round, purpose), for batch order."""
-        return torch.Generator().manual_seed(self.seed(purpose))
+        return torch.Generator().manual_seed(self.seed(purpose, server_round))
 
     def train_kwargs(self) -> dict:
         """SGD hyperparameters from the message config."""

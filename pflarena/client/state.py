@@ -35,6 +35,8 @@ with its number of clients.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flwr.app import ArrayRecord
 
 from pflarena.core.versions import DiskVersions, MemoryVersions, run_key
@@ -107,6 +109,7 @@ class ClientState:
         self._current_entries = (
             set(store.entries(self.current)) if self.current is not None else set()
         )
+        self._on_save: list[Callable[[], None]] = []
 
     # the mapping a solver uses -----------------------------------------------------
     def __contains__(self, entry: str) -> bool:
@@ -146,8 +149,28 @@ class ClientState:
     def __setitem__(self, entry: str, record: ArrayRecord) -> None:
         self.changed[entry] = record
 
+    def stamp(self, entry: str) -> tuple | None:
+        """What identifies ``entry``'s stored value in the current version (see the stores'
+        ``stamp``); None if it is not stored there or this message changed it."""
+        if entry in self.changed or entry not in self._current_entries:
+            return None
+        return self.store.stamp(self.current, entry)
+
+    def on_save(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once :meth:`save` has written this message's version (not if
+        nothing is written): a solver that keeps an object in memory for the next message
+        learns there that the version it belongs to exists, and its stamp."""
+        self._on_save.append(callback)
+
+    @property
+    def saved_version(self) -> int | None:
+        """The version :meth:`save` writes (None: this message's writes are not kept)."""
+        return self.update_id if self.changed else None
+
     # ----------------------------------------------------------------------------------
     def save(self) -> None:
         """Write this message's changes as version ``update_id`` (if it has one)."""
         if self.changed and self.update_id is not None:
             self.store.write(self.update_id, self.current, self.changed)
+            for callback in self._on_save:
+                callback()

@@ -67,8 +67,10 @@ __all__ = [
     "ReplayBuffer",
     "UpdateStats",
     "derive_seed",
+    "pack_arrays",
     "reciprocal_reward",
     "soft_update",
+    "unpack_arrays",
 ]
 
 #: PAGE's Table 7: (critic lr, actor lr, τ) per task, the same for server and clients.
@@ -112,6 +114,42 @@ def derive_seed(*parts: object) -> int:
     the same seed in every process, different parts independent streams."""
     text = "/".join(str(p) for p in parts)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+PACKED_INDEX = "packed/index"
+
+
+def pack_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` as one flat array per dtype plus an index (JSON bytes of each array's
+    name, dtype, shape, in order): a saved agent's 67 small arrays become 4 or 5, which is
+    what a store's per-array costs (Flower's ``Array`` serialization, npz members) are paid
+    on. :func:`unpack_arrays` gives back the same arrays, bit for bit."""
+    index, groups = [], {}
+    for name, value in arrays.items():
+        value = np.asarray(value)
+        index.append([name, value.dtype.str, list(value.shape)])
+        groups.setdefault(value.dtype.str, []).append(value.reshape(-1))
+    out = {f"packed/{dtype}": np.concatenate(parts) for dtype, parts in groups.items()}
+    out[PACKED_INDEX] = np.frombuffer(json.dumps(index).encode(), dtype=np.uint8)
+    return out
+
+
+def unpack_arrays(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays :func:`pack_arrays` packed (a dict without an index is returned as is)."""
+    if PACKED_INDEX not in packed:
+        return packed
+    index = json.loads(bytes(np.asarray(packed[PACKED_INDEX], dtype=np.uint8)).decode())
+    offsets: dict[str, int] = {}
+    out = {}
+    for name, dtype, shape in index:
+        flat = packed.get(f"packed/{dtype}")
+        size = math.prod(shape)
+        start = offsets.get(dtype, 0)
+        if flat is None or start + size > flat.size:
+            raise ValueError(f"packed arrays: {name} ({dtype}, {shape}) is missing")
+        out[name] = np.asarray(flat[start : start + size], dtype=np.dtype(dtype)).reshape(shape)
+        offsets[dtype] = start + size
+    return out
 
 
 @dataclass(frozen=True)
@@ -305,8 +343,12 @@ class Critic(nn.Module):
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """``θ' ← τ θ + (1 − τ) θ'`` for every parameter (the paper's β is τ)."""
-    for t, s in zip(target.parameters(), source.parameters(), strict=True):
-        t.mul_(1.0 - tau).add_(s, alpha=tau)
+    targets, sources = list(target.parameters()), list(source.parameters())
+    if len(targets) != len(sources):
+        raise ValueError(f"soft update: {len(targets)} target and {len(sources)} parameters")
+    with torch.no_grad():
+        torch._foreach_mul_(targets, 1.0 - tau)
+        torch._foreach_add_(targets, sources, alpha=tau)
 
 
 @dataclass
@@ -395,15 +437,20 @@ class DDPGAgent:
             net.requires_grad_(False)
         self.actor_optimizer = self._optimizer(self.actor, config.actor_lr)
         self.critic_optimizer = self._optimizer(self.critic, config.critic_lr)
+        self._parameters = {
+            "actor": list(self.actor.parameters()),
+            "critic": list(self.critic.parameters()),
+        }
         self.buffer = ReplayBuffer(config.buffer_capacity, config.state_dim, config.action_dim)
         self.steps = 0
         self.updates = 0
         self.pending: tuple[np.ndarray, np.ndarray, float] | None = None
 
     def _optimizer(self, net: nn.Module, lr: float) -> torch.optim.Optimizer:
+        # foreach: one call per step for all of a network's tensors (the same arithmetic)
         if self.config.optimizer == "adam":
-            return torch.optim.Adam(net.parameters(), lr=lr)
-        return torch.optim.SGD(net.parameters(), lr=lr)
+            return torch.optim.Adam(net.parameters(), lr=lr, foreach=True)
+        return torch.optim.SGD(net.parameters(), lr=lr, foreach=True)
 
     # ------------------------------------------------------------------ acting
     @property
@@ -516,27 +563,27 @@ class DDPGAgent:
 
         with torch.no_grad():
             target = r + c.gamma * self.target_critic(s2, self.target_actor(s2))
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_params, actor_params = self._parameters["critic"], self._parameters["actor"]
         critic_loss = torch.mean((target - self.critic(s, a)) ** 2)
-        critic_loss.backward()
-        self._step(self.critic, self.critic_optimizer)
+        self._step(critic_params, torch.autograd.grad(critic_loss, critic_params))
+        self.critic_optimizer.step()
 
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        self.critic.requires_grad_(False)  # the actor's step moves the actor only
+        # the actor's step moves the actor only: the gradient of Q(s, μ(s)) in μ's weights
         objective = self.critic(s, self.actor(s)).mean()
-        (-objective).backward()
-        self.critic.requires_grad_(True)
-        self._step(self.actor, self.actor_optimizer)
+        self._step(actor_params, torch.autograd.grad(-objective, actor_params))
+        self.actor_optimizer.step()
 
         soft_update(self.target_critic, self.critic, c.tau)
         soft_update(self.target_actor, self.actor, c.tau)
         self.updates += 1
         return UpdateStats(float(critic_loss.detach()), float(objective.detach()), len(idx))
 
-    def _step(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def _step(self, params: list[nn.Parameter], grads: tuple[torch.Tensor, ...]) -> None:
+        """Set ``params``' gradients to ``grads``, clipped to the norm ``grad_clip``."""
+        for param, grad in zip(params, grads, strict=True):
+            param.grad = grad
         if self.config.grad_clip > 0:
-            nn.utils.clip_grad_norm_(net.parameters(), self.config.grad_clip)
-        optimizer.step()
+            nn.utils.clip_grad_norm_(params, self.config.grad_clip, foreach=True)
 
     # ------------------------------------------------------------------ storage
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -569,13 +616,20 @@ class DDPGAgent:
             out["pending/reward"] = np.array([reward])
         return out
 
+    def to_packed(self) -> dict[str, np.ndarray]:
+        """:meth:`to_arrays` packed into one array per dtype (:func:`pack_arrays`);
+        :meth:`from_arrays` reads either form."""
+        return pack_arrays(self.to_arrays())
+
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], config: DDPGConfig | None = None):
         """Rebuild an agent saved by :meth:`to_arrays`.
 
         ``config``, when given, must equal the saved one: a run whose settings changed
         cannot continue an agent built for others. Raises ValueError naming the problem.
+        ``arrays`` may be packed (:func:`pack_arrays`).
         """
+        arrays = unpack_arrays(arrays)
         if "config" not in arrays:
             raise ValueError("not a saved DDPG agent: no 'config' entry")
         saved = json.loads(bytes(np.asarray(arrays["config"], dtype=np.uint8)).decode())

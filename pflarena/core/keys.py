@@ -129,6 +129,9 @@ PAGE_REWARD = "page-reward"  # r_i(t), as the client's agent stored it
 PAGE_CLAMPED = "page-clamped"  # 1 when the loss floor bounded r_i(t)
 PAGE_AGENT_TIME = "page-agent-time-s"  # the client's DDPG work this round (seconds)
 PAGE_SGD_TIME = "page-sgd-time-s"  # the client's local SGD this round (seconds)
+PAGE_AGENT_CPU = "page-agent-cpu-s"  # the same in the thread's CPU time
+PAGE_SGD_CPU = "page-sgd-cpu-s"  # the same in the thread's CPU time
+PAGE_AGENT_MEMORY = "page-agent-from-memory"  # 1 when the client's agent was kept in memory
 
 # SCAFFOLD (strategies/scaffold.py <-> client/solvers/scaffold.py): record names.
 SCAFFOLD_CONTROL = "control"  # train message: the server control variate c (trainable)

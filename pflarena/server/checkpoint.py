@@ -13,6 +13,7 @@ and so is one that does not match the run's ``rounds.jsonl`` (:func:`check_round
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -68,6 +69,22 @@ def _digest(contents: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def sync_filesystem(path: Path) -> None:
+    """Flush the file system holding ``path`` to disk (Linux's ``syncfs``; ``os.sync``,
+    every file system, where that is not available)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
+
+
 def save_checkpoint(
     output_dir: Path,
     server_round: int,
@@ -77,7 +94,13 @@ def save_checkpoint(
     loop_meta: dict[str, Any] | None = None,
     rounds_sha256: str = "",
 ) -> Path:
-    """Write the checkpoint after ``server_round`` (atomically: a temporary file, then rename)."""
+    """Write the checkpoint after ``server_round`` (atomically: a temporary file, then rename).
+
+    The output directory's file system is synced first: a simulated client's state versions
+    are written there without an fsync each (:class:`~pflarena.core.versions.DiskVersions`),
+    and every version this checkpoint can refer to is durable before it exists.
+    """
+    sync_filesystem(output_dir)
     strategy_arrays, meta = strategy.checkpoint_state()
     contents: dict[str, np.ndarray] = {f"global/{k}": v.numpy() for k, v in arrays.items()}
     contents |= {f"strategy/{k}": v for k, v in strategy_arrays.items()}

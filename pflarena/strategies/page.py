@@ -512,6 +512,8 @@ class Page(PflStrategy):
         lrs[clients] = [float(m[keys.PAGE_LR]) for m in metrics]
         client_agent = [float(m.get(keys.PAGE_AGENT_TIME, 0.0)) for m in metrics]
         client_sgd = [float(m.get(keys.PAGE_SGD_TIME, 0.0)) for m in metrics]
+        client_agent_cpu = [float(m.get(keys.PAGE_AGENT_CPU, 0.0)) for m in metrics]
+        client_sgd_cpu = [float(m.get(keys.PAGE_SGD_CPU, 0.0)) for m in metrics]
         entropy = weight_entropy(executed)
         server = {
             "reward": reward,
@@ -532,6 +534,11 @@ class Page(PflStrategy):
             "server-reward-time-s": reward_time,
             "client-agent-time-s": float(np.sum(client_agent)),
             "client-sgd-time-s": float(np.sum(client_sgd)),
+            "client-agent-cpu-time-s": float(np.sum(client_agent_cpu)),
+            "client-sgd-cpu-time-s": float(np.sum(client_sgd_cpu)),
+            "client-agents-in-memory": int(
+                sum(int(m.get(keys.PAGE_AGENT_MEMORY, 0)) for m in metrics)
+            ),
         }
         if stats is not None:
             server["critic-loss"] = stats.critic_loss

@@ -277,6 +277,8 @@ class PPFL(MultiExchangeStrategy):
             model_name=setup.cfg.model_name(),
             input_shape=tuple(info.input_shape),
             num_classes=info.num_classes,
+            eval_every=setup.cfg.eval_every,
+            num_rounds=setup.cfg.num_rounds,
             **setup.common(cls.declaration),
             **dict(setup.params),
         )
@@ -305,9 +307,18 @@ class PPFL(MultiExchangeStrategy):
         persistent_momentum: bool = False,
         lr_milestones: str = "",
         lr_decay: float = 0.1,
+        eval_every: int = 1,
+        num_rounds: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        #: the run's evaluation rounds (every ``eval_every``-th and the last): a theta-first
+        #: round's membership epoch is folded into the next round's message only when the
+        #: round is not evaluated (:meth:`_may_fold`)
+        self.eval_every = max(1, int(eval_every))
+        self.num_rounds = num_rounds
+        #: the round whose membership epoch the next round's message carries (None: none)
+        self.folded_round: int | None = None
         params = PPFLParams(
             num_canonical=num_canonical,
             form=form,
@@ -376,6 +387,7 @@ class PPFL(MultiExchangeStrategy):
             "blocks": {str(r): b for r, b in self.blocks.items()},
             "objective": {str(r): v for r, v in self.objective.items()},
             "history_rounds": rounds,
+            "folded_round": self.folded_round,
         }
         return arrays, meta
 
@@ -392,6 +404,7 @@ class PPFL(MultiExchangeStrategy):
         self.objective = {int(r): float(v) for r, v in own["objective"].items()}
         history = arrays["ppfl-history"]
         self.history = {int(r): np.array(history[i]) for i, r in enumerate(own["history_rounds"])}
+        self.folded_round = own.get("folded_round")
 
     # ------------------------------------------------------------------ θ and W
     def population(self, arrays: ArrayRecord) -> ArrayRecord:
@@ -512,6 +525,7 @@ class PPFL(MultiExchangeStrategy):
         theta: ArrayRecord | None,
         with_penalty: bool = False,
         memberships: dict[int, np.ndarray] | None = None,
+        fold: dict[str, Any] | None = None,
     ) -> list[Message]:
         out = []
         for node in nodes:
@@ -530,7 +544,7 @@ class PPFL(MultiExchangeStrategy):
                 vectors[keys.PPFL_MEMBERSHIP_PENALTY] = pi
                 extra[keys.PPFL_LOSS_WEIGHT] = float(weight)
             body[keys.PPFL_MEMBERSHIP] = _vector_record(**vectors)
-            body[keys.CONFIG] = self._config(server_round, phase, **extra)
+            body[keys.CONFIG] = self._config(server_round, phase, **extra, **(fold or {}))
             out.append(
                 Message(content=RecordDict(body), message_type=MessageType.TRAIN, dst_node_id=node)
             )
@@ -611,9 +625,16 @@ class PPFL(MultiExchangeStrategy):
             new_theta, replies, losses = self._alternate(server_round, nodes, theta, send)
             block = "both"
         else:
-            new_theta, replies, losses = self._theta_block(server_round, nodes, theta, send)
+            folded, self.folded_round = self.folded_round, None
+            new_theta, replies, losses = self._theta_block(server_round, nodes, theta, send, folded)
+            if folded is not None:
+                start = self.memberships.copy()  # C^t: the folded epochs' results
+                self.history[folded] = start
             if new_theta is not None:
-                self._membership_steps(server_round, nodes, new_theta, send)
+                if self._may_fold(server_round, nodes, replies):
+                    self.folded_round = server_round
+                else:
+                    self._membership_steps(server_round, nodes, new_theta, send)
             block = "both"
         self.blocks[server_round] = block
         self.history[server_round] = self.memberships.copy()
@@ -672,15 +693,51 @@ class PPFL(MultiExchangeStrategy):
             weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in replies]
         return weighted_average(records, weights)
 
+    def _may_fold(self, server_round: int, nodes: list[int], replies: Sequence[Message]) -> bool:
+        """Whether round ``server_round``'s membership epoch (theta-first: at θ^{t+1}, with
+        π_i(C^t)) can wait for the next round's message, which carries θ^{t+1} anyway, with
+        the same arithmetic: every client trains every round (full participation) and all
+        of this round's did; the next round's server still holds C^t, so it sends the same
+        π_i, w_i and step size; the round is not evaluated (its evaluation reads the c_i
+        after the epoch) and not the last."""
+        if self.fraction_train < 1.0 or len(replies) != len(nodes):
+            return False
+        if len(nodes) != self.num_clients:
+            return False
+        last = self.num_rounds is not None and server_round >= self.num_rounds
+        return not last and server_round % self.eval_every != 0
+
     def _theta_block(
-        self, server_round: int, nodes: list[int], theta: ArrayRecord, send: Send
+        self,
+        server_round: int,
+        nodes: list[int],
+        theta: ArrayRecord,
+        send: Send,
+        folded: int | None = None,
     ) -> tuple[ArrayRecord | None, list[Message], dict[int, float]]:
-        exchange = send(
-            keys.PPFL_PHASE_THETA,
-            self._messages(nodes, server_round, keys.PPFL_PHASE_THETA, theta),
-        )
-        replies = self.valid_replies(exchange, lambda c: self._check_theta(c, theta))
+        """The θ-block; with ``folded`` (a round), each client first takes that round's
+        membership epoch at θ (the message's θ is θ^{folded+1}) and replies its new c_i too."""
+        if folded is None:
+            messages = self._messages(nodes, server_round, keys.PPFL_PHASE_THETA, theta)
+        else:
+            messages = self._messages(
+                nodes,
+                server_round,
+                keys.PPFL_PHASE_THETA,
+                theta,
+                with_penalty=True,
+                fold={
+                    f"{self.method}.folded-round": int(folded),
+                    f"{self.method}.folded-membership-lr": self.params.membership_lr
+                    * self.params.lr_factor(folded),
+                },
+            )
+        exchange = send(keys.PPFL_PHASE_THETA, messages)
+        check = self._check_alternate if folded is not None else self._check_theta
+        replies = self.valid_replies(exchange, lambda c: check(c, theta))
         self.last_failed = exchange.failed
+        if folded is not None:
+            self._take_memberships(exchange, replies)
         losses = self._learn(exchange, replies)
         return self._aggregate_theta(exchange, replies), replies, losses
 

@@ -16,6 +16,16 @@ Algorithm 2 as the spec reconstructs it, once per train message:
 7. ``(s_i(t), a, r_i)`` waits for the next state;
 8. ŵ_i(t) is the client's personalized model (A17) until its next round; it and the
    agent are kept in the client's versioned state, never sent anywhere but ŵ_i(t) itself.
+   The agent object also stays in the process's memory for the client's next message
+   (:func:`~pflarena.client.solvers.common.open_agent`): rebuilding it from the stored
+   arrays is taken only when this process did not write the version the message starts
+   from (a resume, another simulation process, a rejected reply).
+
+The reply's ``page-agent-time-s`` is everything the agent costs the client: the state
+s_i(t), the agent's loading, update and action, the reward's evaluation, packing the agent
+and writing it to the client's state (``page-agent-cpu-s``: the same in the thread's CPU
+time, which other work on the machine does not inflate; ``page-sgd-time-s`` and
+``page-sgd-cpu-s`` for the local SGD).
 
 ``agents=random`` (the control) draws ``a`` uniformly every round and keeps no agent.
 ``tune-epochs=false`` / ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr``.
@@ -69,41 +79,51 @@ def _accuracy(model: nn.Module, job: ClientJob) -> float:
 
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     model = job.global_model()
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     state = np.array([_accuracy(model, job)])  # s_i(t)
     rng = np.random.default_rng(
         derive_seed(job.cfg.seed, job.client_id, job.server_round, "page-client")
     )
     config = agent_config(job)
     learning = str(job.param("agents")) == "ddpg"
-    agent = load_agent(job, config) if learning else DDPGAgent(config, seed=None)
+    source = "none"
+    if learning:
+        agent, source = common.open_agent(job, AGENT_KEY, config, "page-client")
+    else:
+        agent = DDPGAgent(config, seed=None)
     if learning:
         agent.complete(state)
         action, stats = common.next_action(agent, state, rng, int(job.param("warmup-rounds")))
     else:
         action, stats = agent.random_action(rng), None
     agent_time = time.perf_counter() - started
+    agent_cpu = time.thread_time() - started_cpu
 
     kwargs = common.local_hyperparameters(job, action)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     running_loss, steps = train_epochs(
         model, job.data.x_train, job.data.y_train, generator=job.generator("train"), **kwargs
     )
     sgd_time = time.perf_counter() - started
+    sgd_cpu = time.thread_time() - started_cpu
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     trained = evaluate_model(model, job.data.x_train, job.data.y_train)
     loss = trained.loss  # f_i(ŵ_i(t))
     reward, clamped = reciprocal_reward(
         loss, float(job.param("loss-floor")), float(job.param("reward-scale"))
     )
+    metrics = train_metrics(job, running_loss, steps)
     if learning:
         agent.set_pending(state, action, reward)
-        common.save_agent(job, AGENT_KEY, agent)
+        # the write's seconds join page-agent-time-s once the state is saved
+        common.save_agent(
+            job, AGENT_KEY, agent, metrics, (keys.PAGE_AGENT_TIME, keys.PAGE_AGENT_CPU)
+        )
     agent_time += time.perf_counter() - started
+    agent_cpu += time.thread_time() - started_cpu
     job.save_state_model(MODEL_KEY, model)
 
-    metrics = train_metrics(job, running_loss, steps)
     metrics |= {
         keys.PAGE_LOSS: loss,
         keys.PAGE_STATE: float(state[0]),
@@ -113,6 +133,9 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.PAGE_CLAMPED: int(clamped),
         keys.PAGE_AGENT_TIME: agent_time,
         keys.PAGE_SGD_TIME: sgd_time,
+        keys.PAGE_AGENT_CPU: agent_cpu,
+        keys.PAGE_SGD_CPU: sgd_cpu,
+        keys.PAGE_AGENT_MEMORY: int(source == "memory"),
     }
     if stats is not None:
         metrics["page-critic-loss"] = stats.critic_loss

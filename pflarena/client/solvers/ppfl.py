@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
 from torch import nn
 
@@ -240,6 +241,10 @@ def membership_steps(
     shuffled pass (the authors' code). Each step's gradient is ``weight · ∇_c f + penalty``.
     """
     device, dtype = person.membership.device, person.membership.dtype
+    if mode in ("minibatch", "epoch") and per_copy_outputs_apply(person):
+        return _membership_steps_on_outputs(
+            person, x, y, c, mode, lr, weight, penalty, batch_size, generator, floor
+        )
     if mode == "full":
         person.membership = torch.as_tensor(c, dtype=dtype, device=device)
         grad, loss = membership_gradient(person, x, y, batch_size=batch_size)
@@ -257,6 +262,94 @@ def membership_steps(
         steps += 1
         if mode == "minibatch":
             break
+    return c, start_loss, steps
+
+
+def per_copy_outputs_apply(person: PersonalizedModel) -> bool:
+    """Whether a membership epoch may run on the copies' outputs computed once: PPFL1
+    (``form=mix``), whose loss depends on c only through the mixture of the K copies'
+    outputs, which θ (fixed during the epoch) determines; and a model whose output for a
+    sample depends on that sample alone and is the same in training and evaluation mode
+    (no dropout, no batch normalization)."""
+    if person.form != "mix":
+        return False
+    batch_dependent = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+    return not any(isinstance(m, batch_dependent) for m in person.model.modules())
+
+
+@torch.no_grad()
+def copy_log_likelihoods(
+    person: PersonalizedModel, x: torch.Tensor, y: torch.Tensor, chunk: int = 1024
+) -> torch.Tensor:
+    """What the mixture's loss needs of each copy k on each sample i, computed once: for
+    ``mix=prob`` and ``loss`` ``log p_k(y_i | x_i)`` (n × K); for ``logit`` the copies'
+    logits (K × n × C)."""
+    person.train()
+    parts = []
+    for start in range(0, len(y), chunk):
+        outputs = person.model.outputs(x[start : start + chunk])
+        if person.mix == "logit":
+            parts.append(torch.stack(outputs))
+        else:
+            target = y[start : start + chunk, None]
+            parts.append(
+                torch.stack(
+                    [F.log_softmax(z, dim=-1).gather(1, target)[:, 0] for z in outputs], dim=1
+                )
+            )
+    if not parts:
+        return torch.zeros(0)
+    return torch.cat(parts, dim=1 if person.mix == "logit" else 0)
+
+
+def _mixture_loss_sum(
+    table: torch.Tensor, idx: torch.Tensor, y: torch.Tensor, c: torch.Tensor, mix: str
+) -> torch.Tensor:
+    """The summed mixture loss of the samples ``idx`` from :func:`copy_log_likelihoods`:
+    ``−Σ log Σ_k c_k p_k(y|x)`` (prob), ``Σ_k c_k Σ −log p_k(y|x)`` (loss), the
+    cross-entropy of ``Σ_k c_k z_k`` (logit); as :func:`~pflarena.core.canonical.mixture_loss`
+    computes them from the outputs."""
+    if mix == "logit":
+        return F.cross_entropy(torch.einsum("k,knc->nc", c, table[:, idx]), y[idx], reduction="sum")
+    log_p = table[idx]
+    if mix == "loss":
+        return -(log_p.sum(dim=0) * c.to(log_p.dtype)).sum()
+    log_c = torch.log(c.clamp_min(torch.finfo(log_p.dtype).tiny)).to(log_p.dtype)
+    return -torch.logsumexp(log_p + log_c, dim=1).sum()
+
+
+def _membership_steps_on_outputs(
+    person: PersonalizedModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    c: np.ndarray,
+    mode: str,
+    lr: float,
+    weight: float,
+    penalty: np.ndarray,
+    batch_size: int,
+    generator: torch.Generator,
+    floor: float,
+) -> tuple[np.ndarray, float, int]:
+    """:func:`membership_steps` (``minibatch``/``epoch``) with each copy's outputs computed
+    once (:func:`per_copy_outputs_apply`): the same batches, gradients and steps, each step
+    on an n × K table instead of K forward passes."""
+    table = copy_log_likelihoods(person, x, y)
+    device, dtype = person.membership.device, person.membership.dtype
+    start_loss = float("nan")
+    steps = 0
+    for idx in batches(len(y), batch_size, generator=generator):
+        membership = torch.as_tensor(c, dtype=dtype, device=device).requires_grad_(True)
+        loss = _mixture_loss_sum(table, idx, y, membership, person.mix)
+        (grad,) = torch.autograd.grad(loss, membership)
+        grad = grad.to(torch.float64).cpu().numpy() / max(len(idx), 1)
+        if steps == 0:
+            start_loss = float(loss.detach()) / max(len(idx), 1)
+        c = exponentiated_gradient_step(c, weight * grad + penalty, lr, floor)
+        steps += 1
+        if mode == "minibatch":
+            break
+    person.membership = torch.as_tensor(c, dtype=dtype, device=device)
     return c, start_loss, steps
 
 
@@ -326,14 +419,28 @@ def _stored_momentum(job: ClientJob) -> list[torch.Tensor]:
 
 def _theta(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     model = population_model(job)
-    c, _ = _current(job, model)
+    c, penalty = _current(job, model)
+    records: dict[str, ArrayRecord] = {}
+    folded = job.config.get(f"{job.method}.folded-round")
+    if folded is not None:
+        # the previous round's membership epoch (theta-first), folded into this message: at
+        # the message's θ (θ^{t+1} of that round), with its π_i, step size and batches
+        c, _, _ = _step_membership(
+            job,
+            _personalized(job, model, c),
+            c,
+            penalty,
+            lr=float(job.config[f"{job.method}.folded-membership-lr"]),
+            generator=job.generator("membership", server_round=int(folded)),
+        )
+        records[keys.PPFL_MEMBERSHIP] = _vector_record(**{keys.PPFL_MEMBERSHIP_C: c})
     person = _personalized(job, model, c)
     start = training_loss(person, job.data.x_train, job.data.y_train)
     loss, steps = _local_sgd(job, person)
     _store(job, c)
     metrics = train_metrics(job, loss, steps)
     metrics[keys.PPFL_START_LOSS] = start
-    return {keys.ARRAYS: ArrayRecord(model.stacked_state())}, metrics
+    return {keys.ARRAYS: ArrayRecord(model.stacked_state()), **records}, metrics
 
 
 def _gradient(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
@@ -373,7 +480,13 @@ def _sync(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 
 
 def _step_membership(
-    job: ClientJob, person: PersonalizedModel, c: np.ndarray, penalty: np.ndarray | None
+    job: ClientJob,
+    person: PersonalizedModel,
+    c: np.ndarray,
+    penalty: np.ndarray | None,
+    *,
+    lr: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[np.ndarray, float, int]:
     if penalty is None:
         raise ValueError("ppfl: a membership step needs the server's penalty row")
@@ -383,11 +496,11 @@ def _step_membership(
         job.data.y_train,
         c,
         mode=str(job.param("membership-steps")),
-        lr=float(job.param("membership-lr")),
+        lr=float(job.param("membership-lr")) if lr is None else lr,
         weight=float(job.config[keys.PPFL_LOSS_WEIGHT]),
         penalty=penalty,
         batch_size=int(job.config[keys.BATCH_SIZE]),
-        generator=job.generator("membership"),
+        generator=job.generator("membership") if generator is None else generator,
         floor=float(job.param("membership-floor")),
     )
 
