@@ -205,12 +205,17 @@ class SimulationRuntime:
         _start_ray(self.app.root, self.backend_config)
         from flwr.supercore import log
 
-        log(DEBUG, "pflarena: Ray started in %.1fs", time.monotonic() - begin)
+        log(INFO, "pflarena: start-up: Ray started in %.1fs", time.monotonic() - begin)
         from pflarena.server.ray_backend import ReusableRayBackend
 
         backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
         backend.build(lambda: None)  # each run brings its own ClientApp loader
-        log(DEBUG, "pflarena: %d actors created", backend.num_workers)
+        log(
+            INFO,
+            "pflarena: start-up: %d client actors created, %.1fs",
+            backend.num_workers,
+            time.monotonic() - begin,
+        )
         self._backend = backend
 
     def close(self) -> None:
@@ -373,11 +378,19 @@ def main(argv: list[str] | None = None) -> int:
     imports = _import_in_background(modules)
     failed = 0
     scratch = Path(args.spec).parent
+    begin = time.monotonic()
     try:
         if not in_process:
             runtime.start()  # Ray starts while the thread imports Flower and the apps
         imports.join()
         from flwr.supercore import log
+
+        log(
+            INFO,
+            "pflarena: start-up: runtime ready in %.1fs (%s)",
+            time.monotonic() - begin,
+            "in-process engine, no Ray" if in_process else "Ray engine",
+        )
 
         from pflarena.server.inprocess import run_inprocess
 
