@@ -494,9 +494,12 @@ def _add_method_flags(
         rows = declaration.param_docs()
         if not rows:
             continue
-        group = parser.add_argument_group(
-            f"{declaration.name} parameters", f"{declaration.summary} ({declaration.reference})"
-        )
+        group: Any = parser  # unlisted: no group heading either
+        if full_help:
+            group = parser.add_argument_group(
+                f"{declaration.name} parameters",
+                f"{declaration.summary} ({declaration.reference})",
+            )
         for key, default, _type, description in rows:
             group.add_argument(
                 f"--{key}",

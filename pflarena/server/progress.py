@@ -37,7 +37,7 @@ _ROUND = re.compile(r"\[round (\d+)/(\d+)\] ([\d.]+)s(?: \| ETA (\S+))?(.*)")
 _START = re.compile(r"pflarena: (\S+) on (\S+), (\d+) clients, (\d+) rounds -> (.+)$")
 _END = re.compile(r"pflarena: results in (.+)$")
 _STARTUP = re.compile(r"pflarena: start-up: (.*)$")
-_PROBLEM_MARKERS = ("ERROR", "Traceback", "Error", "failed", "rejected", "WARNING")
+_PROBLEM_MARKERS = ("ERROR", "Traceback", "Error", "failed", "rejected")
 _PROGRESS_MARKERS = ("pflarena", "[round ")
 
 
