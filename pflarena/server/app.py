@@ -203,6 +203,12 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         from pflarena.server.trackers import open_trackers
 
         trackers = open_trackers(cfg, output_dir, previous if cfg.resume else config_record)
+        log(
+            INFO,
+            "pflarena: start-up: trackers %s opened in %.1fs",
+            ", ".join(t.name for t in trackers.trackers) or "(none)",
+            time.monotonic() - start,
+        )
     startup_s = None
     try:
         strategy = build_strategy(
