@@ -229,6 +229,9 @@ def test_a_sweep_groups_its_runs_under_one_parent_run(tmp_path):
         filter_string=f"tags.mlflow.parentRunId = '{group.parent_id}'",
     )
     assert len(children) == 2
+    assert sorted(run.info.run_name for run in children) == [
+        f"{tmp_path.parent.name}/{tmp_path.name}/run-{seed}" for seed in (0, 1)
+    ]
     assert client.get_run(group.parent_id).info.status == "FINISHED"
     assert [f.path for f in client.list_artifacts(group.parent_id)] == ["leaderboard.md"]
 

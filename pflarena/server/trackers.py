@@ -181,8 +181,10 @@ class MLflowTracker:
             self.run_id = state["mlflow_run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
             return
+        # a sweep's run is <setting>/<method>/seed-<s> under the sweep's directory
+        name = "/".join(output_dir.parts[-3:]) if cfg.tracking_parent else output_dir.name
         tags = {
-            MLFLOW_RUN_NAME: output_dir.name,
+            MLFLOW_RUN_NAME: name,
             "pflarena.strategy": cfg.strategy,
             "pflarena.dataset": cfg.data_name(),
             "pflarena.seed": str(cfg.seed),
@@ -190,7 +192,7 @@ class MLflowTracker:
         }
         if cfg.tracking_parent:
             tags[MLFLOW_PARENT_RUN_ID] = cfg.tracking_parent
-        run = self.client.create_run(experiment_id, tags=tags, run_name=output_dir.name)
+        run = self.client.create_run(experiment_id, tags=tags, run_name=name)
         self.run_id = run.info.run_id
         _write_state(output_dir, {"mlflow_run_id": self.run_id})
         from mlflow.entities import Param
