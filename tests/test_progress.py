@@ -104,14 +104,19 @@ def test_a_live_bar_on_a_terminal(tmp_path):
     _summary(tmp_path / "r")
     out = io.StringIO()
     progress = Progress(1, stream=out, tty=True, clock=Clock())
-    for line in _run_lines(tmp_path / "r"):
+    lines = _run_lines(tmp_path / "r")
+    for line in lines[:3]:  # the start, rounds 0 and 1
         progress.feed(line)
     progress.feed(_flower("ERROR: something broke"))
+    for line in lines[3:]:
+        progress.feed(line)
     progress.close()
     text = out.getvalue()
     assert "\r\x1b[K[#############.......] round 2/3 5s ETA 2s" in text
     assert f"{label('personalized')} 0.5000" in text
     assert "[round 2/3]" not in text  # drawn in place, not printed line by line
+    # the last round's bar stays on the screen
+    assert "round 3/3 7s ETA 0s " + f"{label('personalized')} 0.5000\n" in text
     # a problem is printed on a line of its own, the bar cleared first
     assert "\r\x1b[KERROR: something broke\n" in text
 

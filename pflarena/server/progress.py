@@ -138,8 +138,11 @@ class Progress:
             return
         if shown is not None:
             kind, message = shown
-            if kind == "bar":
+            if kind in ("bar", "last bar"):
                 self._draw(message)
+                if kind == "last bar":  # the run's rounds are done: the bar stays
+                    self.stream.write("\n")
+                    self._live = ""
             elif kind != "end" or self.total > 1:
                 self._write(message)
         elif is_problem(text) or (
@@ -203,7 +206,7 @@ class Progress:
         text = f"{head}[{bar}] round {number}/{total} {float(elapsed):.0f}s"
         if eta:
             text += f" ETA {eta}"
-        return "bar", text + accuracy
+        return ("last bar" if number == total else "bar"), text + accuracy
 
     def _run_ended(self, run_dir: Path | None, failed: str | None = None) -> str:
         took = self.clock() - (self.run_began or self.begin)
