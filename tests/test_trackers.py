@@ -308,3 +308,43 @@ def _png() -> bytes:
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
+    cfg = _cfg(tmp_path, tracker="mlflow")
+    out = Path(cfg.output_dir)
+    out.mkdir()
+    first = open_trackers(cfg, out, _config_record(cfg))
+    first.log_round(_records()[0])
+    first.finish({"status": "failed"}, out)
+    resumed = cfg.model_copy(update={"resume": True})
+    again = open_trackers(resumed, out, _config_record(resumed))
+    (tracker,) = again.trackers
+    assert tracker.run_id == first.trackers[0].run_id
+    for record in _records()[1:]:
+        again.log_round(record)
+    again.finish({"status": "completed"}, out)
+    client = MlflowClient(tracking_uri=cfg.tracking_uri)
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(tracker.run_id, "personalized/mean")]
+    assert sorted(steps) == [0, 1, 2]
+    assert len(client.search_runs([client.get_experiment_by_name("pflarena").experiment_id])) == 1
+
+
+def test_a_file_store_works_where_mlflow_allows_it(tmp_path, monkeypatch):
+    """MLflow 3 refuses its file store unless MLFLOW_ALLOW_FILE_STORE is set; with it set, a
+    ``file:`` tracking URI is logged to and read back like the default SQLite store."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    cfg = _cfg(tmp_path, tracker="mlflow", **{"tracking-uri": uri})
+    out = Path(cfg.output_dir)
+    out.mkdir()
+    trackers = open_trackers(cfg, out, _config_record(cfg))
+    for record in _records():
+        trackers.log_round(record)
+    trackers.finish({"status": "completed"}, out)
+    assert trackers.failures == {}
+    run_id = trackers.trackers[0].run_id
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "global/pooled")
+    assert [round(m.value, 6) for m in history] == [0.45, 0.46, 0.47]
+    assert (tmp_path / "mlruns").is_dir()
