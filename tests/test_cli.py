@@ -93,7 +93,7 @@ def test_compare_table_and_plot(tmp_path, capsys):
     table = compare_table([tmp_path / "a", tmp_path / "b"])
     lines = table.splitlines()
     assert len(lines) == 4
-    assert "| a | local | digits | 10 | 5 | 0 | 90.00 |" in lines[2]
+    assert "| a | completed | local | digits | 10 | 5/5 | 0 | 90.00 |" in lines[2]
     assert "| 70.00 |" in lines[3] and "| — |" in lines[2]
     assert (
         main(
@@ -287,7 +287,7 @@ def test_compare_names_and_skips_a_malformed_run(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0
     assert "'strategy' is missing" in err and "garbled" in err and "not readable JSON" in err
-    assert "| good | fedavg |" in out and "| odd-values | ditto |" in out
+    assert "| good | completed | fedavg |" in out and "| odd-values | completed | ditto |" in out
     assert "no-strategy" not in out
     assert (tmp_path / "c.png").exists()
     assert main(["compare", runs[1]]) == 1

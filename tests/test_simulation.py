@@ -129,7 +129,7 @@ def test_cli_run_prints_table_and_exits_zero(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "| fedavg-ft | digits | 3 | 2 |" in result.stdout
+    assert "| completed | fedavg-ft | digits | 3 | 2/2 |" in result.stdout
     assert "[round 2/2]" in result.stdout  # progress is shown while the run goes
     summary = json.loads((out / "summary.json").read_text())
     first = json.loads((out / "rounds.jsonl").read_text().splitlines()[0])

@@ -216,7 +216,7 @@ def test_leaderboard_means_and_stds_over_seeds(tmp_path):
             assert mean == pytest.approx(np.mean(observed[:, column]))
             assert std == pytest.approx(np.std(observed[:, column]))
     for setting in ("alpha=0.1", "alpha=1.0"):  # best personalized accuracy first
-        lasts = [r["pers. last"][0] for r in rows if r["setting"] == setting]
+        lasts = [r[LEADERBOARD_METRICS[0][0]][0] for r in rows if r["setting"] == setting]
         assert lasts == sorted(lasts, reverse=True)
     markdown = leaderboard_markdown(rows)
     assert "## alpha=0.1" in markdown and "| fedavg | 2/3 |" in markdown

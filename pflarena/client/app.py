@@ -82,7 +82,7 @@ def _state_metrics(state: ClientState) -> dict[str, int]:
     return {keys.STATE_MISSING: code} if code else {}
 
 
-def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Solver]:
+def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Solver, float]:
     _limit_threads()
     cfg = _parse(tuple(sorted(context.run_config.items())))
     config = msg.content.config_records.get(keys.CONFIG, ConfigRecord())
@@ -90,7 +90,9 @@ def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Sol
     default_solver = "pflarena.client.solvers." + method.replace("-", "_")
     solver = load_solver(str(config.get(keys.SOLVER, default_solver)))
     device = pick_device(cfg.device)
+    begin = time.perf_counter()
     data = load_node_data(cfg, dict(context.node_config), device)
+    data_s = time.perf_counter() - begin
     job = ClientJob(
         cfg=cfg,
         data=data,
@@ -102,19 +104,20 @@ def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Sol
     # a client's result independent of which process ran it and what that process ran before.
     kind = "train" if train else "evaluate"
     torch.manual_seed(job.seed(f"torch/{kind}/{job.phase}"))
-    return job, solver
+    return job, solver, data_s
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
-    job, solver = _job(msg, context, train=True)
+    job, solver, data_s = _job(msg, context, train=True)
     start, start_cpu = time.perf_counter(), time.process_time()
     records, metrics = solver.train(job)
     job.state.save()  # before replying: the reply may be accepted at once
     metrics[keys.TRAIN_TIME] = time.perf_counter() - start
     metrics[keys.TRAIN_CPU] = time.process_time() - start_cpu
     metrics[keys.STATE_VERSION] = job.state.version
+    metrics[keys.DATA_TIME] = data_s
     metrics |= _state_metrics(job.state)
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
@@ -125,11 +128,12 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate this client's personalized model (and the global one, if any); or, in a
     cross-evaluation, export it or test other clients' models (:func:`cross_evaluate`)."""
-    job, solver = _job(msg, context, train=False)
+    job, solver, data_s = _job(msg, context, train=False)
     if job.phase in (keys.PHASE_CROSS_EXPORT, keys.PHASE_CROSS_SCORE):
         records, metrics = cross_evaluate(job, solver)
     else:
         records, metrics = {}, solver.evaluate(job)
+    metrics[keys.DATA_TIME] = data_s
     metrics |= _state_metrics(job.state)
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg

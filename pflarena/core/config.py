@@ -125,6 +125,19 @@ class RunConfig(FederationSpec):
     )
     output_dir: str = Field("", description="results directory; empty: runs/<time>-<strategy>")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where clients compute")
+    tracker: str = Field(
+        "",
+        description="experiment trackers the ServerApp logs to: mlflow, tensorboard, or both "
+        "(comma-separated); empty: none",
+    )
+    tracking_uri: str = Field(
+        "",
+        description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else ./mlruns",
+    )
+    tracking_experiment: str = Field("pflarena", description="MLflow experiment name")
+    tracking_parent: str = Field(
+        "", description="MLflow run id of the parent run (set by pflarena sweep)"
+    )
 
     #: ``((key, value), ...)`` of every ``<method>.<param>`` key, sorted by key.
     _method_values: tuple[tuple[str, Any], ...] = PrivateAttr(default=())
@@ -133,6 +146,13 @@ class RunConfig(FederationSpec):
     @classmethod
     def _is_a_path(cls, value: str) -> str:
         return check_path_text(value)
+
+    @field_validator("tracker")
+    @classmethod
+    def _known_trackers(cls, value: str) -> str:
+        from pflarena.core.trackers_spec import check_trackers
+
+        return check_trackers(value)
 
     @field_validator("model")
     @classmethod

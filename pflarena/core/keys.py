@@ -48,6 +48,7 @@ NUM_EXAMPLES = "num-examples"  # training examples (FedAvg weighting)
 TRAIN_LOSS = "train-loss"
 TRAIN_STEPS = "train-steps"
 TRAIN_TIME = "train-time-s"  # wall time of the local solver (set by the ClientApp)
+DATA_TIME = "data-s"  # wall time this message spent building or loading the client's data
 TRAIN_CPU = "train-cpu-s"  # CPU time of the local solver's process (set by the ClientApp)
 STATE_MISSING = "state-missing"  # 1: the state the server accepted is gone; 2: unreadable
 STATE_VERSION = "state-version"  # the client's state version after a train message

@@ -198,6 +198,18 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         writer.write_config(config_record)
     start = time.monotonic()
     rounds: list[dict] = []
+    trackers = None
+    if cfg.tracker:
+        from pflarena.server.trackers import open_trackers
+
+        trackers = open_trackers(cfg, output_dir, previous if cfg.resume else config_record)
+        log(
+            INFO,
+            "pflarena: start-up: trackers %s opened in %.1fs",
+            ", ".join(t.name for t in trackers.trackers) or "(none)",
+            time.monotonic() - start,
+        )
+    startup_s = None
     try:
         strategy = build_strategy(
             cfg,
@@ -207,6 +219,7 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
             data_from_spec=not isinstance(grid, PromptGrid),
         )
         strategy.summary()
+        before_rounds = time.monotonic() - start
         outcome = run_rounds(
             grid,
             cfg,
@@ -215,29 +228,36 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
             writer,
             resume=checkpoint,
             state_key=state_key,
+            on_round=trackers.log_round if trackers else None,
         )
         rounds = outcome.rounds
+        startup_s = before_rounds + outcome.startup_s
     except BaseException as exc:
         rounds = read_rounds(output_dir / "rounds.jsonl")
-        writer.write_summary(
-            summary_record(
-                cfg,
-                rounds,
-                status="failed",
-                wall_time_s=time.monotonic() - start,
-                error="".join(traceback.format_exception_only(exc)).strip(),
-            )
+        failed = summary_record(
+            cfg,
+            rounds,
+            status="failed",
+            wall_time_s=time.monotonic() - start,
+            error="".join(traceback.format_exception_only(exc)).strip(),
         )
+        writer.write_summary(failed)
         writer.close()
         log(ERROR, "pflarena: run failed; partial results in %s", output_dir)
+        if trackers:
+            trackers.finish(failed, output_dir)
         raise
-    summary = summary_record(cfg, rounds, status="completed", wall_time_s=time.monotonic() - start)
+    summary = summary_record(
+        cfg, rounds, status="completed", wall_time_s=time.monotonic() - start, startup_s=startup_s
+    )
     if method_results := strategy.run_summary():
         summary["method"] = method_results
     writer.write_summary(summary)
     writer.close()
     plot_run(output_dir)
     strategy.write_artifacts(output_dir)
+    if trackers:
+        trackers.finish(summary, output_dir)
     log(INFO, "pflarena: results in %s", output_dir)
 
 

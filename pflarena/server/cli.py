@@ -34,6 +34,8 @@ from pflarena.core.datasets import DatasetSpec, check_files
 from pflarena.core.federation import FederationSpec
 from pflarena.core.importers import IMPORT_FORMATS
 from pflarena.core.methods import MethodDeclaration
+from pflarena.server.compare import comparable_runs, compare_plot, compare_table
+from pflarena.server.progress import Progress
 
 __all__ = ["main", "simulate", "project_root", "compare_table"]
 
@@ -179,12 +181,14 @@ def simulate(
     superlink: bool = False,
     engine: str = "ray",
     ray_address: str | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
     ``cfg.output_dir`` must be set (absolute or relative to the current directory).
     ``verbosity`` 0 prints nothing, 1 the run's progress lines and problems, 2 the whole
-    Flower log. By default Flower's simulation runtime runs in a process of its own
+    Flower log; ``progress`` shows the output instead (:mod:`pflarena.server.progress`).
+    By default Flower's simulation runtime runs in a process of its own
     (:mod:`pflarena.server.simulation`); ``superlink=True`` submits the app with ``flwr run``
     to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
     longer start-up). ``engine="inprocess"`` runs the ServerApp and the ClientApps in that
@@ -201,7 +205,7 @@ def simulate(
         raise ConfigError("--ray-address applies to pflarena's runtime, not to --superlink")
     if superlink:
         returncode, tail = _simulate_on_superlink(
-            cfg, cpus_per_client, gpus_per_client, log_file, verbosity
+            cfg, cpus_per_client, gpus_per_client, log_file, verbosity, progress
         )
         what = "flwr run"
     else:
@@ -213,6 +217,7 @@ def simulate(
             verbosity=verbosity,
             engine=engine,
             ray_address=ray_address,
+            progress=progress,
         )
         what = "the simulation"
     summary_path = output_dir / "summary.json"
@@ -229,17 +234,26 @@ def simulate(
     return summary
 
 
-def _stream(proc: subprocess.Popen, log_handle: Any, verbosity: int) -> list[str]:
-    """Show a process's output as ``verbosity`` says, log all of it; its last 40 lines."""
+def _stream(
+    proc: subprocess.Popen, log_handle: Any, verbosity: int, progress: Progress | None = None
+) -> list[str]:
+    """Show a process's output as ``verbosity`` says (or through ``progress``), log all of
+    it; its last 40 lines."""
     assert proc.stdout is not None
     tail: list[str] = []
-    for line in proc.stdout:
-        tail = (tail + [line])[-40:]
-        if log_handle:
-            log_handle.write(line)
-        if verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
-            sys.stdout.write(line)
-            sys.stdout.flush()
+    try:
+        for line in proc.stdout:
+            tail = (tail + [line])[-40:]
+            if log_handle:
+                log_handle.write(line)
+            if progress is not None:
+                progress.feed(line)
+            elif verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    finally:
+        if progress is not None:
+            progress.close()
     proc.wait()
     return tail
 
@@ -265,6 +279,7 @@ def run_simulations(
     verbosity: int = 1,
     engine: str = "ray",
     ray_address: str | None = None,
+    progress: Progress | None = None,
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
@@ -340,7 +355,7 @@ def run_simulations(
             start_new_session=True,
             pass_fds=[lock.fileno() for lock in locks],
         )
-        tail = _stream(proc, log_handle, verbosity)
+        tail = _stream(proc, log_handle, verbosity, progress)
     finally:
         # a second Ctrl-C must not cut the shutdown short and leave processes behind
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -363,6 +378,7 @@ def _simulate_on_superlink(
     gpus_per_client: float,
     log_file: Path | None,
     verbosity: int,
+    progress: Progress | None = None,
 ) -> tuple[int, list[str]]:
     """``flwr run`` of this app on a private simulation SuperLink; exit code and last lines."""
     flwr_home = Path(tempfile.mkdtemp(prefix="pflarena-flwr-"))
@@ -425,7 +441,7 @@ def _simulate_on_superlink(
             text=True,
             cwd=flwr_home,
         )
-        tail = _stream(proc, log_handle, verbosity)
+        tail = _stream(proc, log_handle, verbosity, progress)
     finally:
         _stop(superlink)
         superlink_log.close()
@@ -435,188 +451,87 @@ def _simulate_on_superlink(
     return proc.returncode, tail
 
 
-# --------------------------------------------------------------------------- compare
-#: What ``compare`` reads of every run's ``summary.json``, and the types it needs.
-SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "strategy": str,
-    "dataset": str,
-    "num_clients": int,
-    "num_rounds": int,
-    "seed": int,
-    "wall_time_s": (int, float),
-}
-
-
-def _load_run(path: Path) -> dict[str, Any]:
-    """A run's ``summary.json``; ValueError naming the run and what is wrong with it."""
-    summary_path = path / "summary.json"
-    if not summary_path.exists():
-        raise FileNotFoundError(f"{path} is not a run directory (no summary.json)")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{summary_path} is not readable JSON: {error}") from None
-    if not isinstance(summary, dict):
-        raise ValueError(f"{summary_path} is not a JSON object")
-    for key, kind in SUMMARY_FIELDS.items():
-        value = summary.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(f"{summary_path}: {key!r} is missing or malformed ({value!r})")
-    for key in ("personalized", "global", "cross"):
-        if not isinstance(summary.get(key) or {}, dict):
-            raise ValueError(f"{summary_path}: {key!r} is malformed")
-    return summary
-
-
-def comparable_runs(run_dirs: list[Path]) -> tuple[list[Path], list[str]]:
-    """The runs ``compare`` can read, and why each other one is left out."""
-    kept, skipped = [], []
-    for run_dir in run_dirs:
-        try:
-            _load_run(run_dir)
-        except (OSError, ValueError) as error:
-            skipped.append(str(error))
-        else:
-            kept.append(run_dir)
-    return kept, skipped
-
-
-def _fmt(value: Any, pct: bool = True) -> str:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "—"
-    return f"{100 * value:.2f}" if pct else f"{value}"
-
-
-def _entry(record: dict, key: str) -> dict:
-    value = record.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _megabytes(value: Any) -> str:
-    return f"{value / 1e6:.1f}" if isinstance(value, int | float) else "0.0"
-
-
-def compare_table(run_dirs: list[Path]) -> str:
-    """A Markdown table of personalized and global accuracy (in %) of several runs."""
-    header = (
-        "| run | strategy | dataset | clients | rounds | seed | pers. mean (last) | pers. weighted "
-        "| pers. worst10% | pers. best (round) | global (last) | wall s | MB up | MB down |"
-    )
-    summaries = [_load_run(run_dir) for run_dir in run_dirs]
-    crossed = any(s.get("cross") for s in summaries)
-    if crossed:  # the cross-evaluation's synthetic and global accuracy of personalized models
-        header += " cross S-acc | cross G-acc |"
-    rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    for run_dir, s in zip(run_dirs, summaries, strict=True):
-        pers = s.get("personalized") or {}
-        last, best = _entry(pers, "last"), _entry(pers, "best")
-        glob = _entry(s.get("global") or {}, "last")
-        best_txt = f"{_fmt(best.get('mean'))} ({best.get('round')})" if best else "—"
-        rows.append(
-            f"| {run_dir.name} | {s['strategy']} | {s['dataset']} | {s['num_clients']} "
-            f"| {s['num_rounds']} | {s['seed']} | {_fmt(last.get('mean'))} "
-            f"| {_fmt(last.get('weighted'))} | {_fmt(last.get('worst10'))} | {best_txt} "
-            f"| {_fmt(glob.get('weighted'))} | {s['wall_time_s']:.0f} "
-            f"| {_megabytes(s.get('bytes_up'))} | {_megabytes(s.get('bytes_down'))} |"
-        )
-        if crossed:
-            cross = s.get("cross") or {}
-            rows[-1] += "".join(
-                f" {_fmt(_entry(cross, scope).get('mean'))} |" for scope in ("synthetic", "global")
-            )
-    return "\n".join(rows)
-
-
-def compare_plot(run_dirs: list[Path], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from pflarena.server.results import read_rounds
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for index, run_dir in enumerate(run_dirs):
-        s = _load_run(run_dir)
-        try:
-            rounds = [
-                (int(r["round"]), r["evaluation"])
-                for r in read_rounds(run_dir / "rounds.jsonl")
-                if isinstance(r, dict) and isinstance(r.get("evaluation"), dict)
-            ]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            print(
-                f"pflarena compare: {run_dir}/rounds.jsonl left out of the plot: {error!r}",
-                file=sys.stderr,
-            )
-            continue
-        same = run_dir.name == s["strategy"] or len(run_dirs) == 1
-        label = s["strategy"] if same else f"{s['strategy']} ({run_dir.name})"
-        # One colour and line style per run, the same in both panels: past ten runs the
-        # colours repeat with another line style.
-        color, style = f"C{index % 10}", ("-", "--", ":", "-.")[index // 10 % 4]
-        for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
-            ys = [_entry(evaluation, scope).get(key) for _, evaluation in rounds]
-            ys = [y if isinstance(y, int | float) else None for y in ys]
-            if any(y is not None for y in ys):
-                ax.plot(
-                    [number for number, _ in rounds],
-                    [float("nan") if y is None else y for y in ys],
-                    marker="o",
-                    ms=2,
-                    label=label,
-                    color=color,
-                    linestyle=style,
-                )
-    axes[0].set_title("personalized accuracy (mean over clients)")
-    axes[1].set_title("global model accuracy (pooled test sets)")
-    for ax in axes:
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("test accuracy")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
 # --------------------------------------------------------------------------- argparse
-def _add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
-    group = parser.add_argument_group("run config (see pyproject.toml [tool.flwr.app.config])")
+#: The run-config flags ``pflarena run --help`` shows; ``--help-all`` shows every one.
+COMMON_FLAGS: tuple[str, ...] = (
+    "strategy",
+    "dataset",
+    "data-dir",
+    "shards-dir",
+    "num-clients",
+    "partition",
+    "alpha",
+    "num-rounds",
+    "fraction-train",
+    "local-epochs",
+    "batch-size",
+    "lr",
+    "model",
+    "seed",
+    "eval-every",
+    "output-dir",
+    "device",
+    "tracker",
+)
+HELP_ALL = "--help-all"
+
+
+def _add_config_flags(
+    parser: argparse.ArgumentParser,
+    only: tuple[str, ...] | None = None,
+    *,
+    full_help: bool = True,
+    skip: tuple[str, ...] = (),
+) -> None:
+    title = "run config (see pyproject.toml [tool.flwr.app.config])"
+    if not full_help:
+        title = f"common run-config flags ({HELP_ALL} lists all)"
+    group = parser.add_argument_group(title)
     for name, field in RunConfig.model_fields.items():
         alias = name.replace("_", "-")
-        if (only is not None and alias not in only) or alias == "resume":  # --resume DIR
-            continue
+        if (only is not None and alias not in only) or alias in ("resume", *skip):
+            continue  # --resume DIR is a flag of its own
+        shown = full_help or alias in COMMON_FLAGS
         group.add_argument(
             f"--{alias}",
             dest=alias,
             default=None,
             metavar="VALUE",
-            help=f"{field.description or ''} (default: {field.default!r})".strip(),
+            help=f"{field.description or ''} (default: {field.default!r})".strip()
+            if shown
+            else argparse.SUPPRESS,
         )
 
 
 def _add_method_flags(
-    parser: argparse.ArgumentParser, methods: dict[str, MethodDeclaration]
+    parser: argparse.ArgumentParser,
+    methods: dict[str, MethodDeclaration],
+    *,
+    full_help: bool = True,
 ) -> list[str]:
-    """One flag group per method with parameters (``--ditto.lambda``); returns the keys."""
+    """One flag group per method with parameters (``--ditto.lambda``); returns the keys.
+    Without ``full_help`` the flags work but are not listed (``--help-all`` and ``pflarena
+    methods NAME`` show them)."""
     keys = []
     for declaration in methods.values():
         rows = declaration.param_docs()
         if not rows:
             continue
-        group = parser.add_argument_group(
-            f"{declaration.name} parameters", f"{declaration.summary} ({declaration.reference})"
-        )
+        group: Any = parser  # unlisted: no group heading either
+        if full_help:
+            group = parser.add_argument_group(
+                f"{declaration.name} parameters",
+                f"{declaration.summary} ({declaration.reference})",
+            )
         for key, default, _type, description in rows:
             group.add_argument(
                 f"--{key}",
                 dest=key,
                 default=None,
                 metavar="VALUE",
-                help=f"{description} (default: {default!r})".replace("%", "%%"),
+                help=f"{description} (default: {default!r})".replace("%", "%%")
+                if full_help
+                else argparse.SUPPRESS,
             )
             keys.append(key)
     return keys
@@ -771,19 +686,48 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Before the simulation's start-up: files that are not there fail the run now, with
     # the path looked at, the layout expected and where to get them.
     check_files(cfg.dataset, cfg.data_dir)
+    cfg = with_tracking(cfg)
+    verbosity = 0 if args.quiet else 2 if args.verbose else 1
     summary = simulate(
         cfg,
         cpus_per_client=args.cpus_per_client,
         gpus_per_client=args.gpus_per_client,
-        verbosity=0 if args.quiet else 2 if args.verbose else 1,
+        verbosity=verbosity,
         superlink=args.superlink,
         engine=args.engine,
         ray_address=args.ray_address,
+        progress=Progress(1, verbosity=verbosity, quiet=args.quiet),
     )
     print()
     print(compare_table([Path(cfg.output_dir)]))
-    print(f"\nresults: {cfg.output_dir}  (wall time {summary['wall_time_s']:.1f}s)")
+    print(f"\nresults: {cfg.output_dir}  ({_times(summary)})")
     return 0
+
+
+def _times(summary: dict[str, Any]) -> str:
+    """``start-up 9.1s, rounds 3.4s``: a run's wall time, its start-up apart."""
+    if isinstance(summary.get("startup_s"), int | float):
+        return (
+            f"start-up {summary['startup_s']:.1f}s (clients' start and data, round 0), "
+            f"rounds {summary['rounds_time_s']:.1f}s"
+        )
+    return f"wall time {summary['wall_time_s']:.1f}s"
+
+
+def with_tracking(cfg: RunConfig, cwd: Path | None = None) -> RunConfig:
+    """``cfg`` with its trackers checked (their optional dependencies installed) and
+    MLflow's default store made explicit: ``$MLFLOW_TRACKING_URI``, else ``mlruns/`` in the
+    current directory (the simulation runs in a scratch directory of its own)."""
+    if not cfg.tracker:
+        return cfg
+    from pflarena.core.trackers_spec import tracker_names
+    from pflarena.server.trackers import check_available, default_tracking_uri
+
+    names = tracker_names(cfg.tracker)
+    check_available(names)
+    if "mlflow" in names and not cfg.tracking_uri:
+        cfg = cfg.model_copy(update={"tracking_uri": default_tracking_uri(cwd)})
+    return cfg
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -797,7 +741,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         if not sep or not values.strip():
             raise ConfigError(f"--grid expects key=value,value,..., got {item!r}")
         grid[key.strip()] = [sweep.parse_value(v.strip()) for v in values.split(",") if v.strip()]
-    settings = {k: sweep.parse_value(v) for k, v in _collect_overrides(args, []).items()}
+    run_keys = [
+        n.replace("_", "-")
+        for n in RunConfig.model_fields
+        if n.replace("_", "-") not in ("resume", *SWEEP_OWN_KEYS)
+    ]
+    given = _collect_overrides(args, run_keys + args.method_keys)
+    settings = {k: sweep.parse_value(v) for k, v in given.items()}
     plan_of = sweep.build_sweep(
         sweep.load_sweep_file(Path(args.file)) if args.file else None,
         preset=args.preset,
@@ -818,17 +768,26 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             print(f"  {run.status:9s} {run.directory.relative_to(plan_of.out.resolve())}")
         return 0
     todo = sweep.configs_to_run(plan)
+    group = None
+    if todo and todo[0].tracker:
+        from pflarena.server.trackers import SweepGroup
+
+        todo = [with_tracking(cfg) for cfg in todo]
+        group = SweepGroup.open(todo[0], plan_of.out.resolve(), len(plan))
+        todo = [group.member(cfg) for cfg in todo]
     if todo:
         for cfg in todo:
             _check_flower_keys(cfg)
+        verbosity = 0 if args.quiet else 2 if args.verbose else 1
         try:
             code, tail = run_simulations(
                 todo,
                 cpus_per_client=args.cpus_per_client,
                 gpus_per_client=args.gpus_per_client,
-                verbosity=0 if args.quiet else 2 if args.verbose else 1,
+                verbosity=verbosity,
                 engine=args.engine,
                 ray_address=args.ray_address,
+                progress=Progress(len(todo), verbosity=verbosity, quiet=args.quiet),
             )
         except KeyboardInterrupt:
             print(
@@ -843,6 +802,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(markdown, end="")
     print(f"\nleaderboard: {', '.join(str(path) for path in written)}")
     unfinished = [run for run in plan if run.status != "completed"]
+    if group is not None:
+        group.finish(written, complete=not unfinished)
     if unfinished:
         if todo and code != 0 and args.quiet:
             print("the simulation's last lines:\n" + "".join(tail), file=sys.stderr)
@@ -1027,11 +988,28 @@ def _cmd_shards(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+RUN_EPILOG = (
+    "Common flags only: `pflarena run --help-all` lists every run-config key and every "
+    "method's parameters (--<method>.<param>, e.g. --ditto.lambda 0.5), `pflarena methods "
+    "NAME` one method's parameters; any key also works as --set KEY=VALUE."
+)
+
+
+def build_parser(full_help: bool = False) -> argparse.ArgumentParser:
+    """The ``pflarena`` parser; ``full_help`` lists every run-config and method flag in
+    ``run --help`` and ``sweep --help`` (``--help-all``), else the common ones only."""
     parser = argparse.ArgumentParser(prog="pflarena", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run one strategy as a Flower simulation")
+    run = sub.add_parser(
+        "run",
+        help="run one strategy as a Flower simulation",
+        description="Run one strategy as a Flower simulation and print its results.",
+        epilog=None if full_help else RUN_EPILOG,
+    )
+    run.add_argument(
+        HELP_ALL, action="store_true", help="list every flag (run config, method parameters)"
+    )
     run.add_argument(
         "--resume",
         metavar="DIR",
@@ -1042,10 +1020,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="start from an experiment preset (`pflarena presets`); flags override it",
     )
-    _add_config_flags(run)
+    _add_config_flags(run, full_help=full_help)
     from pflarena.strategies import declarations
 
-    run.set_defaults(method_keys=_add_method_flags(run, declarations()))
+    run.set_defaults(method_keys=_add_method_flags(run, declarations(), full_help=full_help))
     run.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="any run-config key (repeatable)"
     )
@@ -1074,7 +1052,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="submit the app with `flwr run` to a private simulation SuperLink, as `flwr run .` "
         "does (builds and installs the FAB; same results, a longer start-up)",
     )
-    run.add_argument("--quiet", action="store_true", help="print only the final table")
+    run.add_argument(
+        "--quiet", action="store_true", help="one line when the run ends, then the final table"
+    )
     run.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
     run.set_defaults(func=_cmd_run)
 
@@ -1086,7 +1066,12 @@ def build_parser() -> argparse.ArgumentParser:
         "in one simulation process, skip runs that already completed (a run that was "
         "interrupted is resumed), and write leaderboard.{md,csv,png} into the output "
         "directory. The grid comes from a TOML file (see pflarena/server/sweep.py), flags, "
-        "or both; flags win.",
+        "or both; flags win. The run flags (--num-rounds 2, --ditto.lambda 0.5, ...) set "
+        "every run's value, as --set does.",
+        epilog=None if full_help else RUN_EPILOG.replace("pflarena run", "pflarena sweep"),
+    )
+    sweep.add_argument(
+        HELP_ALL, action="store_true", help="list every flag (run config, method parameters)"
     )
     sweep.add_argument("file", nargs="?", help="a sweep TOML file (optional)")
     sweep.add_argument("--preset", metavar="NAME", help="start from an experiment preset")
@@ -1114,9 +1099,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--check", action="store_true", help="print the runs and what each needs; run nothing"
     )
-    sweep.add_argument("--quiet", action="store_true", help="print only the leaderboard")
+    sweep.add_argument(
+        "--quiet", action="store_true", help="one line per run as it ends, then the leaderboard"
+    )
     sweep.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
-    sweep.set_defaults(func=_cmd_sweep)
+    # The run flags a sweep passes on to every run (strategy, seed and output-dir are the
+    # sweep's own: --strategies, --seeds, --out).
+    _add_config_flags(sweep, full_help=full_help, skip=SWEEP_OWN_KEYS)
+    sweep.set_defaults(
+        func=_cmd_sweep,
+        method_keys=_add_method_flags(sweep, declarations(), full_help=full_help),
+    )
 
     compare = sub.add_parser("compare", help="a Markdown table and a plot of several runs")
     compare.add_argument("runs", nargs="+", help="run output directories")
@@ -1208,8 +1201,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Run-config keys a sweep sets itself (--strategies, --seeds, --out), never a run flag.
+SWEEP_OWN_KEYS = ("strategy", "seed", "output-dir")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["run"], ["sweep"]) and HELP_ALL in argv:
+        build_parser(full_help=True).parse_args([argv[0], "--help"])  # prints, exits 0
     # Flower's SuperExec and SuperNode flags pass through untouched (argparse would claim them).
     if argv[:1] == ["executor"]:
         from pflarena.server.executor import main as executor_main

@@ -68,7 +68,6 @@ def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
 
 def _cmd_local_deploy(args: argparse.Namespace) -> int:
     from pflarena.server import deploy
-    from pflarena.server.cli import project_root
 
     root = Path(args.dir).resolve()
     if args.stop:
@@ -109,7 +108,10 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         print(f"{len(shards)} SuperNodes online after {time.monotonic() - start:.0f}s")
         print(f"\nSuperLink: {dep.address}   flwr CLI connection: {deploy.CONNECTION}")
         print("run the app on it with:\n")
-        print(dep.run_command(project_root()))
+        # the laid-out app (~160 files), not a clone with its .venv (server/appdir.py)
+        from pflarena.server.appdir import flwr_run_dir
+
+        print(dep.run_command(flwr_run_dir()))
         if args.detach:
             print(f"\nstop it with: pflarena local-deploy --stop --dir {root}")
             return 0

@@ -9,6 +9,7 @@ round, and one ``rounds.jsonl`` line per round written as it happens.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -21,6 +22,8 @@ from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.server.checkpoint import Checkpoint, save_checkpoint
 from pflarena.server.crosseval import run_cross_evaluation
+from pflarena.server.metrics import definitions, label
+from pflarena.server.progress import format_duration
 from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
 from pflarena.strategies.base import (
     NO_REPLY,
@@ -37,6 +40,9 @@ __all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
 class RunOutcome:
     arrays: ArrayRecord
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    #: seconds until the clients were connected and round 0 (or a resumed run's catch-up
+    #: evaluation) was done: the clients' start-up and first data build, not the rounds'
+    startup_s: float = 0.0
 
 
 @dataclass
@@ -176,7 +182,9 @@ def _evaluate(
     replies, down, _ = _send(
         grid, strategy, with_sync(strategy, messages, None, sync), timeout, lost
     )
-    traffic = {"eval_bytes_down": down}
+    traffic: dict[str, Any] = {"eval_bytes_down": down}
+    if server_round == 0 and (data_s := _client_time(replies, keys.DATA_TIME, max)):
+        traffic["data_s"] = data_s  # the slowest client's first data build
     strategy.aggregate_evaluate(server_round, replies)
     results = list(strategy.last_evaluation.values())
     failures = strategy.last_eval_failures
@@ -239,13 +247,16 @@ def cross_evaluates(cfg: RunConfig, server_round: int) -> bool:
     return every == 0 or server_round % every == 0 or server_round == cfg.num_rounds
 
 
-def _client_time(replies: list[Message], key: str = keys.TRAIN_TIME) -> float:
+def _client_time(replies: list[Message], key: str = keys.TRAIN_TIME, reduce: Any = sum) -> float:
     """Summed wall time (or, ``key=keys.TRAIN_CPU``, CPU time) the clients report for their
-    local solvers this round."""
-    return sum(
-        float(m.content.metric_records[keys.METRICS].get(key, 0.0))
-        for m in replies
-        if not m.has_error() and keys.METRICS in m.content.metric_records
+    local solvers this round (``reduce=max``: the longest)."""
+    return reduce(
+        (
+            float(m.content.metric_records[keys.METRICS].get(key, 0.0))
+            for m in replies
+            if not m.has_error() and keys.METRICS in m.content.metric_records
+        ),
+        **({} if reduce is sum else {"default": 0.0}),
     )
 
 
@@ -378,17 +389,34 @@ def check_eval_failures(cfg: RunConfig, server_round: int, failed: int, total: i
         _stop(cfg, server_round, "the evaluation", failed, total, first)
 
 
-def _progress(record: dict[str, Any], num_rounds: int) -> str:
+def round_eta(round_times: list[float], remaining: int) -> float | None:
+    """Seconds left: the mean time of the rounds run so far (round 0 excluded) times the
+    rounds still to run; None before the first round."""
+    if not round_times:
+        return None
+    return sum(round_times) / len(round_times) * remaining
+
+
+def _progress(record: dict[str, Any], num_rounds: int, eta_s: float | None = None) -> str:
+    """The round's progress line (parsed by :mod:`pflarena.server.progress`: keep the
+    ``[round r/N] <elapsed>s`` head and the ``| ETA`` field)."""
     text = f"[round {record['round']}/{num_rounds}] {record['elapsed_s']:.1f}s"
+    if eta_s is not None:
+        text += f" | ETA {format_duration(eta_s)}"
     evaluation = record.get("evaluation")
     if evaluation:
-        text += f" | personalized acc {evaluation['personalized']['mean']:.4f}"
+        text += f" | {label('personalized')} {evaluation['personalized']['mean']:.4f}"
         if evaluation.get("global"):
-            text += f" | global acc {evaluation['global']['weighted']:.4f}"
+            text += f" | {label('global')} {evaluation['global']['weighted']:.4f}"
     train = record.get("train")
     if train and train.get("loss") is not None:
         text += f" | train loss {train['loss']:.4f} ({train['clients']} clients"
         text += f", {train['failures']} failed)" if train["failures"] else ")"
+    epsilon = ((train or {}).get("server") or {}).get("dp-epsilon")
+    if epsilon is not None:
+        text += f" | DP ε so far {epsilon:.3g}"
+    if record["round"] == 0 and record.get("data_s") is not None:
+        text += f" | clients' data built in {record['data_s']:.1f}s"
     return text
 
 
@@ -434,6 +462,7 @@ def run_rounds(
     resume: Checkpoint | None = None,
     *,
     state_key: str = "",
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> RunOutcome:
     """Run ``cfg.num_rounds`` rounds, writing one ``rounds.jsonl`` line per round.
 
@@ -442,14 +471,21 @@ def run_rounds(
     every ``checkpoint-every`` rounds (and the last) the state to continue from is saved
     (:mod:`pflarena.server.checkpoint`); with ``resume`` the run continues after that
     checkpoint's round, the rounds before it already in ``writer``'s file. ``state_key``
-    names the clients' state (:class:`ClientSync`).
+    names the clients' state (:class:`ClientSync`). ``on_round`` is called with each
+    round's record once it is written (an experiment tracker's hook; it must not raise).
     """
-    wait_for_nodes(grid, cfg.num_clients, timeout=cfg.round_timeout)
     start = time.monotonic()
+    wait_for_nodes(grid, cfg.num_clients, timeout=cfg.round_timeout)
     outcome = RunOutcome(arrays=initial_arrays)
     sync = ClientSync(state_key=state_key, ttl=cfg.round_timeout)
 
     if resume is None:
+        log(
+            INFO,
+            "pflarena: start-up: round 0, the initial models evaluated on %d clients "
+            "(each builds its data on its first message)",
+            cfg.num_clients,
+        )
         evaluation, traffic = _evaluate(
             grid, strategy, 0, initial_arrays, cfg, initial_arrays, sync
         )
@@ -464,6 +500,8 @@ def run_rounds(
         writer.append_round(record0)
         outcome.rounds.append(record0)
         log(INFO, _progress(record0, cfg.num_rounds))
+        if on_round is not None:
+            on_round(record0)
         first_round = 1
     else:
         strategy.restore_state(resume.strategy_arrays, resume.strategy_meta)
@@ -484,6 +522,8 @@ def run_rounds(
         )
         first_round = resume.server_round + 1
         log(INFO, "pflarena: resumed after round %d", resume.server_round)
+    outcome.startup_s = time.monotonic() - start
+    round_times: list[float] = []
 
     for server_round in range(first_round, cfg.num_rounds + 1):
         round_start = time.monotonic()
@@ -524,7 +564,11 @@ def run_rounds(
                 loop_meta=sync.meta(),
                 rounds_sha256=writer.rounds_sha256(),
             )
-        log(INFO, _progress(record, cfg.num_rounds))
+        round_times.append(record["round_time_s"])
+        eta = round_eta(round_times, cfg.num_rounds - server_round)
+        log(INFO, _progress(record, cfg.num_rounds, eta))
+        if on_round is not None:
+            on_round(record)
     return outcome
 
 
@@ -535,8 +579,11 @@ def summary_record(
     status: str,
     wall_time_s: float,
     error: str | None = None,
+    startup_s: float | None = None,
 ) -> dict[str, Any]:
-    """The ``summary.json`` contents."""
+    """The ``summary.json`` contents. ``startup_s``: the part of ``wall_time_s`` until round
+    0 was done (the clients' start-up and first data build, the initial evaluation);
+    ``rounds_time_s`` is the rest, the rounds' own time."""
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
         "dataset": cfg.data_name(),
@@ -548,9 +595,13 @@ def summary_record(
         "status": status,
         "wall_time_s": wall_time_s,
     }
+    if startup_s is not None:
+        summary["startup_s"] = startup_s
+        summary["rounds_time_s"] = max(0.0, wall_time_s - startup_s)
     if cfg.shards_dir:
         summary["shards_dir"] = cfg.shards_dir
     summary |= summarize_rounds(rounds)
+    summary["metric_definitions"] = definitions()
     if error is not None:
         summary["error"] = error
     return summary

@@ -14,6 +14,8 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any
 
+from pflarena.server.metrics import HEADLINE, label
+
 __all__ = [
     "comparable_rounds",
     "ResultsWriter",
@@ -187,7 +189,7 @@ def read_rounds(path: str | Path) -> list[dict[str, Any]]:
 
 
 #: Fields of a round record that two identical runs may differ in: wall-clock and CPU times.
-TIMING_KEYS = frozenset({"elapsed_s", "round_time_s", "train_time_s"})
+TIMING_KEYS = frozenset({"elapsed_s", "round_time_s", "train_time_s", "data_s"})
 TRAIN_TIMING_KEYS = frozenset({"client_time_s", "client_cpu_s"})
 
 
@@ -312,7 +314,9 @@ def plot_run(output_dir: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [r["round"] for r in rounds]
     for scope, style in (("personalized", "-"), ("global", "--")):
-        ys = [(r["evaluation"].get(scope) or {}).get("mean") for r in rounds]
+        # each model's headline figure (pflarena/server/metrics.py): personalized mean over
+        # clients, global pooled, as the console, the leaderboard and compare show them
+        ys = [(r["evaluation"].get(scope) or {}).get(HEADLINE[scope]) for r in rounds]
         if any(y is not None for y in ys):
             ax.plot(
                 xs,
@@ -320,10 +324,11 @@ def plot_run(output_dir: str | Path) -> list[Path]:
                 style,
                 marker="o",
                 ms=3,
-                label=f"{scope} (mean over clients)",
+                label=label(scope),
             )
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
+    integer_ticks(ax.xaxis)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -336,10 +341,18 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         accs = [v["personalized"] for v in per_client.values()]
         ax.hist(accs, bins=min(20, max(5, len(accs))), range=(0, 1), edgecolor="black")
-        ax.set_xlabel(f"personalized test accuracy (round {rounds[-1]['round']})")
+        ax.set_xlabel(f"personalized test accuracy per client (round {rounds[-1]['round']})")
         ax.set_ylabel("clients")
+        integer_ticks(ax.yaxis)
         fig.tight_layout()
         fig.savefig(out / "client_accuracy.png", dpi=120)
         plt.close(fig)
         written.append(out / "client_accuracy.png")
     return written
+
+
+def integer_ticks(axis: Any) -> None:
+    """Ticks on whole numbers only (rounds, client counts): never "2.5 clients"."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))

@@ -268,13 +268,13 @@ class SimulationRuntime:
         from flwr.supercore import log
 
         if self.ray_address is None:
-            log(DEBUG, "pflarena: Ray started in %.1fs", time.monotonic() - begin)
+            log(INFO, "pflarena: start-up: Ray started in %.1fs", time.monotonic() - begin)
         else:
             import ray
 
             log(
                 INFO,
-                "pflarena: joined the Ray cluster at %s (%d nodes, %s CPUs) in %.1fs",
+                "pflarena: start-up: joined the Ray cluster at %s (%d nodes, %s CPUs) in %.1fs",
                 self.ray_address,
                 sum(1 for node in ray.nodes() if node["Alive"]),
                 ray.cluster_resources().get("CPU", 0),
@@ -284,7 +284,12 @@ class SimulationRuntime:
 
         backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
         backend.build(lambda: None)  # each run brings its own ClientApp loader
-        log(DEBUG, "pflarena: %d actors created", backend.num_workers)
+        log(
+            INFO,
+            "pflarena: start-up: %d client actors created, %.1fs",
+            backend.num_workers,
+            time.monotonic() - begin,
+        )
         self._backend = backend
 
     def close(self) -> None:
@@ -449,11 +454,19 @@ def main(argv: list[str] | None = None) -> int:
     imports = _import_in_background(modules)
     failed = 0
     scratch = Path(args.spec).parent
+    begin = time.monotonic()
     try:
         if not in_process:
             runtime.start()  # Ray starts while the thread imports Flower and the apps
         imports.join()
         from flwr.supercore import log
+
+        log(
+            INFO,
+            "pflarena: start-up: runtime ready in %.1fs (%s)",
+            time.monotonic() - begin,
+            "in-process engine, no Ray" if in_process else "Ray engine",
+        )
 
         from pflarena.server.inprocess import run_inprocess
 

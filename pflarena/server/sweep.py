@@ -40,6 +40,7 @@ from typing import Any, Literal
 import tomllib
 
 from pflarena.core.config import ConfigError, RunConfig
+from pflarena.server.metrics import label, short_label
 from pflarena.server.presets import flatten_table, load_preset
 
 __all__ = [
@@ -58,14 +59,24 @@ __all__ = [
 SWEEP_FILE_KEYS = ("preset", "strategies", "seeds", "out", "config", "grid")
 
 #: The leaderboard's columns: (name, summary.json section, point, statistic).
+#: Each figure as pflarena/server/metrics.py names it: personalized accuracy, mean over
+#: clients; the global model's accuracy, pooled.
 LEADERBOARD_METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("pers. last", "personalized", "last", "mean"),
-    ("pers. best", "personalized", "best", "mean"),
-    ("global last", "global", "last", "weighted"),
-    ("global best", "global", "best", "weighted"),
+    (f"{short_label('personalized', 'mean')} last", "personalized", "last", "mean"),
+    (f"{short_label('personalized', 'mean')} best", "personalized", "best", "mean"),
+    (f"{short_label('global', 'weighted')} last", "global", "last", "weighted"),
+    (f"{short_label('global', 'weighted')} best", "global", "best", "weighted"),
 )
+#: The column the rows are sorted by.
+SORT_METRIC = LEADERBOARD_METRICS[0][0]
 
 Status = Literal["completed", "resume", "new"]
+
+#: Run-config keys that do not make a run what it is: where it is written, whether it
+#: resumed, and how it is tracked (a completed run is not run again for another tracker).
+NOT_SETTINGS = frozenset(
+    {"resume", "output-dir", "tracker", "tracking-uri", "tracking-experiment", "tracking-parent"}
+)
 
 
 @dataclass
@@ -222,9 +233,7 @@ def _comparable_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
     cfg = parse_config(run_config)
     common = {
-        k: v
-        for k, v in cfg.to_run_config().items()
-        if "." not in k and k not in ("resume", "output-dir")
+        k: v for k, v in cfg.to_run_config().items() if "." not in k and k not in NOT_SETTINGS
     }
     params = cfg.params(declaration_of(cfg)).model_dump(by_alias=True)
     return common | {f"{cfg.strategy}.{k}": v for k, v in params.items()}
@@ -353,7 +362,10 @@ def leaderboard(runs: list[PlannedRun]) -> list[dict[str, Any]]:
             "completed": len(summaries),
             "seeds": [s["seed"] for s in summaries],
             "rounds": max((s.get("rounds_completed", 0) for s in summaries), default=0),
-            "wall_time_s": _mean_std([float(s["wall_time_s"]) for s in summaries]),
+            # the rounds' own time: the start-up (the runtime, the clients' first data
+            # build, round 0) is the sweep's, shown on its own, not the first run's
+            "rounds_time_s": _mean_std([_rounds_time(s) for s in summaries]),
+            "epsilon": _mean_std([e for s in summaries if (e := _epsilon(s)) is not None]),
         }
         for name, section, point, stat in LEADERBOARD_METRICS:
             values = [_metric(s, section, point, stat) for s in summaries]
@@ -363,10 +375,22 @@ def leaderboard(runs: list[PlannedRun]) -> list[dict[str, Any]]:
     rows.sort(
         key=lambda r: (
             order[r["setting"]],
-            -(r["pers. last"][0] if r["pers. last"] else -1.0),
+            -(r[SORT_METRIC][0] if r[SORT_METRIC] else -1.0),
         )
     )
     return rows
+
+
+def _rounds_time(summary: Mapping[str, Any]) -> float:
+    """A run's rounds time (``rounds_time_s``; an older summary: its whole wall time)."""
+    value = summary.get("rounds_time_s")
+    return float(value if isinstance(value, int | float) else summary["wall_time_s"])
+
+
+def _epsilon(summary: Mapping[str, Any]) -> float | None:
+    """pFedSV's private variant: the (ε, δ) guarantee's ε the run reached."""
+    value = (((summary.get("method") or {}).get("dp")) or {}).get("epsilon")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _pct(stats: tuple[float, float] | None, count: int) -> str:
@@ -382,27 +406,26 @@ def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard")
         f"# {title}",
         "",
         "Per setting and method: mean ± standard deviation over seeds (population std) of "
-        "each run's `summary.json`: personalized accuracy (mean over clients) and the global "
-        "model's accuracy on the pooled test splits, at the last round and the best round.",
+        f"each run's `summary.json`: {label('personalized', 'mean')} and "
+        f"{label('global', 'weighted')}: the global model on the union of the clients' test "
+        "splits, at the last round and the best round. `rounds s`: the rounds' own time "
+        "(the start-up, the clients' first data build and round 0, not included).",
     ]
+    private = any(r.get("epsilon") for r in rows)
     for setting in dict.fromkeys(r["setting"] for r in rows):
-        lines += [
-            "",
-            f"## {setting}",
-            "",
-            "| method | seeds | pers. last | pers. best | global last | global best | rounds "
-            "| wall s |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+        names = [name for name, *_ in LEADERBOARD_METRICS]
+        head = ["method", "seeds", *names, "rounds", "rounds s"] + (["DP ε"] if private else [])
+        lines += ["", f"## {setting}", "", "| " + " | ".join(head) + " |"]
+        lines.append("|" + "---|" * len(head))
         for row in (r for r in rows if r["setting"] == setting):
             count = row["completed"]
             seeds = f"{count}/{row['planned']}"
-            wall = f"{row['wall_time_s'][0]:.0f}" if row["wall_time_s"] else "—"
-            lines.append(
-                f"| {row['method']} | {seeds} | "
-                + " | ".join(_pct(row[name], count) for name, *_ in LEADERBOARD_METRICS)
-                + f" | {row['rounds']} | {wall} |"
-            )
+            took = f"{row['rounds_time_s'][0]:.0f}" if row["rounds_time_s"] else "—"
+            cells = [row["method"], seeds, *(_pct(row[n], count) for n in names)]
+            cells += [str(row["rounds"]), took]
+            if private:
+                cells.append(f"{row['epsilon'][0]:.3g}" if row.get("epsilon") else "—")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -411,6 +434,7 @@ def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     fields = ["setting", "method", "completed", "planned", "rounds"]
     for name, *_ in LEADERBOARD_METRICS:
         fields += [f"{name} mean", f"{name} std"]
+    fields += ["rounds s mean", "dp epsilon mean"]
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(fields)
@@ -418,6 +442,8 @@ def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
             values = [row[k] for k in fields[:5]]
             for name, *_ in LEADERBOARD_METRICS:
                 values += list(row[name]) if row[name] else ["", ""]
+            for key in ("rounds_time_s", "epsilon"):
+                values.append(row[key][0] if row.get(key) else "")
             writer.writerow(values)
     return path
 
@@ -439,7 +465,8 @@ def leaderboard_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     for ax, setting in zip(axes.flat, settings, strict=False):
         members = [r for r in rows if r["setting"] == setting]
         xs = range(len(members))
-        for offset, name, color in ((-0.2, "pers. last", "C0"), (0.2, "global last", "C1")):
+        columns_ = ((-0.2, LEADERBOARD_METRICS[0][0], "C0"), (0.2, LEADERBOARD_METRICS[2][0], "C1"))
+        for offset, name, color in columns_:
             stats = [r[name] for r in members]
             ax.bar(
                 [x + offset for x in xs],
@@ -448,7 +475,9 @@ def leaderboard_plot(rows: list[dict[str, Any]], path: Path) -> Path:
                 yerr=[s[1] if s else math.nan for s in stats],
                 capsize=3,
                 color=color,
-                label="personalized" if name == "pers. last" else "global model",
+                label=label("personalized", "mean")
+                if name == LEADERBOARD_METRICS[0][0]
+                else label("global", "weighted"),
             )
         ax.set_xticks(list(xs), [r["method"] for r in members], rotation=30, ha="right")
         ax.set_ylim(0, 1)

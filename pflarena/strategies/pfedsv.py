@@ -144,6 +144,22 @@ DP_ADJACENCY = "replace"
 DP_SENSITIVITY = 2.0  # × C: clip(θ − r) and clip(θ' − r) both lie in the ball of radius C
 
 
+def _rdp_accountant() -> type:
+    """opacus' ``RDPAccountant`` class, imported without the handler opacus puts on the root
+    logger: ``opacus.utils.module_utils`` calls ``logging.basicConfig`` at import, and Flower's
+    logger, which propagates to the root logger, then printed every line twice."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        from opacus.accountants import RDPAccountant
+    finally:
+        for handler in [h for h in root.handlers if h not in before]:
+            root.removeHandler(handler)
+    return RDPAccountant
+
+
 def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
     """ε of ``uploads`` releases of the private variant at ``δ`` (opacus' RDP accountant).
 
@@ -160,9 +176,7 @@ def dp_epsilon(noise: float, uploads: int, delta: float) -> float:
         return 0.0
     if noise <= 0:
         return float("inf")
-    from opacus.accountants import RDPAccountant
-
-    accountant = RDPAccountant()
+    accountant = _rdp_accountant()()
     accountant.history = [(noise / DP_SENSITIVITY, 1.0, uploads)]
     return float(accountant.get_epsilon(delta))
 

@@ -1,0 +1,308 @@
+"""``pflarena compare``: a Markdown table and a plot of several runs' results.
+
+Each run is a results directory (:mod:`pflarena.server.results`). Runs that did not
+complete are shown too, marked: ``failed`` (the ServerApp wrote a failed summary) or
+``interrupted`` (killed: rounds recorded but no summary), with the rounds they completed out
+of those planned; their figures are those of their last evaluated round. The parameters
+that differ between the compared runs (the method's, and the run config's but for where
+they are written and how they are tracked) get a column of their own, so that two runs of
+one method with different settings can be told apart. Accuracy columns name their figure
+as :mod:`pflarena.server.metrics` defines it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pflarena.server.metrics import label, short_label
+
+__all__ = ["SUMMARY_FIELDS", "compare_plot", "compare_table", "comparable_runs", "load_run"]
+
+#: What ``compare`` reads of every run's ``summary.json``, and the types it needs.
+SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "strategy": str,
+    "dataset": str,
+    "num_clients": int,
+    "num_rounds": int,
+    "seed": int,
+    "wall_time_s": (int, float),
+}
+
+#: Run-config keys never shown as a difference: where a run is written, how it was
+#: continued and tracked, and those with columns of their own.
+NOT_PARAMETERS = frozenset(
+    {
+        "output-dir",
+        "resume",
+        "tracker",
+        "tracking-uri",
+        "tracking-experiment",
+        "tracking-parent",
+        "strategy",
+        "seed",
+        "dataset",
+        "num-clients",
+        "num-rounds",
+    }
+)
+
+
+def _interrupted_summary(path: Path) -> dict[str, Any]:
+    """What a run killed before it wrote a summary has: its config and recorded rounds."""
+    from pflarena.server.results import read_rounds, summarize_rounds
+
+    config = json.loads((path / "config.json").read_text())
+    run_config = config.get("run_config", {})
+    rounds = read_rounds(path / "rounds.jsonl")
+    return {
+        "strategy": str(run_config.get("strategy", config.get("method", "?"))),
+        "dataset": str(run_config.get("dataset", "?")),
+        "num_clients": int(run_config.get("num-clients", 0)),
+        "num_rounds": int(run_config.get("num-rounds", 0)),
+        "seed": int(run_config.get("seed", 0)),
+        "status": "interrupted",
+        "wall_time_s": float(max((r.get("elapsed_s", 0.0) for r in rounds), default=0.0)),
+    } | summarize_rounds(rounds)
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """A run's ``summary.json`` (or, for a run killed before it wrote one, the same figures
+    from its ``config.json`` and ``rounds.jsonl``, status ``interrupted``); ValueError
+    naming the run and what is wrong with it."""
+    summary_path = path / "summary.json"
+    if not summary_path.exists():
+        if (path / "config.json").exists() and (path / "rounds.jsonl").exists():
+            try:
+                return _interrupted_summary(path)
+            except (OSError, ValueError, TypeError, AttributeError) as error:
+                raise ValueError(
+                    f"{path}: an interrupted run that cannot be read: {error}"
+                ) from None
+        raise FileNotFoundError(f"{path} is not a run directory (no summary.json)")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{summary_path} is not readable JSON: {error}") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path} is not a JSON object")
+    for key, kind in SUMMARY_FIELDS.items():
+        value = summary.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{summary_path}: {key!r} is missing or malformed ({value!r})")
+    for key in ("personalized", "global", "cross", "method"):
+        if not isinstance(summary.get(key) or {}, dict):
+            raise ValueError(f"{summary_path}: {key!r} is malformed")
+    return summary
+
+
+def comparable_runs(run_dirs: list[Path]) -> tuple[list[Path], list[str]]:
+    """The runs ``compare`` can read, and why each other one is left out."""
+    kept, skipped = [], []
+    for run_dir in run_dirs:
+        try:
+            load_run(run_dir)
+        except (OSError, ValueError) as error:
+            skipped.append(str(error))
+        else:
+            kept.append(run_dir)
+    return kept, skipped
+
+
+def run_status(summary: dict[str, Any]) -> str:
+    """``completed``, or ``failed``/``interrupted`` with the round it stopped at."""
+    status = str(summary.get("status", "unknown"))
+    done, planned = rounds_done(summary), summary.get("num_rounds")
+    if status == "completed":
+        return status
+    return f"**{status}** at round {done} of {planned}"
+
+
+def rounds_done(summary: dict[str, Any]) -> int:
+    """The rounds a run completed: ``rounds_completed``, else (an older summary) the
+    latest round any of its figures comes from."""
+    if isinstance(summary.get("rounds_completed"), int):
+        return summary["rounds_completed"]
+    rounds = [
+        block.get("round")
+        for scope in ("personalized", "global")
+        for block in ((summary.get(scope) or {}).get("last"),)
+        if isinstance(block, dict)
+    ]
+    found = [r for r in rounds if isinstance(r, int)]
+    if found:
+        return max(found)
+    return summary["num_rounds"] if summary.get("status") == "completed" else 0
+
+
+def _parameters(path: Path) -> dict[str, Any]:
+    """A run's parameters from its ``config.json``: the run config's (but those of
+    :data:`NOT_PARAMETERS`) and the method's as ``<method>.<param>``, defaults included."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    run_config = config.get("run_config") or {}
+    method = config.get("method") or run_config.get("strategy", "")
+    params = {k: v for k, v in run_config.items() if "." not in k and k not in NOT_PARAMETERS}
+    params |= {f"{method}.{k}": v for k, v in (config.get("method_params") or {}).items()}
+    return params
+
+
+def differing_parameters(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Per run, the parameters whose value differs between at least two of the runs that
+    have them (a key only one run has, another method's parameter, is not a difference:
+    the strategy column tells those apart)."""
+    params = [_parameters(path) for path in run_dirs]
+    keys = sorted({k for p in params for k in p})
+    differing = [
+        key
+        for key in keys
+        if sum(key in p for p in params) >= 2
+        and len({json.dumps(p[key], sort_keys=True) for p in params if key in p}) > 1
+    ]
+    return [{k: p[k] for k in differing if k in p} for p in params]
+
+
+def _fmt(value: Any, pct: bool = True) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "—"
+    return f"{100 * value:.2f}" if pct else f"{value}"
+
+
+def _entry(record: dict, key: str) -> dict:
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _megabytes(value: Any) -> str:
+    return f"{value / 1e6:.1f}" if isinstance(value, int | float) else "0.0"
+
+
+def _epsilon(summary: dict[str, Any]) -> float | None:
+    value = _entry(_entry(summary, "method"), "dp").get("epsilon")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _seconds(summary: dict[str, Any]) -> tuple[str, str]:
+    """(start-up s, rounds s): the rounds' own time apart from the start-up (an older
+    summary has only the whole wall time, shown as the rounds')."""
+    startup, rounds = summary.get("startup_s"), summary.get("rounds_time_s")
+    if not isinstance(rounds, int | float):
+        return "—", f"{summary['wall_time_s']:.0f}"
+    return (f"{startup:.0f}" if isinstance(startup, int | float) else "—"), f"{rounds:.0f}"
+
+
+def compare_table(run_dirs: list[Path]) -> str:
+    """A Markdown table of personalized and global accuracy (in %) of several runs."""
+    summaries = [load_run(run_dir) for run_dir in run_dirs]
+    differences = differing_parameters(run_dirs) if len(run_dirs) > 1 else [{}] * len(run_dirs)
+    shown_params = any(differences)
+    header = (
+        "| run | status | strategy | dataset | clients | rounds | seed "
+        + ("| parameters that differ " if shown_params else "")
+        + f"| {short_label('personalized', 'mean')} (last) "
+        + f"| {short_label('personalized', 'weighted')} "
+        + f"| {short_label('personalized', 'worst10')} "
+        + f"| {short_label('personalized', 'mean')} best (round) "
+        + f"| {short_label('global', 'weighted')} (last) "
+        + f"| {short_label('global', 'mean')} (last) "
+        + "| start-up s | rounds s | MB up | MB down |"
+    )
+    crossed = any(s.get("cross") for s in summaries)
+    if crossed:  # the cross-evaluation's synthetic and global accuracy of personalized models
+        header += " cross S-acc | cross G-acc |"
+    private = any(_epsilon(s) is not None for s in summaries)
+    if private:
+        header += " DP ε (δ) |"
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    for run_dir, s, diff in zip(run_dirs, summaries, differences, strict=True):
+        pers = s.get("personalized") or {}
+        last, best = _entry(pers, "last"), _entry(pers, "best")
+        glob = _entry(s.get("global") or {}, "last")
+        best_txt = f"{_fmt(best.get('mean'))} ({best.get('round')})" if best else "—"
+        startup, rounds_s = _seconds(s)
+        rows.append(
+            f"| {run_dir.name} | {run_status(s)} | {s['strategy']} | {s['dataset']} "
+            f"| {s['num_clients']} | {rounds_done(s)}/{s['num_rounds']} | {s['seed']} "
+            + (
+                "| " + (", ".join(f"{k}={v}" for k, v in diff.items()) or "—") + " "
+                if shown_params
+                else ""
+            )
+            + f"| {_fmt(last.get('mean'))} "
+            f"| {_fmt(last.get('weighted'))} | {_fmt(last.get('worst10'))} | {best_txt} "
+            f"| {_fmt(glob.get('weighted'))} | {_fmt(glob.get('mean'))} | {startup} | {rounds_s} "
+            f"| {_megabytes(s.get('bytes_up'))} | {_megabytes(s.get('bytes_down'))} |"
+        )
+        if crossed:
+            cross = s.get("cross") or {}
+            rows[-1] += "".join(
+                f" {_fmt(_entry(cross, scope).get('mean'))} |" for scope in ("synthetic", "global")
+            )
+        if private:
+            epsilon = _epsilon(s)
+            delta = _entry(_entry(s, "method"), "dp").get("delta")
+            rows[-1] += f" {epsilon:.3g} ({delta:g}) |" if epsilon is not None else " — |"
+    return "\n".join(rows)
+
+
+def compare_plot(run_dirs: list[Path], out: Path) -> Path:
+    """Each run's headline accuracies by round, personalized and global side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pflarena.server.results import integer_ticks, read_rounds
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for index, run_dir in enumerate(run_dirs):
+        s = load_run(run_dir)
+        try:
+            rounds = [
+                (int(r["round"]), r["evaluation"])
+                for r in read_rounds(run_dir / "rounds.jsonl")
+                if isinstance(r, dict) and isinstance(r.get("evaluation"), dict)
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(
+                f"pflarena compare: {run_dir}/rounds.jsonl left out of the plot: {error!r}",
+                file=sys.stderr,
+            )
+            continue
+        same = run_dir.name == s["strategy"] or len(run_dirs) == 1
+        name = s["strategy"] if same else f"{s['strategy']} ({run_dir.name})"
+        if s.get("status") != "completed":
+            name += f" [{s.get('status')} at round {rounds_done(s)}/{s['num_rounds']}]"
+        # One colour and line style per run, the same in both panels: past ten runs the
+        # colours repeat with another line style.
+        color, style = f"C{index % 10}", ("-", "--", ":", "-.")[index // 10 % 4]
+        for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
+            ys = [_entry(evaluation, scope).get(key) for _, evaluation in rounds]
+            ys = [y if isinstance(y, int | float) else None for y in ys]
+            if any(y is not None for y in ys):
+                ax.plot(
+                    [number for number, _ in rounds],
+                    [float("nan") if y is None else y for y in ys],
+                    marker="o",
+                    ms=2,
+                    label=name,
+                    color=color,
+                    linestyle=style,
+                )
+    axes[0].set_title(label("personalized", "mean"))
+    axes[1].set_title(label("global", "weighted"))
+    for ax in axes:
+        ax.set_xlabel("round")
+        integer_ticks(ax.xaxis)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

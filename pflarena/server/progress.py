@@ -1,0 +1,244 @@
+"""What ``pflarena run`` and ``pflarena sweep`` show while the simulation runs.
+
+The simulation process (and the ServerApp in it) logs what it does: the start-up phases
+(``pflarena: start-up: ...``: the runtime, then round 0, where each client builds its data),
+each run's start (``pflarena: <strategy> on <data> ... -> <dir>``), one line per round
+(``[round r/N] <elapsed>s | ETA ...``) and each run's end (``pflarena: results in <dir>`` or
+``pflarena: run failed``). :class:`Progress` reads those lines as they come and shows them to
+a person:
+
+- start-up phases with the time since the command started;
+- on a terminal, one live line per run: a bar of its rounds, its ETA and accuracy,
+  redrawn in place; elsewhere (CI, a log file), the round lines as they are;
+- for a sweep, ``run k of N`` with the sweep's ETA (the mean time of its runs so far times
+  the runs left) as each run starts;
+- ``quiet``: one line per run as it ends, nothing else.
+
+The start-up (the runtime and the first run's round 0, where the clients build their data)
+is shown on its own, and each run's summary keeps it apart (``startup_s``) from its rounds'
+time (``rounds_time_s``), which the leaderboard shows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from pflarena.server.metrics import HEADLINE, label
+
+__all__ = ["Progress", "format_duration", "is_problem"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ROUND = re.compile(r"\[round (\d+)/(\d+)\] ([\d.]+)s(?: \| ETA (\S+))?(.*)")
+_START = re.compile(r"pflarena: (\S+) on (\S+), (\d+) clients, (\d+) rounds -> (.+)$")
+_END = re.compile(r"pflarena: results in (.+)$")
+_STARTUP = re.compile(r"pflarena: start-up: (.*)$")
+_PROBLEM_MARKERS = ("ERROR", "Traceback", "Error", "failed", "rejected")
+_PROGRESS_MARKERS = ("pflarena", "[round ")
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``: a duration a person reads at a glance."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def is_problem(text: str) -> bool:
+    """A line that says something went wrong (always shown, but under ``quiet``)."""
+    return any(marker in text for marker in _PROBLEM_MARKERS) and "FutureWarning" not in text
+
+
+def _clean(line: str) -> str:
+    """The message of a Flower log line, without colours and the level prefix."""
+    text = _ANSI.sub("", line).rstrip("\n")
+    head, sep, rest = text.partition(":")
+    if sep and head.strip() in ("INFO", "DEBUG", "WARNING", "ERROR"):
+        return rest.strip()
+    return text.strip()
+
+
+class Progress:
+    """Shows a simulation's output lines as progress (see the module's docstring).
+
+    Parameters
+    ----------
+    total_runs
+        Runs the command will run (a sweep's runs still to do; 1 for ``pflarena run``).
+    verbosity
+        0 nothing, 1 progress and problems, 2 every line of the log as it is.
+    quiet
+        One line per run as it ends (with ``verbosity`` 0).
+    tty
+        Draw a live bar (default: whether ``stream`` is a terminal).
+    """
+
+    def __init__(
+        self,
+        total_runs: int = 1,
+        *,
+        verbosity: int = 1,
+        quiet: bool = False,
+        stream: IO[str] | None = None,
+        tty: bool | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.total = max(1, total_runs)
+        self.verbosity = verbosity
+        self.quiet = quiet
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.clock = clock
+        self.begin = clock()
+        self.run_index = 0
+        self.run_began: float | None = None
+        self.run_dir: Path | None = None
+        self.run_name = ""
+        self.durations: list[float] = []
+        self.startup_done = False
+        self._live = ""  # the bar drawn in place, to clear before another line
+
+    # ------------------------------------------------------------------ output
+    def _write(self, text: str) -> None:
+        if self._live:
+            self.stream.write("\r\x1b[K")
+        self.stream.write(text + "\n")
+        self._live = ""
+        self.stream.flush()
+
+    def _draw(self, text: str) -> None:
+        self.stream.write("\r\x1b[K" + text)
+        self._live = text
+        self.stream.flush()
+
+    def _elapsed(self) -> str:
+        return f"[{format_duration(self.clock() - self.begin):>6}]"
+
+    # ------------------------------------------------------------------ input
+    def feed(self, line: str) -> None:
+        """One line of the simulation's output."""
+        if self.verbosity >= 2:
+            self._write(line.rstrip("\n"))
+            self._track(_clean(line))
+            return
+        text = _clean(line)
+        shown = self._track(text)
+        if self.verbosity == 0:
+            if self.quiet and shown is not None and shown[0] == "end":
+                self._write(shown[1])
+            return
+        if shown is not None:
+            kind, message = shown
+            if kind in ("bar", "last bar"):
+                self._draw(message)
+                if kind == "last bar":  # the run's rounds are done: the bar stays
+                    self.stream.write("\n")
+                    self._live = ""
+            elif kind != "end" or self.total > 1:
+                self._write(message)
+        elif is_problem(text) or (
+            any(marker in text for marker in _PROGRESS_MARKERS) and "FutureWarning" not in text
+        ):
+            self._write(text)
+
+    def close(self) -> None:
+        if self._live:
+            self.stream.write("\n")
+            self._live = ""
+            self.stream.flush()
+
+    # ------------------------------------------------------------------ parsing
+    def _track(self, text: str) -> tuple[str, str] | None:
+        """Follow the runs; what to show for this line (kind, text), None: the line itself."""
+        if match := _STARTUP.search(text):
+            return "startup", f"pflarena {self._elapsed()} start-up: {match.group(1)}"
+        if match := _START.search(text):
+            return "start", self._run_started(match)
+        if match := _ROUND.search(text):
+            return self._round(match)
+        if match := _END.search(text):
+            return "end", self._run_ended(Path(match.group(1).strip()))
+        if "pflarena: run failed" in text and self.run_began is not None:
+            return "end", self._run_ended(self.run_dir, failed=text)
+        return None
+
+    def _run_started(self, match: re.Match) -> str:
+        self.run_index += 1
+        self.run_began = self.clock()
+        strategy, data, clients, rounds, where = match.groups()
+        self.run_dir = Path(where.strip())
+        self.run_name = f"{strategy} on {data}"
+        text = f"pflarena {self._elapsed()} "
+        if self.total > 1:
+            text += f"run {self.run_index} of {self.total}: "
+        text += f"{strategy} on {data}, {clients} clients, {rounds} rounds -> {where.strip()}"
+        if self.total > 1 and self.durations:
+            left = self.total - self.run_index + 1
+            eta = sum(self.durations) / len(self.durations) * left
+            text += f" (sweep ETA {format_duration(eta)})"
+        return text
+
+    def _round(self, match: re.Match) -> tuple[str, str]:
+        number, total, elapsed, eta, rest = match.groups()
+        number, total = int(number), int(total)
+        if number == 0 and not self.startup_done:
+            self.startup_done = True
+        if not self.tty:
+            return "line", match.group(0)
+        width = 20
+        filled = round(width * number / max(total, 1))
+        bar = "#" * filled + "." * (width - filled)
+        head = f"run {self.run_index}/{self.total} " if self.total > 1 else ""
+        accuracy = ""
+        for field in rest.split("|"):
+            field = field.strip()
+            if field.startswith(label("personalized", HEADLINE["personalized"])):
+                accuracy = " " + field
+        text = f"{head}[{bar}] round {number}/{total} {float(elapsed):.0f}s"
+        if eta:
+            text += f" ETA {eta}"
+        return ("last bar" if number == total else "bar"), text + accuracy
+
+    def _run_ended(self, run_dir: Path | None, failed: str | None = None) -> str:
+        took = self.clock() - (self.run_began or self.begin)
+        self.durations.append(took)
+        self.run_began = None
+        prefix = f"run {self.run_index} of {self.total}" if self.total > 1 else "run"
+        summary = _read_summary(run_dir)
+        if failed or summary.get("status") not in (None, "completed"):
+            why = summary.get("error") or failed or "failed"
+            return f"pflarena {self._elapsed()} {prefix} {self.run_name}: FAILED ({why})"
+        pers = ((summary.get("personalized") or {}).get("last") or {}).get("mean")
+        glob = ((summary.get("global") or {}).get("last") or {}).get("weighted")
+        text = f"pflarena {self._elapsed()} {prefix} {self.run_name}: completed in "
+        text += format_duration(took)
+        if isinstance(summary.get("startup_s"), int | float):
+            text += f" (start-up {summary['startup_s']:.0f}s)"
+        if isinstance(pers, int | float):
+            text += f", {label('personalized')} {pers:.4f}"
+        if isinstance(glob, int | float):
+            text += f", {label('global')} {glob:.4f}"
+        epsilon = (((summary.get("method") or {}).get("dp")) or {}).get("epsilon")
+        if isinstance(epsilon, int | float):
+            text += f", DP ε {epsilon:.3g}"
+        if run_dir is not None:
+            text += f" -> {run_dir}"
+        return text
+
+
+def _read_summary(run_dir: Path | None) -> dict[str, Any]:
+    if run_dir is None:
+        return {}
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}

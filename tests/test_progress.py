@@ -1,0 +1,165 @@
+"""What a person sees while runs run: start-up phases, round lines or a live bar, ETAs,
+``run k of N`` in a sweep, one line per run under ``--quiet`` (pflarena/server/progress.py),
+and the round line the ServerApp logs (pflarena/server/loop.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from pflarena.server.loop import _progress, round_eta
+from pflarena.server.metrics import label
+from pflarena.server.progress import Progress, format_duration
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _summary(path, mean=0.9, status="completed", **extra):
+    path.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "status": status,
+        "personalized": {"last": {"mean": mean}},
+        "global": {"last": {"weighted": 0.5, "mean": 0.4}},
+        "startup_s": 7.0,
+        "rounds_time_s": 3.0,
+    } | extra
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def _flower(text):
+    """A line as Flower's console handler writes it into the pipe (colours included)."""
+    return f"\x1b[92mINFO \x1b[0m:      {text}\n"
+
+
+def _record(number, elapsed, mean=0.5, pooled=0.6, **extra):
+    return {
+        "round": number,
+        "elapsed_s": elapsed,
+        "evaluation": {"personalized": {"mean": mean}, "global": {"weighted": pooled}},
+        **extra,
+    }
+
+
+def _run_lines(run_dir, rounds=3, strategy="fedavg"):
+    lines = [_flower(f"pflarena: {strategy} on digits, 10 clients, {rounds} rounds -> {run_dir}")]
+    for number in range(rounds + 1):
+        eta = round_eta([2.0] * number, rounds - number) if number else None
+        lines.append(_flower(_progress(_record(number, 1.0 + 2 * number), rounds, eta)))
+    lines.append(_flower(f"pflarena: results in {run_dir}"))
+    return lines
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (4.2, 59.4, 185, 3725)] == ["4s", "59s", "3m05s", "1h02m"]
+
+
+def test_round_eta_is_the_mean_round_time_times_the_rounds_left():
+    assert round_eta([], 5) is None
+    assert round_eta([2.0, 4.0], 10) == pytest.approx(30.0)
+
+
+def test_the_round_line_names_each_figure_and_its_eta():
+    record = _record(3, 12.5, train={"loss": 1.5, "clients": 10, "failures": 0, "server": {}})
+    line = _progress(record, 20, 68.0)
+    assert line.startswith("[round 3/20] 12.5s | ETA 1m08s | ")
+    # the console shows the figures with the names every other output uses
+    assert f"{label('personalized')} 0.5000" in line and f"{label('global')} 0.6000" in line
+    assert label("personalized") == "personalized accuracy (mean over clients)"
+    assert label("global") == "global accuracy (pooled)"
+
+
+def test_the_round_line_shows_the_privacy_spent():
+    record = _record(2, 5.0, train={"loss": 1.0, "clients": 3, "failures": 0})
+    record["train"]["server"] = {"dp-epsilon": 12.3456}
+    assert "DP ε so far 12.3" in _progress(record, 5, 1.0)
+
+
+def test_plain_lines_when_not_a_terminal(tmp_path):
+    _summary(tmp_path / "r")
+    out, clock = io.StringIO(), Clock()
+    progress = Progress(1, stream=out, tty=False, clock=clock)
+    clock.now = 12.0
+    progress.feed(_flower("pflarena: start-up: runtime ready in 11.9s (Ray engine)"))
+    for line in _run_lines(tmp_path / "r"):
+        progress.feed(line)
+    progress.feed(_flower("some Flower chatter"))
+    progress.close()
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text  # no terminal control in a log
+    assert "pflarena [   12s] start-up: runtime ready in 11.9s" in text
+    assert "[round 0/3] 1.0s" in text and "[round 3/3] 7.0s | ETA 0s" in text
+    assert "[round 2/3] 5.0s | ETA 2s" in text
+    assert "chatter" not in text
+
+
+def test_a_live_bar_on_a_terminal(tmp_path):
+    _summary(tmp_path / "r")
+    out = io.StringIO()
+    progress = Progress(1, stream=out, tty=True, clock=Clock())
+    lines = _run_lines(tmp_path / "r")
+    for line in lines[:3]:  # the start, rounds 0 and 1
+        progress.feed(line)
+    progress.feed(_flower("ERROR: something broke"))
+    for line in lines[3:]:
+        progress.feed(line)
+    progress.close()
+    text = out.getvalue()
+    assert "\r\x1b[K[#############.......] round 2/3 5s ETA 2s" in text
+    assert f"{label('personalized')} 0.5000" in text
+    assert "[round 2/3]" not in text  # drawn in place, not printed line by line
+    # the last round's bar stays on the screen
+    assert "round 3/3 7s ETA 0s " + f"{label('personalized')} 0.5000\n" in text
+    # a problem is printed on a line of its own, the bar cleared first
+    assert "\r\x1b[KERROR: something broke\n" in text
+
+
+def test_a_sweep_says_run_k_of_n_with_an_eta(tmp_path):
+    out, clock = io.StringIO(), Clock()
+    progress = Progress(3, stream=out, tty=False, clock=clock)
+    for index in range(3):
+        run_dir = tmp_path / f"r{index}"
+        _summary(run_dir, mean=0.8 + index / 100)
+        lines = _run_lines(run_dir)
+        progress.feed(lines[0])
+        clock.now += 10.0 * (index + 1)  # runs of 10 s, then 20 s
+        for line in lines[1:]:
+            progress.feed(line)
+    text = out.getvalue()
+    assert "run 1 of 3: fedavg on digits" in text
+    assert "sweep ETA" not in text.splitlines()[0]  # nothing to go by yet
+    assert "run 2 of 3: fedavg on digits, 10 clients, 3 rounds" in text
+    assert "(sweep ETA 20s)" in text  # 10 s per run so far, two runs left
+    assert "(sweep ETA 15s)" in text  # (10 + 20) / 2 for the last one
+    assert (
+        f"run 3 of 3 fedavg on digits: completed in 30s (start-up 7s), {label('personalized')} 0.8200"
+        in text
+    )
+
+
+def test_quiet_keeps_one_line_per_run(tmp_path):
+    out = io.StringIO()
+    progress = Progress(2, verbosity=0, quiet=True, stream=out, tty=False, clock=Clock())
+    _summary(tmp_path / "a")
+    _summary(tmp_path / "b", status="failed", error="RuntimeError: boom")
+    for line in _run_lines(tmp_path / "a") + _run_lines(tmp_path / "b")[:-1]:
+        progress.feed(line)
+    progress.feed(_flower(f"pflarena: run failed; partial results in {tmp_path / 'b'}"))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("pflarena [    0s] run 1 of 2 fedavg on digits: completed")
+    assert "run 2 of 2 fedavg on digits: FAILED (RuntimeError: boom)" in lines[1]
+
+
+def test_verbose_passes_every_line(tmp_path):
+    out = io.StringIO()
+    progress = Progress(1, verbosity=2, stream=out, tty=False, clock=Clock())
+    progress.feed(_flower("some Flower chatter"))
+    assert "some Flower chatter" in out.getvalue()
