@@ -139,12 +139,12 @@ def test_utilities_equal_the_averaged_models_accuracy_computed_apart():
     from pflarena.client.solvers.pfedsv import EVAL_CHUNK
 
     torch.manual_seed(0)
-    base = build_model("cnn", (1, 28, 28), 10, seed=0).state_dict()
+    base = build_model("cnn", (1, 16, 16), 10, seed=0).state_dict()
     states = {p: {k: v + 0.05 * torch.randn_like(v) for k, v in base.items()} for p in range(3)}
-    x, y = torch.rand(260, 1, 28, 28), torch.randint(0, 10, (260,))
+    x, y = torch.rand(260, 1, 16, 16), torch.randint(0, 10, (260,))
     assert len(y) % EVAL_CHUNK and len(y) > EVAL_CHUNK
-    game = _Game(build_model("cnn", (1, 28, 28), 10, seed=1), [0, 1, 2], states, x, y, 0.0)
-    reference = build_model("cnn", (1, 28, 28), 10, seed=2).eval()
+    game = _Game(build_model("cnn", (1, 16, 16), 10, seed=1), [0, 1, 2], states, x, y, 0.0)
+    reference = build_model("cnn", (1, 16, 16), 10, seed=2).eval()
     accuracies = set()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a simulated client; also quicker on a busy machine
