@@ -150,7 +150,28 @@ def _record(ours: dict[int, float], theirs: dict[int, float]) -> str:
     return text
 
 
-def write_report(rows: list[dict], clients: list[dict], out: Path, command: str) -> None:
+def failed_seeds(runs: list[tuple[str, sweep.PlannedRun]]) -> dict[str, dict[int, str]]:
+    """Per preset, the seeds whose runs failed, with the error (e.g. a split that cannot
+    be drawn)."""
+    import json
+
+    failed: dict[str, dict[int, str]] = {}
+    for preset, run in runs:
+        path = run.directory / "summary.json"
+        if path.exists():
+            summary = json.loads(path.read_text())
+            if summary.get("status") == "failed":
+                failed.setdefault(preset, {})[run.seed] = str(summary.get("error", ""))
+    return failed
+
+
+def write_report(
+    rows: list[dict],
+    clients: list[dict],
+    out: Path,
+    command: str,
+    failed: dict[str, dict[int, str]] | None = None,
+) -> None:
     lines = [
         "# pFedSV against the baselines where local training is weak",
         "",
@@ -160,7 +181,9 @@ def write_report(rows: list[dict], clients: list[dict], out: Path, command: str)
         "client's personalized model on its own test split after the last round (pFedSV: "
         "the aggregate θ_i^{t*}), mean ± std over the seeds that completed every method. "
         "W–T–L (p): the seeds on which pFedSV scores above, level with and below the "
-        "baseline, and the two-sided sign test's p-value over the seeds not level.",
+        "baseline, and the two-sided sign test's p-value over the seeds not level. "
+        "Commands with disjoint `--seeds` (and `--presets`) may run side by side, each in "
+        "one simulation process; a resumed run's wall time counts its last stretch only.",
     ]
     for preset in PRESETS:
         by = {
@@ -184,10 +207,11 @@ def write_report(rows: list[dict], clients: list[dict], out: Path, command: str)
             for r in rows
             if (r["preset"], r["method"]) == (preset, "pfedsv") and int(r["seed"]) in seeds
         ]
+        lines += ["", f"## `{preset}` ({len(seeds)} seeds: {', '.join(map(str, seeds))})", ""]
+        for seed, error in sorted((failed or {}).get(preset, {}).items()):
+            reason = error.split("first problem: ")[-1].split(" (")[0]
+            lines += [f"Seed {seed} cannot be run: {reason}.", ""]
         lines += [
-            "",
-            f"## `{preset}` ({len(seeds)} seeds: {', '.join(map(str, seeds))})",
-            "",
             "| method | accuracy | pFedSV W–T–L (p) |",
             "|---|---|---|",
         ]
@@ -327,7 +351,7 @@ def main() -> None:
             writer.writerows(
                 sorted(clients, key=lambda c: (c["preset"], int(c["seed"]), int(c["client"])))
             )
-        write_report(kept, clients, out, command)
+        write_report(kept, clients, out, command, failed_seeds(runs))
 
     runs = all_runs(args.seeds, args.presets, Path(args.runs_dir))
     if not args.report_only:
