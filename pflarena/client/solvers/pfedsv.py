@@ -304,7 +304,7 @@ class _Game:
 
         The forward passes take :data:`EVAL_CHUNK` images at a time: on the MNIST CNN the
         activations of 1,024 images (103 MB for the first convolution's output) overflow the
-        CPU's caches, and 256-image chunks compute the same logits 1.7 to 2.6 times faster
+        CPU's caches, and 256-image chunks compute the same logits 1.6 to 2.6 times faster
         (``benchmarks/pfedsv_cost.py``).
         """
         self.model.load_state_dict(state)
