@@ -1,23 +1,33 @@
 """pFedSV's per-round cost on a client: local training against the Shapley utilities.
 
-For each preset, the first ``1 + k`` clients of the split train E local epochs from θ⁰ (as
-in round 1; each timed); client 0 then values its own model and k peers' models exactly as
-its solver does (:class:`pflarena.client.solvers.pfedsv._Game`, R = 3|S| orderings,
-:func:`pflarena.core.shapley.shapley_values`), on its whole validation split (the default,
-the paper's) and on a random subsample of it (``pfedsv.validation-subsample``). Every time
-is the median of ``--repeats`` runs measured side by side in this one process, so the
-ratios hold on a loaded machine even where the seconds do not.
+On a preset's federation (by default ``pfedsv-mnist-dirichlet``, the paper's MNIST CNN),
+the first ``1 + k`` clients train E local epochs from θ⁰ (round 1 of a run). Client 0 then
+plays its game over its own model and k peers' models exactly as its solver does
+(:class:`pflarena.client.solvers.pfedsv._Game`, R = 3|S| orderings, exact enumeration
+where that is cheaper, :func:`pflarena.core.shapley.shapley_values`), once on its whole
+validation split (the default, the paper's) and once per ``--subsample`` size
+(``pfedsv.validation-subsample``). Each repeat times, one after another in this process,
+client 0's E local epochs, each game, and the two extra validation passes the solver
+logs (the aggregate against the own model), so every ratio is taken side by side; the
+table gives the medians over the repeats. Torch runs on one thread, as a simulated client
+does.
+
+The subsample's effect on accuracy: for every one of the ``1 + k`` clients as the owner,
+the aggregate θ_i^{t*} of Eq. 6-7 (round-start distances: from θ⁰ in round 1) is built
+from the whole split's Shapley values and from each subsample's (a fresh draw per repeat),
+and scored on that client's test split.
 
 Usage::
 
     python benchmarks/pfedsv_cost.py
-    python benchmarks/pfedsv_cost.py --presets pfedsv-digits --subsample 16 8
+    python benchmarks/pfedsv_cost.py --preset pfedsv-digits --subsample 16 8
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import statistics
 import time
 from pathlib import Path
@@ -25,7 +35,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflarena.client.solvers.pfedsv import _Game, validation_subsample
+from pflarena.client.solvers import pfedsv as solver
+from pflarena.client.solvers.pfedsv import (
+    _Game,
+    aggregation_weights,
+    eq6_distances,
+    own_accuracy,
+    validation_subsample,
+)
 from pflarena.core.datasets.tensors import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
@@ -37,112 +54,241 @@ from pflarena.server.registry import parse_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _median_time(work, repeats: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result
+def _timed(work):
+    started = time.perf_counter()
+    result = work()
+    return time.perf_counter() - started, result
 
 
-def measure(preset: str, peers: list[int], subsamples: list[int], repeats: int) -> list[dict]:
-    loaded = load_preset(preset)
-    cfg = parse_config({**loaded.config, "strategy": "pfedsv"})
+def _flat(state: dict[str, torch.Tensor], names: list[str]) -> np.ndarray:
+    return np.concatenate([state[k].detach().double().numpy().ravel() for k in names])
+
+
+def _test_accuracy(model: torch.nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.load_state_dict(state)
+    model.eval()
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict]:
+    loaded = load_preset(args.preset)
+    config = {**loaded.config, "strategy": "pfedsv"}
+    if config.get("dataset") != "digits":
+        config["data-dir"] = args.data_dir
+    cfg = parse_config(config)
     spec = cfg.federation_spec()
-    base = build_model(cfg.model_name(), *_shape(spec), seed=cfg.seed)
-    theta0 = copy.deepcopy(base.state_dict())
-    peers = sorted({min(k, cfg.num_clients - 1) for k in peers})
-    clients = 1 + max(peers)
-    trained, train_times = {}, []
-    x_val = y_val = None
-    for client in range(clients):
-        data, info = load_client(spec, client)
-        x, y = to_tensors(data.x_train, data.y_train, info)
-        if client == 0:
-            x_val, y_val = to_tensors(data.x_val, data.y_val, info)
+    k = min(args.peers, cfg.num_clients - 1)
+    clients = list(range(k + 1))
+    data = {}
+    for c in clients:
+        d, info = load_client(spec, c)
+        data[c] = (
+            to_tensors(d.x_train, d.y_train, info),
+            to_tensors(d.x_val, d.y_val, info),
+            to_tensors(d.x_test, d.y_test, info),
+        )
+    base = build_model(cfg.model_name(), tuple(info.input_shape), info.num_classes, seed=cfg.seed)
+    theta0 = {k_: v.detach().clone() for k_, v in base.state_dict().items()}
+    measured = [n for n, p in base.named_parameters() if p.requires_grad]
 
-        def train(x=x, y=y, client=client):
-            model = copy.deepcopy(base)
-            model.load_state_dict(theta0)
-            train_epochs(
-                model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                generator=torch.Generator().manual_seed(client),
+    epochs = args.epochs or cfg.local_epochs
+
+    def train(c: int) -> dict:
+        (x, y), _, _ = data[c]
+        model = copy.deepcopy(base)
+        train_epochs(
+            model, x, y, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+            generator=torch.Generator().manual_seed(c),
+        )  # fmt: skip
+        return {k_: v.detach().clone() for k_, v in model.state_dict().items()}
+
+    trained = {c: train(c) for c in clients}  # the players' models: θ_j^1 after `epochs`
+    print("players trained", flush=True)
+
+    def game(owner: int, size: int, draw: int, chunk: int = solver.EVAL_CHUNK) -> tuple:
+        _, (xv, yv), _ = data[owner]
+        xs, ys = validation_subsample(xv, yv, size, torch.Generator().manual_seed(draw))
+        players = [owner, *[c for c in clients if c != owner]]
+        default, solver.EVAL_CHUNK = solver.EVAL_CHUNK, chunk
+        try:
+            started = time.perf_counter()
+            g = _Game(copy.deepcopy(base), players, trained, xs, ys, 0.0)
+            utilities: dict = {}
+            values = shapley_values(
+                g.utility, players, 3 * len(players), rng=np.random.default_rng(draw),
+                cache=utilities,
             )  # fmt: skip
-            return model
+            seconds = time.perf_counter() - started  # the utilities alone
+        finally:
+            solver.EVAL_CHUNK = default
+        g.utilities = utilities
+        distances = eq6_distances(
+            [_flat(trained[p], measured) for p in players], _flat(theta0, measured)
+        )
+        weights = aggregation_weights([values[p] for p in players], distances)
+        aggregate = trained[owner] if weights is None else g.average(players, weights)
+        return seconds, g, values, aggregate
 
-        seconds, model = _median_time(train, repeats)
-        train_times.append(seconds)
-        trained[client] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    training = statistics.median(train_times)
-    rows = []
-    for k in peers:
-        players = list(range(k + 1))
-        for size in [0, *subsamples]:
-
-            def game(size=size, players=players):
-                xs, ys = validation_subsample(
-                    x_val, y_val, size, torch.Generator().manual_seed(size)
-                )
-                g = _Game(copy.deepcopy(base), players, trained, xs, ys, 0.0)
-                values = shapley_values(
-                    g.utility, players, 3 * len(players), rng=np.random.default_rng(0)
-                )
-                return g.evaluations, values
-
-            seconds, (evaluations, values) = _median_time(game, repeats)
-            rows.append(
-                {
-                    "preset": preset,
-                    "coalition": k + 1,
-                    "validation": len(y_val) if size == 0 else min(size, len(y_val)),
-                    "evaluations": evaluations,
-                    "utility_s": seconds,
-                    "training_s": training,
-                    "ratio": seconds / training,
-                    "own_value": values[0],
-                }
+    sizes = [0, *args.subsample]
+    timing: list[dict] = []
+    for repeat in range(args.repeats):
+        seconds, _ = _timed(lambda: train(0))
+        # a round trains E epochs; each epoch costs the same (the same number of batches)
+        seconds *= cfg.local_epochs / epochs
+        timing.append({"repeat": repeat, "what": "training", "size": "", "seconds": seconds})
+        # the previous code's 1,024-image chunks, for the speed-up; the values must not move
+        seconds, g, before, _ = game(0, 0, repeat, chunk=1024)
+        timing.append(
+            {"repeat": repeat, "what": "utilities-1024", "size": 0, "seconds": seconds,
+             "evaluations": g.evaluations, "validation": len(g.y_val)}
+        )  # fmt: skip
+        for size in sizes:
+            seconds, g, values, aggregate = game(0, size, repeat)
+            if size == 0 and values != before:
+                raise AssertionError(f"chunking changed the Shapley values: {before} {values}")
+            timing.append(
+                {"repeat": repeat, "what": "utilities", "size": size, "seconds": seconds,
+                 "evaluations": g.evaluations, "validation": len(g.y_val)}
+            )  # fmt: skip
+            seconds, _ = _timed(
+                lambda g=g, a=aggregate: (g.accuracy(a), own_accuracy(g, g.utilities, 0))
             )
-    return rows
+            timing.append({"repeat": repeat, "what": "logging", "size": size, "seconds": seconds})
+        print("repeat", repeat, "done", flush=True)
+    accuracy: list[dict] = []
+    for owner in clients:
+        _, _, (x_test, y_test) = data[owner]
+        model = copy.deepcopy(base)
+        own = _test_accuracy(model, trained[owner], x_test, y_test)
+        full_values, full_acc = None, None
+        for size in sizes:
+            for draw in range(1 if size == 0 else args.repeats):
+                _, _, values, aggregate = game(owner, size, draw)
+                acc = _test_accuracy(model, aggregate, x_test, y_test)
+                if size == 0:
+                    full_values, full_acc = values, acc
+                accuracy.append(
+                    {"owner": owner, "size": size, "draw": draw, "own": own, "aggregate": acc,
+                     "delta": acc - full_acc,
+                     "sv_error": max(abs(values[p] - full_values[p]) for p in values)}
+                )  # fmt: skip
+        print("owner", owner, "done", flush=True)
+    meta = {
+        "preset": args.preset,
+        "epochs": cfg.local_epochs,
+        "timed_epochs": epochs,
+        "coalition": k + 1,
+        "train_images": len(data[0][0][1]),
+        "validation": {c: len(data[c][1][1]) for c in clients},
+    }
+    return timing, accuracy, meta
 
 
-def _shape(spec) -> tuple[tuple[int, ...], int]:
-    _, info = load_client(spec, 0)
-    return tuple(info.input_shape), info.num_classes
+def report(timing: list[dict], accuracy: list[dict], meta: dict, command: str) -> str:
+    training = statistics.median(t["seconds"] for t in timing if t["what"] == "training")
+    sizes = sorted({t["size"] for t in timing if t["what"] == "utilities"})
+    lines = [
+        "# pFedSV: Shapley utilities against local training, per client and round",
+        "",
+        f"Command: `{command}` (niced, torch on one thread as in a simulated client, on a "
+        "2-core CPU shared with other jobs: compare the ratios, measured side by side in "
+        "this one process, not the seconds). "
+        f"Preset `{meta['preset']}`, round 1: client 0 ({meta['train_images']} training "
+        f"images) trains E = {meta['epochs']} epochs"
+        + (
+            ""
+            if meta["timed_epochs"] == meta["epochs"]
+            else f" (timed: {meta['timed_epochs']} epoch(s) from θ⁰, scaled by "
+            f"{meta['epochs']}/{meta['timed_epochs']}, since every epoch runs the same "
+            "batches; the players' models below are these shorter-trained ones)"
+        )
+        + f"; its game has {meta['coalition']} "
+        "players (its own model and the next clients' round-1 models; "
+        f"R = 3|S| orderings, exact enumeration where cheaper). Medians over the repeats; "
+        "logging: the extra validation passes of the solver (the aggregate; the own model's "
+        "accuracy is v({own}) when the game evaluated it). The first row runs the "
+        "utilities as the code did before, in 1,024-image chunks; the next gives the "
+        "same Shapley values (checked in every repeat) in 256-image chunks.",
+        "",
+        "| validation images | utility evaluations | utilities (s) | logging (s) "
+        "| training (s) | utilities / training | (utilities + logging) / training |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    before = [t for t in timing if t["what"] == "utilities-1024"]
+    if before:
+        u = statistics.median(t["seconds"] for t in before)
+        lines.append(
+            f"| {before[0]['validation']} (all), 1,024-image chunks (before) | "
+            f"{before[0]['evaluations']} | {u:.2f} | | {training:.2f} | {u / training:.2f} | |"
+        )
+    for size in sizes:
+        util = [t for t in timing if t["what"] == "utilities" and t["size"] == size]
+        log = statistics.median(
+            t["seconds"] for t in timing if t["what"] == "logging" and t["size"] == size
+        )
+        u = statistics.median(t["seconds"] for t in util)
+        label = f"{util[0]['validation']}" + (" (all)" if size == 0 else " (subsample)")
+        lines.append(
+            f"| {label} | {util[0]['evaluations']} | {u:.2f} | {log:.2f} | {training:.2f} | "
+            f"{u / training:.2f} | {(u + log) / training:.2f} |"
+        )
+    lines += [
+        "",
+        "The subsample's effect on accuracy (round 1, each of the clients as the owner; "
+        "its validation images: "
+        + ", ".join(f"{c}: {n}" for c, n in meta["validation"].items())
+        + "): test accuracy in % of the aggregate θ_i^{t*} built from the whole split's "
+        "Shapley values and from a subsample's (mean over the clients and draws), its mean "
+        "and worst change against the whole split's, and the largest error of a Shapley "
+        "value.",
+        "",
+        "| validation | own θ_i^t | aggregate θ_i^{t*} | change (mean) | change (worst) "
+        "| largest SV error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        rows = [a for a in accuracy if a["size"] == size]
+        lines.append(
+            f"| {'all' if size == 0 else size} | {100 * np.mean([a['own'] for a in rows]):.2f} | "
+            f"{100 * np.mean([a['aggregate'] for a in rows]):.2f} | "
+            f"{100 * np.mean([a['delta'] for a in rows]):+.2f} | "
+            f"{100 * min(a['delta'] for a in rows):+.2f} | "
+            f"{max(a['sv_error'] for a in rows):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["pfedsv-digits", "pfedsv-digits-groups"])
-    parser.add_argument("--peers", type=int, nargs="+", default=[5, 10])
-    parser.add_argument("--subsample", type=int, nargs="+", default=[16, 8])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--preset", default="pfedsv-mnist-dirichlet")
+    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--peers", type=int, default=5)
+    parser.add_argument("--subsample", type=int, nargs="+", default=[256, 128])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--epochs", type=int, default=0,
+        help="local epochs to train and time (0: the preset's E); the time is scaled to E",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pfedsv_cost.md"))
     args = parser.parse_args()
-    rows = [r for p in args.presets for r in measure(p, args.peers, args.subsample, args.repeats)]
-    lines = [
-        "# pFedSV: Shapley utilities against local training, per client and round",
-        "",
-        f"Command: `python benchmarks/pfedsv_cost.py --presets {' '.join(args.presets)} "
-        f"--peers {' '.join(map(str, args.peers))} --subsample "
-        f"{' '.join(map(str, args.subsample))} --repeats {args.repeats}` (niced, on a 2-core "
-        "CPU shared with other jobs: compare the ratios, measured side by side, not the "
-        "seconds). Training: E local epochs of one client from θ⁰, the median over the clients "
-        "and repeats. Utilities: client 0's whole game (R = 3|S| orderings, exact enumeration "
-        "where it is cheaper) on its validation split or a subsample of it.",
-        "",
-        "| preset | coalition | validation images | utility evaluations | utilities (s) "
-        "| training (s) | utilities / training | own SV |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['preset']} | {r['coalition']} | {r['validation']} | {r['evaluations']} | "
-            f"{r['utility_s']:.3f} | {r['training_s']:.3f} | {r['ratio']:.2f} | "
-            f"{r['own_value']:.3f} |"
-        )
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    torch.set_num_threads(1)
+    timing, accuracy, meta = measure(args)
+    command = (
+        f"python benchmarks/pfedsv_cost.py --preset {args.preset} --peers {args.peers} "
+        f"--subsample {' '.join(map(str, args.subsample))} --repeats {args.repeats}"
+        + (f" --epochs {args.epochs}" if args.epochs else "")
+    )
+    text = report(timing, accuracy, meta, command)
+    out = Path(args.out)
+    out.write_text(text)
+    for name, rows in (("timing", timing), ("accuracy", accuracy)):
+        with out.with_name(f"{out.stem}_{name}.csv").open("w", newline="") as handle:
+            fields = sorted({k for r in rows for k in r})
+            writer = csv.DictWriter(handle, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,61 @@ def test_linear_head_shortcut_gives_the_accuracy_of_the_averaged_model():
             assert fast.utility(frozenset(members)) == slow.utility(frozenset(members))
 
 
+def test_utilities_equal_the_averaged_models_accuracy_computed_apart():
+    # Each utility against an independent computation: the coalition's plain parameter
+    # average loaded into a fresh CNN, all 260 validation images in one forward pass (the
+    # game runs them in chunks of EVAL_CHUNK, the last one partial).
+    from pflarena.client.solvers.pfedsv import EVAL_CHUNK
+
+    torch.manual_seed(0)
+    base = build_model("cnn", (1, 16, 16), 10, seed=0).state_dict()
+    states = {p: {k: v + 0.05 * torch.randn_like(v) for k, v in base.items()} for p in range(3)}
+    x, y = torch.rand(260, 1, 16, 16), torch.randint(0, 10, (260,))
+    assert len(y) % EVAL_CHUNK and len(y) > EVAL_CHUNK
+    game = _Game(build_model("cnn", (1, 16, 16), 10, seed=1), [0, 1, 2], states, x, y, 0.0)
+    reference = build_model("cnn", (1, 16, 16), 10, seed=2).eval()
+    accuracies = set()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a simulated client; also quicker on a busy machine
+    try:
+        _check_coalitions(game, reference, states, base, x, y, accuracies)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(accuracies) > 3  # the coalitions' models differ
+
+
+def _check_coalitions(game, reference, states, base, x, y, accuracies):
+    import itertools
+
+    for size in range(1, 4):
+        for members in itertools.combinations(range(3), size):
+            reference.load_state_dict(
+                {k: torch.stack([states[p][k] for p in members]).mean(0) for k in base}
+            )
+            with torch.no_grad():
+                expected = (reference(x).argmax(1) == y).double().mean().item()
+            assert game.utility(frozenset(members)) == pytest.approx(expected, abs=1e-12)
+            accuracies.add(expected)
+
+
+def test_the_own_models_logged_accuracy_reuses_its_utility():
+    from pflarena.client.solvers.pfedsv import own_accuracy
+    from pflarena.core.shapley import shapley_values
+
+    torch.manual_seed(1)
+    base = build_model("mlp", (1, 8, 8), 10, seed=0).state_dict()
+    states = {p: {k: v + 0.3 * torch.randn_like(v) for k, v in base.items()} for p in range(3)}
+    x, y = torch.randn(300, 1, 8, 8), torch.randint(0, 10, (300,))
+    game = _Game(build_model("mlp", (1, 8, 8), 10, seed=0), [2, 0, 1], states, x, y, 0.0)
+    utilities: dict = {}
+    shapley_values(game.utility, [2, 0, 1], cache=utilities)
+    passes = game.evaluations
+    reused = own_accuracy(game, utilities, 2)
+    assert game.evaluations == passes  # no forward pass added
+    assert reused == game.accuracy(states[2])  # bit for bit the pass it replaces
+    assert own_accuracy(game, {}, 2) == reused  # not evaluated: one more pass
+
+
 def test_split_head_takes_the_last_weighted_layers():
     names = [
         "c.weight",
