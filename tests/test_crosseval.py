@@ -5,14 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from flwr.app import MetricRecord, RecordDict
 from helpers import config, grid_for, run_local, stored
 
 from pflarena.client.solvers.local import MODEL_KEY
+from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
-from pflarena.server.crosseval import cross_owners, cross_scores, synthetic_partners
+from pflarena.server.crosseval import (
+    cross_owners,
+    cross_scores,
+    score_problem,
+    synthetic_partners,
+)
 from pflarena.server.results import summarize_rounds
+from pflarena.strategies.replies import ClientSizes
 
 
 # --------------------------------------------------------------------------- the draws
@@ -61,6 +69,35 @@ def test_scores_by_hand():
     assert out["synthetic"]["mean"] == pytest.approx(np.mean(synthetics))
     assert out["synthetic"]["std"] == pytest.approx(np.std(synthetics))
     assert out["global"]["mean"] == pytest.approx(np.mean(globals_))
+
+
+def _scores(owners: list[int], correct: list[float], count: list[float]) -> RecordDict:
+    metrics = {keys.CROSS_OWNERS: owners, keys.CROSS_CORRECT: correct, keys.CROSS_COUNT: count}
+    return RecordDict({keys.METRICS: MetricRecord(metrics)})
+
+
+def test_score_counts_must_be_the_scoring_clients_test_split():
+    """A client's scores of the exported models count its own test split, which the server
+    knows from the manifest or the spec: 40 samples for client 1 here. Any other count, a
+    fraction, more correct than counted, or the wrong models is refused, naming why."""
+    sizes = ClientSizes(num_train=(100, 120), num_val=(10, 12), num_test=(30, 40))
+    ok = _scores([0, 1], [12.0, 33.0], [40.0, 40.0])
+    assert score_problem(ok, [0, 1], 1, sizes) is None
+    inflated = _scores([0, 1], [12.0, 900.0], [40.0, 1000.0])
+    assert "is not client 1's 40 test samples" in score_problem(inflated, [0, 1], 1, sizes)
+    assert "whole numbers" in score_problem(
+        _scores([0, 1], [12.5, 3.0], [40.0, 40.0]), [0, 1], 1, sizes
+    )
+    assert "counts are not counts" in score_problem(
+        _scores([0, 1], [41.0, 3.0], [40.0, 40.0]), [0, 1], 1, sizes
+    )
+    assert "was sent [0, 1]" in score_problem(
+        _scores([1, 0], [1.0, 1.0], [40.0, 40.0]), [0, 1], 1, sizes
+    )
+    # where the server knows no sizes, a bound
+    assert score_problem(inflated, [0, 1], 1, None) is None
+    huge = _scores([0], [1.0], [1e12])
+    assert "exceeds" in score_problem(huge, [0], 1, None)
 
 
 # --------------------------------------------------------------------------- in runs

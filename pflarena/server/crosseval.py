@@ -44,7 +44,13 @@ from flwr.serverapp import Grid
 from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.strategies.base import PflStrategy
-from pflarena.strategies.replies import array_problem, metric_problem, read_client_id
+from pflarena.strategies.replies import (
+    ClientSizes,
+    array_problem,
+    count_problem,
+    metric_problem,
+    read_client_id,
+)
 
 __all__ = [
     "CrossEvaluation",
@@ -126,7 +132,11 @@ class CrossEvaluation:
     bytes_up: int = 0
 
 
-def _score_problem(content: RecordDict, owners: list[int]) -> str | None:
+def score_problem(
+    content: RecordDict, owners: list[int], client: int, sizes: ClientSizes | None
+) -> str | None:
+    """Why client ``client``'s scores of the ``owners``' models cannot be used: each count is
+    its test split's size where the server knows it (as for the protocol's evaluation)."""
     problem = metric_problem(content)
     if problem is not None:
         return problem
@@ -141,7 +151,11 @@ def _score_problem(content: RecordDict, owners: list[int]) -> str | None:
         return "one count per model expected"
     if any(n <= 0 or not 0 <= c <= n for c, n in zip(correct, count, strict=True)):
         return "counts are not counts (correct in [0, count], count > 0)"
-    return None
+    if any(n != int(n) or c != int(c) for c, n in zip(correct, count, strict=True)):
+        return "counts must be whole numbers"
+    return next(
+        (p for n in count if (p := count_problem(keys.CROSS_COUNT, int(n), client, sizes))), None
+    )
 
 
 def run_cross_evaluation(
@@ -217,10 +231,12 @@ def run_cross_evaluation(
     failures += len(nodes) - len(replies)
     for msg in replies:
         node = msg.metadata.src_node_id
-        problem = msg.error.reason if msg.has_error() else _score_problem(msg.content, scored)
+        problem = msg.error.reason if msg.has_error() else metric_problem(msg.content)
         client = None if problem else read_client_id(msg.content, cfg.num_clients)
         if problem is None and not isinstance(client, int):
             problem = f"no usable client id ({client!r})"
+        if problem is None:
+            problem = score_problem(msg.content, scored, int(client), strategy.client_sizes)
         if problem is not None:
             log(WARNING, "cross-evaluation: scores from node %d unusable: %s", node, problem)
             failures += 1

@@ -335,7 +335,7 @@ def _count(metrics: Any, name: str) -> int | str:
     return int(value)
 
 
-def _test_count_problem(
+def count_problem(
     name: str, count: int, client_id: int | None, sizes: ClientSizes | None
 ) -> str | None:
     """Why an evaluation's count of test samples cannot be true: not the client's test
@@ -384,7 +384,7 @@ def read_evaluation(
                     return value
             if correct > count:
                 return f"{names[0]}={correct} exceeds {names[1]}={count}"
-            problem = _test_count_problem(names[1], count, client_id, sizes)
+            problem = count_problem(names[1], count, client_id, sizes)
             if problem is not None:
                 return problem
             loss = metrics.get(names[2])
@@ -407,7 +407,7 @@ def read_evaluation(
     accuracy, count = metrics[accuracy_name], _count(metrics, keys.NUM_EXAMPLES)
     if isinstance(count, str):
         return count
-    problem = _test_count_problem(keys.NUM_EXAMPLES, count, client_id, sizes)
+    problem = count_problem(keys.NUM_EXAMPLES, count, client_id, sizes)
     if problem is not None:
         return problem
     if not _is_number(accuracy) or not 0.0 <= accuracy <= 1.0:
