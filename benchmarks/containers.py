@@ -97,7 +97,8 @@ def _compose(work: Path, env: dict[str, str], *args: str) -> str:
 
 def in_containers(
     work: Path, shards: list[Path], rounds: int, tag: str
-) -> tuple[list[dict[str, Any]], float, float, float]:
+) -> tuple[list[dict[str, Any]], float, float, float, int]:
+    """The job on the compose federation: rounds, wall, CPU, ``up`` seconds, containers."""
     files = compose_files(
         NUM_CLIENTS, shards_dir=str(shards[0].parent), runs_dir=str(work / "runs")
     )
@@ -141,7 +142,8 @@ def in_containers(
         summary = json.loads((work / "runs" / "bench" / "summary.json").read_text())
         if summary["status"] != "completed":
             raise RuntimeError(f"the compose run failed: {summary.get('error')}")
-        return read_rounds(work / "runs" / "bench" / "rounds.jsonl"), wall, cpu, up
+        rounds_ = read_rounds(work / "runs" / "bench" / "rounds.jsonl")
+        return rounds_, wall, cpu, up, len(containers)
     finally:
         subprocess.run(
             ["docker-compose", "-f", "docker-compose.yml", "down", "-v", "-t", "10"],
@@ -181,7 +183,7 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     local, local_wall, local_cpu = in_process(work / "shards", args.rounds, work / "local")
     loads.append(os.getloadavg()[0])
-    deployed, wall, cpu, up = in_containers(work, shards, args.rounds, args.tag)
+    deployed, wall, cpu, up, num_containers = in_containers(work, shards, args.rounds, args.tag)
     loads.append(os.getloadavg()[0])
     same = [r["evaluation"]["personalized"]["mean"] for r in local] == [
         r["evaluation"]["personalized"]["mean"] for r in deployed
@@ -199,7 +201,8 @@ def main() -> None:
         "|---|---|---|---|",
         f"| `pflarena run` (simulation, in-process) | {local_wall:.1f} | {local_cpu:.1f} | "
         f"{fmt(f'{t:.1f}' for t in round_times(local))} |",
-        f"| compose: 7 containers, `flwr run` from the host | {wall:.1f} | {cpu:.1f} | "
+        f"| compose: {num_containers} containers, `flwr run` from the host | {wall:.1f} | "
+        f"{cpu:.1f} | "
         f"{fmt(f'{t:.1f}' for t in round_times(deployed))} |",
         "",
         f"`docker-compose up -d` to every service started (healthchecks passed): {up:.1f} s. "
