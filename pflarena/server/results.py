@@ -1,7 +1,7 @@
 """Run results: ``config.json``, ``rounds.jsonl`` (flushed every round), ``summary.json``, plots.
 
 The files are the interface other tools read (``pflarena compare``, the benchmarks), so
-their keys are documented here and in the README.
+their keys are documented here and in docs/guide.md ("What a run writes").
 """
 
 from __future__ import annotations
