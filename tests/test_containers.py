@@ -312,7 +312,8 @@ def _container_config(cfg_out: str, **overrides: Any) -> tuple[Any, dict[str, An
 
 def _in_process(cfg: Any, shards: list[Path], tmp_path: Path) -> list[dict[str, Any]]:
     """The same run in-process (``pflarena run``'s loop) on the same shard files."""
-    local_cfg = cfg.model_copy(update={"output_dir": ""})
+    shards_dir = str(shards[0].parent) if cfg.shards_dir else ""  # the host's copy
+    local_cfg = cfg.model_copy(update={"output_dir": "", "shards_dir": shards_dir})
     grid = grid_for(local_cfg, node_configs=[{"data-path": str(p)} for p in shards])
     return run_local(local_cfg, tmp_path / "in-process", grid=grid).rounds
 
@@ -344,10 +345,14 @@ def plain(tmp_path_factory: pytest.TempPathFactory, image_tag: str) -> Iterator[
 def test_federation_completes_with_the_in_process_rounds(
     plain: ComposeProject, tmp_path: Path
 ) -> None:
-    """``docker-compose up`` then ``flwr run`` from the host: every round of the run, with
-    each SuperNode's ClientApp on its own shard, equals the same run in-process; the
+    """``docker-compose up`` then ``flwr run`` from the host with ``shards-dir='/shards'``
+    (the ServerApp's mount): every round of the run, with each SuperNode's ClientApp on its
+    own shard file, equals the same run in-process; the
     results land in the host's runs folder, owned by the user who ran compose."""
-    cfg, run_cfg = _container_config("federation", num_rounds=2, round_timeout=180.0)
+    # shards-dir as docs/deployment.md runs it: the manifest in the ServerApp's container
+    cfg, run_cfg = _container_config(
+        "federation", num_rounds=2, round_timeout=180.0, shards_dir="/shards"
+    )
     rc = plain.wait(plain.submit(run_cfg))
     out = plain.root / "runs" / "federation"
     rounds = plain.completed(out, rc)

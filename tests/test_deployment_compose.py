@@ -528,3 +528,38 @@ def test_images_refuse_an_unknown_target_before_building(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="unknown image target"):
         build_images(targets=["app", "gpu"], root=_tree(tmp_path))
     assert not (tmp_path / "build").exists(), "nothing may be made"
+
+
+def test_a_node_builds_its_model_from_its_own_shard_without_the_servers_shard_directory(
+    tmp_path: Path,
+) -> None:
+    """In the compose files ``shards-dir='/shards'`` is mounted in the ServerApp's container
+    only; a ClientApp has its own shard file (``data-path``). Its model must follow that file
+    and not read the manifest of a directory it does not have (that read failed every reply
+    with "no manifest.json in /shards")."""
+    import torch
+    from deployment_harness import write_test_shards
+    from flwr.app import RecordDict
+
+    from pflarena.client.job import ClientJob, load_node_data
+    from pflarena.core.config import RunConfig
+    from pflarena.core.models import build_model
+    from pflarena.core.shards import ShardError
+
+    shards = write_test_shards(tmp_path, num_nodes=2)
+    cfg = RunConfig(dataset="digits", num_clients=2, shards_dir=str(tmp_path / "not-here"))
+    with pytest.raises(ShardError, match="no manifest.json"):
+        cfg.model_name()  # the server's view: its directory, absent on this node
+    cpu = torch.device("cpu")
+    data = load_node_data(cfg, {"data-path": str(shards[1])}, cpu)
+    job = ClientJob(cfg=cfg, data=data, state=None, content=RecordDict(), device=cpu)
+    model = job.new_model()
+    server = RunConfig(dataset="digits", num_clients=2, shards_dir=str(shards[1].parent))
+    info = server.data_info()
+    expected = build_model(server.model_name(), info.input_shape, info.num_classes, seed=0)
+    assert type(model) is type(expected)
+    assert {k: v.shape for k, v in model.state_dict().items()} == {
+        k: v.shape for k, v in expected.state_dict().items()
+    }
+    for key, value in model.state_dict().items():  # the same seeded initial weights
+        assert torch.equal(value, expected.state_dict()[key]), key

@@ -16,7 +16,7 @@ from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
 from pflarena.core.federation import ClientData, load_client, load_shard
-from pflarena.core.models import build_model
+from pflarena.core.models import build_model, default_model_for
 from pflarena.core.shards import load_shard_client, read_shard_set
 from pflarena.core.training import EvalResult, evaluate
 
@@ -114,6 +114,12 @@ def load_node_data(cfg: RunConfig, node_config: dict, device: torch.device) -> N
     return _load_partition_cached(cfg, partition_id, str(device))
 
 
+def node_model_name(cfg: RunConfig, info: DatasetInfo) -> str:
+    """The model a node builds for data described by ``info``: ``model`` if the run sets it,
+    else that data's default (what ``cfg.model_name()`` gives where ``info`` is the run's)."""
+    return cfg.model or default_model_for(info.name, info)
+
+
 @lru_cache(maxsize=4)
 def _initial_model(name: str, input_shape: tuple, num_classes: int, seed: int) -> nn.Module:
     # Seeded initialisation costs more than copying; clients copy this template.
@@ -167,10 +173,18 @@ class ClientJob:
         return self.config[name]
 
     def new_model(self) -> nn.Module:
-        """The run's initial model (the same weights on every client and the server)."""
+        """The run's initial model (the same weights on every client and the server).
+
+        Its kind follows the data this node holds (:func:`node_model_name`), not
+        ``cfg.model_name()``, which reads ``shards-dir``'s manifest: in a deployment that
+        directory is the server's (the compose files mount it in the ServerApp's container
+        only), and a node has its own shard file."""
         info = self.data.info
         template = _initial_model(
-            self.cfg.model_name(), tuple(info.input_shape), info.num_classes, self.cfg.seed
+            node_model_name(self.cfg, info),
+            tuple(info.input_shape),
+            info.num_classes,
+            self.cfg.seed,
         )
         return copy.deepcopy(template).to(self.device)
 
