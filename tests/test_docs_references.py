@@ -91,3 +91,28 @@ def test_nothing_cites_paper_readings_outside_the_repository(folder):
     assert not offending, f"cite docs/methods/<x>.md instead of {OUTSIDE}<x>.md:\n" + "\n".join(
         offending
     )
+
+
+def _slug(heading):
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_links_of_the_method_pages_resolve():
+    """Every relative link of ``docs/methods/*.md`` names an existing file and, with ``#``,
+    one of its headings."""
+    broken = []
+    for page in sorted(PAGES.glob("*.md")):
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.is_file():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor:
+                headings = re.findall(r"^#+ (.+)$", file.read_text(encoding="utf-8"), re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
