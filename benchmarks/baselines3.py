@@ -51,7 +51,7 @@ PAPER = {
 
 
 #: Dap-FL's action box set to PAGE's Synthetic one (1-5 epochs, lr 1e-3 to 1e-1, log-scale;
-#: specs/page.md §4.2), as PAGE's Table 1 runs the two side by side. The authors' code's box
+#: docs/methods/page.md §4.2), as PAGE's Table 1 runs the two side by side. The authors' code's box
 #: (up to 40 epochs, lr 1e-4 to 1e-2) would make a Dap-FL round about 20 FedAvg rounds of
 #: computation.
 METHOD_SETTINGS = {
@@ -66,7 +66,7 @@ METHOD_SETTINGS = {
 
 #: Clustered FL at its authors' ε₂ = 1.6 never splits here: the largest client update's norm
 #: is 1.41 in round 1 and falls to 1.04 by round 100 (``cfl_tree.json``). ε₂ = 0.75, the value
-#: the PPFL authors' code uses for its Clustered FL baseline (specs/ppfl.md §5), does split.
+#: the PPFL authors' code uses for its Clustered FL baseline (docs/methods/ppfl.md §5), does split.
 METHOD_GRID = {"cfl": {"cfl.eps-2": [1.6, 0.75]}}
 
 

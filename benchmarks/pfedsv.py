@@ -62,7 +62,7 @@ LABELS = (*METHODS, *VARIANTS)
 PFEDSV_FILES = ("relevance.csv",)
 
 #: pFedSV paper, MNIST with 10 clients (Table 1: pathological; Table 2: Dirichlet 0.1),
-#: mean test accuracy in %; None where the PDF lost the cell (specs/pfedsv.md §6).
+#: mean test accuracy in %; None where the PDF lost the cell (docs/methods/pfedsv.md §6).
 PAPER = {
     "pfedsv-mnist-pathological": {
         "local": 96.11,

@@ -1,6 +1,6 @@
 """K copies of part of a model on a shared trunk, and the ways to combine them per client.
 
-PPFL's canonical models (specs/ppfl.md §2), FedEM's mixture components and IFCA's cluster
+PPFL's canonical models (docs/methods/ppfl.md §2), FedEM's mixture components and IFCA's cluster
 models are all "K copies of (part of) the run's model". This module holds that layout and
 the forward passes built on it:
 

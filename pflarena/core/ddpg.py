@@ -1,6 +1,6 @@
 """DDPG (Lillicrap et al., 2016) for agents that a federated round drives one step at a time.
 
-PAGE (specs/page.md §3.2) puts one DDPG agent on the server (state: the accuracies of the
+PAGE (docs/methods/page.md §3.2) puts one DDPG agent on the server (state: the accuracies of the
 uploaded models; action: aggregation weights on the simplex) and one on every client
 (state: the accuracy of the received global model; action: local epochs and learning rate
 in a box). Both are :class:`DDPGAgent` with a different :class:`DDPGConfig`.

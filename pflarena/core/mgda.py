@@ -1,7 +1,7 @@
 """FedPG's server-side math: the min-norm common descent direction and direction drift.
 
 Gradients come as a 2-D array ``grads`` of shape ``(K, P)``, one flattened client gradient
-per row. Equation and section numbers refer to the FedPG spec (``specs/fedpg.md``).
+per row. Equation and section numbers refer to the FedPG spec (``docs/methods/fedpg.md``).
 
 **Sign convention.** Every direction returned here points *up* the losses, like a gradient:
 the model update is ``θ ← θ − η d``, and ``d`` is a common descent direction when

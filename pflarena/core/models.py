@@ -131,7 +131,7 @@ class PFLlibCNN(nn.Module):
 
 class TFCifarCNN(nn.Module):
     """The CIFAR-10 CNN of TensorFlow's tutorial that McMahan et al. (2017) train, as FedPG
-    uses it (specs/fedpg.md §5.3): 797,962 parameters for CIFAR-10.
+    uses it (docs/methods/fedpg.md §5.3): 797,962 parameters for CIFAR-10.
 
     Two unpadded 5x5 convolutions with 64 channels, each followed by ReLU and 2x2 max
     pooling, then fully connected layers of 384 and 192 units with dropout (0.2 and 0.5)
@@ -168,7 +168,7 @@ class TFCifarCNN(nn.Module):
 
 class TFCifarCNNSame(nn.Module):
     """The TensorFlow-tutorial CIFAR CNN in its "same"-padded form, as the pFedSV spec reads
-    the paper's CNN-CIFAR (specs/pfedsv.md §5.5): 1,756,426 parameters for 10 classes.
+    the paper's CNN-CIFAR (docs/methods/pfedsv.md §5.5): 1,756,426 parameters for 10 classes.
 
     Two 5x5 convolutions with 64 channels and padding 2, each followed by ReLU and 3x3
     max pooling of stride 2 (padding 1), then fully connected layers of 384 and 192 units

@@ -1,7 +1,7 @@
 """PPFL's server-side math: memberships on the simplex, the affinity graph and its Laplacian.
 
 Di, Yang, Ye and Chang, "PPFL: A Personalized Federated Learning Framework for
-Heterogeneous Population", INFORMS Journal on Computing (specs/ppfl.md). Client i's
+Heterogeneous Population", INFORMS Journal on Computing (docs/methods/ppfl.md). Client i's
 membership vector ``c_i`` lives on the probability simplex Δ^K; the memberships of all M
 clients are the rows of ``C`` (M × K). The objective is (Eq. 4, matrix form Eq. 9)
 

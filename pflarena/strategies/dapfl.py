@@ -2,7 +2,7 @@
 with DDPG.
 
 "Dap-FL: Federated Learning Flourishes by Adaptive Tuning and Secure Aggregation", by the
-authors of PAGE, who name it as PAGE's ancestor (specs/page.md). Every client keeps a DDPG
+authors of PAGE, who name it as PAGE's ancestor (docs/methods/page.md). Every client keeps a DDPG
 agent that chooses its local learning rate and number of local epochs each round, so that
 clients with different resources need not share one setting; the server aggregates the
 uploads. The paper secures the aggregation with the Paillier cryptosystem; **that

@@ -1,6 +1,6 @@
 """FedPG: a global model by multi-gradient descent, personalized models by direction drift.
 
-"Preserving Global Performance in Personalized Federated Learning" (specs/fedpg.md). The
+"Preserving Global Performance in Personalized Federated Learning" (docs/methods/fedpg.md). The
 server math is :mod:`pflarena.core.mgda` (re-exported here: :func:`common_descent_direction`,
 :func:`drift_coefficient`); this module runs it as a Flower strategy. Signs follow
 ``core/mgda.py``: ``d`` points up the losses and the update is ``θ ← θ − η d`` (the spec's
@@ -209,7 +209,7 @@ class FedPG(MultiExchangeStrategy):
         name="fedpg",
         kind="paper",
         reference="Preserving Global Performance in Personalized Federated Learning, "
-        "ICCV submission 6989 (specs/fedpg.md)",
+        "ICCV submission 6989 (docs/methods/fedpg.md)",
         summary="global model by a fair min-norm common descent direction over client "
         "gradients (MGDA), P-models by drifting it toward each client's own gradient",
         solver="pflarena.client.solvers.fedpg",

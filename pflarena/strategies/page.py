@@ -1,7 +1,7 @@
 """PAGE: a client-server co-opetition game, each side played by DDPG agents.
 
 "PAGE: Equilibrate Personalization and Generalization in Federated Learning"
-(specs/page.md). The clients (leaders) choose their local epochs α_i(t) and learning rates
+(docs/methods/page.md). The clients (leaders) choose their local epochs α_i(t) and learning rates
 η_i(t); the server (follower) chooses the aggregation weights p(t) on the simplex; each side
 learns its choice with DDPG (:mod:`pflarena.core.ddpg`). This module is the server's side,
 Algorithm 1 as the spec reconstructs it (§3.3); the clients' side is
@@ -225,7 +225,7 @@ class Page(PflStrategy):
         name="page",
         kind="paper",
         reference="PAGE: Equilibrate Personalization and Generalization in Federated "
-        "Learning, WWW 2024 submission 1206 / arXiv 2310.08961 (specs/page.md)",
+        "Learning, WWW 2024 submission 1206 / arXiv 2310.08961 (docs/methods/page.md)",
         summary="a co-opetition game: client DDPG agents choose local epochs and learning "
         "rate, a server DDPG agent chooses the aggregation weights",
         solver="pflarena.client.solvers.page",

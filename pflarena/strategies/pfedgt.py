@@ -1,7 +1,7 @@
 """pFedGT: personalized FL as a game over target-interpolation objectives.
 
 "A Game-Theoretic Approach to Personalized Federated Learning Based on Target
-Interpolation" (specs/pfedgt.md). Each user i minimises
+Interpolation" (docs/methods/pfedgt.md). Each user i minimises
 ``G_i(w_i; w_-i) = γ_i f_i(w_i) + (1-γ_i)/m Σ_j [first-order surrogate of f_j around w_j
 with curvature μ] + (ρ/2)||w_i||²`` (Eq. 2). The other users enter only through the average
 of the "combined messages" ``c_j = ∇f_j(w_j) − μ w_j``, which the server tracks (Eq. 5),
@@ -55,7 +55,10 @@ PAPER_LAMBDA = 0.7
 
 
 class PFedGTParams(MethodParams):
-    """pFedGT's parameters; defaults are the paper's experimental settings (specs/pfedgt.md)."""
+    """pFedGT's parameters; defaults are the paper's experimental settings.
+
+    The paper's reading: docs/methods/pfedgt.md.
+    """
 
     gamma: float = Field(0.8, ge=0, le=1, description="personalization coefficient γ")
     gammas: str = Field(
@@ -209,7 +212,7 @@ class PFedGT(PflStrategy):
         name="pfedgt",
         kind="paper",
         reference="A Game-Theoretic Approach to Personalized Federated Learning Based on "
-        "Target Interpolation (specs/pfedgt.md)",
+        "Target Interpolation (docs/methods/pfedgt.md)",
         summary="users play a game over target-interpolation objectives; the server tracks "
         "the average message c and a server model θ",
         solver="pflarena.client.solvers.pfedgt",

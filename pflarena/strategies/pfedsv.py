@@ -1,6 +1,6 @@
 """pFedSV: clients value their peers' models with Shapley values and aggregate the best.
 
-"Rethinking Personalized Client Collaboration in Federated Learning" (specs/pfedsv.md).
+"Rethinking Personalized Client Collaboration in Federated Learning" (docs/methods/pfedsv.md).
 Each round is two exchanges (§3.2):
 
 1. ``train``: the sampled clients train their personalized models locally and upload them
@@ -198,7 +198,7 @@ class PFedSV(MultiExchangeStrategy):
         name="pfedsv",
         kind="paper",
         reference="Wu et al., Rethinking Personalized Client Collaboration in Federated "
-        "Learning (specs/pfedsv.md)",
+        "Learning (docs/methods/pfedsv.md)",
         summary="clients value peers' models with Shapley values on their validation split "
         "and aggregate their top-k",
         solver="pflarena.client.solvers.pfedsv",

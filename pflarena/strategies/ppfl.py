@@ -1,7 +1,7 @@
 """PPFL: canonical models shared by all, membership vectors per client, an affinity graph.
 
 Di, Yang, Ye and Chang, "PPFL: A Personalized Federated Learning Framework for
-Heterogeneous Population", INFORMS Journal on Computing (specs/ppfl.md). The population is
+Heterogeneous Population", INFORMS Journal on Computing (docs/methods/ppfl.md). The population is
 described by K canonical models θ_1..θ_K (optionally on a shared trunk θ_com); client i's
 personalized model combines them with its membership c_i ∈ Δ^K (PPFL1: the models' outputs
 mixed, Eq. 7; PPFL2: their parameters interpolated, Eq. 8). Training minimizes (Eq. 4, 9)
@@ -262,7 +262,7 @@ class PPFL(MultiExchangeStrategy):
         name="ppfl",
         kind="paper",
         reference="Di, Yang, Ye, Chang, PPFL: A Personalized Federated Learning Framework for "
-        "Heterogeneous Population, INFORMS Journal on Computing (specs/ppfl.md)",
+        "Heterogeneous Population, INFORMS Journal on Computing (docs/methods/ppfl.md)",
         summary="K canonical models shared by all, a membership vector on the simplex per "
         "client (mirror descent), a Laplacian over client affinities; RBCD",
         solver="pflarena.client.solvers.ppfl",

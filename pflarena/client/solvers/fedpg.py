@@ -1,4 +1,6 @@
-"""Local solver for FedPG (specs/fedpg.md) and FedMGDA+: gradients, line-search losses, P-models.
+"""Local solver for FedPG and FedMGDA+: gradients, line-search losses, P-models.
+
+The paper's reading: docs/methods/fedpg.md.
 
 The strategy (``strategies/fedpg.py``) does all the multi-objective math; a client only
 answers three kinds of train messages, told apart by ``job.phase``:

@@ -1,4 +1,4 @@
-"""Local solver for PAGE (specs/page.md §3.4): each client's own DDPG agent picks α and η.
+"""Local solver for PAGE (docs/methods/page.md §3.4): each client's own DDPG agent picks α and η.
 
 Algorithm 2 as the spec reconstructs it, once per train message:
 

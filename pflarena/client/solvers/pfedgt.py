@@ -1,4 +1,6 @@
-"""Local solver for pFedGT: Algorithm 2 (ClientUpdate) and the c⁰ round (specs/pfedgt.md §3).
+"""Local solver for pFedGT: Algorithm 2 (ClientUpdate) and the c⁰ round.
+
+The paper's reading: docs/methods/pfedgt.md §3.
 
 The math is in :func:`corrected_gradient` and :func:`local_solve`, which work on any list of
 parameter tensors and any gradient oracle, so the theory tests run them on quadratic games;

@@ -1,6 +1,6 @@
 """Local solver for pFedSV: local training, then a Shapley game over the peers' models.
 
-A round has two exchanges (specs/pfedsv.md §3.2):
+A round has two exchanges (docs/methods/pfedsv.md §3.2):
 
 ``train``
     The client trains its personalized model θ_i^{(t−1)*} for E epochs into θ_i^t, keeps

@@ -1,4 +1,6 @@
-"""Local solver for PPFL (specs/ppfl.md): canonical-model SGD, membership gradients and steps.
+"""Local solver for PPFL: canonical-model SGD, membership gradients and steps.
+
+The paper's reading: docs/methods/ppfl.md.
 
 The server (``strategies/ppfl.py``) holds θ (the trunk and the K canonical models, a stacked
 state: :mod:`pflarena.core.canonical`) and every client's membership c_i; each train message

@@ -1,7 +1,7 @@
 """``inner-dirichlet``: clients of set sizes whose class mix follows a Dirichlet prior.
 
 The partition the PAGE paper describes for CIFAR-100 and Tiny-ImageNet ("divided
-uniformly into 100 parts ... the class proportions follow Dir(0.3)", specs/page.md §5.1),
+uniformly into 100 parts ... the class proportions follow Dir(0.3)", docs/methods/page.md §5.1),
 which is FedLab's ``client_inner_dirichlet_partition`` (the toolkit PAGE cites):
 
 1. Client sizes: equal parts of ``floor(N / m)`` samples (the ``N mod m`` left over stay
