@@ -199,7 +199,7 @@ def main() -> None:
         "",
         "| | wall s (run) | CPU s | s per round (each) |",
         "|---|---|---|---|",
-        f"| `pflarena run` (simulation, in-process) | {local_wall:.1f} | {local_cpu:.1f} | "
+        f"| `pflarena run` (Flower simulation on Ray) | {local_wall:.1f} | {local_cpu:.1f} | "
         f"{fmt(f'{t:.1f}' for t in round_times(local))} |",
         f"| compose: {num_containers} containers, `flwr run` from the host | {wall:.1f} | "
         f"{cpu:.1f} | "
