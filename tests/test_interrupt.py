@@ -61,9 +61,11 @@ def _last_round(path: Path) -> int:
     return max((r["round"] for r in read_rounds(path)), default=-1) if path.exists() else -1
 
 
-def _interrupt(command: list[str], rounds_file: Path, cwd: Path):
-    """Start ``command`` in its own group, Ctrl-C it once a round is recorded; its result
-    and the processes that were below it."""
+def _interrupt(command: list[str], rounds_file: Path, cwd: Path, how: str = "ctrl-c"):
+    """Start ``command`` in its own group, stop it once a round is recorded (``ctrl-c``:
+    SIGINT to the group, as a terminal sends it; ``sigterm``: SIGTERM to the command alone,
+    as ``kill`` or a process manager sends it); its result and the processes that were
+    below it."""
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -79,7 +81,10 @@ def _interrupt(command: list[str], rounds_file: Path, cwd: Path):
         time.sleep(0.2)
     below = {pid: _start_time(pid) for pid in descendants({proc.pid})}
     names = " ".join(cmdline(pid) for pid in below)
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -89,16 +94,20 @@ def _interrupt(command: list[str], rounds_file: Path, cwd: Path):
     return proc, out, err, below, names
 
 
-def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize(("how", "code", "said"), [("ctrl-c", 130, "interrupted"),
+                                                   ("sigterm", 143, "terminated")])  # fmt: skip
+def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(tmp_path, how, code, said):
+    """SIGTERM to the command alone takes the same way out (before, the simulation process
+    was left running, orphaned)."""
     out = tmp_path / "run"
     cli = [sys.executable, "-m", "pflarena.server.cli", "run"]
     command = [*cli, "--strategy", "fedavg", "--num-clients", "4", "--num-rounds", "200",
                "--output-dir", str(out), "--quiet"]  # fmt: skip
-    proc, stdout, stderr, below, names = _interrupt(command, out / "rounds.jsonl", tmp_path)
+    proc, stdout, stderr, below, names = _interrupt(command, out / "rounds.jsonl", tmp_path, how)
     assert "raylet" in names and "gcs_server" in names  # Ray was running below it
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == code, stderr
     assert stderr.strip().splitlines() == [
-        f"pflarena run: interrupted; `pflarena run --resume {out}` continues it"
+        f"pflarena run: {said}; `pflarena run --resume {out}` continues it"
     ], stderr
     assert "Traceback" not in stdout
     assert _alive(below) == [] and _in_group(proc.pid) == []

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from datetime import datetime, timezone
@@ -357,13 +358,15 @@ def run_simulations(
         )
         tail = _stream(proc, log_handle, verbosity, progress)
     finally:
-        # a second Ctrl-C must not cut the shutdown short and leave processes behind
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a second Ctrl-C or SIGTERM must not cut the shutdown short and leave processes
+        # behind
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if proc is not None:
                 _stop_group(proc)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         for lock in locks:
             lock.close()
         if log_handle:
@@ -1221,6 +1224,16 @@ def main(argv: list[str] | None = None) -> int:
         supernode_main(argv[1:])
         return 0
     args = build_parser().parse_args(argv)
+    terminated: list[int] = []
+
+    def _terminate(signum: int, frame: Any) -> None:
+        # SIGTERM (a process manager, `kill`) takes Ctrl-C's way out: whatever the command
+        # started is stopped on the way (run_simulations), instead of left orphaned.
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args)
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:
@@ -1230,8 +1243,12 @@ def main(argv: list[str] | None = None) -> int:
         # Everything started was stopped on the way out (run_simulations); one line.
         run_dir = getattr(args, "run_dir", None)
         hint = f"; `pflarena run --resume {run_dir}` continues it" if run_dir else ""
-        print(f"\npflarena {args.command}: interrupted{hint}", file=sys.stderr)
-        return 130
+        how = "terminated" if terminated else "interrupted"
+        print(f"\npflarena {args.command}: {how}{hint}", file=sys.stderr)
+        return 128 + signal.SIGTERM if terminated else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
