@@ -140,7 +140,7 @@ def test_compare_and_the_leaderboard_show_the_privacy_spent(tmp_path):
             "epsilon": (16.48, 0.0),
         }
         | {name: (0.9, 0.0) for name in ("pers. mean last", "pers. mean best")}
-        | {name: None for name in ("global pooled last", "global pooled best")}
+        | {name: None for name in ("global pooled last", "global pooled at best")}
     ]
     markdown = leaderboard_markdown(rows)
     assert "| rounds | rounds s | DP ε |" in markdown and "| 30 | 5 | 16.5 |" in markdown

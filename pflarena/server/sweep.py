@@ -65,7 +65,9 @@ LEADERBOARD_METRICS: tuple[tuple[str, str, str, str], ...] = (
     (f"{short_label('personalized', 'mean')} last", "personalized", "last", "mean"),
     (f"{short_label('personalized', 'mean')} best", "personalized", "best", "mean"),
     (f"{short_label('global', 'weighted')} last", "global", "last", "weighted"),
-    (f"{short_label('global', 'weighted')} best", "global", "best", "weighted"),
+    # summary.json's `best` is the round with the best mean over clients, so this is the
+    # pooled figure of that round, not the largest pooled figure (it can be below `last`)
+    (f"{short_label('global', 'weighted')} at best", "global", "best", "weighted"),
 )
 #: The column the rows are sorted by.
 SORT_METRIC = LEADERBOARD_METRICS[0][0]
@@ -408,7 +410,8 @@ def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard")
         "Per setting and method: mean ± standard deviation over seeds (population std) of "
         f"each run's `summary.json`: {label('personalized', 'mean')} and "
         f"{label('global', 'weighted')}: the global model on the union of the clients' test "
-        "splits, at the last round and the best round. `rounds s`: the rounds' own time "
+        "splits, at the last round and at the best round (the round whose mean over clients "
+        "is best, so `at best` can be below `last`). `rounds s`: the rounds' own time "
         "(the start-up, the clients' first data build and round 0, not included).",
     ]
     private = any(r.get("epsilon") for r in rows)
