@@ -54,7 +54,7 @@ lint: setup
 # After changing a method's declaration or a run-config key: regenerate the
 # [tool.flwr.app.config] tables of pyproject.toml and docs/methods.md (tests check both).
 generated: setup
-	$(PY) -m pflarena.server.catalog
+	$(PY) -m pflarena.cli.methods
 
 # The container images pflarena-{superlink,supernode,app,edge}:latest (docker/Dockerfile), built
 # from a wheelhouse made here, so that `docker build` needs no network. LOCAL_BASE=1 where no
@@ -62,4 +62,4 @@ generated: setup
 # docs/deployment.md, "Containers".
 LOCAL_BASE ?=
 images: setup
-	$(PY) -m pflarena.server.images $(if $(LOCAL_BASE),--local-base)
+	$(PY) -m pflarena.deploy.images $(if $(LOCAL_BASE),--local-base)

@@ -24,8 +24,8 @@ import json
 import time
 from pathlib import Path
 
-from pflarena.server.cli import simulate
-from pflarena.server.presets import load_preset
+from pflarena.core.presets import load_preset
+from pflarena.runtime.launch import simulate
 from pflarena.server.registry import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from pflarena.core.methods import TRAINING_SETTINGS
-from pflarena.server.cli import simulate
-from pflarena.server.presets import load_preset
+from pflarena.core.presets import load_preset
+from pflarena.runtime.launch import simulate
 from pflarena.server.registry import parse_config
 from pflarena.server.results import completed_summary
 from pflarena.strategies import declarations

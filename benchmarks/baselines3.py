@@ -8,7 +8,7 @@ clients' data is PAGE's), the rest split 7:3 into train and test. The four
 methods run beside ``fedavg``, ``fedprox`` and ``ditto`` on the same data and seed, each
 with its own parameters at their defaults (``docs/methods.md``) but Dap-FL's action box
 (:data:`METHOD_SETTINGS`), all in one simulation
-process through :mod:`pflarena.server.sweep` (a completed run is not run again, an
+process through :mod:`pflarena.cli.sweep` (a completed run is not run again, an
 interrupted one resumes).
 
 The report gives, per method, the global accuracy (the global model on the union of the
@@ -30,8 +30,8 @@ import argparse
 import json
 from pathlib import Path
 
-from pflarena.server import sweep
-from pflarena.server.cli import run_simulations
+from pflarena.cli import sweep
+from pflarena.runtime.launch import run_simulations
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,15 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pflarena.core.config import toml_value
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
-from pflarena.server.appdir import flwr_run_dir
-from pflarena.server.cli import _flwr_env, _toml_value
-from pflarena.server.compose import compose_files
-from pflarena.server.images import TARGETS, image_name
+from pflarena.deploy.compose import compose_files
+from pflarena.deploy.images import TARGETS, image_name
+from pflarena.runtime.appdir import flwr_run_dir
+from pflarena.runtime.launch import simulation_env
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
-PFLARENA = [sys.executable, "-m", "pflarena.server.cli"]
+PFLARENA = [sys.executable, "-m", "pflarena.cli"]
 NUM_CLIENTS = 3
 
 
@@ -126,8 +127,7 @@ def in_containers(
         overrides = work / "run-config.toml"
         overrides.write_text(
             "".join(
-                f"{k} = {_toml_value(v)}\n"
-                for k, v in job(rounds, "/shards", "/runs/bench").items()
+                f"{k} = {toml_value(v)}\n" for k, v in job(rounds, "/shards", "/runs/bench").items()
             )
         )
         cpu0 = sum(_container_cpu(c) for c in containers)
@@ -135,7 +135,7 @@ def in_containers(
         with open(work / "flwr-run.log", "wb") as log:
             subprocess.run(
                 ["flwr", "run", str(flwr_run_dir(work / "app")), "c", "--run-config", str(overrides), "--stream"],
-                env=_flwr_env(home), cwd=home, stdout=log, stderr=subprocess.STDOUT, check=True,
+                env=simulation_env(home), cwd=home, stdout=log, stderr=subprocess.STDOUT, check=True,
             )  # fmt: skip
         wall = time.monotonic() - t0
         cpu = sum(_container_cpu(c) for c in containers) - cpu0

@@ -6,11 +6,11 @@ The same shards and run config go through
 
 * ``pflarena run --shards-dir`` with ``--engine ray`` (Flower's simulation runtime, one CPU
   per Ray actor) and ``--engine inprocess``;
-* a loopback deployment (:class:`pflarena.server.deploy.LocalDeployment`: a SuperLink and one
+* a loopback deployment (:class:`pflarena.deploy.local.LocalDeployment`: a SuperLink and one
   SuperNode per shard on 127.0.0.1, the app submitted with ``flwr run``), with
 
   - Flower's stock executor (a fresh ``flwr-clientapp`` process per message),
-  - pflarena's warm executor (:mod:`pflarena.server.executor`),
+  - pflarena's warm executor (:mod:`pflarena.deploy.executor`),
   - the warm executor with the SuperNode's wait after an empty pull set to ``--idle-poll``
     (``pflarena supernode``; Flower's is a fixed 3 s);
 
@@ -46,15 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.config import parse_run_config
+from pflarena.core.config import parse_run_config, toml_value
 from pflarena.core.federation import build_federation, write_shards
-from pflarena.server.appdir import flwr_run_dir
-from pflarena.server.cli import _toml_value
-from pflarena.server.deploy import CONNECTION, LocalDeployment
+from pflarena.deploy.local import CONNECTION, LocalDeployment
+from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
-PFLARENA = [sys.executable, "-m", "pflarena.server.cli"]
+PFLARENA = [sys.executable, "-m", "pflarena.cli"]
 TICKS = os.sysconf("SC_CLK_TCK")
 #: What the deployments share: Flower's task poll and pflarena's reply poll at 0.1 s.
 POLL_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1", "PFLARENA_REPLY_POLL_S": "0.1"}
@@ -202,7 +201,7 @@ def deploy(
         overrides = root / "run-config.toml"
         overrides.write_text(
             "".join(
-                f"{k} = {_toml_value(v)}\n"
+                f"{k} = {toml_value(v)}\n"
                 for k, v in job(shards[0].parent, clients, rounds, out).items()
             )
         )

@@ -32,7 +32,7 @@ from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import build_federation
 from pflarena.core.models import build_model
 from pflarena.core.training import train_epochs
-from pflarena.server.cli import simulate
+from pflarena.runtime.launch import simulate
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 

@@ -45,10 +45,10 @@ from flwr.app import Array, ArrayRecord
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
+from pflarena.core.presets import load_preset
 from pflarena.core.training import evaluate, train_epochs
 from pflarena.core.versions import DiskVersions
-from pflarena.server.cli import simulate
-from pflarena.server.presets import load_preset
+from pflarena.runtime.launch import simulate
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from pflarena.core.federation import build_federation
-from pflarena.server.cli import simulate
+from pflarena.runtime.launch import simulate
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 

@@ -39,8 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pflarena.server.cli import compare_plot, simulate
-from pflarena.server.presets import load_preset
+from pflarena.core.presets import load_preset
+from pflarena.runtime.launch import simulate
+from pflarena.server.compare import compare_plot
 from pflarena.server.registry import parse_config
 from pflarena.server.results import archive_run, completed_summary, read_rounds
 

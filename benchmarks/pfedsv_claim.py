@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest
 
-from pflarena.server import sweep
-from pflarena.server.cli import run_simulations
+from pflarena.cli import sweep
+from pflarena.runtime.launch import run_simulations
 from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

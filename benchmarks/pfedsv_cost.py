@@ -46,9 +46,9 @@ from pflarena.client.solvers.pfedsv import (
 from pflarena.core.datasets.tensors import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
+from pflarena.core.presets import load_preset
 from pflarena.core.shapley import shapley_values
 from pflarena.core.training import train_epochs
-from pflarena.server.presets import load_preset
 from pflarena.server.registry import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]

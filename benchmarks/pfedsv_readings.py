@@ -4,7 +4,7 @@ learning rate and the paper's open choices, each pFedSV run scored both ways spe
 Preset ``pfedsv-digits`` (``pflarena presets pfedsv-digits``): the embedded digits set,
 classes {i, i+1} (mod 10) per client, 10 clients, full participation, 20 rounds, E = 5,
 batch 32, 20 % validation. Four sweeps, each in one simulation process
-(:mod:`pflarena.server.sweep`; a completed run is not run again):
+(:mod:`pflarena.cli.sweep`; a completed run is not run again):
 
 * ``lr``: ``local``, ``fedfomo`` and ``pfedsv`` at lr 0.01 (the paper's MNIST rate), 0.02
   and 0.05 (the preset's).
@@ -44,9 +44,9 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest
 
-from pflarena.server import sweep
-from pflarena.server.cli import run_simulations
-from pflarena.server.presets import load_preset
+from pflarena.cli import sweep
+from pflarena.core.presets import load_preset
+from pflarena.runtime.launch import run_simulations
 from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

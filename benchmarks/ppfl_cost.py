@@ -27,8 +27,8 @@ import shutil
 import statistics
 from pathlib import Path
 
-from pflarena.server.cli import simulate
-from pflarena.server.presets import load_preset
+from pflarena.core.presets import load_preset
+from pflarena.runtime.launch import simulate
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 

@@ -76,7 +76,7 @@ def _du(path: Path) -> int:
 def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"ditto-{num_clients}"
     cmd = [
-        sys.executable, "-m", "pflarena.server.cli", "run",
+        sys.executable, "-m", "pflarena.cli", "run",
         "--strategy", "ditto", "--dataset", "mnist", "--data-dir", args.data_dir,
         "--model", "cnn", "--partition", "iid", "--num-clients", str(num_clients),
         "--fraction-train", str(args.fraction), "--num-rounds", str(args.rounds),

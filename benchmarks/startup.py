@@ -4,7 +4,7 @@ started by pflarena, side by side, plus the cost of each ingredient alone.
 Each repetition runs the same one-round job both ways, one after the other under the same
 load: ``pflarena run --superlink`` (a private simulation SuperLink, ``flwr run`` building,
 uploading and installing the FAB, a ``flwr-simulation`` process, as before) and ``pflarena
-run`` (:mod:`pflarena.server.simulation`). Phases are read from Flower's own log lines
+run`` (:mod:`pflarena.runtime.simulation`). Phases are read from Flower's own log lines
 (``FLWR_LOG_LEVEL=DEBUG`` puts a timestamp on each) and from when lines arrive; CPU time is
 summed over the whole process tree (sampled from ``/proc``), which on a shared machine says
 more than wall time about what an idle one would take. With ``--sweep`` it also times the
@@ -34,7 +34,7 @@ from pathlib import Path
 from pflarena.server.results import comparable_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
-PFLARENA = [sys.executable, "-m", "pflarena.server.cli"]
+PFLARENA = [sys.executable, "-m", "pflarena.cli"]
 JOB = ["--strategy", "fedavg", "--dataset", "digits", "--num-clients", "10", "--num-rounds", "1"]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 STAMP = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR)\S*\s+(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")

@@ -10,7 +10,7 @@ assertion fails. A failing assertion shows the tail of every process's log.
 
 A SuperNode polls for messages every 3 s (Flower's fixed interval; the ServerApp checks for
 replies every 1 s here, ``pflarena/server/polling.py``), and every message runs in a child
-forked by the node's warm executor (``pflarena executor``, :mod:`pflarena.server.executor`;
+forked by the node's warm executor (``pflarena executor``, :mod:`pflarena.deploy.executor`;
 Flower's own executor starts a new process that imports Flower and torch, 3-5 s of CPU, per
 message: ``PFLARENA_TEST_EXECUTOR=flower`` runs the tests on it). The runs of a module go one after another: seven runs submitted at once on this deployment
 took longer than one after another on 2 cores (after 618 s one of them had completed; one
@@ -34,17 +34,12 @@ from typing import Any
 import pytest
 from processes import cmdline, descendants, proc_state
 
-from pflarena.core.config import RunConfig
+from pflarena.core.config import RunConfig, toml_value
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
-from pflarena.server.appdir import flwr_run_dir
-from pflarena.server.cli import (
-    _flwr_env,
-    _free_port,
-    _stop,
-    _toml_value,
-    _wait_healthy,
-)
-from pflarena.server.deploy import executor_cmd
+from pflarena.deploy.local import executor_cmd
+from pflarena.runtime.appdir import flwr_run_dir
+from pflarena.runtime.launch import simulation_env
+from pflarena.runtime.processes import free_port, stop, wait_healthy
 from pflarena.server.polling import REPLY_POLL_ENV
 from pflarena.server.results import read_rounds
 
@@ -64,7 +59,7 @@ EXECUTOR_ENV = "PFLARENA_TEST_EXECUTOR"
 
 def flwr_run_args(connection: str, overrides: Path, app: Path) -> list[str]:
     """``flwr run <app> <connection> --run-config <overrides> --stream``; ``app`` is this
-    app laid out under a test's directory (:func:`~pflarena.server.appdir.flwr_run_dir`)."""
+    app laid out under a test's directory (:func:`~pflarena.runtime.appdir.flwr_run_dir`)."""
     return [
         "flwr",
         "run",
@@ -123,14 +118,14 @@ class Deployment:
 
     # ------------------------------------------------------------------ starting
     def _port(self) -> int:
-        while (port := _free_port()) in self._ports:
+        while (port := free_port()) in self._ports:
             pass
         self._ports.add(port)
         return port
 
     def _env(self, home: Path) -> dict[str, str]:
         home.mkdir(parents=True, exist_ok=True)
-        env = _flwr_env(home)
+        env = simulation_env(home)
         # Flower's 1 s task poll, as `pflarena local-deploy` keeps it: at 0.1 s the idle
         # SuperExecs and the SuperLink answering them take CPU from the other test worker.
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "1.0"
@@ -179,7 +174,7 @@ class Deployment:
             self.root / "home-superlink",
         )
         try:
-            _wait_healthy(self.port, self.superlink)
+            wait_healthy(self.port, self.superlink)
         except RuntimeError as exc:
             raise AssertionError(f"{exc}\n{self.log_tails()}") from None
 
@@ -187,7 +182,7 @@ class Deployment:
         """Stop the SuperLink (and with it the ServerApp) by PID, then start it again."""
         assert self.superlink is not None
         self.note_children()
-        _stop(self.superlink, grace=GRACE_S)
+        stop(self.superlink, grace=GRACE_S)
         self.stopped.append(self.superlink)
         self.start_superlink()
 
@@ -245,7 +240,7 @@ class Deployment:
         """
         overrides = self.root / f"run-config{len(self.cli) + 1}.toml"
         overrides.write_text(
-            "".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.to_run_config().items())
+            "".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items())
         )
         proc = subprocess.Popen(
             flwr_run_args(CONNECTION, overrides, flwr_run_dir(self.root / "app")),
@@ -351,7 +346,7 @@ class Deployment:
         _stop_all(self.cli)
         _stop_all([*self.supernodes, *self.executors])
         if self.superlink is not None:
-            _stop(self.superlink, grace=GRACE_S)
+            stop(self.superlink, grace=GRACE_S)
         for thread in self._threads.values():
             thread.join(timeout=5)
         for handle in self._handles:

@@ -1,6 +1,6 @@
 """The in-process Grid of fast tests: no SuperLink, no Ray, the real ClientApp.
 
-:class:`pflarena.server.inprocess.InProcessGrid` keeping every message it sends (``sent``),
+:class:`pflarena.runtime.inprocess.InProcessGrid` keeping every message it sends (``sent``),
 so tests can assert what went down; ``offline`` and ``reply_filter`` simulate dead nodes
 and tampered replies.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pflarena.server.inprocess import InProcessGrid
+from pflarena.runtime.inprocess import InProcessGrid
 
 
 class LocalGrid(InProcessGrid):

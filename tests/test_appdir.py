@@ -1,4 +1,4 @@
-"""The directory ``flwr run`` is handed (``server/appdir.py``): the app laid out from the
+"""The directory ``flwr run`` is handed (``runtime/appdir.py``): the app laid out from the
 package, so that Flower builds the FAB without walking a clone's ``.venv``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
 
-from pflarena.server.appdir import flwr_run_dir
+from pflarena.runtime.appdir import flwr_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

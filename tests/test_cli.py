@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from pflarena.cli import main
 from pflarena.core.federation import load_shard
-from pflarena.server.cli import compare_table, main
+from pflarena.server.compare import compare_table
 
 
 def test_bad_config_stops_before_anything_starts(tmp_path, capsys):
@@ -117,7 +118,7 @@ def test_compare_plot_tells_more_than_ten_runs_apart(tmp_path, monkeypatch):
     """Catches runs 1 and 11 drawn in the same colour and style (matplotlib's cycle has 10)."""
     from matplotlib.figure import Figure
 
-    from pflarena.server.cli import compare_plot
+    from pflarena.server.compare import compare_plot
 
     figures = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
@@ -176,7 +177,7 @@ def test_a_run_stored_before_another_methods_default_changed_still_resumes(tmp_p
     since (pfedgt.lambda-rule was 'fixed') must not turn a ppfl run into one that sets
     pFedGT's parameters, which a fresh run config refuses."""
     from pflarena.core.config import ConfigError
-    from pflarena.server.cli import resume_config
+    from pflarena.runtime.launch import resume_config
     from pflarena.server.registry import parse_config
 
     stored = parse_config({"strategy": "ppfl", "ppfl.num-canonical": 2}).to_run_config()
@@ -195,7 +196,7 @@ def test_a_run_stored_before_another_methods_default_changed_still_resumes(tmp_p
 def test_simulate_resuming_continues_a_failed_run_from_its_checkpoint(tmp_path, monkeypatch):
     """A run that fails after its first checkpoint is resumed (not restarted) on the next
     attempt; one that fails before any checkpoint starts again; the last failure is raised."""
-    from pflarena.server import cli
+    from pflarena.runtime import launch
     from pflarena.server.registry import parse_config
     from pflarena.server.results import OutputDirError
 
@@ -214,20 +215,20 @@ def test_simulate_resuming_continues_a_failed_run_from_its_checkpoint(tmp_path, 
             raise RuntimeError(f"attempt {len(calls)} failed")
         return {"status": "completed"}
 
-    monkeypatch.setattr(cli, "simulate", fake_simulate)
-    assert cli.simulate_resuming(config, retries=2) == {"status": "completed"}
+    monkeypatch.setattr(launch, "simulate", fake_simulate)
+    assert launch.simulate_resuming(config, retries=2) == {"status": "completed"}
     assert calls == [(False, str(out)), (False, str(out)), (True, str(out.resolve()))]
 
     calls.clear()
     with pytest.raises(RuntimeError, match="attempt 2 failed"):
-        cli.simulate_resuming(config, retries=1, engine="always-fails")
+        launch.simulate_resuming(config, retries=1, engine="always-fails")
     assert [resumed for resumed, _ in calls] == [True, True]
 
     # results without a checkpoint (stopped in round 0): refused by name, nothing touched
     (out / "checkpoint.npz").unlink()
     calls.clear()
     with pytest.raises(OutputDirError, match="already holds results"):
-        cli.simulate_resuming(config, retries=2)
+        launch.simulate_resuming(config, retries=2)
     assert calls == [] and (out / "config.json").exists()
 
 
@@ -235,7 +236,7 @@ def test_relative_shard_and_data_paths_reach_the_runtime_absolute(tmp_path, monk
     """Catches a relative ``shards-dir`` or ``data-dir`` handed as it is to the runtime,
     whose process runs in a scratch directory (``--shards-dir shards`` then found no
     manifest there)."""
-    from pflarena.server.cli import with_absolute_paths
+    from pflarena.runtime.launch import with_absolute_paths
     from pflarena.server.registry import parse_config
 
     monkeypatch.chdir(tmp_path)

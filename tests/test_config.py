@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from pflarena.cli.methods import flower_config
 from pflarena.core.config import ConfigError
-from pflarena.server.catalog import flower_config
 from pflarena.server.registry import parse_config
 from pflarena.strategies import declarations
 

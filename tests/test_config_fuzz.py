@@ -10,10 +10,10 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pflarena.cli import main
+from pflarena.cli.methods import flower_config
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.methods import TRAINING_SETTINGS
-from pflarena.server.catalog import flower_config
-from pflarena.server.cli import main
 from pflarena.server.registry import parse_config
 from pflarena.strategies import declarations
 

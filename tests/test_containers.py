@@ -4,7 +4,7 @@ published port.
 
 Opt-in (``PFLARENA_CONTAINER_TESTS=1``), and skipped, saying why, where no Docker Engine
 answers or no Compose is installed. The images are built once per test session and tagged with a
-digest of their inputs (:func:`pflarena.server.images.inputs_digest`): an unchanged tree
+digest of their inputs (:func:`pflarena.deploy.images.inputs_digest`): an unchanged tree
 reuses them. Where Flower's base image cannot be pulled they are built on the local base
 (``--local-base``: debootstrap, which needs root; made once and kept).
 
@@ -40,10 +40,9 @@ import pytest
 from deployment_harness import run_config, write_test_shards
 from helpers import grid_for, run_local
 
-from pflarena.server.appdir import flwr_run_dir
-from pflarena.server.cli import _flwr_env, _toml_value, resume_config
-from pflarena.server.compose import SUPERLINK_PORT, compose_files
-from pflarena.server.images import (
+from pflarena.core.config import toml_value
+from pflarena.deploy.compose import SUPERLINK_PORT, compose_files
+from pflarena.deploy.images import (
     FLOWER_BASE,
     TARGETS,
     build_images,
@@ -52,6 +51,8 @@ from pflarena.server.images import (
     inputs_digest,
     local_base_name,
 )
+from pflarena.runtime.appdir import flwr_run_dir
+from pflarena.runtime.launch import resume_config, simulation_env
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 
@@ -227,7 +228,7 @@ class ComposeProject:
     def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         return subprocess.run(
             ["flwr", *args],
-            env=_flwr_env(self.home),
+            env=simulation_env(self.home),
             cwd=self.home,
             capture_output=True,
             text=True,
@@ -238,11 +239,11 @@ class ComposeProject:
         """``flwr run`` from the host through the published port, in the background."""
         self.runs += 1
         overrides = self.root / f"run-config{self.runs}.toml"
-        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
         log = open(self.root / f"flwr-run{self.runs}.log", "w")  # noqa: SIM115
         return subprocess.Popen(
             ["flwr", "run", str(self.app), CONNECTION, "--run-config", str(overrides), "--stream"],
-            env=_flwr_env(self.home),
+            env=simulation_env(self.home),
             cwd=self.home,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -484,8 +485,8 @@ def test_tls_with_registered_nodes_refuses_an_unregistered_one(
     305 (printed; its exit status is 1) and is never listed as a node."""
     if os.geteuid() != 0:
         pytest.skip("the containers read the keys as UID 49999: chown needs root")
-    from pflarena.server.cli import main
-    from pflarena.server.deploy import EXIT_NODE_NOT_REGISTERED, make_node_key
+    from pflarena.cli import main
+    from pflarena.deploy.local import EXIT_NODE_NOT_REGISTERED, make_node_key
 
     num_nodes = 2
     with _project(tmp_path, image_tag, num_nodes=num_nodes, tls=True) as project:

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from fake_data import write_fake_femnist, write_fake_shakespeare, write_fake_tiny_imagenet
 
+from pflarena.cli import main
 from pflarena.core.datasets import DATASETS, dataset_spec
 from pflarena.core.federation import build_federation
-from pflarena.server.cli import main
-from pflarena.server.presets import load_preset, preset_names
+from pflarena.core.presets import load_preset, preset_names
 
 #: One preset per data set of this issue, at least.
 FILE_PRESETS = ["page-shakespeare", "leaf-shakespeare", "ppfl-femnist", "leaf-femnist"]
@@ -87,7 +87,7 @@ def test_the_command_itself_fails_with_the_message(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "pflarena.server.cli",
+            "pflarena.cli",
             "run",
             "--preset",
             "page-shakespeare",
@@ -222,7 +222,7 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
         [
             sys.executable,
             "-m",
-            "pflarena.server.cli",
+            "pflarena.cli",
             "run",
             "--preset",
             "leaf-shakespeare",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.server import deploy
-from pflarena.server.cli import main
+from pflarena.cli import main
+from pflarena.deploy import local as deploy
 from pflarena.server.polling import PromptGrid, prompt_grid
 
 

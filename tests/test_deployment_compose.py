@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from pflarena.cli import main
+from pflarena.deploy.compose import SUPERLINK_PORT, compose_files, load
 from pflarena.server import compose
-from pflarena.server.cli import main
-from pflarena.server.compose import SUPERLINK_PORT, compose_files, load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -311,7 +311,7 @@ def test_images_share_one_base_and_install_without_network() -> None:
     edge images stand on one ``runtime`` stage whose dependencies are one ``pip install``
     below the project's wheel (a code change leaves that layer cached), and no stage copies
     the wheels themselves."""
-    from pflarena.server import images
+    from pflarena.deploy import images
 
     text = (ROOT / "docker" / "Dockerfile").read_text()
     version = compose.flower_version()
@@ -341,7 +341,7 @@ def test_wheelhouse_server_serves_pip(tmp_path: Path) -> None:
     import sys
     import zipfile
 
-    from pflarena.server import images
+    from pflarena.deploy import images
 
     house = tmp_path / "wheelhouse"
     house.mkdir()
@@ -480,7 +480,7 @@ def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:
     the pinned builds (each once), nothing dropped."""
     import tomllib
 
-    from pflarena.server import images
+    from pflarena.deploy import images
 
     reqs = images.requirements()
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -505,7 +505,7 @@ def _tree(root: Path) -> Path:
 def test_image_digest_follows_every_input(tmp_path: Path) -> None:
     """The digest that tags the test suite's images changes with the source, the Dockerfile,
     the pins and the base image, and with nothing else (a stray file outside them)."""
-    from pflarena.server.images import inputs_digest
+    from pflarena.deploy.images import inputs_digest
 
     root = _tree(tmp_path)
     before = inputs_digest(root, base="b")
@@ -523,7 +523,7 @@ def test_image_digest_follows_every_input(tmp_path: Path) -> None:
 
 
 def test_images_refuse_an_unknown_target_before_building(tmp_path: Path) -> None:
-    from pflarena.server.images import build_images
+    from pflarena.deploy.images import build_images
 
     with pytest.raises(ValueError, match="unknown image target"):
         build_images(targets=["app", "gpu"], root=_tree(tmp_path))

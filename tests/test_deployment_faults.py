@@ -34,7 +34,7 @@ from deployment_harness import (
 from helpers import grid_for, run_local
 from processes import cmdline, descendants
 
-from pflarena.server.cli import resume_config
+from pflarena.runtime.launch import resume_config
 from pflarena.server.registry import parse_config
 
 pytestmark = pytest.mark.slow

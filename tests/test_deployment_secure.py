@@ -33,16 +33,16 @@ import pytest
 from deployment_harness import flwr_run_args
 from processes import cmdline, descendants, proc_state
 
-from pflarena.server.appdir import flwr_run_dir
-from pflarena.server.cli import _toml_value
-from pflarena.server.deploy import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
+from pflarena.core.config import toml_value
+from pflarena.deploy.local import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
+from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.server.results import read_rounds
 
 pytestmark = pytest.mark.slow
 
 NUM_NODES = 5
 RUN_TIMEOUT_S = 400.0
-PFLARENA = [sys.executable, "-m", "pflarena.server.cli"]
+PFLARENA = [sys.executable, "-m", "pflarena.cli"]
 
 
 def _pflarena(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
@@ -77,7 +77,7 @@ class Secured:
         self.children |= descendants({p for p in self.pids if proc_state(p)})
 
     def logs(self, lines: int = 25) -> str:
-        from pflarena.server.deploy import tail
+        from pflarena.deploy.local import tail
 
         return "\n".join(
             f"----- {path.name} -----\n{tail(path, lines)}"
@@ -88,7 +88,7 @@ class Secured:
         """``flwr run <app> local-deploy --run-config FILE --stream`` in the background."""
         assert self.dep is not None
         overrides = self.root / f"{name}.toml"
-        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
         log = self.root / "logs" / f"flwr-run-{name}.log"
         with open(log, "wb") as handle:
             proc = subprocess.Popen(

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.server.appdir import APP_MANIFEST
+from pflarena.runtime.appdir import APP_MANIFEST
 
 pytestmark = pytest.mark.slow
 

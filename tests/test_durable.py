@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from helpers import comparable, config, run_resumable, stateful_grid
 
-from pflarena.server import cli
+from pflarena.cli import main
+from pflarena.cli import run as run_command
 from pflarena.server.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -166,7 +167,7 @@ def _completed(run: Path, tmp_path: Path) -> Path:
 )
 def test_resume_refuses_the_flags_it_would_ignore(finished_run, tmp_path, capsys, flags, named):
     run = _copy(finished_run, tmp_path / "run")
-    code = cli.main(["run", "--resume", str(run), *flags])
+    code = main(["run", "--resume", str(run), *flags])
     error = capsys.readouterr().err
     assert code == 2 and f"it would ignore {named}." in error
 
@@ -176,12 +177,12 @@ def test_resuming_a_completed_run_starts_nothing_and_rewrites_nothing(
 ):
     run = _completed(finished_run, tmp_path)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    monkeypatch.setattr(cli, "simulate", lambda *a, **k: pytest.fail("a run was started"))
-    assert cli.main(["run", "--resume", str(run)]) == 0
+    monkeypatch.setattr(run_command, "simulate", lambda *a, **k: pytest.fail("a run was started"))
+    assert main(["run", "--resume", str(run)]) == 0
     assert "is complete (3 rounds); nothing to resume" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     # fewer rounds than recorded cannot be had
-    assert cli.main(["run", "--resume", str(run), "--num-rounds", "2"]) == 2
+    assert main(["run", "--resume", str(run), "--num-rounds", "2"]) == 2
     assert "would shorten the run" in capsys.readouterr().err
 
 
@@ -189,11 +190,11 @@ def test_resume_with_more_rounds_asks_for_them(finished_run, tmp_path, monkeypat
     run = _completed(finished_run, tmp_path)
     started = []
     monkeypatch.setattr(
-        cli, "simulate", lambda cfg, **k: started.append(cfg) or {"wall_time_s": 0.0}
+        run_command, "simulate", lambda cfg, **k: started.append(cfg) or {"wall_time_s": 0.0}
     )
-    monkeypatch.setattr(cli, "compare_table", lambda dirs: "")
-    monkeypatch.setattr(cli, "check_files", lambda *a: None)
-    cli.main(["run", "--resume", str(run), "--num-rounds", "5"])
+    monkeypatch.setattr(run_command, "compare_table", lambda dirs: "")
+    monkeypatch.setattr(run_command, "check_files", lambda *a: None)
+    main(["run", "--resume", str(run), "--num-rounds", "5"])
     assert [(c.num_rounds, c.resume, c.output_dir) for c in started] == [
         (5, True, str(run.resolve()))
     ]
@@ -209,7 +210,7 @@ def test_a_moved_run_resumes_with_its_clients_state(tmp_path):
 
     def pflarena_run(*args: str) -> None:
         result = subprocess.run(
-            [sys.executable, "-m", "pflarena.server.cli", "run", *args],
+            [sys.executable, "-m", "pflarena.cli", "run", *args],
             capture_output=True,
             text=True,
             timeout=600,
@@ -239,7 +240,7 @@ def test_a_failed_resume_reports_its_own_error(finished_run, tmp_path):
     path = run / CHECKPOINT_NAME
     path.write_bytes(path.read_bytes()[:100])
     result = subprocess.run(
-        [sys.executable, "-m", "pflarena.server.cli", "run", "--resume", str(run)]
+        [sys.executable, "-m", "pflarena.cli", "run", "--resume", str(run)]
         + ["--engine", "inprocess", "--quiet"],
         capture_output=True,
         text=True,

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.core.config import parse_run_config
+from pflarena.core.config import parse_run_config, toml_value
 from pflarena.core.federation import build_federation, write_shards
+from pflarena.deploy.local import CONNECTION, LocalDeployment
+from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.server import executor as warm
 from pflarena.server import supernode
-from pflarena.server.appdir import flwr_run_dir
-from pflarena.server.cli import _toml_value
-from pflarena.server.deploy import CONNECTION, LocalDeployment
 from pflarena.server.results import read_rounds
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -172,7 +171,7 @@ def _run(dep: LocalDeployment, out: Path, app: Path, plan: str = "", **config) -
         "output-dir": str(out),
     } | config
     overrides = out.parent / f"{out.name}.toml"
-    overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+    overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
     done = subprocess.run(
         ["flwr", "run", str(app), CONNECTION, "--run-config", str(overrides), "--stream"],
         env=dep.cli_env(), cwd=dep.cli_home, capture_output=True, text=True, timeout=600,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from helpers import config, grid_for, run_local
 
+from pflarena.cli import main
 from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_shard
@@ -24,7 +25,6 @@ from pflarena.core.importers import (
     read_pfllib_npz,
 )
 from pflarena.core.shards import read_shard_set
-from pflarena.server.cli import main
 
 SIZES = [(20 + 3 * i, 7 + 2 * i) for i in range(4)]  # (train, test) per client: all differ
 
@@ -317,7 +317,7 @@ def test_pflarena_run_on_an_imported_pfllib_folder_in_flower_simulation(tmp_path
                  "--out", str(tmp_path / "shards")]) == 0  # fmt: skip
     result = subprocess.run(
         [
-            sys.executable, "-m", "pflarena.server.cli", "run", "--shards-dir",
+            sys.executable, "-m", "pflarena.cli", "run", "--shards-dir",
             str(tmp_path / "shards"), "--strategy", "fedavg", "--num-rounds", "2",
             "--fraction-train", "1.0", "--model", "cnn-pfllib", "--output-dir",
             str(tmp_path / "run"), "--quiet",

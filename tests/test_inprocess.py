@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from pflarena.server.inprocess import InProcessGrid
+from pflarena.runtime.inprocess import InProcessGrid
 
 app = ClientApp()
 

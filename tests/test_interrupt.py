@@ -100,7 +100,7 @@ def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(tmp_path, how, c
     """SIGTERM to the command alone takes the same way out (before, the simulation process
     was left running, orphaned)."""
     out = tmp_path / "run"
-    cli = [sys.executable, "-m", "pflarena.server.cli", "run"]
+    cli = [sys.executable, "-m", "pflarena.cli", "run"]
     command = [*cli, "--strategy", "fedavg", "--num-clients", "4", "--num-rounds", "200",
                "--output-dir", str(out), "--quiet"]  # fmt: skip
     proc, stdout, stderr, below, names = _interrupt(command, out / "rounds.jsonl", tmp_path, how)
@@ -118,7 +118,7 @@ def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(tmp_path, how, c
 
 def test_ctrl_c_stops_a_sweep_and_leaves_no_process(tmp_path):
     sweep = tmp_path / "sweep"
-    command = [sys.executable, "-m", "pflarena.server.cli", "sweep", "--strategies", "fedavg",
+    command = [sys.executable, "-m", "pflarena.cli", "sweep", "--strategies", "fedavg",
                "--seeds", "0,1", "--set", "num-clients=4", "--set", "num-rounds=200",
                "--out", str(sweep), "--quiet"]  # fmt: skip
     proc, stdout, stderr, below = _interrupt_sweep(command, sweep, tmp_path)

@@ -15,12 +15,12 @@ from flwr.app import Array, ConfigRecord
 from helpers import config, grid_for, run_local
 
 import pflarena.client.solvers as solvers_package
+from pflarena.cli import methods as catalog
 from pflarena.client.solvers import SolverError, load_solver
 from pflarena.core import keys
 from pflarena.core.config import ConfigError, parse_run_config
-from pflarena.server import catalog
+from pflarena.core.presets import load_preset, preset_names
 from pflarena.server.app import initial_arrays
-from pflarena.server.presets import load_preset, preset_names
 from pflarena.server.registry import build_strategy, parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES, declarations, strategy_classes
 from pflarena.strategies.base import direct_send
@@ -132,7 +132,7 @@ def test_solvers_outside_the_package_need_the_plugin_list(monkeypatch):
 # --------------------------------------------------------------------------- catalog / CLI
 def _cli(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "pflarena.server.cli", *args],
+        [sys.executable, "-m", "pflarena.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -257,7 +257,7 @@ PLUGIN_SIMULATED = ("toy-avg", "line-search")
 def plugin_runs(tmp_path_factory):
     """Both plug-in methods in one Flower simulation process (Ray and its actors start once),
     with the plug-ins named to the ServerApp and every ClientApp through the environment."""
-    from pflarena.server.cli import run_simulations
+    from pflarena.runtime.launch import run_simulations
 
     root = tmp_path_factory.mktemp("plugin-runs")
     with pytest.MonkeyPatch.context() as patch:

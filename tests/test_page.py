@@ -752,13 +752,13 @@ TABLE_7 = {
 
 
 def load_preset_config(name: str, strategy: str):
-    from pflarena.server.presets import load_preset
+    from pflarena.core.presets import load_preset
 
     return parse_config(load_preset(name).overrides(strategy) | {"strategy": strategy})
 
 
 def test_every_page_preset_has_a_table_7_row():
-    from pflarena.server.presets import preset_names
+    from pflarena.core.presets import preset_names
 
     assert {n for n in preset_names() if n.startswith("page-")} == set(TABLE_7)
 

@@ -496,7 +496,7 @@ def test_the_step_size_schedule_is_the_multi_step_scheduler():
 
 
 def test_the_paper_presets_keep_momentum_and_decay_the_step_sizes():
-    from pflarena.server.presets import load_preset
+    from pflarena.core.presets import load_preset
     from pflarena.server.registry import parse_config
 
     for name in ("ppfl-synthetic", "ppfl-mnist"):

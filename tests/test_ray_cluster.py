@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from helpers import comparable
 
-from pflarena.server.cli import main, project_root, run_simulations
+from pflarena.cli import main
+from pflarena.runtime.flowerapp import FlowerApp
+from pflarena.runtime.launch import project_root, run_simulations
+from pflarena.runtime.simulation import _start_ray, app_packages, check_ray_address
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
-from pflarena.server.simulation import FlowerApp, _start_ray, app_packages, check_ray_address
 
 #: Client sampling (half the clients train each round) and client state kept across rounds.
 SETTINGS = {"num-clients": 4, "num-rounds": 2, "fraction-train": 0.5}
@@ -115,7 +117,7 @@ def test_a_sweep_on_a_two_node_ray_cluster_runs_clients_on_both_and_gives_the_pr
 
     sets = [f"--set={key}={value}" for key, value in SETTINGS.items()]
     result = subprocess.run(
-        [sys.executable, "-m", "pflarena.server.cli", "sweep", "--strategies",
+        [sys.executable, "-m", "pflarena.cli", "sweep", "--strategies",
          ",".join(STRATEGIES), *sets, "--out", str(tmp_path / "cluster"), "--ray-address",
          ray_cluster.address, "--verbose"],
         capture_output=True, text=True, timeout=900,

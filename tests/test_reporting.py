@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.server import cli
-from pflarena.server.cli import build_parser, compare_table, main
+from pflarena.cli import main
+from pflarena.cli import sweep as sweep_command
+from pflarena.cli.command import build_parser
+from pflarena.runtime.launch import project_root
+from pflarena.server.compare import compare_table
 from pflarena.server.loop import summary_record
 from pflarena.server.metrics import HEADLINE, definitions, label
 from pflarena.server.registry import parse_config
@@ -127,7 +130,7 @@ def test_compare_and_the_leaderboard_show_the_privacy_spent(tmp_path):
     header, _, row = compare_table([tmp_path / "a"]).splitlines()
     assert header.endswith("| DP ε (δ) |") and row.endswith("| 16.5 (1e-05) |")
 
-    from pflarena.server.sweep import leaderboard_markdown
+    from pflarena.cli.sweep import leaderboard_markdown
 
     rows = [
         {
@@ -169,7 +172,7 @@ def test_sweep_takes_the_run_flags_it_passes_on(tmp_path, monkeypatch):
         seen.extend(configs)
         return 0, []
 
-    monkeypatch.setattr(cli, "run_simulations", fake_run_simulations)
+    monkeypatch.setattr(sweep_command, "run_simulations", fake_run_simulations)
     code = main(
         [
             "sweep",
@@ -198,8 +201,8 @@ def test_sweep_takes_the_run_flags_it_passes_on(tmp_path, monkeypatch):
 def test_local_deploy_prints_flwr_run_of_the_laid_out_app(tmp_path, monkeypatch, capsys):
     """Catches ``flwr run <clone>``: Flower walks every file of the directory it is given,
     a clone's .venv included."""
-    from pflarena.server import deploy
-    from pflarena.server.appdir import flwr_run_dir
+    from pflarena.deploy import local as deploy
+    from pflarena.runtime.appdir import flwr_run_dir
 
     for name in ("start", "save", "stop"):
         monkeypatch.setattr(deploy.LocalDeployment, name, lambda self, *a, **k: None)
@@ -208,7 +211,7 @@ def test_local_deploy_prints_flwr_run_of_the_laid_out_app(tmp_path, monkeypatch,
     assert code == 0
     out = capsys.readouterr().out
     assert f"flwr run {flwr_run_dir()} " in out
-    assert f"flwr run {cli.project_root()} " not in out
+    assert f"flwr run {project_root()} " not in out
 
 
 def test_pfedsv_privacy_accounting_leaves_the_log_alone():

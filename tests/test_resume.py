@@ -155,7 +155,7 @@ def test_a_run_extended_with_more_rounds_equals_one_started_with_them(tmp_path):
 
 def test_resume_refuses_a_directory_without_a_run(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "pflarena.server.cli", "run", "--resume", str(tmp_path)],
+        [sys.executable, "-m", "pflarena.cli", "run", "--resume", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -179,7 +179,7 @@ def test_flower_simulation_killed_after_round_3_resumes_identically(tmp_path):
         "--strategy", "pfedgt", "--num-clients", "4", "--num-rounds", "6",
         "--fraction-train", "0.5", "--quiet",
     ]  # fmt: skip
-    cli = [sys.executable, "-m", "pflarena.server.cli", "run"]
+    cli = [sys.executable, "-m", "pflarena.cli", "run"]
 
     def pflarena_run(*args):
         return subprocess.run(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.server.cli import run_simulations
+from pflarena.runtime.launch import run_simulations
 from pflarena.server.registry import parse_config
 from pflarena.strategies import declarations
 
@@ -106,7 +106,7 @@ def test_strategy_learns_in_flower_simulation(strategy, learning_runs):
 
 def _cli(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-m", "pflarena.server.cli", *args],
+        [sys.executable, "-m", "pflarena.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -63,7 +63,7 @@ def test_on_ray_a_client_past_the_round_timeout_does_not_make_others_time_out(tm
         [
             sys.executable,
             "-m",
-            "pflarena.server.cli",
+            "pflarena.cli",
             "run",
             "--strategy",
             "slow-fedavg",

@@ -176,7 +176,7 @@ def test_a_finished_run_re_evaluated_at_its_own_settings_gives_its_last_round(tm
     import importlib.util
     from pathlib import Path
 
-    from pflarena.server.cli import simulate
+    from pflarena.runtime.launch import simulate
     from pflarena.server.registry import parse_config
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "splitgp_inference.py"

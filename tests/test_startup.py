@@ -8,7 +8,7 @@ import json
 import pytest
 from test_resume import comparable
 
-from pflarena.server.cli import run_simulations, simulate
+from pflarena.runtime.launch import run_simulations, simulate
 from pflarena.server.registry import parse_config
 from pflarena.server.results import read_rounds
 

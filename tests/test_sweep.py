@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from pflarena.core.config import ConfigError
-from pflarena.server.sweep import (
+from pflarena.cli.sweep import (
     LEADERBOARD_METRICS,
     build_sweep,
     configs_to_run,
@@ -21,6 +20,7 @@ from pflarena.server.sweep import (
     parse_value,
     plan_runs,
 )
+from pflarena.core.config import ConfigError
 
 SMALL = {"num-clients": 3, "num-rounds": 2, "fraction-train": 1.0}
 
@@ -225,7 +225,7 @@ def test_leaderboard_means_and_stds_over_seeds(tmp_path):
 def _sweep_cli(tmp_path, *extra):
     return subprocess.run(
         [
-            sys.executable, "-m", "pflarena.server.cli", "sweep",
+            sys.executable, "-m", "pflarena.cli", "sweep",
             "--strategies", "fedavg,local", "--seeds", "0,1",
             "--set", "num-clients=3", "--set", "num-rounds=2", "--set", "fraction-train=1.0",
             "--out", str(tmp_path / "sweep"), "--quiet", *extra,
@@ -281,7 +281,7 @@ def test_a_killed_sweep_continues_where_it_died_to_the_uninterrupted_results(tmp
     from pflarena.server.results import read_rounds
 
     args = [
-        sys.executable, "-m", "pflarena.server.cli", "sweep", "--strategies", "local,ditto",
+        sys.executable, "-m", "pflarena.cli", "sweep", "--strategies", "local,ditto",
         "--set", "num-clients=3", "--set", "num-rounds=5", "--set", "fraction-train=1.0",
         "--quiet",
     ]  # fmt: skip

@@ -16,8 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
     EventAccumulator,
 )
 
+from pflarena.cli import main  # noqa: E402
 from pflarena.core.config import ConfigError  # noqa: E402
-from pflarena.server.cli import main  # noqa: E402
 from pflarena.server.registry import parse_config  # noqa: E402
 from pflarena.server.trackers import (  # noqa: E402
     SweepGroup,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -427,3 +428,12 @@ def parse_run_config(
             raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
         cfg = cfg.with_method_values(normalized)
     return cfg
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML value: run configs handed to Flower as a TOML file."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string

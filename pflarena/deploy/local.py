@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pflarena.runtime.processes import flower_env, free_port
+
 __all__ = [
     "CONNECTION",
     "FAST_ROUND_ENV",
@@ -252,34 +254,6 @@ def _stop_processes(procs: Sequence[_Process], grace: float = GRACE_S) -> None:
                 proc.popen.wait(timeout=10)
 
 
-def flower_env(flwr_home: Path) -> dict[str, str]:
-    """The environment of a Flower process or CLI call of a deployment."""
-    env = dict(os.environ)
-    env.update(
-        FLWR_HOME=str(flwr_home),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        PFLARENA_TORCH_THREADS=env.get("PFLARENA_TORCH_THREADS", "1"),
-    )
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def free_port(taken: set[int] | None = None) -> int:
-    """A free TCP port on 127.0.0.1 not in ``taken`` (which it is added to)."""
-    import socket
-
-    taken = taken if taken is not None else set()
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in taken:
-            taken.add(port)
-            return port
-
-
 #: The name of a SuperNode's warm executor in a deployment's records: this and the node's.
 EXECUTOR_PREFIX = "executor-"
 
@@ -291,7 +265,7 @@ def _executor_name(supernode: str) -> str:
 def _pflarena_cmd() -> list[str]:
     """The ``pflarena`` command of this environment."""
     script = Path(sys.executable).parent / "pflarena"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "pflarena.server.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pflarena.cli"]
 
 
 def executor_cmd(
@@ -338,14 +312,14 @@ class LocalDeployment:
         Extra environment of every process (e.g. ``PFLARENA_PLUGINS``).
     executor : str
         What runs each SuperNode's ClientApp messages: ``"warm"`` (default), pflarena's warm
-        executor (:mod:`pflarena.server.executor`: one forked child of a pre-imported parent
+        executor (:mod:`pflarena.deploy.executor`: one forked child of a pre-imported parent
         per message; the SuperNode runs with ``--isolation process`` and the executor is
         started beside it as ``executor-i``), or ``"flower"``, Flower's own (the SuperNode
         starts ``flower-superexec``, a fresh process per message).
     idle_poll : float or None
         Seconds a SuperNode waits after asking for a message and finding none: ``None`` keeps
         Flower's hard-coded 3 s; a value runs the SuperNodes as ``pflarena supernode
-        --idle-poll`` (:mod:`pflarena.server.supernode`).
+        --idle-poll`` (:mod:`pflarena.deploy.supernode`).
     """
 
     root: Path

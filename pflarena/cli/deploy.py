@@ -1,12 +1,12 @@
 """The deployment subcommands of ``pflarena``: ``local-deploy``, ``certs`` and ``compose``.
 
 ``pflarena local-deploy --num-supernodes N [--tls] [--auth]`` starts a SuperLink and ``N``
-SuperNodes on 127.0.0.1 (:class:`pflarena.server.deploy.LocalDeployment`) on shards written
+SuperNodes on 127.0.0.1 (:class:`pflarena.deploy.local.LocalDeployment`) on shards written
 as ``pflarena shards`` writes them, waits until every node is online, prints the ``flwr run``
 line to use, and stops everything on Ctrl-C; ``--detach`` leaves it running and ``pflarena
 local-deploy --stop`` stops it. ``pflarena certs`` makes the CA, server certificates and
 SuperNode keys a TLS deployment with node authentication needs. ``pflarena compose`` writes
-the docker compose files (:mod:`pflarena.server.compose`).
+the docker compose files (:mod:`pflarena.deploy.compose`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ __all__ = ["add_parsers"]
 
 def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
     """The shard files of a local deployment: ``--shards-dir``'s, or written now."""
+    from pflarena.cli.options import DATA_KEYS, collect_overrides
     from pflarena.core.config import parse_run_config
     from pflarena.core.federation import ShardError, build_federation, write_shards
     from pflarena.core.shards import read_shard_set
-    from pflarena.server.cli import DATA_KEYS, _collect_overrides
 
-    data_flags = _collect_overrides(args, [k for k in DATA_KEYS if k != "num-clients"])
+    data_flags = collect_overrides(args, [k for k in DATA_KEYS if k != "num-clients"])
     if args.shards_dir:
         if data_flags:
             raise ConfigError(
@@ -67,7 +67,7 @@ def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
 
 
 def _cmd_local_deploy(args: argparse.Namespace) -> int:
-    from pflarena.server import deploy
+    from pflarena.deploy import local as deploy
 
     root = Path(args.dir).resolve()
     if args.stop:
@@ -108,8 +108,8 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         print(f"{len(shards)} SuperNodes online after {time.monotonic() - start:.0f}s")
         print(f"\nSuperLink: {dep.address}   flwr CLI connection: {deploy.CONNECTION}")
         print("run the app on it with:\n")
-        # the laid-out app (~160 files), not a clone with its .venv (server/appdir.py)
-        from pflarena.server.appdir import flwr_run_dir
+        # the laid-out app (~160 files), not a clone with its .venv (runtime/appdir.py)
+        from pflarena.runtime.appdir import flwr_run_dir
 
         print(dep.run_command(flwr_run_dir()))
         if args.detach:
@@ -137,7 +137,7 @@ def _own_pid() -> int:
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    from pflarena.server import deploy
+    from pflarena.deploy import local as deploy
 
     servers: dict[str, list[str]] = {
         "superlink": [*args.superlink_host, "localhost", "127.0.0.1"],
@@ -161,7 +161,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _cmd_compose(args: argparse.Namespace) -> int:
-    from pflarena.server.compose import compose_files, write_compose_files
+    from pflarena.deploy.compose import compose_files, write_compose_files
 
     gpus = [g for g in args.gpus.split(",")] if args.gpus else None
     command = f"pflarena compose --num-supernodes {args.num_supernodes}"
@@ -200,7 +200,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``local-deploy``, ``certs`` and ``compose`` to ``pflarena``'s subcommands."""
-    from pflarena.server.cli import DATA_KEYS, _add_config_flags
+    from pflarena.cli.options import DATA_KEYS, add_config_flags
 
     local = sub.add_parser(
         "local-deploy",
@@ -266,7 +266,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--detach", action="store_true", help="start, print how to use it, and leave it running"
     )
     local.add_argument("--stop", action="store_true", help="stop the deployment recorded in --dir")
-    _add_config_flags(local, tuple(k for k in DATA_KEYS if k != "num-clients"))
+    add_config_flags(local, tuple(k for k in DATA_KEYS if k != "num-clients"))
     local.set_defaults(func=_cmd_local_deploy)
 
     certs = sub.add_parser(
@@ -328,7 +328,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     compose.add_argument("--force", action="store_true", help="replace compose files that differ")
     compose.set_defaults(func=_cmd_compose)
 
-    from pflarena.server import images
+    from pflarena.deploy import images
 
     images.add_parser(sub)
 
@@ -338,11 +338,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "executor",
         add_help=False,
         help="a warm ClientApp executor: flower-superexec's flags, one forked child per message",
-        description="See `pflarena executor --help` (pflarena.server.executor).",
+        description="See `pflarena executor --help` (pflarena.deploy.executor).",
     )
     sub.add_parser(
         "supernode",
         add_help=False,
         help="flower-supernode with --idle-poll S: its wait after an empty pull (Flower: 3 s)",
-        description="See pflarena.server.supernode.",
+        description="See pflarena.deploy.supernode.",
     )

@@ -8,12 +8,12 @@ prints it, and a test checks that pyproject.toml holds exactly that).
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.config import RunConfig
+from pflarena.core.config import RunConfig, toml_value
 from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration
-from pflarena.server.cli import _toml_value
 from pflarena.strategies import declarations
 
 __all__ = [
@@ -39,12 +39,12 @@ def flower_config() -> dict[str, Any]:
 def flower_config_toml() -> str:
     """``[tool.flwr.app.config]`` and one sub-table per method with parameters."""
     lines = ["[tool.flwr.app.config]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in RunConfig().model_dump(by_alias=True).items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in RunConfig().model_dump(by_alias=True).items()]
     for declaration in declarations().values():
         defaults = declaration.params.defaults()
         if defaults:
             lines += ["", f"[tool.flwr.app.config.{declaration.name}]"]
-            lines += [f"{k} = {_toml_value(v)}" for k, v in defaults.items()]
+            lines += [f"{k} = {toml_value(v)}" for k, v in defaults.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -129,6 +129,34 @@ def write_generated(root: Path) -> None:
     end = text.index("# ----", start)
     pyproject.write_text(text[:start] + flower_config_toml() + "\n" + text[end:])
     (root / "docs" / "methods.md").write_text(methods_markdown())
+
+
+def command(args: argparse.Namespace) -> int:
+    if args.flower_config:
+        print(flower_config_toml(), end="")
+    elif args.markdown:
+        print(methods_markdown(), end="")
+    elif args.name:
+        print(method_details(args.name))
+    else:
+        print(methods_table())
+        print("\n`pflarena methods NAME` shows a method's parameters.")
+    return 0
+
+
+def add_parser(sub: Any, full_help: bool = False) -> None:
+    """``pflarena methods``."""
+    methods = sub.add_parser("methods", help="list the methods, or one method's parameters")
+    methods.add_argument("name", nargs="?", help="a method name")
+    methods.add_argument(
+        "--markdown", action="store_true", help="every method as Markdown (docs/methods.md)"
+    )
+    methods.add_argument(
+        "--flower-config",
+        action="store_true",
+        help="the [tool.flwr.app.config] table the declarations imply (pyproject.toml)",
+    )
+    methods.set_defaults(func=command)
 
 
 if __name__ == "__main__":  # `make generated`

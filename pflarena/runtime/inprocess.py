@@ -197,7 +197,7 @@ class InProcessGrid(Grid):
 
 
 def run_inprocess(app: Any, run_config: dict[str, Any], num_supernodes: int, scratch: Path) -> None:
-    """One run of ``app`` (a :class:`~pflarena.server.simulation.FlowerApp`) in this process.
+    """One run of ``app`` (a :class:`~pflarena.runtime.simulation.FlowerApp`) in this process.
 
     ``run_config`` holds the overrides, fused with the app's defaults by Flower's own
     parser as for a simulation. Raises the ServerApp's exception if it raised (the app
@@ -208,13 +208,13 @@ def run_inprocess(app: Any, run_config: dict[str, Any], num_supernodes: int, scr
     from flwr.common.config import get_fused_config_from_dir
     from flwr.supercore.object_ref import load_app
 
-    from pflarena.server.simulation import _load_client_app, flower_overrides
+    from pflarena.runtime.flowerapp import flower_overrides, load_client_app
 
     if str(app.root) not in sys.path:
         sys.path.insert(0, str(app.root))
     overrides = flower_overrides(run_config, scratch)
     fused = get_fused_config_from_dir(app.root, overrides)
     server_app = load_app(app.server_app_attr, ValueError, str(app.root))
-    grid = InProcessGrid(_load_client_app(app), fused, num_supernodes)
+    grid = InProcessGrid(load_client_app(app), fused, num_supernodes)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     server_app(grid, context)

@@ -9,8 +9,8 @@ ServerApp's messages to the ClientApps in the actors (``vce_api.run_api``); at t
 terminates the actors and shuts Ray down. ``benchmarks/results/startup.md`` times each step.
 
 A :class:`SimulationRuntime` does the last step only, in a process of its own
-(``python -m pflarena.server.simulation SPEC``, which
-:func:`pflarena.server.cli.run_simulations` starts), on the project directory itself: the
+(``python -m pflarena.runtime.simulation SPEC``, which
+:func:`pflarena.runtime.launch.run_simulations` starts), on the project directory itself: the
 same ServerApp and ClientApp (the components ``pyproject.toml`` names), the run config fused
 by Flower from ``[tool.flwr.app.config]`` and the overrides as ``flwr run --run-config FILE``
 parses them, Flower's in-memory LinkState and Grid, its message workers (``run_api``) and its
@@ -43,21 +43,18 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from logging import DEBUG, ERROR, INFO
 from pathlib import Path
 from queue import Queue
 from typing import Any
 
-import tomllib
+from pflarena.runtime.flowerapp import FlowerApp, flower_overrides, load_client_app, module_of
 
 __all__ = [
-    "FlowerApp",
     "SimulationRuntime",
     "WORKER_ENV",
     "app_packages",
     "check_ray_address",
-    "flower_overrides",
     "main",
 ]
 
@@ -70,47 +67,6 @@ WORKER_ENV: dict[str, str] = {
     # flwr-simulation sets this too: no uv runtime-env hook in Ray's workers
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
 }
-
-
-@dataclass(frozen=True)
-class FlowerApp:
-    """A Flower App directory: its components and identity, from its ``pyproject.toml``."""
-
-    root: Path
-    server_app_attr: str
-    client_app_attr: str
-    fab_id: str
-    fab_version: str
-
-    @classmethod
-    def from_dir(cls, root: Path) -> FlowerApp:
-        """Read ``root/pyproject.toml`` (the FAB id is ``<publisher>/<name>``, as Flower's
-        ``get_metadata_from_config`` makes it)."""
-        project = tomllib.loads((root / "pyproject.toml").read_text())
-        app = project["tool"]["flwr"]["app"]
-        return cls(
-            root=root.resolve(),
-            server_app_attr=app["components"]["serverapp"],
-            client_app_attr=app["components"]["clientapp"],
-            fab_id=f"{app['publisher']}/{project['project']['name']}",
-            fab_version=project["project"]["version"],
-        )
-
-
-def flower_overrides(run_config: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    """``run_config`` as Flower's ``flwr run --run-config FILE`` hands it to the SuperLink.
-
-    The keys are written to a TOML file and read back by Flower's own parser
-    (``flwr.common.config.parse_config_args``), so values get the types they get there.
-    """
-    from flwr.common.config import parse_config_args
-
-    from pflarena.server.cli import _toml_value
-
-    scratch.mkdir(parents=True, exist_ok=True)
-    path = scratch / "run-config.toml"
-    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
-    return parse_config_args([str(path)])
 
 
 def check_ray_address(address: str) -> str:
@@ -135,7 +91,7 @@ def app_packages(app: FlowerApp) -> list[str]:
 
     packages = []
     for attr in (app.client_app_attr, app.server_app_attr):
-        spec = importlib.util.find_spec(_module_of(attr).split(".", 1)[0])
+        spec = importlib.util.find_spec(module_of(attr).split(".", 1)[0])
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"{attr}: its top-level module is not a package Ray can ship")
         directory = str(Path(next(iter(spec.submodule_search_locations))).resolve())
@@ -280,7 +236,7 @@ class SimulationRuntime:
                 ray.cluster_resources().get("CPU", 0),
                 time.monotonic() - begin,
             )
-        from pflarena.server.ray_backend import ReusableRayBackend
+        from pflarena.runtime.ray_backend import ReusableRayBackend
 
         backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
         backend.build(lambda: None)  # each run brings its own ClientApp loader
@@ -344,7 +300,7 @@ class SimulationRuntime:
             state=RecordDict(),
             run_config=get_fused_config_from_dir(self.app.root, overrides),
         )
-        client_app = _load_client_app(self.app)
+        client_app = load_client_app(self.app)
         self.start()
         backend = self._backend
 
@@ -394,19 +350,6 @@ class SimulationRuntime:
             raise errors.get_nowait()
 
 
-def _module_of(attr: str) -> str:
-    return attr.split(":", 1)[0]
-
-
-def _load_client_app(app: FlowerApp) -> Any:
-    """The ClientApp object, loaded the way Flower's simulation engine loads it."""
-    from flwr.clientapp.utils import get_load_client_app_fn
-
-    return get_load_client_app_fn(
-        default_app_ref=app.client_app_attr, app_path=str(app.root), multi_app=False
-    )(app.fab_id, app.fab_version, "")
-
-
 # --------------------------------------------------------------------------- worker
 def _import_in_background(modules: list[str]) -> threading.Thread:
     """Import ``modules`` in a thread (while Ray starts in the main one)."""
@@ -424,13 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the runs of a spec file one after another on one runtime.
 
     The spec (JSON) holds ``app_dir``, ``cpus_per_client``, ``gpus_per_client``, ``engine``
-    (``ray``, the default, or ``inprocess``: :mod:`pflarena.server.inprocess`, no Ray),
+    (``ray``, the default, or ``inprocess``: :mod:`pflarena.runtime.inprocess`, no Ray),
     ``ray_address`` (optional: a Ray cluster to join, :class:`SimulationRuntime`) and
     ``runs``: each ``{"run_config": {...}, "num_supernodes": N}``. Prints Flower's log;
     exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
     it ended).
     """
-    parser = argparse.ArgumentParser(prog="python -m pflarena.server.simulation")
+    parser = argparse.ArgumentParser(prog="python -m pflarena.runtime.simulation")
     parser.add_argument("spec", help="JSON file describing the runs")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
@@ -448,9 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     app = runtime.app
     in_process = spec.get("engine", "ray") == "inprocess"
-    modules = [_module_of(app.server_app_attr), _module_of(app.client_app_attr)]
+    modules = [module_of(app.server_app_attr), module_of(app.client_app_attr)]
     if not in_process:
-        modules = ["flwr.supercore", "pflarena.server.ray_backend", *modules]
+        modules = ["flwr.supercore", "pflarena.runtime.ray_backend", *modules]
     imports = _import_in_background(modules)
     failed = 0
     scratch = Path(args.spec).parent
@@ -468,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             "in-process engine, no Ray" if in_process else "Ray engine",
         )
 
-        from pflarena.server.inprocess import run_inprocess
+        from pflarena.runtime.inprocess import run_inprocess
 
         for index, item in enumerate(spec["runs"]):
             try:

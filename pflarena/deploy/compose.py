@@ -30,7 +30,7 @@ on their HTTP port (probed with the image's Python), the executors and SuperNode
 what they connect to is healthy (``depends_on: condition: service_healthy``).
 
 The images (``pflarena-<target>:${PFLARENA_TAG:-latest}``) are built by ``make images``
-(:mod:`pflarena.server.images`, ``docker/Dockerfile``); the files name them and do not build.
+(:mod:`pflarena.deploy.images`, ``docker/Dockerfile``); the files name them and do not build.
 Environment read by the files: ``PFLARENA_TAG`` (the images' tag), ``PFLARENA_PORT`` (the
 published port, default 9091), ``PFLARENA_UID``/``PFLARENA_GID`` (the user the ServerApp
 executor runs as, who owns what it writes under ``./runs``; default Flower's 49999).
@@ -81,7 +81,7 @@ def clientapp_executor(runtime_api: str, tls: bool) -> dict[str, Any]:
     """The program that runs SuperNode ``i``'s ClientApp tasks (service ``clientapp-i``):
     its ``entrypoint`` and ``command``. The one place that names it for every variant.
 
-    pflarena's warm executor (``pflarena executor``, :mod:`pflarena.server.executor`: one
+    pflarena's warm executor (``pflarena executor``, :mod:`pflarena.deploy.executor`: one
     forked child of a pre-imported parent per message; ``pflarena executor --stock`` is
     Flower's ``flower-superexec``). ``runtime_api`` is the SuperNode's Runtime API
     (``supernode-i:9094``); with ``tls`` the executor verifies it with the CA."""

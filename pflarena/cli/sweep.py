@@ -20,7 +20,7 @@ grid values of the common keys (``alpha=0.1``) and ``<method>`` the strategy and
 parameters (``ditto,lambda=0.1``). A run whose ``summary.json`` says ``completed`` is not run
 again; a run that started but did not complete (a killed sweep) is resumed from its
 checkpoint (``pflarena run --resume``); a directory holding a run of another config is an
-error. The runs to do go to one simulation process (:func:`pflarena.server.cli.run_simulations`)
+error. The runs to do go to one simulation process (:func:`pflarena.runtime.launch.run_simulations`)
 that starts Flower's runtime once. The leaderboard (``leaderboard.md``, ``leaderboard.csv``,
 ``leaderboard.png`` in ``<out>``) gives, per setting and method, the mean and standard
 deviation over seeds of each run's ``summary.json`` values.
@@ -28,10 +28,13 @@ deviation over seeds of each run's ``summary.json`` values.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import itertools
 import json
 import math
+import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +42,27 @@ from typing import Any, Literal
 
 import tomllib
 
+from pflarena.cli.options import (
+    ENGINE_HELP,
+    HELP_ALL,
+    RAY_ADDRESS_HELP,
+    RUN_EPILOG,
+    add_config_flags,
+    add_method_flags,
+    collect_overrides,
+    with_tracking,
+)
 from pflarena.core.config import ConfigError, RunConfig
+from pflarena.core.presets import flatten_table, load_preset
+from pflarena.runtime.launch import ENGINES, check_flower_keys, run_simulations
 from pflarena.server.metrics import label, short_label
-from pflarena.server.presets import flatten_table, load_preset
+from pflarena.server.progress import Progress
+from pflarena.strategies import declarations
 
 __all__ = [
     "LEADERBOARD_METRICS",
+    "add_parser",
+    "command",
     "PlannedRun",
     "Sweep",
     "leaderboard",
@@ -507,3 +525,148 @@ def write_leaderboard(runs: list[PlannedRun], out: Path) -> tuple[str, list[Path
     if any(r["completed"] for r in rows):
         written.append(leaderboard_plot(rows, out / "leaderboard.png"))
     return markdown, written
+
+
+#: Run-config keys a sweep sets itself (--strategies, --seeds, --out), never a run flag.
+SWEEP_OWN_KEYS = ("strategy", "seed", "output-dir")
+
+
+def command(args: argparse.Namespace) -> int:
+    """``pflarena sweep``: plan the runs, run those not completed on one start-up, write the
+    leaderboard; 1 when a run did not complete."""
+    grid: dict[str, list[Any]] = {}
+    for item in args.grid or []:
+        key, sep, values = item.partition("=")
+        if not sep or not values.strip():
+            raise ConfigError(f"--grid expects key=value,value,..., got {item!r}")
+        grid[key.strip()] = [parse_value(v.strip()) for v in values.split(",") if v.strip()]
+    run_keys = [
+        n.replace("_", "-")
+        for n in RunConfig.model_fields
+        if n.replace("_", "-") not in ("resume", *SWEEP_OWN_KEYS)
+    ]
+    given = collect_overrides(args, run_keys + args.method_keys)
+    settings = {k: parse_value(v) for k, v in given.items()}
+    plan_of = build_sweep(
+        load_sweep_file(Path(args.file)) if args.file else None,
+        preset=args.preset,
+        strategies=[s.strip() for s in args.strategies.split(",")] if args.strategies else None,
+        seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
+        settings=settings,
+        grid=grid,
+        out=args.out,
+    )
+    plan = plan_runs(plan_of)
+    counts = Counter(run.status for run in plan)
+    print(
+        f"sweep {plan_of.out}: {len(plan)} runs, {counts['completed']} completed, "
+        f"{counts['resume']} to resume, {counts['new']} to start"
+    )
+    if args.check:
+        for run in plan:
+            print(f"  {run.status:9s} {run.directory.relative_to(plan_of.out.resolve())}")
+        return 0
+    todo = configs_to_run(plan)
+    group = None
+    if todo and todo[0].tracker:
+        from pflarena.server.trackers import SweepGroup
+
+        todo = [with_tracking(cfg) for cfg in todo]
+        group = SweepGroup.open(todo[0], plan_of.out.resolve(), len(plan))
+        todo = [group.member(cfg) for cfg in todo]
+    if todo:
+        for cfg in todo:
+            check_flower_keys(cfg)
+        verbosity = 0 if args.quiet else 2 if args.verbose else 1
+        try:
+            code, tail = run_simulations(
+                todo,
+                cpus_per_client=args.cpus_per_client,
+                gpus_per_client=args.gpus_per_client,
+                verbosity=verbosity,
+                engine=args.engine,
+                ray_address=args.ray_address,
+                progress=Progress(len(todo), verbosity=verbosity, quiet=args.quiet),
+            )
+        except KeyboardInterrupt:
+            print(
+                "\npflarena sweep: interrupted; the same command continues it (completed runs "
+                "are kept, the interrupted one resumes from its checkpoint)",
+                file=sys.stderr,
+            )
+            return 130
+    plan = plan_runs(plan_of)
+    markdown, written = write_leaderboard(plan, plan_of.out.resolve())
+    print()
+    print(markdown, end="")
+    print(f"\nleaderboard: {', '.join(str(path) for path in written)}")
+    unfinished = [run for run in plan if run.status != "completed"]
+    if group is not None:
+        group.finish(written, complete=not unfinished)
+    if unfinished:
+        if todo and code != 0 and args.quiet:
+            print("the simulation's last lines:\n" + "".join(tail), file=sys.stderr)
+        print(
+            f"pflarena sweep: {len(unfinished)} run(s) did not complete (see their "
+            "summary.json); the same command runs them again:\n  "
+            + "\n  ".join(str(run.directory) for run in unfinished),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def add_parser(sub: Any, full_help: bool = False) -> None:
+    """``pflarena sweep``."""
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a grid of runs (strategies x seeds x config values) on one start-up, "
+        "skipping completed runs; write a leaderboard",
+        description="Run every combination of strategies, seeds and swept run-config values "
+        "in one simulation process, skip runs that already completed (a run that was "
+        "interrupted is resumed), and write leaderboard.{md,csv,png} into the output "
+        "directory. The grid comes from a TOML file (see pflarena/cli/sweep.py), flags, "
+        "or both; flags win. The run flags (--num-rounds 2, --ditto.lambda 0.5, ...) set "
+        "every run's value, as --set does.",
+        epilog=None if full_help else RUN_EPILOG.replace("pflarena run", "pflarena sweep"),
+    )
+    sweep.add_argument(
+        HELP_ALL, action="store_true", help="list every flag (run config, method parameters)"
+    )
+    sweep.add_argument("file", nargs="?", help="a sweep TOML file (optional)")
+    sweep.add_argument("--preset", metavar="NAME", help="start from an experiment preset")
+    sweep.add_argument("--strategies", metavar="A,B,...", help="strategies to run")
+    sweep.add_argument("--seeds", metavar="S,S,...", help="seeds (default: the config's seed)")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="sweep a run-config key over values (repeatable; <method>.<param> keys "
+        "multiply only that method's runs)",
+    )
+    sweep.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="a run-config key for every run"
+    )
+    sweep.add_argument("--out", metavar="DIR", help="the sweep's directory (required)")
+    sweep.add_argument(
+        "--cpus-per-client", type=float, default=1.0, help="CPUs per simulated client (default 1)"
+    )
+    sweep.add_argument(
+        "--gpus-per-client", type=float, default=0.0, help="GPU fraction per client (default 0)"
+    )
+    sweep.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    sweep.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
+    sweep.add_argument(
+        "--check", action="store_true", help="print the runs and what each needs; run nothing"
+    )
+    sweep.add_argument(
+        "--quiet", action="store_true", help="one line per run as it ends, then the leaderboard"
+    )
+    sweep.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
+    # The run flags a sweep passes on to every run (strategy, seed and output-dir are the
+    # sweep's own: --strategies, --seeds, --out).
+    add_config_flags(sweep, full_help=full_help, skip=SWEEP_OWN_KEYS)
+    sweep.set_defaults(
+        func=command,
+        method_keys=add_method_flags(sweep, declarations(), full_help=full_help),
+    )

@@ -1,0 +1,37 @@
+"""``pflarena compare``: a Markdown table and a plot of several runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pflarena.server.compare import comparable_runs, compare_plot, compare_table
+
+__all__ = ["add_parser", "command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    dirs, skipped = comparable_runs([Path(d) for d in args.runs])
+    for reason in skipped:
+        print(f"pflarena compare: skipping a run: {reason}", file=sys.stderr)
+    if not dirs:
+        print("pflarena compare: error: no run to compare", file=sys.stderr)
+        return 1
+    table = compare_table(dirs)
+    print(table)
+    if args.output:
+        Path(args.output).write_text(table + "\n")
+    plot = compare_plot(dirs, Path(args.plot))
+    print(f"\nplot: {plot}")
+    return 0
+
+
+def add_parser(sub: Any, full_help: bool = False) -> None:
+    """``pflarena compare``."""
+    compare = sub.add_parser("compare", help="a Markdown table and a plot of several runs")
+    compare.add_argument("runs", nargs="+", help="run output directories")
+    compare.add_argument("--plot", default="compare.png", help="plot file (default compare.png)")
+    compare.add_argument("--output", help="also write the table to this Markdown file")
+    compare.set_defaults(func=command)

@@ -1,0 +1,209 @@
+"""``pflarena data`` (list the data sets, where to get one, check a local copy) and
+``pflarena shards`` (write one data file per client, or import another toolkit's partition)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pflarena.cli.options import DATA_KEYS, add_config_flags, collect_overrides
+from pflarena.core.config import ConfigError, parse_run_config
+from pflarena.core.datasets import DatasetSpec, check_files
+from pflarena.core.importers import IMPORT_FORMATS
+
+__all__ = ["add_parser", "add_shards_parser", "data_command", "shards_command"]
+
+
+def data_command(args: argparse.Namespace) -> int:
+    from pflarena.core.datasets import DATASETS, dataset_spec
+
+    if args.name is None:
+        print("| dataset | kind | classes | sample | default model | files |")
+        print("|---|---|---|---|---|---|")
+        for name in DATASETS:
+            spec = dataset_spec(name)
+            shape = "x".join(map(str, spec.info.input_shape))
+            sample = f"{shape} ids < {spec.info.vocabulary_size}" if spec.info.tokens else shape
+            files = "embedded" if spec.check is None else spec.layout
+            print(
+                f"| {name} | {spec.kind} | {spec.info.num_classes} | {sample} "
+                f"| {spec.default_model} | {files} |"
+            )
+        print(
+            "\n`pflarena data NAME` shows where to get a data set; "
+            "`pflarena data NAME --check --data-dir DIR` reads a local copy."
+        )
+        return 0
+    spec = dataset_spec(args.name)
+    if not args.check:
+        print(
+            f"{spec.name}: {spec.kind}, {spec.info.num_classes} classes, samples "
+            f"{spec.info.input_shape}, default partition {spec.default_partition}, "
+            f"default model {spec.default_model}"
+        )
+        if spec.check is None:
+            print("ships with pflarena: no files needed")
+        else:
+            print(f"layout under data-dir: {spec.layout}\nget it: {spec.source}")
+        return 0
+    return _check_data(spec, args)
+
+
+def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
+    """Read a local copy of a data set and print what the loader found."""
+    import numpy as np
+
+    from pflarena.core.datasets import load_natural, load_pooled
+
+    check_files(spec.name, args.data_dir)
+    if spec.kind == "pooled":
+        pooled = load_pooled(spec.name, args.data_dir)
+        shares = [pooled.y]
+        x = pooled.x
+        print(f"{spec.name}: {len(pooled.y)} samples in one pool")
+    else:
+        natural = load_natural(
+            spec.name,
+            args.num_clients if args.num_clients is not None else (10 if spec.embedded else 0),
+            seed=args.seed,
+            data_dir=args.data_dir,
+            min_client_samples=args.min_client_samples,
+        )
+        shares = [y for _, y in natural.clients]
+        x = np.concatenate([client_x[:1] for client_x, _ in natural.clients])
+        sizes = np.array([len(y) for y in shares])
+        print(
+            f"{spec.name}: {len(shares)} clients, {sizes.sum()} samples "
+            f"(per client min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})"
+        )
+    labels = np.concatenate(shares)
+    present = np.unique(labels)
+    print(f"samples: shape {tuple(x.shape[1:])}, dtype {x.dtype}")
+    print(
+        f"labels: {len(present)} of {spec.info.num_classes} classes present, "
+        f"range {labels.min()}..{labels.max()}"
+    )
+    if labels.min() < 0 or labels.max() >= spec.info.num_classes:
+        print(f"error: labels outside 0..{spec.info.num_classes - 1}", file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
+
+
+def shards_import_command(args: argparse.Namespace) -> int:
+    from pflarena.core.importers import import_leaf, import_pfllib
+    from pflarena.core.shards import read_shard_set
+
+    if not 0 <= args.import_validation_fraction < 1:
+        raise ConfigError("--validation-fraction must be in [0, 1)")
+    options = {"validation_fraction": args.import_validation_fraction, "seed": args.import_seed}
+    if args.format == "pfllib":
+        paths = import_pfllib(
+            args.folder, args.out, name=args.name, num_classes=args.num_classes, **options
+        )
+    else:
+        if args.num_classes is not None:
+            raise ConfigError(f"--num-classes applies to --format pfllib, not {args.format}")
+        paths = import_leaf(args.folder, args.out, dataset=args.format.split("-", 1)[1], **options)
+    shard_set = read_shard_set(args.out)
+    record = json.loads((shard_set.directory / "manifest.json").read_text()).get("import", {})
+    if record.get("num_classes_source") == "inferred":
+        print(
+            f"config.json has no num_classes: {shard_set.info.num_classes} classes inferred "
+            f"from the labels (largest label {record['largest_label']}, "
+            f"{record['labels_present']} distinct labels; --num-classes sets the count)"
+        )
+    print(
+        f"wrote {len(paths)} shard files ({shard_set.info.name}: {shard_set.info.num_classes} "
+        f"classes, samples {shard_set.info.input_shape}, {sum(shard_set.num_train)} train / "
+        f"{sum(shard_set.num_val)} validation / {sum(shard_set.num_test)} test) to "
+        f"{shard_set.directory}"
+    )
+    print(f"simulate on them: pflarena run --shards-dir {shard_set.directory} --strategy fedavg")
+    return 0
+
+
+def shards_command(args: argparse.Namespace) -> int:
+    from pflarena.core.federation import build_federation, write_shards
+
+    if not args.out:
+        raise ConfigError("pflarena shards needs --out DIR")
+
+    overrides = collect_overrides(args, list(DATA_KEYS))
+    cfg = parse_run_config(overrides)
+    spec = cfg.federation_spec()
+    paths = write_shards(build_federation(spec), args.out, spec)
+    print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
+    example = paths[0].resolve()
+    print(f"start each SuperNode with its own file, e.g. --node-config 'data-path=\"{example}\"'")
+    return 0
+
+
+def add_parser(sub: Any, full_help: bool = False) -> None:
+    """``pflarena data``."""
+    data = sub.add_parser(
+        "data", help="list the data sets, show where to get one, or check a local copy"
+    )
+    data.add_argument("name", nargs="?", help="a data set name")
+    data.add_argument(
+        "--check", action="store_true", help="read the local copy in --data-dir and summarise it"
+    )
+    data.add_argument("--data-dir", default="", help="folder holding the data set's files")
+    data.add_argument(
+        "--num-clients",
+        type=int,
+        default=None,
+        help="natively federated data sets: clients to form (default: every eligible one)",
+    )
+    data.add_argument(
+        "--min-client-samples", type=int, default=0, help="LEAF data sets: LEAF's -k filter"
+    )
+    data.add_argument("--seed", type=int, default=0, help="seed of the choice of clients")
+    data.set_defaults(func=data_command)
+
+
+def add_shards_parser(sub: Any, full_help: bool = False) -> None:
+    """``pflarena shards`` and ``pflarena shards import``."""
+    shards = sub.add_parser(
+        "shards",
+        help="write one data file per client (deployments, --shards-dir), or import a "
+        "partition made by another toolkit",
+    )
+    add_config_flags(shards, DATA_KEYS)
+    shards.add_argument("--out", help="directory for the shard files (required)")
+    shards.set_defaults(func=shards_command)
+    shards_commands = shards.add_subparsers(dest="shards_command", metavar="{import}")
+    imports = shards_commands.add_parser(
+        "import",
+        help="convert another toolkit's partitioned dataset folder into shard files",
+        description="Convert a dataset folder partitioned by another toolkit into shard files, "
+        "keeping its clients, their samples and its train/test split: pfllib (config.json, "
+        "train/<i>.npz, test/<i>.npz), leaf-femnist and leaf-shakespeare (LEAF's train/*.json "
+        "and test/*.json).",
+    )
+    imports.add_argument("folder", help="the toolkit's dataset folder")
+    imports.add_argument(
+        "--format", required=True, choices=IMPORT_FORMATS, help="the folder's layout"
+    )
+    imports.add_argument("--out", required=True, help="directory for the shard files")
+    imports.add_argument("--name", help="the data's name (pfllib; default pfllib-<folder>)")
+    imports.add_argument(
+        "--num-classes",
+        type=int,
+        help="pfllib: the number of classes (default: config.json's num_classes, else the "
+        "largest label plus one); must agree with config.json and exceed every label",
+    )
+    imports.add_argument(
+        "--validation-fraction",
+        dest="import_validation_fraction",
+        type=float,
+        default=0.0,
+        help="carve a seeded validation split out of each client's training split (default 0)",
+    )
+    imports.add_argument(
+        "--seed", dest="import_seed", type=int, default=0, help="seed of that split (default 0)"
+    )
+    imports.set_defaults(func=shards_import_command)

@@ -1,0 +1,196 @@
+"""Flags and run-config handling shared by the ``pflarena`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pflarena.core.config import ConfigError, RunConfig
+from pflarena.core.federation import FederationSpec
+from pflarena.core.methods import MethodDeclaration
+
+__all__ = [
+    "DATA_KEYS",
+    "HELP_ALL",
+    "add_config_flags",
+    "add_method_flags",
+    "collect_overrides",
+    "run_overrides",
+    "with_shard_clients",
+    "with_tracking",
+]
+
+# Keys that describe data only (the data layer's FederationSpec): what `pflarena shards` takes.
+DATA_KEYS: tuple[str, ...] = tuple(
+    field.alias or name for name, field in FederationSpec.model_fields.items()
+)
+
+
+ENGINE_HELP = (
+    "ray: Flower's simulation engine, clients in parallel Ray actors (default); inprocess: "
+    "the same ServerApp and ClientApp in one process without Ray, one client after another "
+    "(machines without Ray, debugging)"
+)
+
+
+RAY_ADDRESS_HELP = (
+    "run the clients on an existing Ray cluster (auto: RAY_ADDRESS or the cluster `ray start` "
+    "started here; or the head's HOST:PORT) instead of a private Ray instance; the app's code "
+    "is shipped to the workers, whose nodes need its dependencies and see its paths"
+)
+
+
+#: The run-config flags ``pflarena run --help`` shows; ``--help-all`` shows every one.
+COMMON_FLAGS: tuple[str, ...] = (
+    "strategy",
+    "dataset",
+    "data-dir",
+    "shards-dir",
+    "num-clients",
+    "partition",
+    "alpha",
+    "num-rounds",
+    "fraction-train",
+    "local-epochs",
+    "batch-size",
+    "lr",
+    "model",
+    "seed",
+    "eval-every",
+    "output-dir",
+    "device",
+    "tracker",
+)
+
+
+HELP_ALL = "--help-all"
+
+
+RUN_EPILOG = (
+    "Common flags only: `pflarena run --help-all` lists every run-config key and every "
+    "method's parameters (--<method>.<param>, e.g. --ditto.lambda 0.5), `pflarena methods "
+    "NAME` one method's parameters; any key also works as --set KEY=VALUE."
+)
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    only: tuple[str, ...] | None = None,
+    *,
+    full_help: bool = True,
+    skip: tuple[str, ...] = (),
+) -> None:
+    title = "run config (see pyproject.toml [tool.flwr.app.config])"
+    if not full_help:
+        title = f"common run-config flags ({HELP_ALL} lists all)"
+    group = parser.add_argument_group(title)
+    for name, field in RunConfig.model_fields.items():
+        alias = name.replace("_", "-")
+        if (only is not None and alias not in only) or alias in ("resume", *skip):
+            continue  # --resume DIR is a flag of its own
+        shown = full_help or alias in COMMON_FLAGS
+        group.add_argument(
+            f"--{alias}",
+            dest=alias,
+            default=None,
+            metavar="VALUE",
+            help=f"{field.description or ''} (default: {field.default!r})".strip()
+            if shown
+            else argparse.SUPPRESS,
+        )
+
+
+def add_method_flags(
+    parser: argparse.ArgumentParser,
+    methods: dict[str, MethodDeclaration],
+    *,
+    full_help: bool = True,
+) -> list[str]:
+    """One flag group per method with parameters (``--ditto.lambda``); returns the keys.
+    Without ``full_help`` the flags work but are not listed (``--help-all`` and ``pflarena
+    methods NAME`` show them)."""
+    keys = []
+    for declaration in methods.values():
+        rows = declaration.param_docs()
+        if not rows:
+            continue
+        group: Any = parser  # unlisted: no group heading either
+        if full_help:
+            group = parser.add_argument_group(
+                f"{declaration.name} parameters",
+                f"{declaration.summary} ({declaration.reference})",
+            )
+        for key, default, _type, description in rows:
+            group.add_argument(
+                f"--{key}",
+                dest=key,
+                default=None,
+                metavar="VALUE",
+                help=f"{description} (default: {default!r})".replace("%", "%%")
+                if full_help
+                else argparse.SUPPRESS,
+            )
+            keys.append(key)
+    return keys
+
+
+def collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    for item in getattr(args, "set", None) or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def default_output_dir(values: dict[str, Any]) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    root = Path(os.environ.get("PFLARENA_RUNS_DIR", "runs"))
+    name = f"{stamp}-{values.get('strategy', 'fedavg')}-{values.get('dataset', 'digits')}-s{values.get('seed', 0)}"
+    return str((root / name).resolve())
+
+
+def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
+    """The run's keys: the preset's (if any), then flags and ``--set`` on top."""
+    from pflarena.core.presets import load_preset
+
+    given = collect_overrides(args, keys)
+    values = given
+    if getattr(args, "preset", None):
+        values = load_preset(args.preset).overrides(given.get("strategy")) | given
+    return with_shard_clients(values, given)
+
+
+def with_shard_clients(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``num-clients`` taken from its ``shards-dir``'s manifest, unless
+    ``num-clients`` was ``given`` explicitly (then the run is checked against it)."""
+    from pflarena.core.federation import ShardError
+    from pflarena.core.shards import read_shard_set
+
+    if not values.get("shards-dir") or "num-clients" in given:
+        return values
+    try:
+        shard_set = read_shard_set(str(values["shards-dir"]))
+    except ShardError:
+        return values  # the run config's validation names the problem (a usage error)
+    return values | {"num-clients": shard_set.num_clients}
+
+
+def with_tracking(cfg: RunConfig, cwd: Path | None = None) -> RunConfig:
+    """``cfg`` with its trackers checked (their optional dependencies installed) and
+    MLflow's default store made explicit: ``$MLFLOW_TRACKING_URI``, else ``mlruns/`` in the
+    current directory (the simulation runs in a scratch directory of its own)."""
+    if not cfg.tracker:
+        return cfg
+    from pflarena.core.trackers_spec import tracker_names
+    from pflarena.server.trackers import check_available, default_tracking_uri
+
+    names = tracker_names(cfg.tracker)
+    check_available(names)
+    if "mlflow" in names and not cfg.tracking_uri:
+        cfg = cfg.model_copy(update={"tracking_uri": default_tracking_uri(cwd)})
+    return cfg

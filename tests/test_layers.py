@@ -1,0 +1,164 @@
+"""The package's layering (docs/architecture.md, "Layout and layering"): no import cycle
+between pflarena's modules, each subpackage imports only the layers below it, and each
+imports on its own in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pflarena"
+
+#: What each subpackage may import besides itself (and the top-level ``pflarena``).
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "strategies": {"core"},
+    "client": {"core", "strategies"},
+    "server": {"core", "strategies"},
+    "runtime": {"core", "strategies", "server"},
+    "deploy": {"core", "runtime"},
+    "cli": {"core", "strategies", "server", "runtime", "deploy"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the pflarena modules it imports, at the top or inside a function (both
+    run some time; a cycle through a function-level import is still a cycle)."""
+    modules = _modules()
+
+    def known(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from pflarena.cli import run` imports the module pflarena.cli.run
+                targets = [
+                    f"{node.module}.{a.name}"
+                    if f"{node.module}.{a.name}" in modules
+                    else node.module
+                    for a in node.names
+                ]
+            else:
+                continue
+            for target in targets:
+                if target == "pflarena" or target.startswith("pflarena."):
+                    graph[name].add(known(target))
+        graph[name].discard(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_the_checks_find_a_cycle_and_an_upward_import() -> None:
+    graph = {"pflarena.core.a": {"pflarena.cli.b"}, "pflarena.cli.b": {"pflarena.core.a"}}
+    assert cycles(graph) == [["pflarena.cli.b", "pflarena.core.a"]]
+    assert cycles({"pflarena.core.a": set(), "pflarena.cli.b": {"pflarena.core.a"}}) == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_each_layer_imports_only_the_layers_below() -> None:
+    graph = import_graph()
+    assert {_layer(m) for m in graph} - {""} == set(ALLOWED), "a subpackage ALLOWED misses"
+    upward = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _layer(module)
+        and _layer(target)
+        and _layer(target) != _layer(module)
+        and _layer(target) not in ALLOWED[_layer(module)]
+    )
+    assert upward == []
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_package_imports_on_its_own(package: str) -> None:
+    """Every module of the package (but ``__main__``, which runs), in a fresh interpreter
+    whose first import is the package's."""
+    modules = sorted(
+        m for m in import_graph() if _layer(m) == package and not m.endswith(".__main__")
+    )
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_console_script_and_app_components_resolve() -> None:
+    """``pflarena`` (pyproject's [project.scripts]) and the Flower App's components."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    refs = [
+        project["project"]["scripts"]["pflarena"],
+        *project["tool"]["flwr"]["app"]["components"].values(),
+    ]
+    assert refs == ["pflarena.cli:main", "pflarena.server.app:app", "pflarena.client.app:app"]
+    code = (
+        "import importlib, sys\n"
+        "for ref in sys.argv[1:]:\n"
+        "    module, attr = ref.split(':')\n"
+        "    assert getattr(importlib.import_module(module), attr) is not None, ref\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *refs], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
