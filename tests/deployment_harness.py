@@ -321,6 +321,17 @@ class Deployment:
         assert runs, f"run {run_id} is not in `flwr list`:\n{res.stdout}"
         return runs[0]
 
+    def finished_status(self, run_id: int, timeout: float = 120.0) -> dict[str, Any]:
+        """The run's SuperLink record once it is ``finished:*``: a ServerApp writes its
+        summary before its process exits and reports the end, so the two can be seconds
+        apart (more after a SuperLink restart, when it has reconnected)."""
+        deadline = time.monotonic() + timeout
+        while not (status := self.run_status(run_id))["status"].startswith("finished"):
+            if time.monotonic() > deadline:
+                return status
+            time.sleep(2.0)
+        return status
+
     def note_children(self) -> None:
         """Remember the processes Flower has started below ours so far."""
         for pid in descendants({p.pid for p in self.started if p.poll() is None}):
@@ -457,7 +468,7 @@ def completed_rounds(deployment: Deployment, out: Path, rc: int) -> list[dict[st
     # `flwr run` exits 0 even when the ServerApp raises; the SuperLink knows better.
     config = json.loads((out / "config.json").read_text())
     run_id = int(config.get("resumes", [config])[-1]["run_id"])  # the latest (resumed) run
-    status = deployment.run_status(run_id)
+    status = deployment.finished_status(run_id)
     assert status["status"] == "finished:completed", f"{status}\n{logs()}"
     return read_rounds(out / "rounds.jsonl")
 

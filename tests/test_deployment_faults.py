@@ -50,11 +50,13 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 def test_a_run_survives_a_superlink_restart_and_resumes(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    """Stop the SuperLink (and so the ServerApp) after round 1; start it again and resume.
+    """Stop the SuperLink after round 1; start it again and submit ``resume``.
 
-    The SuperNodes keep running, and their clients' state in their ``state-dir``: every
-    round is recorded once, and the results equal an uninterrupted in-process run on the
-    same shards.
+    Seen both ways: the ServerApp reconnects to the restarted SuperLink (its database keeps
+    the run) and completes the run by itself, so the resumed submission finds nothing to
+    resume; or it ends short and the resumed submission continues it. The SuperNodes keep
+    running, and their clients' state in their ``state-dir``: either way every round is
+    recorded once, and the results equal an uninterrupted in-process run on the same shards.
     """
     out = tmp_path / "out"
     # One client of two per round: the resumed run must sample as the uninterrupted one.
@@ -70,9 +72,18 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
         for pid in descendants({p.pid for p in deployment.supernodes})
         if "flwr-clientapp" in cmdline(pid)
     }
-    resumed = deployment.submit(parse_config(resume_config(out)))
-    rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])
-    rounds = completed_rounds(deployment, out, rc)
+    # Resume only once the SuperLink has ended the interrupted run: submitted while it
+    # still runs, the resumed ServerApp would find the output directory locked.
+    run_id = int(json.loads((out / "config.json").read_text())["run_id"])
+    status = deployment.finished_status(run_id, timeout=RUN_TIMEOUT_S)["status"]
+    print(f"after the SuperLink's restart, run {run_id} ended {status}")
+    if status == "finished:completed":
+        rounds = completed_rounds(deployment, out, 0)
+    else:
+        resumed = deployment.submit(parse_config(resume_config(out)))
+        rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])
+        rounds = completed_rounds(deployment, out, rc)
+        assert json.loads((out / "config.json").read_text()).get("resumes"), "not resumed"
     logs = deployment.log_tails
     # A SuperNode may also pull a message of the interrupted run from the restarted
     # SuperLink and start a ClientApp for it, which blocks the same way: any ClientApp
@@ -81,8 +92,9 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
     print(f"blocked ClientApps of the interrupted run, stopped by PID: {sorted(blocked)}")
     stop_pids(blocked)
     assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
-    after = json.loads((out / "config.json").read_text())["resumes"][0]["after_round"]
-    assert after >= 1, after
+    resumes = json.loads((out / "config.json").read_text()).get("resumes", [])
+    print(f"resumed after rounds: {[r['after_round'] for r in resumes]}")
+    assert all(r["after_round"] >= 1 for r in resumes), resumes
 
     local_cfg = cfg.model_copy(update={"output_dir": ""})
     nodes = [{"data-path": str(p)} for p in deployment.shards]
