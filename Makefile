@@ -52,7 +52,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check pflarena tests benchmarks
 
 # After changing a method's declaration or a run-config key: regenerate the
-# [tool.flwr.app.config] tables of pyproject.toml and docs/methods.md (tests check both).
+# [tool.flwr.app.config] tables of pyproject.toml, docs/methods.md and the generated block of
+# every method's page docs/methods/<name>.md, a stub page for a new method (tests check all).
 generated: setup
 	$(PY) -m pflarena.cli.methods
 

@@ -59,7 +59,7 @@ NOTES = [
     "- FedAMP's self-weight ξ_ii is 0 for every client at round 20: with α_k = σ = 1 and nine",
     "  other clients whose models stay close, α_k Σ_j A'(‖w_i − w_j‖²) > 1, so each cloud",
     "  model is a similarity-weighted average of the *other* clients' models (the step is",
-    "  shortened to the simplex, `docs/architecture.md`). Its personalized accuracy (87.07)",
+    "  shortened to the simplex, `docs/methods/fedamp.md`). Its personalized accuracy (87.07)",
     "  is FedAvg's level; smaller α_k would let own models count.",
     "- Per-FedAvg at the paper's α = 0.001 personalizes by a step too small to matter",
     "  (personalized 86.46 against its global 85.83), FedAvg's level.",

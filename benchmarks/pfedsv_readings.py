@@ -9,7 +9,7 @@ batch 32, 20 % validation. Four sweeps, each in one simulation process
 * ``lr``: ``local``, ``fedfomo`` and ``pfedsv`` at lr 0.01 (the paper's MNIST rate), 0.02
   and 0.05 (the preset's).
 * ``readings``: ``pfedsv`` at the preset's lr over every combination of the open choices the
-  defaults settle (docs/architecture.md, "pFedSV decisions"): v(∅) (``zero``, the paper;
+  defaults settle (docs/methods/pfedsv.md §11): v(∅) (``zero``, the paper;
   ``chance``), the top-k rule (``explore``; ``literal``) and the relevance average α (0.5;
   0.9). Eq. 6's distance reference is measured in ``pfedsv_distance_ref.md``; the peers
   offered (``pool``) differ only under partial participation (with every client in every

@@ -136,7 +136,7 @@ def run_config(label: str, args: argparse.Namespace, rounds: int, out: Path) -> 
         strategy, overrides = variants["ppfl1"]
         overrides = overrides | SCHEDULES[label]
         if label in ("ppfl1-rbcd", "ppfl1-alternate") and args.preset == "ppfl-synthetic-mixture":
-            # one full-gradient step per round needs a larger step (docs/architecture.md)
+            # one full-gradient step per round needs a larger step (docs/methods/ppfl.md §11)
             overrides = overrides | {"ppfl.membership-lr": 5.0}
     else:
         strategy, overrides = variants.get(label, (label, {}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pkgutil
@@ -72,6 +73,59 @@ def test_every_default_is_written_once():
     assert (ROOT / "docs" / "methods.md").read_text() == catalog.methods_markdown(), (
         "run `pflarena methods --markdown > docs/methods.md`"
     )
+
+
+def test_every_method_page_holds_its_generated_block():
+    """docs/methods/<name>.md exists for every declared method, its generated block is the
+    declaration's (``make generated``), and its hand-written part is written (no stub)."""
+    pages = catalog.method_pages(ROOT)  # raises on a page without its markers
+    missing = [n for n in pages if not (ROOT / catalog.method_page(n)).is_file()]
+    assert not missing, f"methods without a page (run `make generated`, then write it): {missing}"
+    stale = [n for n, text in pages.items() if (ROOT / catalog.method_page(n)).read_text() != text]
+    assert not stale, f"pages whose generated block is out of date (run `make generated`): {stale}"
+    stubs = [n for n, text in pages.items() if catalog.PAGE_STUB in text]
+    assert not stubs, f"pages whose hand-written part is still the stub: {stubs}"
+
+
+def test_every_method_page_belongs_to_a_method():
+    on_disk = {path.stem for path in (ROOT / "docs" / "methods").glob("*.md")}
+    declared = {cls.declaration.name for cls in BUILTIN_STRATEGIES}
+    assert on_disk - declared == set(), "pages of no declared method"
+    assert declared - on_disk == set(), "declared methods without a page"
+
+
+def test_strategy_and_solver_docstrings_link_the_method_page():
+    missing = []
+    for cls in BUILTIN_STRATEGIES:
+        d = cls.declaration
+        page = catalog.method_page(d.name)
+        for module_name in (cls.__module__, d.solver):
+            if page not in (importlib.import_module(module_name).__doc__ or ""):
+                missing.append(f"{module_name}: {page}")
+    assert not missing, "module docstrings without their method's page:\n" + "\n".join(missing)
+
+
+def test_a_page_without_markers_is_refused(tmp_path):
+    pages = tmp_path / "docs" / "methods"
+    pages.mkdir(parents=True)
+    (pages / "fedavg.md").write_text("# FedAvg\n\nno generated block\n")
+    with pytest.raises(ValueError, match=r"fedavg\.md: no generated block"):
+        catalog.method_pages(tmp_path)
+
+
+def test_the_generator_rewrites_only_the_block_and_stubs_missing_pages(tmp_path):
+    pages = tmp_path / "docs" / "methods"
+    pages.mkdir(parents=True)
+    page = pages / "ditto.md"
+    page.write_text(f"# Ditto\n\n{catalog.PAGE_BEGIN}\nold\n{catalog.PAGE_END}\n\nmine\n")
+    catalog.write_method_pages(tmp_path)
+    text = page.read_text()
+    assert text == f"# Ditto\n\n{catalog.method_page_block('ditto')}\n\nmine\n"
+    assert "`ditto.lambda`" in text and "`pflarena.client.solvers.ditto`" in text
+    created = {path.stem for path in pages.glob("*.md")}
+    assert created == set(catalog.declarations())
+    assert catalog.PAGE_STUB in (pages / "fedavg.md").read_text()
+    assert catalog.method_pages(tmp_path)["fedavg"] == (pages / "fedavg.md").read_text()
 
 
 def test_declarations_are_checked():

@@ -1027,7 +1027,7 @@ def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
 
 
 def test_lambda_default_is_exact_tracking_and_a_fixed_lambda_needs_its_rule():
-    """λ = |S^t|/m is the default (docs/architecture.md: the paper's 0.7 let θ and c grow on
+    """λ = |S^t|/m is the default (docs/methods/pfedgt.md §11: the paper's 0.7 let θ and c grow on
     CIFAR-10); a λ set without ``lambda-rule=fixed`` would be ignored, so it is refused."""
     assert build_strategy(config(strategy="pfedgt")).lambda_rule == "tracking"
     with pytest.raises(ValueError, match=r"pfedgt.lambda=0.25 takes effect only with"):

@@ -3,7 +3,9 @@
 ``pflarena methods`` prints :func:`methods_table` and :func:`method_details`;
 ``docs/methods.md`` is :func:`methods_markdown`; the ``[tool.flwr.app.config]`` table of
 ``pyproject.toml`` is :func:`flower_config_toml` (``pflarena methods --flower-config``
-prints it, and a test checks that pyproject.toml holds exactly that).
+prints it, and a test checks that pyproject.toml holds exactly that); each method's page
+``docs/methods/<name>.md`` holds :func:`method_page_block` between its markers, around a
+hand-written part (:func:`write_generated` rewrites all of these: ``make generated``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from pflarena.strategies import declarations
 __all__ = [
     "write_generated",
     "flower_config",
+    "method_page",
+    "method_page_block",
+    "method_pages",
+    "methods_table_linked",
+    "presets_using",
+    "write_method_pages",
     "flower_config_toml",
     "method_details",
     "methods_markdown",
@@ -104,6 +112,15 @@ def method_details(name: str) -> str:
     return "\n".join(lines)
 
 
+def methods_table_linked() -> str:
+    """:func:`methods_table` with each method's name linked to its page (for docs/methods.md)."""
+    rows = methods_table().split("\n")
+    for i, name in enumerate(declarations(), start=2):
+        rest = rows[i].split(" | ", 1)[1]
+        rows[i] = f"| [{name}](methods/{name}.md) | {rest}"
+    return "\n".join(rows)
+
+
 def methods_markdown() -> str:
     """``docs/methods.md``: the table and every method's details."""
     parts = [
@@ -114,21 +131,100 @@ def methods_markdown() -> str:
         "`pflarena run --strategy ditto --ditto.lambda 0.5`, `--set ditto.lambda=0.5`, or "
         '`flwr run . --run-config "ditto.lambda=0.5"`.',
         "",
-        methods_table(),
+        methods_table_linked(),
     ]
     for name in declarations():
         parts += ["", method_details(name)]
     return "\n".join(parts) + "\n"
 
 
+#: The markers around the generated part of a method's page (``docs/methods/<name>.md``).
+PAGE_BEGIN = "<!-- generated from the declaration: do not edit; make generated -->"
+PAGE_END = "<!-- end generated -->"
+#: What a page created by :func:`write_method_pages` holds until its hand-written part is
+#: written; a test refuses a page that still holds it.
+PAGE_STUB = "<!-- hand-written part: not written yet -->"
+
+
+def method_page(name: str) -> str:
+    """The path of a method's page, relative to the repository root."""
+    return f"docs/methods/{name}.md"
+
+
+def presets_using(name: str) -> list[str]:
+    """The presets (``pflarena/presets/``) whose strategies or strategy include ``name``."""
+    from pflarena.server.presets import load_preset, preset_names
+
+    found = []
+    for preset_name in preset_names():
+        preset = load_preset(preset_name)
+        if name in preset.strategies or preset.config.get("strategy") == name:
+            found.append(preset_name)
+    return found
+
+
+def method_page_block(name: str) -> str:
+    """The generated part of a method's page, markers included: :func:`method_details`
+    under a heading of its own, the solver's module path and the presets using the method."""
+    details = method_details(name).split("\n", 2)[2]  # without its "## <name>" heading
+    presets = presets_using(name)
+    lines = [
+        PAGE_BEGIN,
+        "",
+        f"## Declaration: `{name}`",
+        "",
+        details,
+        "",
+        "Presets using it (`pflarena run --preset NAME`): "
+        + (", ".join(f"`{p}`" for p in presets) if presets else "none")
+        + f". Every method's declaration: [docs/methods.md](../methods.md#{name}).",
+        "",
+        PAGE_END,
+    ]
+    return "\n".join(lines)
+
+
+def _page_stub(name: str) -> str:
+    declaration = declarations()[name]
+    return f"# {name}: {declaration.reference}\n\n{method_page_block(name)}\n\n{PAGE_STUB}\n"
+
+
+def method_pages(root: Path) -> dict[str, str]:
+    """Every declared method's page as it should read: the page on disk with its generated
+    block rewritten, or a stub (heading, generated block, :data:`PAGE_STUB`) where there is
+    no page. Raises ValueError for a page whose markers are missing or out of order."""
+    pages = {}
+    for name in declarations():
+        path = root / method_page(name)
+        if not path.is_file():
+            pages[name] = _page_stub(name)
+            continue
+        text = path.read_text(encoding="utf-8")
+        start, end = text.find(PAGE_BEGIN), text.find(PAGE_END)
+        if start < 0 or end < start:
+            raise ValueError(f"{path}: no generated block ({PAGE_BEGIN} ... {PAGE_END})")
+        pages[name] = text[:start] + method_page_block(name) + text[end + len(PAGE_END) :]
+    return pages
+
+
+def write_method_pages(root: Path) -> None:
+    """Rewrite the generated block of every method's page; create a stub where one is missing."""
+    for name, text in method_pages(root).items():
+        path = root / method_page(name)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+
+
 def write_generated(root: Path) -> None:
-    """Rewrite pyproject.toml's ``[tool.flwr.app.config]`` tables and docs/methods.md."""
+    """Rewrite pyproject.toml's ``[tool.flwr.app.config]`` tables, docs/methods.md and the
+    generated block of every method's page (docs/methods/<name>.md)."""
     pyproject = root / "pyproject.toml"
     text = pyproject.read_text()
     start = text.index("[tool.flwr.app.config]")
     end = text.index("# ----", start)
     pyproject.write_text(text[:start] + flower_config_toml() + "\n" + text[end:])
     (root / "docs" / "methods.md").write_text(methods_markdown())
+    write_method_pages(root)
 
 
 def command(args: argparse.Namespace) -> int:

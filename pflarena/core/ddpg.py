@@ -163,7 +163,7 @@ class DDPGConfig:
     optimizer of DDPG itself: at Table 7's Synthetic rates and γ = 0.99, plain SGD (the
     literal reading of Algorithm 1's gradient steps) leaves a contextual bandit unlearned
     after 1,000 steps, a PAGE-length run, where Adam reaches its best action
-    (``tests/test_ddpg.py``, docs/architecture.md, PAGE).
+    (``tests/test_ddpg.py``, docs/methods/page.md §11).
 
     Parameters
     ----------

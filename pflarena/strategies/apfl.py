@@ -15,7 +15,7 @@ every τ steps (one round) the server averages the clients' w_i into w and sends
 Here the three updates of a step are taken at the same point (v_i, w_i, α_i before the
 step), with one backward pass at w_i and one at v̄_i.
 
-Decisions (reasons and measurements in ``docs/architecture.md``):
+Decisions (reasons and measurements in ``docs/methods/apfl.md``):
 
 - **Initial α** (``apfl.alpha``) 0.5, adapted (``apfl.adaptive``), as in the authors' code
   (MLOPTPSU/FedTorch, ``--fed_personal_alpha 0.5``, ``--fed_adaptive_alpha``) and the pFedGT
@@ -29,6 +29,8 @@ Decisions (reasons and measurements in ``docs/architecture.md``):
   (1 − α_i) w^t, as after the paper's synchronisation step (w_i = w).
 - **Averaging** (``apfl.weighting``): the paper averages the w_i uniformly; ``examples``
   weights them by training examples.
+
+The reading of the paper, decisions and measurements: docs/methods/apfl.md.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ cluster's model is the global model of its clients). A client that did not take 
 round stays in its cluster; when that cluster splits, it stays with the part that keeps the
 cluster's id. The norms and similarities use the trainable parameters (the authors' code
 flattens ``named_parameters``); buffers are averaged with the same weights.
+
+The reading of the paper, decisions and measurements: docs/methods/cfl.md.
 """
 
 from __future__ import annotations

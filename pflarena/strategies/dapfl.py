@@ -25,9 +25,11 @@ contributions" through the weights, not from a source: p_i ∝ n_i α_i, the exa
 the epochs the client's agent chose (the sample gradients it computed). ``uniform``: 1/m.
 
 There is no server agent (the paper has none): the strategy is stateless between rounds.
-The parts of the authors' code left out, and why, are in docs/architecture.md ("Dap-FL
-decisions"): the Paillier encryption, and the primal-dual resource constraint (a cost
+The parts of the authors' code left out, and why, are in docs/methods/dapfl.md
+(decisions and measurements): the Paillier encryption, and the primal-dual resource constraint (a cost
 critic whose cost the code draws at random).
+
+The reading of the paper, decisions and measurements: docs/methods/dapfl.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Ditto (Li et al., 2021): a FedAvg global model plus a proximally regularised personal model."""
+"""Ditto (Li et al., 2021): a FedAvg global model plus a proximally regularised personal model.
+
+The reading of the paper, decisions and measurements: docs/methods/ditto.md.
+"""
 
 from __future__ import annotations
 

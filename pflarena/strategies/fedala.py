@@ -28,6 +28,8 @@ threshold can get a client stuck). A "layer" here is a module's trainable parame
 weight and bias). The client draws its s % as a seeded random subset (the code takes a
 random contiguous slice). The personalized model is the client's trained local model; the
 global model is Θ.
+
+The reading of the paper, decisions and measurements: docs/methods/fedala.md.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ initial model (W^0 = w^0 for all clients, as in the paper); distances cover the 
 parameters; floating-point buffers are combined with the same weights, integer buffers
 come from the client's own model. The client starts its proximal solve from u_i
 (``fedamp.start=cloud``; ``own`` starts from its last w_i, as PFLlib does).
+
+The reading of the paper, decisions and measurements: docs/methods/fedamp.md.
 """
 
 from __future__ import annotations

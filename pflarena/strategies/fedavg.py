@@ -1,4 +1,7 @@
-"""FedAvg (McMahan et al., 2017): the example-weighted average of the clients' models."""
+"""FedAvg (McMahan et al., 2017): the example-weighted average of the clients' models.
+
+The reading of the paper, decisions and measurements: docs/methods/fedavg.md.
+"""
 
 from __future__ import annotations
 

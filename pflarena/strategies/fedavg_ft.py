@@ -1,4 +1,7 @@
-"""FedAvg with local fine-tuning before evaluation (Wang et al., 2019)."""
+"""FedAvg with local fine-tuning before evaluation (Wang et al., 2019).
+
+The reading of the paper, decisions and measurements: docs/methods/fedavg-ft.md.
+"""
 
 from __future__ import annotations
 

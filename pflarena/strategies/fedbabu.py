@@ -15,6 +15,8 @@ The head is the run's seeded initial head, the same on the server and every clie
 the body travels (sending the fixed head would add bytes and nothing else). Defaults: 5
 fine-tuning epochs (the authors' code, ``--ft_ep 5``); the bodies averaged uniformly over
 the sampled clients, as the authors' code does (``torch.div(w_glob[k], m)``).
+
+The reading of the paper, decisions and measurements: docs/methods/fedbabu.md.
 """
 
 from __future__ import annotations

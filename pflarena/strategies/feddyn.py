@@ -15,13 +15,15 @@ participating clients P_t of m:
       h^t = h^{t−1} − (α/m) Σ_{k∈P_t} (θ_k^t − θ^{t−1})
       θ^t = (1/|P_t|) Σ_{k∈P_t} θ_k^t − h^t / α
 
-Choices (reasons in ``docs/architecture.md``): the argmin is approximated by the run's local
+Choices (reasons in ``docs/methods/feddyn.md``): the argmin is approximated by the run's local
 training (``local-epochs`` of minibatch SGD from θ^{t−1}, with its momentum and weight
 decay, the latter part of L_k); P_t is the set of clients whose reply was used (a failed
 client's gradient state is rolled back with it, so h^t = (1/m) Σ_k ∇L_k(θ_k^t) holds
 exactly); m is ``num-clients``; h and the gradient states cover the trainable parameters and
 the buffers (BatchNorm statistics) of θ^t are the plain mean of the participants'. α = 0.01
 as in the authors' example script (CIFAR-10). The personalized model is the global model θ^t.
+
+The reading of the paper, decisions and measurements: docs/methods/feddyn.md.
 """
 
 from __future__ import annotations

@@ -68,6 +68,8 @@ readings are options:
 
 The hierarchical extension of the authors' code (sub-federation and global models offered as
 extra candidates) is not part of FedFomo's algorithm in the paper and is not implemented.
+
+The reading of the paper, decisions and measurements: docs/methods/fedfomo.md.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ tests) or by cvxpy (``solver=cvxpy``); with ε ≥ 1 - 1/|S| the box is inactive
 exact simplex solver of ``core/mgda.py`` is used. The declaration name is ``fedmgda``:
 ``+`` is not a TOML bare-key character, and ``[tool.flwr.app.config.<name>]`` is written
 unquoted.
+
+The reading of the paper, decisions and measurements: docs/methods/fedmgda.md.
 """
 
 from __future__ import annotations

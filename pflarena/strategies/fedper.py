@@ -11,7 +11,9 @@ every client. The same method is the "Partial FL" baseline of the PPFL paper.
 
 The personalized model of client j is the latest base layers with its own personalization
 layers; there is no global model (no shared head). Where the paper leaves a choice open,
-``docs/architecture.md`` (Baselines II decisions) says what is taken here.
+``docs/methods/fedper.md`` says what is taken here.
+
+The reading of the paper, decisions and measurements: docs/methods/fedper.md.
 """
 
 from __future__ import annotations

@@ -40,7 +40,9 @@ variants of Table 1 as a floor, ``γ_i = max(eq. 8, γ)`` (spec A9).
 
 Every decision where the spec or the paper leaves room (the gradient, the step size, the
 stale window, the fair column, the line search's fallback), with the measurements behind
-it, is in ``docs/architecture.md`` ("FedPG decisions").
+it, is in ``docs/methods/fedpg.md`` §11.
+
+The reading of the paper, decisions and measurements: docs/methods/fedpg.md.
 """
 
 from __future__ import annotations

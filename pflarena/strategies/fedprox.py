@@ -1,4 +1,7 @@
-"""FedProx (Li et al., 2020): FedAvg with a proximal term in the local objective."""
+"""FedProx (Li et al., 2020): FedAvg with a proximal term in the local objective.
+
+The reading of the paper, decisions and measurements: docs/methods/fedprox.md.
+"""
 
 from __future__ import annotations
 

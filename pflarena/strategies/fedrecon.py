@@ -26,6 +26,8 @@ below 1 gives Algorithm 1's disjoint support and query sets). The global update 
 run's ``local-epochs`` (the code's ``post_recon_epochs`` is 1). Evaluation reconstructs on
 the training split and tests on the test split, which are disjoint, as the code's
 evaluation is.
+
+The reading of the paper, decisions and measurements: docs/methods/fedrecon.md.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ FEMNIST scripts use 10 and 5); the average weighted by training examples, as the
 code does. The run's ``local-epochs`` is replaced by these two and refused if set.
 
 The personalized model of client i is the latest φ with its h_i; there is no global model.
+
+The reading of the paper, decisions and measurements: docs/methods/fedrep.md.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ Fed-ROD code of PFLlib and FL-bench's default use the same; not confirmed from t
 text); a one-layer head (the classifier), as the paper's CNNs
 and ResNets split. The paper's hypernetwork variant of φ_m (Fed-ROD with a hypernetwork
 generating the personalized head from the class distribution) is not implemented.
+
+The reading of the paper, decisions and measurements: docs/methods/fedrod.md.
 """
 
 from __future__ import annotations

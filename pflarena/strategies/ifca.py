@@ -19,6 +19,8 @@ A cluster no client chose keeps its model. A client's personalized model is the 
 model with the lowest loss on its training split at evaluation time (the same estimate
 as in training). PPFL's paper shows IFCA is PPFL with a private trunk per cluster, λ = 0
 and memberships replaced by the argmin (docs/methods/ppfl.md §10, Eq. O19).
+
+The reading of the paper, decisions and measurements: docs/methods/ifca.md.
 """
 
 from __future__ import annotations

@@ -12,10 +12,12 @@ Defaults from the authors' code (pliang279/LG-FedAvg): 2 global layers (their CI
 CNN, ``--num_layers_keep 2``; their MNIST MLP keeps 3), the global layers averaged
 uniformly over the sampled clients (``torch.div(w_glob[k], m)``). The code starts every
 client from a FedAvg model trained beforehand (``--load_fed``); here they start from the
-run's initial model (see ``docs/architecture.md``).
+run's initial model (see ``docs/methods/lgfedavg.md``).
 
 The personalized model of a client is its local layers under the latest global layers;
 there is no global model (the global layers alone are no classifier).
+
+The reading of the paper, decisions and measurements: docs/methods/lgfedavg.md.
 """
 
 from __future__ import annotations

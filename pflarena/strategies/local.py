@@ -1,4 +1,7 @@
-"""Local training: every client trains its own model on its own data, with no communication."""
+"""Local training: every client trains its own model on its own data, with no communication.
+
+The reading of the paper, decisions and measurements: docs/methods/local.md.
+"""
 
 from __future__ import annotations
 

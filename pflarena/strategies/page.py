@@ -50,6 +50,8 @@ renormalized over those that did.
 The server's agent, its pending transition and the histories for the pictures are in the
 checkpoint, so a resumed run continues identically; the clients' agents live in their own
 versioned state and never leave them.
+
+The reading of the paper, decisions and measurements: docs/methods/page.md.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ The run's ``lr`` is β (the step that moves the model, FedAvg's learning rate) a
 updates per round as FedAvg (each consumes two minibatches, three with HF). α = 0.001 and
 δ = 0.001 are the paper's experimental settings (Sec. 6); the paper averages the returned
 models uniformly (``weighting=uniform``).
+
+The reading of the paper, decisions and measurements: docs/methods/perfedavg.md.
 """
 
 from __future__ import annotations

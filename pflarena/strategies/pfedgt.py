@@ -12,6 +12,8 @@ e.g. BatchNorm statistics, are the plain mean of the participants' buffers, used
 θ is evaluated as a global model) and c (over the trainable parameters). Clients start local
 training from θ's trainable parameters and their own BatchNorm statistics, so each w_i keeps
 the statistics of its own data (spec §9.14).
+
+The reading of the paper, decisions and measurements: docs/methods/pfedgt.md.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class PFedGTParams(MethodParams):
         "tracking",
         description="'tracking': λ = |S^t|/m each round (S^t: the clients whose update was "
         "used), which keeps c the exact mean of the stored messages (Lemma 1) and kept θ and c "
-        "bounded on CIFAR-10 where the paper's 0.7 did not (docs/architecture.md); 'fixed': "
+        "bounded on CIFAR-10 where the paper's 0.7 did not (docs/methods/pfedgt.md §11); 'fixed': "
         "λ = pfedgt.lambda",
     )
     server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
@@ -97,7 +99,7 @@ class PFedGTParams(MethodParams):
     delta_ref: Literal["theta", "personal"] = Field(
         "theta",
         description="Δw is w_new − θ (default; stable with η_s=1 under partial "
-        "participation) or w_new − w_i (Eq. 6 read literally; see docs/architecture.md)",
+        "participation) or w_new − w_i (Eq. 6 read literally; see docs/methods/pfedgt.md §11)",
     )
     start_buffers: Literal["personal", "theta"] = Field(
         "personal",

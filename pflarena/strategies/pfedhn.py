@@ -32,6 +32,8 @@ sampled client's gradient is taken at the φ that generated its model (the round
 optimizer then steps once per client, in client-id order, as the sequential algorithm would
 with those clients. Models with buffers (BatchNorm statistics) are refused: the hypernetwork
 generates trainable parameters only (the paper's models have none).
+
+The reading of the paper, decisions and measurements: docs/methods/pfedhn.md.
 """
 
 from __future__ import annotations

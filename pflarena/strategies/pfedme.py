@@ -26,7 +26,7 @@ The client code is :mod:`pflarena.client.solvers.pfedme`; the server step is
 ``local-epochs`` passes of ``batch-size`` minibatches (one local round per minibatch; the
 paper's R = 20 rounds of |D| = 20 samples).
 
-Where the paper leaves a choice (the strategy's options, reasons in ``docs/architecture.md``):
+Where the paper leaves a choice (the strategy's options, reasons in ``docs/methods/pfedme.md``):
 
 - **Accuracy ν** (``pfedme.inner-tolerance``): the paper states the accuracy its analysis
   needs and runs a fixed K in its experiments. Here K is the most steps; the solve stops
@@ -39,6 +39,8 @@ Where the paper leaves a choice (the strategy's options, reasons in ``docs/archi
   (``uniform``); the authors' code weights them by training examples (``examples``).
 - **Personalized model** of a client that has not trained yet: the global model w^t (θ̂
   of a client never sampled is unknown; its closest available estimate is w).
+
+The reading of the paper, decisions and measurements: docs/methods/pfedme.md.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ the private variant each upload is ``r + clip(θ − r, C) + N(0, σ²C²)`` on 
 reference r (the client's previous upload, θ⁰ at first), the client asks for every peer
 and chooses among them locally, its replies carry no other data-dependent field, and the run
 reports the (ε, δ) of all its uploads under replace adjacency (sensitivity 2C) from opacus'
-RDP accountant (docs/architecture.md, "pFedSV decisions").
+RDP accountant (docs/methods/pfedsv.md §11).
+
+The reading of the paper, decisions and measurements: docs/methods/pfedsv.md.
 """
 
 from __future__ import annotations

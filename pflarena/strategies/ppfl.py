@@ -41,6 +41,8 @@ histograms reveal each client's label distribution to the server. ``affinity=com
 Each round logs the objective F(θ^t, C^t) from the clients' losses at the round's start
 (``objective``), the block, and the memberships' mean entropy; the run writes the
 memberships per round (``memberships.csv``) and their picture (``memberships.png``).
+
+The reading of the paper, decisions and measurements: docs/methods/ppfl.md.
 """
 
 from __future__ import annotations

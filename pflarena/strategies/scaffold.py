@@ -12,7 +12,7 @@ Algorithm 1, one round:
   c ← c + (|S|/N) · (1/|S|) Σ Δc_i.
 
 The client side is :mod:`pflarena.client.solvers.scaffold`. Choices where the paper leaves
-room (reasons in ``docs/architecture.md``):
+room (reasons in ``docs/methods/scaffold.md``):
 
 - **K** is the number of local steps the client actually took: ``local-epochs`` passes of
   ``batch-size`` minibatches, a partial last minibatch counting as one step.
@@ -23,6 +23,8 @@ room (reasons in ``docs/architecture.md``):
 - c and the c_i cover the trainable parameters. Buffers (BatchNorm statistics) are not
   stepped: x's buffers become the mean of the participants'.
 - The personalized model is the global model x (SCAFFOLD has no other), as for FedAvg.
+
+The reading of the paper, decisions and measurements: docs/methods/scaffold.md.
 """
 
 from __future__ import annotations

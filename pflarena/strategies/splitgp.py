@@ -29,7 +29,9 @@ server (the same for every client), kept in the checkpoint.
 Defaults: γ = 0.5 and λ = 0.2, the values the third-party reimplementations of the paper's
 experiments use (not confirmed from the paper's text); a server side of the last two weighted
 layers; an entropy threshold of 0.5 nats (the paper varies it to trade accuracy against
-offloading; this value is not the paper's, see ``docs/architecture.md``).
+offloading; this value is not the paper's, see ``docs/methods/splitgp.md``).
+
+The reading of the paper, decisions and measurements: docs/methods/splitgp.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ of the global model, v its local model and α its mixing weight (:func:`apfl_ste
 
 The client uploads w and keeps v and α (state ``apfl/local-model``, ``apfl/alpha``). Its
 personalized model is α v + (1 − α) w^t with the latest global model w^t it was sent.
+
+The reading of the paper, decisions and measurements: docs/methods/apfl.md.
 """
 
 from __future__ import annotations

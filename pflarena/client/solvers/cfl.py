@@ -5,6 +5,8 @@ client runs ``local-epochs`` of SGD from it and returns Δθ_i = θ_i − θ_c f
 entry. An evaluate message carries every cluster model (``cluster.<j>.<name>``) and the
 assignment (``cfl.assignment``, a cluster per client id); the client tests its cluster's
 model. Nothing is kept on the client.
+
+The reading of the paper, decisions and measurements: docs/methods/cfl.md.
 """
 
 from __future__ import annotations

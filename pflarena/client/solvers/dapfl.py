@@ -2,7 +2,7 @@
 its local learning rate and number of epochs.
 
 Once per train message (the design of the authors' released code, XDUJiaweiChen/Dap-FL,
-``ddpg_enhanced_second_train.py``; see docs/architecture.md, "Dap-FL decisions"):
+``ddpg_enhanced_second_train.py``; see docs/methods/dapfl.md):
 
 1. ``w_i(t) ← W(t)``; the state ``s_i(t) = (L, A, F1)``: the loss, accuracy and F1 score of
    W(t) on the client's training split (:func:`observe`);
@@ -28,6 +28,8 @@ client's versioned state and never leaves the client. ``agents=random`` (the con
 draws the action uniformly every round and keeps no agent; ``tune-epochs=false`` /
 ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr`` (the code's DDPG-η and
 DDPG-α settings).
+
+The reading of the paper, decisions and measurements: docs/methods/dapfl.md.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Per round: (1) the global-model update, plain local SGD from the received ``w^t`` (sent
 back for averaging); (2) the personal update, SGD on ``f_i(v) + (lambda/2)||v - w^t||^2``
 starting from the client's stored ``v_i`` (initially ``w^0``).
+
+The reading of the paper, decisions and measurements: docs/methods/ditto.md.
 """
 
 from __future__ import annotations

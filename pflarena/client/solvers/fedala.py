@@ -13,6 +13,8 @@ model of its previous round):
 
 Client state: ``fedala/model`` (Θ_i), ``fedala/weights`` (W, one array per higher
 parameter) and ``fedala/started`` (present once the first, long weight training is done).
+
+The reading of the paper, decisions and measurements: docs/methods/fedala.md.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ attentive message passing). The client approximately solves
 by ``local-epochs`` of minibatch SGD with the proximal gradient (λ/α_k)(w − u_i) added,
 starting from u_i (``fedamp.start=cloud``) or from its previous w_i (``own``). It keeps w_i
 as its personalized model and uploads it.
+
+The reading of the paper, decisions and measurements: docs/methods/fedamp.md.
 """
 
 from __future__ import annotations

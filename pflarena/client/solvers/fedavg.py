@@ -6,6 +6,9 @@ With ``<method>.personal-model=local-result`` the client keeps the model it retu
 state (``<method>/local-result``) and reports it as its personalized model: the FedPG
 paper's P-model for FedAvg and FedProx (docs/methods/fedpg.md §5.4). Otherwise the personalized
 model is the global model.
+
+The readings of the papers, decisions and measurements: docs/methods/fedavg.md and
+docs/methods/fedprox.md.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 At evaluation the client fine-tunes a copy of the global model on its training split and
 evaluates that copy; the copy is discarded, so fine-tuning never feeds back into training.
+
+The reading of the paper, decisions and measurements: docs/methods/fedavg-ft.md.
 """
 
 from __future__ import annotations

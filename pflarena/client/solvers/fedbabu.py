@@ -4,6 +4,8 @@ Training: the received body under the run's initial head (fixed, the same on eve
 so it is neither sent nor stored) is trained by local SGD with the head frozen; the body is
 sent back. Evaluation: a copy of that global model is fine-tuned whole (body and head) for
 ``personal-epochs`` epochs on the training split and evaluated; the copy is discarded.
+
+The reading of the paper, decisions and measurements: docs/methods/fedbabu.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ g_k = ∇L_k(θ_k^{t−1}) (zero before its first round):
 - the reply carries θ_k^t (the whole trained model).
 
 Client state: ``feddyn/gradient`` (g_k, over the trainable parameters).
+
+The reading of the paper, decisions and measurements: docs/methods/feddyn.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ the client keeps its mixture weights π_i (``fedem/mixture-weights``, uniform 1/
 A train message runs the E-step (posteriors of each training sample), the M-step for π_i,
 and ``local-epochs`` of q-weighted SGD on each component, and returns the M components.
 Evaluation predicts with ``Σ_m π_im softmax(h_{θ_m}(x))``.
+
+The reading of the paper, decisions and measurements: docs/methods/fedem.md.
 """
 
 from __future__ import annotations

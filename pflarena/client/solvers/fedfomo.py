@@ -17,6 +17,8 @@ client's own):
 
 Client state: the personalized (trained) model, and with ``round-start`` the model the
 training started from. Evaluation tests the personalized model on the test split.
+
+The reading of the paper, decisions and measurements: docs/methods/fedfomo.md.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Per round: the received base layers (the body) with the client's own personalization layers
 (the head, ``fedper/head``; the run's initial head at first) are trained jointly by local SGD;
 the head is kept, the body is sent back.
+
+The reading of the paper, decisions and measurements: docs/methods/fedper.md.
 """
 
 from __future__ import annotations

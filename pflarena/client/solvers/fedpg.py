@@ -29,6 +29,9 @@ answers three kinds of train messages, told apart by ``job.phase``:
 
 ``evaluate`` tests the stored P-model (the global model before the client's first
 personalization, spec A13) and the global model.
+
+The readings of the papers, decisions and measurements: docs/methods/fedmgda.md and
+docs/methods/fedpg.md.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ parameters l (the head: the last ``head-layers`` weighted layers). For a train m
 Evaluation reconstructs l the same way on the whole training split (the support) and tests
 the model (g, l) on the test split (the query); that model is the personalized one. There
 is no global model: g alone makes no prediction.
+
+The reading of the paper, decisions and measurements: docs/methods/fedrecon.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Per round, from the received representation φ^t (the body) and the client's hea
 1. ``head-epochs`` epochs of SGD on the head, the representation fixed;
 2. ``body-epochs`` epochs of SGD on the representation, the new head fixed;
 3. the head is kept, the representation sent back.
+
+The reading of the paper, decisions and measurements: docs/methods/fedrep.md.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ minibatch (Algorithm 1 of the paper, as its Section 4 and Figure 2 describe it):
 (``fedrod/personal-head``) and never leaves it. φ_m has the generic head's layers and starts
 from the run's initial head. The personalized prediction is ``g + h^P(z; φ_m)``; the global
 model is θ with ψ.
+
+The reading of the paper, decisions and measurements: docs/methods/fedrod.md.
 """
 
 from __future__ import annotations

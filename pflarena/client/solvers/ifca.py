@@ -5,6 +5,8 @@ client estimates its cluster ``ĵ = argmin_j F_i(θ_j)`` with its mean training 
 mode, ties to the lowest j), then either runs local SGD on θ_ĵ and returns it (Option II,
 model averaging) or returns ``∇F_i(θ_ĵ)`` over its training split (Option I), with ĵ in the
 metrics. Evaluation tests the cluster model it would choose now.
+
+The reading of the paper, decisions and measurements: docs/methods/ifca.md.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Per round: the client's local layers (the body, ``lgfedavg/local-layers``; the run's initial
 body at first) under the received global layers (the head) are trained jointly by local
 SGD; the local layers are kept, the global layers sent back.
+
+The reading of the paper, decisions and measurements: docs/methods/lgfedavg.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Local solver for local-only training: the client's own model, never shared."""
+"""Local solver for local-only training: the client's own model, never shared.
+
+The reading of the paper, decisions and measurements: docs/methods/local.md.
+"""
 
 from __future__ import annotations
 

@@ -31,6 +31,8 @@ time, which other work on the machine does not inflate; ``page-sgd-time-s`` and
 ``tune-epochs=false`` / ``tune-lr=false`` train with the run's ``local-epochs`` / ``lr``.
 Randomness (initial weights, noise, minibatches, random actions) is seeded by (run seed,
 client, round), so two runs of a config, or a resumed run, are identical.
+
+The reading of the paper, decisions and measurements: docs/methods/page.md.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ over the training split (:func:`meta_step`)::
 τ = ``local-epochs`` × (minibatches per epoch) steps per round; β is the run's ``lr``. The
 personalized model is the received model after ``personal-steps`` SGD steps of size α
 (:func:`personalize`).
+
+The reading of the paper, decisions and measurements: docs/methods/perfedavg.md.
 """
 
 from __future__ import annotations

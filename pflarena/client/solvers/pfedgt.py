@@ -10,6 +10,8 @@ Client state (persistent across rounds): the personalized model w_i (full state,
 included) and the stored message c_i (the one last uploaded, over the trainable parameters).
 The BatchNorm running statistics in w_i are the client's own: local training starts from θ's
 trainable parameters and the client's own statistics (:func:`start_model`, spec §9.14).
+
+The reading of the paper, decisions and measurements: docs/methods/pfedgt.md.
 """
 
 from __future__ import annotations

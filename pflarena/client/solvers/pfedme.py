@@ -13,6 +13,8 @@ One round on client i, from the received global model w^t:
 
 Reply metrics: ``inner-grad-norm`` (mean over the round's local rounds of ‖∇h̃_i(θ̃)‖ at
 the θ̃ used), ``inner-grad-norm-max`` and ``inner-steps-taken`` (mean K actually run).
+
+The reading of the paper, decisions and measurements: docs/methods/pfedme.md.
 """
 
 from __future__ import annotations

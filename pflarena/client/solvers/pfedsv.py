@@ -17,6 +17,8 @@ A round has two exchanges (docs/methods/pfedsv.md §3.2):
 Peers are known by pseudonyms (``pids``) the server assigns; the client's relevance vector
 and explored set are indexed by them. Client state: the personalized model, the model
 trained this round, and the relevance vector with the explored set.
+
+The reading of the paper, decisions and measurements: docs/methods/pfedsv.md.
 """
 
 from __future__ import annotations

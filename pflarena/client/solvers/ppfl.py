@@ -30,6 +30,8 @@ evaluation and its exported personalized model use. The messages, told apart by
 Every step is :func:`~pflarena.core.population.exponentiated_gradient_step` on
 ``G = w_i ∇_c f_i + π_i`` (Eq. 14-15; ``w_i = p_i`` with the paper's scaling, 1 with the
 normalized one, π_i from the server).
+
+The reading of the paper, decisions and measurements: docs/methods/ppfl.md.
 """
 
 from __future__ import annotations

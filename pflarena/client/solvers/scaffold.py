@@ -14,6 +14,8 @@ its first round):
   keeps it only once the server has used the reply.
 
 Client state: ``scaffold/control`` (c_i, over the trainable parameters).
+
+The reading of the paper, decisions and measurements: docs/methods/scaffold.md.
 """
 
 from __future__ import annotations

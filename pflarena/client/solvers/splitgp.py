@@ -36,6 +36,8 @@ offloaded to the server, which predicts with θ̄ on φ_k's output, otherwise
 (φ̄, θ̄). The client-side model evaluated is the one the client would start its next round
 from (step 1). The evaluation reply also counts the offloaded samples and the client-side
 model's own correct predictions (``splitgp-offloaded``, ``splitgp-client-side-correct``).
+
+The reading of the paper, decisions and measurements: docs/methods/splitgp.md.
 """
 
 from __future__ import annotations
