@@ -153,7 +153,7 @@ def method_page(name: str) -> str:
 
 def presets_using(name: str) -> list[str]:
     """The presets (``pflarena/presets/``) whose strategies or strategy include ``name``."""
-    from pflarena.server.presets import load_preset, preset_names
+    from pflarena.core.presets import load_preset, preset_names
 
     found = []
     for preset_name in preset_names():
