@@ -45,6 +45,7 @@ import argparse
 import csv
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -249,7 +250,7 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.2f}"
 
 
-def write_report(runs_dir: Path, out: Path) -> None:
+def write_report(runs_dir: Path, out: Path, command: str | None = None) -> None:
     settings: dict[tuple[str, int], dict[str, Path]] = {}
     for summary_path in sorted(runs_dir.glob("*-r*--*/summary.json")):
         if completed_summary(summary_path.parent) is None:
@@ -260,9 +261,15 @@ def write_report(runs_dir: Path, out: Path) -> None:
     lines = [
         "# PPFL against local, FedAvg, IFCA and FedEM (the paper's Table 1 settings)",
         "",
-        "Command: `python benchmarks/ppfl.py --preset P --rounds R [--eval-every N]` once per "
-        "setting below (completed runs are skipped; `--report-only` rewrites this file). "
-        "Each run is a Flower simulation on a 2-core CPU shared with other work. Accuracy in %, "
+        (
+            f"Command: `{command}` (unfinished runs are resumed from their checkpoints, "
+            "completed ones skipped; `--report-only` rewrites this file). "
+            if command
+            else "Command: `python benchmarks/ppfl.py --preset P --rounds R [--eval-every N]` "
+            "once per setting below (completed runs are skipped; `--report-only` rewrites "
+            "this file). "
+        )
+        + "Each run is a Flower simulation on a 2-core CPU shared with other work. Accuracy in %, "
         "after the last round: *weighted* is Σ correct / Σ test over all clients' test splits "
         "(the paper's measure), *mean* the unweighted mean over clients. The paper's figures "
         "are 5-trial means after 200 rounds; the runs here are scaled down to the rounds in "
@@ -411,6 +418,9 @@ def main() -> None:
         help="inprocess: the clients one after another in this process",
     )
     args = parser.parse_args()
+    command = "python benchmarks/ppfl.py " + " ".join(
+        arg for arg in sys.argv[1:] if arg != "--report-only"
+    )
     runs_dir = Path(args.runs_dir)
     if args.timing:
         run_timing(args)
@@ -428,8 +438,8 @@ def main() -> None:
                 verbosity=0,
                 engine=args.engine,
             )
-            write_report(runs_dir, Path(args.out))
-    write_report(runs_dir, Path(args.out))
+            write_report(runs_dir, Path(args.out), command)
+    write_report(runs_dir, Path(args.out), command)
 
 
 if __name__ == "__main__":
