@@ -59,6 +59,8 @@ RUNS = {
     "ray": ("ray", {}),
     "ray, no agent in memory": ("ray", {"PFLARENA_AGENT_CACHE_SIZE": "0"}),
     "in-process": ("inprocess", {}),
+    # the agents' update and actions with autograd and torch's optimizers (before)
+    "in-process, torch engine": ("inprocess", {"PFLARENA_DDPG_ENGINE": "torch"}),
 }
 
 
@@ -111,6 +113,8 @@ def parts(reps: int) -> dict[str, float]:
     y = torch.as_tensor(data.y_train, dtype=torch.long)
     template = build_model(cfg.model_name(), tuple(info.input_shape), info.num_classes, seed=0)
     agent = client_agent(100)
+    torch_agent = client_agent(100)
+    torch_agent.engine = "torch"
     rng = np.random.default_rng(1)
     folder = Path(tempfile.mkdtemp(prefix="page-cost-"))
     stores = {
@@ -149,6 +153,10 @@ def parts(reps: int) -> dict[str, float]:
         "state s_i (evaluate W(t) on the training split)": lambda: evaluate(template, x, y),
         "reward (evaluate ŵ_i(t) on the training split)": lambda: evaluate(template, x, y),
         "DDPG update + action": lambda: (agent.update(rng), agent.act([0.5], rng)),
+        "DDPG update + action (torch engine, before)": lambda: (
+            torch_agent.update(rng),
+            torch_agent.act([0.5], rng),
+        ),
         "pack into an ArrayRecord (packed)": lambda: _record(agent.to_packed()),
         "pack into an ArrayRecord (67 arrays)": lambda: _record(agent.to_arrays()),
         "write to the store (packed, no fsync: a simulated client)": lambda: write("packed"),
@@ -230,6 +238,9 @@ def main() -> None:
         "--clients", type=int, default=100, help="the preset's clients (fewer: shorter runs)"
     )
     parser.add_argument("--runs-dir", default="runs/page-cost")
+    parser.add_argument(
+        "--runs", nargs="*", default=list(RUNS), choices=list(RUNS), help="part 2's runs"
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/page_cost.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -237,7 +248,7 @@ def main() -> None:
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     costs = {}
-    for label in RUNS:
+    for label in args.runs:
         print(f"== {label}", flush=True)
         costs[label] = round_costs(run(label, args.rounds, runs_dir, args.clients))
     write_report(Path(args.out), ms, costs, args)
@@ -248,7 +259,9 @@ def write_report(path: Path, ms: dict[str, float], costs: dict, args) -> None:
         "# PAGE: the RL's cost per round against the clients' local SGD",
         "",
         "`python benchmarks/page_cost.py "
-        f"--rounds {args.rounds} --reps {args.reps} --clients {args.clients}` (under `nice -n 10`), on the shared 2-core "
+        f"--rounds {args.rounds} --reps {args.reps} --clients {args.clients} --runs "
+        + " ".join(f"'{label}'" for label in args.runs)
+        + "` (under `nice`), on the shared 2-core "
         "machine while other work ran: absolute times are loaded ones; compare the ratios, "
         "which each come from one run (part 2) or from interleaved repetitions (part 1).",
         "",
@@ -270,6 +283,8 @@ def write_report(path: Path, ms: dict[str, float], costs: dict, args) -> None:
     ]
     kept = [*common, "pack into an ArrayRecord (packed)",
             "write to the store (packed, no fsync: a simulated client)"]  # fmt: skip
+    kept_torch = [p.replace("DDPG update + action", "DDPG update + action (torch engine, "
+                            "before)") for p in kept]  # fmt: skip
     rebuilt = [*kept, "read and rebuild (packed)"]
     old = [*common, "pack into an ArrayRecord (67 arrays)",
            "write to the store (67 arrays, fsync'd)", "read and rebuild (67 arrays)"]  # fmt: skip
@@ -277,6 +292,7 @@ def write_report(path: Path, ms: dict[str, float], costs: dict, args) -> None:
     lines += ["| agent | wall ms | / SGD | CPU ms | / SGD |", "|---|---|---|---|---|"]
     for label, parts in (
         ("kept in memory, written without fsync (a simulated client now)", kept),
+        ("the same, torch engine (before)", kept_torch),
         ("rebuilt from the packed state (a miss)", rebuilt),
         ("rebuilt from 67 arrays and written fsync'd (before)", old),
     ):

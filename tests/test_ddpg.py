@@ -349,3 +349,83 @@ def test_a_packed_agent_is_the_same_arrays_and_a_truncated_one_is_refused():
     with pytest.raises(ValueError, match="missing"):
         unpack_arrays(short)
     assert pack_arrays({}) and unpack_arrays(pack_arrays({})) == {}
+
+
+def _twin_agents(space: str, optimizer: str, clip: float) -> tuple[DDPGAgent, DDPGAgent]:
+    config = _bandit_config(space, optimizer=optimizer, grad_clip=clip, gamma=0.9, batch_size=8)
+    numpy_agent, torch_agent = DDPGAgent(config, seed=3), DDPGAgent(config, seed=3)
+    torch_agent.engine = "torch"
+    return numpy_agent, torch_agent
+
+
+@pytest.mark.parametrize(
+    ("space", "optimizer", "clip"),
+    [("box", "adam", 10.0), ("box", "sgd", 10.0), ("simplex", "adam", 0.05), ("box", "adam", 0.0)],
+)
+def test_the_numpy_engine_takes_the_torch_engines_steps(space, optimizer, clip):
+    """The numpy update and actions (the default engine) against the torch path (autograd,
+    torch's Adam/SGD and clip_grad_norm_) from the same agent and the same draws: equal
+    actions, losses, networks and optimizer state to float32 tolerance after 39 updates,
+    with clipping active (clip 0.05) and off, on the box and the simplex."""
+    ours, reference = _twin_agents(space, optimizer, clip)
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    dim = ours.config.state_dim
+    for _ in range(40):
+        s = rng_a.uniform(0, 1, dim)
+        rng_b.uniform(0, 1, dim)
+        ours.complete(s)
+        reference.complete(s)
+        stats_a, stats_b = ours.update(rng_a), reference.update(rng_b)
+        if stats_a is None:
+            assert stats_b is None
+        else:
+            assert stats_a.batch == stats_b.batch
+            assert stats_a.critic_loss == pytest.approx(stats_b.critic_loss, rel=1e-4, abs=1e-6)
+            assert stats_a.actor_objective == pytest.approx(
+                stats_b.actor_objective, rel=1e-4, abs=1e-6
+            )
+        a, b = ours.act(s, rng_a), reference.act(s, rng_b)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        reward = float(rng_a.normal())
+        rng_b.normal()
+        ours.set_pending(s, a, reward)
+        reference.set_pending(s, a, reward)  # the same transition in both buffers
+    assert ours.updates == reference.updates == 39  # the first finds the buffer empty
+    left, right = ours.to_arrays(), reference.to_arrays()
+    assert left.keys() == right.keys()
+    moved = 0.0
+    initial = DDPGAgent(ours.config, seed=3).to_arrays()
+    for key in left:
+        if key == "config":
+            continue
+        np.testing.assert_allclose(left[key], right[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        if key.startswith("actor/") and key in initial:
+            moved = max(moved, float(np.max(np.abs(left[key] - initial[key]))))
+    assert moved > 1e-4  # the updates did move the actor: the comparison is not of idle nets
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_saved_arrays_are_the_networks_and_optimizers_state_dicts(optimizer):
+    """to_arrays reads the parameters and the optimizer state directly; its entries must be
+    those of the modules' and optimizers' state_dict(), names, order and values."""
+    agent, _ = _twin_agents("box", optimizer, 10.0)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        s = rng.uniform(0, 1, 1)
+        agent.complete(s)
+        agent.update(rng)
+        agent.set_pending(s, agent.act(s, rng), 1.0)
+    expected = {}
+    for name, net in agent._networks().items():
+        for key, value in net.state_dict().items():
+            expected[f"{name}/{key}"] = value.numpy()
+    for name, opt in agent._optimizers().items():
+        for index, state in opt.state_dict()["state"].items():
+            for key, value in state.items():
+                expected[f"{name}/{index}/{key}"] = np.asarray(value)
+    saved = agent.to_arrays()
+    names = [k for k in saved if k in expected]
+    assert names == list(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(saved[key], value, err_msg=key)
+    assert (optimizer == "adam") == any("/0/exp_avg" in k for k in saved)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -402,6 +403,43 @@ def _vector(value, size: int, what: str) -> np.ndarray:
     return array
 
 
+def _layers(net: nn.Module) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(weight, bias)`` of each linear layer of an Actor's or Critic's MLP, as numpy views
+    of the parameters' memory (writing them writes the network)."""
+    return [
+        (m.weight.detach().numpy(), m.bias.detach().numpy())
+        for m in net.body
+        if isinstance(m, nn.Linear)
+    ]
+
+
+def _forward(layers, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The MLP's output on ``x`` (ReLU between the layers) and each layer's input."""
+    inputs = []
+    for i, (w, b) in enumerate(layers):
+        inputs.append(x)
+        x = x @ w.T + b
+        if i < len(layers) - 1:
+            np.maximum(x, 0, out=x)
+    return x, inputs
+
+
+def _backward(layers, inputs, grad: np.ndarray, need_input: bool = False):
+    """Gradients of the MLP's weights and biases (in parameter order) for the output
+    gradient ``grad``, and the input's gradient when ``need_input``."""
+    grads: list[np.ndarray] = [None] * (2 * len(layers))  # type: ignore[list-item]
+    for i in range(len(layers) - 1, -1, -1):
+        w, _ = layers[i]
+        x = inputs[i]
+        grads[2 * i] = grad.T @ x
+        grads[2 * i + 1] = grad.sum(axis=0)
+        if i > 0 or need_input:
+            grad = grad @ w
+            if i > 0:
+                grad = grad * (x > 0)  # the ReLU whose output was this layer's input
+    return grads, (grad if need_input else None)
+
+
 class DDPGAgent:
     """An actor, a critic, their target copies, two optimizers and a replay buffer.
 
@@ -421,9 +459,21 @@ class DDPGAgent:
         Minibatch updates taken.
     pending
         ``(state, action, reward)`` of the latest step, waiting for its next state.
+    engine
+        ``"numpy"`` (default): the update and the actions computed with numpy on the
+        networks' memory, the gradients written out by hand; ``"torch"``: the same steps
+        with autograd and torch's optimizers. The same arithmetic in float32 (equal to
+        float tolerance, ``tests/test_ddpg.py``); for networks this small torch's per-call
+        overhead is most of an update's time (``benchmarks/results/page_cost.md``). The
+        environment's ``PFLARENA_DDPG_ENGINE`` sets the default of every agent of a
+        process (the benchmark's before/after comparison).
     """
 
+    engine: str = os.environ.get("PFLARENA_DDPG_ENGINE", "numpy")
+
     def __init__(self, config: DDPGConfig, seed: int | None = 0) -> None:
+        if self.engine not in ("numpy", "torch"):
+            raise ValueError(f"DDPG engine must be 'numpy' or 'torch', got {self.engine!r}")
         self.config = config
         # seed None: weights left uninitialized, for from_arrays to load
         generator = None if seed is None else torch.Generator().manual_seed(int(seed) % 2**63)
@@ -441,6 +491,9 @@ class DDPGAgent:
             "actor": list(self.actor.parameters()),
             "critic": list(self.critic.parameters()),
         }
+        # numpy views of the four networks' weights (the numpy update writes them in place)
+        self._np = {name: _layers(net) for name, net in self._networks().items()}
+        self._config_bytes: np.ndarray | None = None  # the config's JSON, made once
         self.buffer = ReplayBuffer(config.buffer_capacity, config.state_dim, config.action_dim)
         self.steps = 0
         self.updates = 0
@@ -480,9 +533,17 @@ class DDPGAgent:
     def policy(self, state) -> np.ndarray:
         """``μ(s)`` without noise, in action units (the box or the simplex)."""
         state = _vector(state, self.config.state_dim, "state")
+        return self._from_logits(self._logits(state))
+
+    def _logits(self, state: np.ndarray) -> np.ndarray:
+        """The actor's pre-activation output for one state, in float64 (computed in
+        float32, as the network is)."""
+        if self.engine == "numpy":
+            z, _ = _forward(self._np["actor"], state.astype(np.float32)[None])
+            return z[0].astype(np.float64)
         with torch.no_grad():
             z = self.actor.logits(torch.as_tensor(state, dtype=torch.float32)[None])[0]
-        return self._from_logits(z.double().numpy())
+        return z.double().numpy()
 
     def _from_logits(self, z: np.ndarray) -> np.ndarray:
         if self.config.action_space == "simplex":
@@ -494,9 +555,7 @@ class DDPGAgent:
         """The action for ``state``: ``μ(s)`` plus Gaussian exploration noise (on the box
         coordinates ``u``, clipped to ``[0, 1]``; on the simplex's logits)."""
         state = _vector(state, self.config.state_dim, "state")
-        with torch.no_grad():
-            z = self.actor.logits(torch.as_tensor(state, dtype=torch.float32)[None])[0]
-        z = z.double().numpy()
+        z = self._logits(state)
         sigma = self.noise_scale if explore else 0.0
         self.steps += 1 if explore else 0
         if self.config.action_space == "simplex":
@@ -556,6 +615,10 @@ class DDPGAgent:
         if len(self.buffer) < c.min_transitions:
             return None
         idx = self.buffer.sample(c.batch_size, rng)
+        if self.engine == "numpy":
+            stats = self._update_numpy(idx)
+            self.updates += 1
+            return stats
         s = torch.from_numpy(self.buffer.states[idx])
         a = torch.from_numpy(self.buffer.actions[idx])
         r = torch.from_numpy(self.buffer.rewards[idx])
@@ -578,6 +641,92 @@ class DDPGAgent:
         self.updates += 1
         return UpdateStats(float(critic_loss.detach()), float(objective.detach()), len(idx))
 
+    def _activate(self, z: np.ndarray) -> np.ndarray:
+        """The actor's output layer: sigmoid (box) or softmax (simplex) of the logits."""
+        if self.config.action_space == "box":
+            return np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * z))
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def _update_numpy(self, idx: np.ndarray) -> UpdateStats:
+        """:meth:`update`'s steps after the sampling, in numpy: the same float32
+        arithmetic as the torch path (forward, the hand-written backward, norm clipping,
+        Adam or SGD as torch computes them, the soft updates)."""
+        c, b = self.config, self.buffer
+        s, a, r, s2 = b.states[idx], b.actions[idx], b.rewards[idx], b.next_states[idx]
+        n = len(idx)
+        actor, critic = self._np["actor"], self._np["critic"]
+
+        z2, _ = _forward(self._np["target-actor"], s2)
+        q2, _ = _forward(self._np["target-critic"], np.concatenate([s2, self._activate(z2)], 1))
+        target = r + np.float32(c.gamma) * q2[:, 0]
+
+        q, inputs = _forward(critic, np.concatenate([s, a], 1))
+        error = target - q[:, 0]
+        critic_loss = float(np.mean(error**2, dtype=np.float32))
+        grads, _ = _backward(critic, inputs, (np.float32(-2.0 / n) * error)[:, None])
+        self._apply(critic, grads, self.critic_optimizer, self._parameters["critic"])
+
+        # the actor's step moves the actor only: dQ/da through the (updated) critic
+        z, actor_inputs = _forward(actor, s)
+        mu = self._activate(z)
+        q, inputs = _forward(critic, np.concatenate([s, mu], 1))
+        objective = float(np.mean(q[:, 0], dtype=np.float32))
+        _, grad_in = _backward(
+            critic, inputs, np.full((n, 1), -1.0 / n, np.float32), need_input=True
+        )
+        g = grad_in[:, c.state_dim :]
+        if c.action_space == "box":
+            g = g * mu * (1.0 - mu)
+        else:
+            g = mu * (g - (g * mu).sum(axis=-1, keepdims=True))
+        grads, _ = _backward(actor, actor_inputs, g)
+        self._apply(actor, grads, self.actor_optimizer, self._parameters["actor"])
+
+        keep, take = np.float32(1.0 - c.tau), np.float32(c.tau)
+        for target_name, name in (("target-critic", "critic"), ("target-actor", "actor")):
+            for t_layer, layer in zip(self._np[target_name], self._np[name], strict=True):
+                for t, v in zip(t_layer, layer, strict=True):
+                    t *= keep
+                    t += take * v
+        return UpdateStats(critic_loss, objective, n)
+
+    def _apply(self, layers, grads, optimizer: torch.optim.Optimizer, params) -> None:
+        """Clip ``grads`` to the norm ``grad_clip`` (as torch's clip_grad_norm_) and take
+        the optimizer's step on the parameters ``layers`` views, in place."""
+        c = self.config
+        if c.grad_clip > 0:
+            total = np.float32(
+                np.linalg.norm(np.array([np.linalg.norm(g) for g in grads], np.float32))
+            )
+            coef = min(np.float32(c.grad_clip) / (total + np.float32(1e-6)), np.float32(1.0))
+            grads = [g * np.float32(coef) for g in grads]
+        values = [v for layer in layers for v in layer]
+        group = optimizer.param_groups[0]
+        lr = group["lr"]
+        if c.optimizer == "sgd":
+            for v, g in zip(values, grads, strict=True):
+                v -= np.float32(lr) * g
+            return
+        beta1, beta2 = group["betas"]
+        eps = group["eps"]
+        for param, v, g in zip(params, values, grads, strict=True):
+            state = optimizer.state[param]
+            if not state:  # as torch's Adam starts a parameter's state
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            step = state["step"].numpy()
+            step += 1
+            m, v2 = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy()
+            m += np.float32(1.0 - beta1) * (g - m)
+            v2 *= np.float32(beta2)
+            v2 += np.float32(1.0 - beta2) * g * g
+            t = float(step)
+            step_size = lr / (1.0 - beta1**t)
+            denom = np.sqrt(v2) / np.float32((1.0 - beta2**t) ** 0.5) + np.float32(eps)
+            v -= np.float32(step_size) * (m / denom)
+
     def _step(self, params: list[nn.Parameter], grads: tuple[torch.Tensor, ...]) -> None:
         """Set ``params``' gradients to ``grads``, clipped to the norm ``grad_clip``."""
         for param, grad in zip(params, grads, strict=True):
@@ -590,36 +739,57 @@ class DDPGAgent:
         """Everything the agent is, as named numpy arrays (for an ArrayRecord or an npz):
         the four networks, the optimizers' state, the buffer, the counters, the pending
         step and the config (as JSON bytes, checked on loading)."""
+        return self._arrays(copy=True)
+
+    def _arrays(self, copy: bool) -> dict[str, np.ndarray]:
+        """:meth:`to_arrays`; without ``copy`` the arrays may be views of the agent's own
+        memory (for :meth:`to_packed`, whose concatenation copies them)."""
+        if self._config_bytes is None:
+            self._config_bytes = np.frombuffer(
+                json.dumps(asdict(self.config)).encode(), dtype=np.uint8
+            )
         out: dict[str, np.ndarray] = {
-            "config": np.frombuffer(json.dumps(asdict(self.config)).encode(), dtype=np.uint8),
+            "config": self._config_bytes.copy() if copy else self._config_bytes,
             "counters": np.array([self.steps, self.updates], dtype=np.int64),
         }
+        # the networks' state_dict entries (parameters only: no buffers), in its order
         for name, net in self._networks().items():
-            for key, value in net.state_dict().items():
-                out[f"{name}/{key}"] = value.detach().cpu().numpy().copy()
+            for key, value in net.named_parameters():
+                array = value.detach().numpy()
+                out[f"{name}/{key}"] = array.copy() if copy else array
+        # the optimizers' state_dict()["state"]: parameter index -> its state, in the
+        # order the state was created
         for name, optimizer in self._optimizers().items():
-            for index, state in optimizer.state_dict()["state"].items():
+            index = {id(p): i for i, p in enumerate(optimizer.param_groups[0]["params"])}
+            for param, state in optimizer.state.items():
                 for key, value in state.items():
-                    out[f"{name}/{index}/{key}"] = np.asarray(
+                    array = np.asarray(
                         value.detach().cpu().numpy() if torch.is_tensor(value) else value
-                    ).copy()
+                    )
+                    out[f"{name}/{index[id(param)]}/{key}"] = array.copy() if copy else array
         b = self.buffer
-        out["buffer/states"] = b.states[: b.size].copy()
-        out["buffer/actions"] = b.actions[: b.size].copy()
-        out["buffer/rewards"] = b.rewards[: b.size].copy()
-        out["buffer/next-states"] = b.next_states[: b.size].copy()
+        out["buffer/states"] = b.states[: b.size]
+        out["buffer/actions"] = b.actions[: b.size]
+        out["buffer/rewards"] = b.rewards[: b.size]
+        out["buffer/next-states"] = b.next_states[: b.size]
         out["buffer/position"] = np.array([b.position], dtype=np.int64)
         if self.pending is not None:
             state, action, reward = self.pending
-            out["pending/state"] = state.copy()
-            out["pending/action"] = action.copy()
+            out["pending/state"] = state
+            out["pending/action"] = action
             out["pending/reward"] = np.array([reward])
+        if copy:
+            for key in ("buffer/states", "buffer/actions", "buffer/rewards", "buffer/next-states"):
+                out[key] = out[key].copy()
+            if self.pending is not None:
+                out["pending/state"] = out["pending/state"].copy()
+                out["pending/action"] = out["pending/action"].copy()
         return out
 
     def to_packed(self) -> dict[str, np.ndarray]:
         """:meth:`to_arrays` packed into one array per dtype (:func:`pack_arrays`);
         :meth:`from_arrays` reads either form."""
-        return pack_arrays(self.to_arrays())
+        return pack_arrays(self._arrays(copy=False))
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], config: DDPGConfig | None = None):
