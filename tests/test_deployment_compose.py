@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from pflarena.cli import main
+from pflarena.deploy import compose
 from pflarena.deploy.compose import SUPERLINK_PORT, compose_files, load
-from pflarena.server import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ import pytest
 
 from pflarena.core.config import parse_run_config, toml_value
 from pflarena.core.federation import build_federation, write_shards
+from pflarena.deploy import executor as warm
+from pflarena.deploy import supernode
 from pflarena.deploy.local import CONNECTION, LocalDeployment
 from pflarena.runtime.appdir import flwr_run_dir
-from pflarena.server import executor as warm
-from pflarena.server import supernode
 from pflarena.server.results import read_rounds
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -11,7 +11,7 @@ import pytest
 import ray
 from processes import proc_state
 
-from pflarena.server import simulation
+from pflarena.runtime import simulation
 
 
 class FlakyInit:
