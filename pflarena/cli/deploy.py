@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pflarena.cli.options import DATA_KEYS, add_config_flags, collect_overrides
 from pflarena.core.config import ConfigError
 
 __all__ = ["add_parsers"]
@@ -25,7 +26,6 @@ __all__ = ["add_parsers"]
 
 def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
     """The shard files of a local deployment: ``--shards-dir``'s, or written now."""
-    from pflarena.cli.options import DATA_KEYS, collect_overrides
     from pflarena.core.config import parse_run_config
     from pflarena.core.federation import ShardError, build_federation, write_shards
     from pflarena.core.shards import read_shard_set
@@ -200,8 +200,6 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add ``local-deploy``, ``certs`` and ``compose`` to ``pflarena``'s subcommands."""
-    from pflarena.cli.options import DATA_KEYS, add_config_flags
-
     local = sub.add_parser(
         "local-deploy",
         help="start a SuperLink and N SuperNodes (one shard each) on 127.0.0.1",
