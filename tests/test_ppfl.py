@@ -467,32 +467,22 @@ def test_persistent_momentum_continues_the_velocity_across_theta_blocks():
     assert gap > 1e-3
 
 
-def test_the_step_size_schedule_is_the_multi_step_scheduler():
-    """The factor of every round equals torch's MultiStepLR stepped once after each round
-    (milestones 100 and 150, ×0.1), for rounds 1-200; and the messages carry it."""
-    from pflarena.strategies.ppfl import PPFLParams
-
-    params = PPFLParams(lr_milestones="100,150", lr_decay=0.1)
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[100, 150], gamma=0.1)
-    for server_round in range(1, 201):
-        assert params.lr_factor(server_round) == pytest.approx(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    assert PPFLParams().lr_factor(500) == 1.0
+def test_the_run_schedule_scales_both_step_sizes():
+    """PPFL's messages carry the run's schedule (lr-milestones, lr-gamma) on θ's step and
+    on the membership step, the folded epoch's included."""
     cfg = config(
         strategy="ppfl",
         num_clients=3,
         lr=0.2,
-        **{"ppfl.lr-milestones": "2,4", "ppfl.membership-lr": 0.5},
+        **{"lr-milestones": "2,4", "ppfl.membership-lr": 0.5},
     )
     strategy = build_strategy(cfg)
     for server_round, factor in ((1, 1.0), (2, 1.0), (3, 0.1), (5, 0.01)):
         sent = strategy._config(server_round, keys.PPFL_PHASE_THETA)
         assert sent[keys.LR] == pytest.approx(0.2 * factor)
         assert sent["ppfl.membership-lr"] == pytest.approx(0.5 * factor)
-    with pytest.raises(ConfigError, match="lr-milestones"):
-        config(strategy="ppfl", **{"ppfl.lr-milestones": "10,x"})
+    with pytest.raises(ConfigError, match="it is now lr-milestones"):
+        config(strategy="ppfl", **{"ppfl.lr-milestones": "10,20"})
 
 
 def test_the_paper_presets_keep_momentum_and_decay_the_step_sizes():
@@ -503,7 +493,7 @@ def test_the_paper_presets_keep_momentum_and_decay_the_step_sizes():
         cfg = parse_config(load_preset(name).overrides("ppfl") | {"strategy": "ppfl"})
         params = cfg.params(PPFL.declaration)
         assert cfg.momentum == 0.9 and params.persistent_momentum
-        assert params.milestones() == [100, 150] and params.lr_decay == 0.1
+        assert cfg.milestones() == (100, 150) and cfg.lr_gamma == 0.1
 
 
 def test_a_run_with_persistent_momentum_stores_each_clients_buffers(tmp_path):

@@ -40,6 +40,8 @@ RENAMED_KEYS: dict[str, str] = {
     "proximal-mu": "fedprox.mu",
     "ditto-lambda": "ditto.lambda",
     "personal-epochs": "ditto.personal-epochs or fedavg-ft.finetune-epochs",
+    "ppfl.lr-milestones": "lr-milestones (every method's schedule)",
+    "ppfl.lr-decay": "lr-gamma (every method's schedule)",
 }
 
 
@@ -100,6 +102,12 @@ class RunConfig(FederationSpec):
     lr: float = Field(0.1, gt=0, description="local learning rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(0.0, ge=0, description="SGD weight decay")
+    lr_milestones: str = Field(
+        "",
+        description="rounds after which lr is multiplied by lr-gamma, comma-separated (a "
+        "multi-step schedule: with '100,150', rounds 101-150 at a tenth); empty: constant",
+    )
+    lr_gamma: float = Field(0.1, gt=0, le=1, description="lr's factor at each of lr-milestones")
 
     # Evaluation and results.
     eval_every: int = Field(1, ge=1, description="evaluate every client every k rounds")
@@ -147,6 +155,15 @@ class RunConfig(FederationSpec):
     @classmethod
     def _is_a_path(cls, value: str) -> str:
         return check_path_text(value)
+
+    @field_validator("lr_milestones")
+    @classmethod
+    def _milestones(cls, value: str) -> str:
+        return ",".join(str(m) for m in parse_milestones(value, "lr-milestones"))
+
+    def milestones(self) -> tuple[int, ...]:
+        """``lr-milestones`` as sorted rounds."""
+        return parse_milestones(self.lr_milestones, "lr-milestones")
 
     @field_validator("tracker")
     @classmethod
@@ -241,6 +258,19 @@ def parse_float_list(text: str, key: str) -> list[float]:
         return [float(part) for part in text.split(",")]
     except ValueError:
         raise ValueError(f"{key} must be comma-separated numbers, got {text!r}") from None
+
+
+def parse_milestones(text: str, key: str) -> tuple[int, ...]:
+    """``"150, 100"`` -> ``(100, 150)``; an entry that is not a round >= 1 raises ValueError
+    naming ``key``."""
+    rounds = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if not part.strip().isdigit() or int(part) < 1:
+            raise ValueError(f"{key} must be rounds >= 1 separated by commas, got {text!r}")
+        rounds.append(int(part))
+    return tuple(sorted(rounds))  # a repeated round decays twice, as torch's MultiStepLR
 
 
 def _common_keys() -> list[str]:

@@ -36,6 +36,8 @@ TRAINING_SETTINGS: tuple[str, ...] = (
     "lr",
     "momentum",
     "weight-decay",
+    "lr-milestones",
+    "lr-gamma",
 )
 
 

@@ -81,7 +81,7 @@ class APFL(FedAvg):
         "with α_i learned by gradient steps on the mixed loss",
         solver="pflarena.client.solvers.apfl",
         params=APFLParams,
-        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+        honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
     def __init__(

@@ -64,19 +64,35 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """Local-solver hyperparameters sent to clients with every train message."""
+    """Local-solver hyperparameters sent to clients with every train message.
+
+    ``lr`` follows a multi-step schedule: it is multiplied by ``lr_gamma`` after each round
+    in ``lr_milestones`` (torch's ``MultiStepLR`` stepped once per round), so a message of
+    round t carries ``lr · lr_gamma^#{m in lr_milestones : m < t}``.
+    """
 
     local_epochs: int = 2
     batch_size: int = 32
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
 
-    def to_config(self) -> dict[str, int | float]:
+    def lr_factor(self, server_round: int) -> float:
+        """The schedule's factor in ``server_round`` (1 before the first milestone)."""
+        return self.lr_gamma ** sum(m < server_round for m in self.lr_milestones)
+
+    def lr_at(self, server_round: int) -> float:
+        """The local learning rate of ``server_round``'s messages."""
+        return self.lr * self.lr_factor(server_round)
+
+    def to_config(self, server_round: int) -> dict[str, int | float]:
+        """The settings of a message of ``server_round`` (``lr`` scheduled)."""
         return {
             keys.LOCAL_EPOCHS: self.local_epochs,
             keys.BATCH_SIZE: self.batch_size,
-            keys.LR: self.lr,
+            keys.LR: self.lr_at(server_round),
             keys.MOMENTUM: self.momentum,
             keys.WEIGHT_DECAY: self.weight_decay,
         }
@@ -117,6 +133,8 @@ class StrategySetup:
                 lr=cfg.lr,
                 momentum=cfg.momentum,
                 weight_decay=cfg.weight_decay,
+                lr_milestones=cfg.milestones(),
+                lr_gamma=cfg.lr_gamma,
             ),
             "fraction_train": cfg.fraction_train or declaration.default_fraction_train,
             "min_train_nodes": cfg.min_train_clients,
@@ -406,7 +424,7 @@ class PflStrategy(Strategy):
             keys.SERVER_ROUND: server_round,
             keys.METHOD: self.method,
             keys.SOLVER: self.declaration.solver,
-            **self.training.to_config(),
+            **self.training.to_config(server_round),
         }
 
     def method_config(self, **values: Any) -> dict[str, Any]:

@@ -280,7 +280,7 @@ class CFL(MultiExchangeStrategy):
                 keys.SERVER_ROUND: server_round,
                 keys.METHOD: self.method,
                 keys.SOLVER: self.declaration.solver,
-                **self.training.to_config(),
+                **self.training.to_config(server_round),
             }
         )
         sent_cluster: dict[int, int] = {}

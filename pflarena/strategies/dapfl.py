@@ -165,7 +165,7 @@ class DapFL(PflStrategy):
         "aggregation in the clear (the paper's Paillier encryption is left out)",
         solver="pflarena.client.solvers.dapfl",
         params=DapflParams,
-        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+        honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
     def __init__(self, **kwargs: Any) -> None:

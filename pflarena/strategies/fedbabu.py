@@ -75,7 +75,7 @@ class FedBABU(PartialFedAvg):
     def evaluate_config(self, server_round: int) -> dict:
         return {
             **super().evaluate_config(server_round),
-            **self.training.to_config(),
+            **self.training.to_config(server_round),
             keys.PERSONAL_EPOCHS: self.finetune_epochs,
         }
 

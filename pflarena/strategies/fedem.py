@@ -140,7 +140,7 @@ class FedEM(MultiExchangeStrategy):
                 keys.SERVER_ROUND: server_round,
                 keys.METHOD: self.method,
                 keys.SOLVER: self.declaration.solver,
-                **self.training.to_config(),
+                **self.training.to_config(server_round),
             }
         )
         exchange = send(

@@ -338,7 +338,7 @@ class FedPG(MultiExchangeStrategy):
                 keys.METHOD: self.method,
                 keys.SOLVER: self.declaration.solver,
                 keys.PHASE: phase,
-                **self.training.to_config(),
+                **self.training.to_config(server_round),
                 **self.method_config(**{"grad-mode": self.grad_mode, "keep": keep}),
                 **extra,
             }

@@ -120,13 +120,13 @@ class FedRecon(PartialFedAvg):
             "local-init": local_init,
         }
 
-    def split_config(self) -> dict[str, Any]:
+    def split_config(self, server_round: int) -> dict[str, Any]:
         """The split, the reconstruction settings, and (for the evaluation's
         reconstruction) the local-training settings."""
         return {
-            **super().split_config(),
+            **super().split_config(server_round),
             **self.method_config(**self.recon),
-            **self.training.to_config(),
+            **self.training.to_config(server_round),
         }
 
     def run_summary(self) -> dict[str, Any]:

@@ -70,7 +70,9 @@ class FedRep(PartialFedAvg):
         solver="pflarena.client.solvers.fedrep",
         params=FedRepParams,
         global_model=False,
-        honours=frozenset({"batch-size", "lr", "momentum", "weight-decay"}),
+        honours=frozenset(
+            {"batch-size", "lr", "momentum", "weight-decay", "lr-milestones", "lr-gamma"}
+        ),
     )
     shared = "body"
 

@@ -150,7 +150,7 @@ class IFCA(MultiExchangeStrategy):
                 keys.SERVER_ROUND: server_round,
                 keys.METHOD: self.method,
                 keys.SOLVER: self.declaration.solver,
-                **self.training.to_config(),
+                **self.training.to_config(server_round),
                 **self.method_config(averaging=self.averaging),
             }
         )
@@ -213,7 +213,7 @@ class IFCA(MultiExchangeStrategy):
                 if self.averaging == "model":  # Option II: Σ s_ij θ̃_i / Σ s_ij
                     new[key] = (sum(values) / len(values)).astype(new[key].dtype)
                 else:  # Option I: θ_j − (γ/m) Σ s_ij g_i, m = the clients that answered
-                    step = self.training.lr / len(replies) * sum(values)
+                    step = self.training.lr_at(server_round) / len(replies) * sum(values)
                     new[key] = (new[key] - step).astype(new[key].dtype)
         metrics = self.train_metrics(replies) or MetricRecord({})
         for cluster in range(self.count):

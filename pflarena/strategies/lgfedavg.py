@@ -72,5 +72,5 @@ class LGFedAvg(PartialFedAvg):
     def __init__(self, *, weighting: str = "uniform", **kwargs: Any) -> None:
         super().__init__(weighting=weighting, **kwargs)
 
-    def split_config(self) -> dict[str, Any]:
+    def split_config(self, server_round: int) -> dict[str, Any]:
         return self.method_config(**{"global-layers": self.head_layers})

@@ -129,16 +129,16 @@ class PartialFedAvg(FedAvg):
         """The shared entries of ``arrays`` (the same Array objects, not copies)."""
         return ArrayRecord({name: arrays[name] for name in self.shared_names(arrays)})
 
-    def split_config(self) -> dict[str, Any]:
+    def split_config(self, server_round: int) -> dict[str, Any]:
         """What the solver needs to take the same split: the method's ``head-layers``."""
         return self.method_config(**{"head-layers": self.head_layers})
 
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:
-        return {**super().train_config(server_round, node_id), **self.split_config()}
+        return {**super().train_config(server_round, node_id), **self.split_config(server_round)}
 
     def evaluate_config(self, server_round: int) -> dict:
-        return {**super().evaluate_config(server_round), **self.split_config()}
+        return {**super().evaluate_config(server_round), **self.split_config(server_round)}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

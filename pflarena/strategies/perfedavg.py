@@ -96,7 +96,7 @@ class PerFedAvg(FedAvg):
         "a few local gradient steps of size α",
         solver="pflarena.client.solvers.perfedavg",
         params=PerFedAvgParams,
-        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+        honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
     def __init__(
@@ -137,7 +137,7 @@ class PerFedAvg(FedAvg):
         return {
             **super().evaluate_config(server_round),
             **self.method_config(**self.settings),
-            **self.training.to_config(),
+            **self.training.to_config(server_round),
         }
 
     def aggregate_train(

@@ -222,7 +222,7 @@ class PFedGT(PflStrategy):
         # The paper's 25 % participation is an experiment setting, not part of the method
         # (λ = |S|/m keeps Lemma 1 exact at any participation): it lives in the pfedgt-*
         # presets, and a bare `pflarena run` compares pFedGT with the baselines at theirs.
-        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+        honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
     def __init__(

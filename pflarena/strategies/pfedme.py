@@ -142,7 +142,7 @@ class PFedMe(FedAvg):
         "model (K inner steps); the copies move along ∇ of the Moreau envelope; server step β",
         solver="pflarena.client.solvers.pfedme",
         params=PFedMeParams,
-        honours=frozenset({"local-epochs", "batch-size", "lr"}),
+        honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
     def __init__(

@@ -303,7 +303,7 @@ class PFedSV(MultiExchangeStrategy):
                 keys.METHOD: self.method,
                 keys.SOLVER: self.declaration.solver,
                 keys.PHASE: phase,
-                **self.training.to_config(),
+                **self.training.to_config(server_round),
                 **self.method_config(**self.client_settings, **values),
             }
         )

@@ -155,40 +155,10 @@ class PPFLParams(MethodParams):
         description="keep each client's SGD momentum buffers from one θ-block to its next "
         "(the authors' code); false: fresh buffers every message",
     )
-    lr_milestones: str = Field(
-        "",
-        description="rounds after which the θ and membership step sizes are multiplied by "
-        "lr-decay, comma-separated (the code: '100,150'); empty: constant",
-    )
-    lr_decay: float = Field(0.1, gt=0, le=1, description="the factor at each of lr-milestones")
-
-    def milestones(self) -> list[int]:
-        """``lr-milestones`` as sorted rounds; ValueError naming a bad entry."""
-        out = []
-        for part in self.lr_milestones.split(","):
-            if not part.strip():
-                continue
-            if not part.strip().isdigit() or int(part) < 1:
-                raise ValueError(
-                    f"ppfl.lr-milestones must be rounds >= 1 separated by commas, got "
-                    f"{self.lr_milestones!r}"
-                )
-            out.append(int(part))
-        return sorted(out)
-
-    def lr_factor(self, server_round: int) -> float:
-        """The step sizes' factor in ``server_round``: lr-decay per milestone m < round (a
-        multi-step scheduler stepped after every round: with '100,150', rounds 1-100 at
-        the base step, 101-150 at a tenth, 151 on at a hundredth)."""
-        return self.lr_decay ** sum(m < server_round for m in self.milestones())
 
     def run_problems(self, cfg: Any) -> list[str]:
         # (K ≤ 64 and ε < 0.01 keep K·ε < 1, which the floor needs)
         problems = []
-        try:
-            self.milestones()
-        except ValueError as exc:
-            problems.append(str(exc))
         if self.schedule == "rbcd" and self.membership_steps == "epoch":
             problems.append(
                 "ppfl.membership-steps=epoch needs the client to step c itself; with "
@@ -307,8 +277,6 @@ class PPFL(MultiExchangeStrategy):
         theta_weights: str = "examples",
         local_steps: int = 0,
         persistent_momentum: bool = False,
-        lr_milestones: str = "",
-        lr_decay: float = 0.1,
         eval_every: int = 1,
         num_rounds: int | None = None,
         **kwargs: Any,
@@ -338,8 +306,6 @@ class PPFL(MultiExchangeStrategy):
             theta_weights=theta_weights,
             local_steps=local_steps,
             persistent_momentum=persistent_momentum,
-            lr_milestones=lr_milestones,
-            lr_decay=lr_decay,
         )
         problems = params.run_problems(None)
         if problems:
@@ -475,9 +441,9 @@ class PPFL(MultiExchangeStrategy):
 
     # ------------------------------------------------------------------ messages
     def _config(self, server_round: int, phase: str, **extra: Any) -> ConfigRecord:
-        factor = self.params.lr_factor(server_round)
-        training = self.training.to_config()
-        training[keys.LR] = float(training[keys.LR]) * factor
+        # the run's schedule (lr-milestones, lr-gamma) scales θ's and the memberships' steps
+        factor = self.training.lr_factor(server_round)
+        training = self.training.to_config(server_round)
         return ConfigRecord(
             {
                 keys.SERVER_ROUND: server_round,
@@ -731,7 +697,7 @@ class PPFL(MultiExchangeStrategy):
                 fold={
                     f"{self.method}.folded-round": int(folded),
                     f"{self.method}.folded-membership-lr": self.params.membership_lr
-                    * self.params.lr_factor(folded),
+                    * self.training.lr_factor(folded),
                 },
             )
         exchange = send(keys.PPFL_PHASE_THETA, messages)

@@ -124,7 +124,9 @@ class Scaffold(PflStrategy):
         params=ScaffoldParams,
         # momentum would change what (x − y)/(K η_l) measures (option II); weight decay is
         # part of the client's objective f_i and enters g_i
-        honours=frozenset({"local-epochs", "batch-size", "lr", "weight-decay"}),
+        honours=frozenset(
+            {"local-epochs", "batch-size", "lr", "weight-decay", "lr-milestones", "lr-gamma"}
+        ),
     )
 
     @classmethod
