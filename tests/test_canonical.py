@@ -176,3 +176,43 @@ def test_interpolation_refuses_buffers_in_the_copies():
     assert any("running_mean" in n for n in copied.entries)
     with pytest.raises(ValueError, match="buffer"):
         copied.interpolated_entries(torch.tensor([0.5, 0.5]))
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp"])
+def test_whole_model_copies_called_directly_equal_the_functional_calls(name):
+    """Without a trunk each copy is called as a module of its own that holds the copy's
+    Parameter objects: the same outputs and gradients as functional_call on the base, SGD
+    on the copies' parameters is seen by the next call, and the state holds no extra
+    entries."""
+    from torch.func import functional_call
+
+    model, state = _model(name, (5,), 3, count=3)
+    assert model._copy_modules is not None
+    assert list(model.stacked_state()) == list(state)
+    x, y = torch.randn(9, 5), torch.randint(0, 3, (9,))
+    for k in range(3):
+        direct = model.output(k, x)
+        reference = functional_call(model.base, model.copy_entries(k), (x,))
+        torch.testing.assert_close(direct, reference, rtol=0, atol=0)
+        (grad_direct,) = torch.autograd.grad(
+            F.cross_entropy(direct, y), model.copy_entries(k)[next(iter(model.entries))]
+        )
+        (grad_reference,) = torch.autograd.grad(
+            F.cross_entropy(reference, y), model.copy_entries(k)[next(iter(model.entries))]
+        )
+        torch.testing.assert_close(grad_direct, grad_reference, rtol=0, atol=0)
+    optimizer = torch.optim.SGD(model.shared_parameters(), lr=1.0)
+    PersonalizedModel(model, torch.full((3,), 1 / 3), "mix", "prob").loss(x, y).backward()
+    optimizer.step()
+    for k in range(3):
+        torch.testing.assert_close(
+            model.output(k, x), functional_call(model.base, model.copy_entries(k), (x,))
+        )
+    assert model.train(False)._copy_modules[0].training is False
+
+
+def test_copies_on_a_trunk_or_with_buffers_keep_the_functional_calls():
+    trunk, _ = _model("mlp", (5,), 3, count=2, layers=1)
+    assert trunk._copy_modules is None
+    normalized, _ = _model("cnn-bn", (1, 28, 28), 10, count=2)
+    assert normalized._copy_modules is None

@@ -576,6 +576,33 @@ def test_the_membership_epoch_on_per_copy_outputs_equals_the_full_forward_passes
         np.testing.assert_allclose(fast, reference, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("mix", ["prob", "logit", "loss"])
+def test_the_start_loss_from_the_copies_table_is_the_forward_pass_loss(mix):
+    """f_i from the table the membership epoch computed equals the K forward passes'
+    (training_loss), at a membership away from uniform; and for mix=prob the literal
+    −mean log Σ_k c_k p_k(y|x) in float64."""
+    from pflarena.client.solvers import ppfl as solver
+
+    torch.manual_seed(1)
+    x, y = torch.randn(70, 6), torch.randint(0, 4, (70,))
+    c = np.array([0.1, 0.6, 0.3])
+    person = _mixed_person("mlp", mix)
+    person.membership = torch.as_tensor(c, dtype=torch.float32)
+    table = solver.copy_log_likelihoods(person, x, y)
+    got = solver.table_loss(table, y, c, mix)
+    assert got == pytest.approx(solver.training_loss(person, x, y), rel=1e-5)
+    if mix == "prob":
+        with torch.no_grad():
+            p = np.stack(
+                [
+                    F.softmax(person.model.output(k, x), dim=-1).double().numpy()[np.arange(70), y]
+                    for k in range(3)
+                ],
+                axis=1,
+            )
+        assert got == pytest.approx(-np.log(p @ c).mean(), rel=1e-5)
+
+
 def test_per_copy_outputs_are_not_used_where_they_would_change_the_result():
     """PPFL2 (one interpolated model) and models with dropout or batch normalization keep
     the forward passes."""

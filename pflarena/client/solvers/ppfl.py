@@ -54,6 +54,7 @@ __all__ = [
     "membership_gradient",
     "membership_steps",
     "personalized_model",
+    "table_loss",
     "train",
     "train_theta",
 ]
@@ -237,17 +238,21 @@ def membership_steps(
     batch_size: int,
     generator: torch.Generator,
     floor: float,
+    table: torch.Tensor | None = None,
 ) -> tuple[np.ndarray, float, int]:
     """Exponentiated-gradient steps on c_i: ``(new c_i, f_i at the start, steps)``.
 
     ``full``: one step with the full local gradient. ``minibatch``: one step with the
     gradient of one minibatch's mean loss. ``epoch``: one step per minibatch over one
     shuffled pass (the authors' code). Each step's gradient is ``weight · ∇_c f + penalty``.
+    ``table``: :func:`copy_log_likelihoods` of ``(x, y)`` when the caller has it.
     """
     device, dtype = person.membership.device, person.membership.dtype
     if mode in ("minibatch", "epoch") and per_copy_outputs_apply(person):
+        if table is None:
+            table = copy_log_likelihoods(person, x, y)
         return _membership_steps_on_outputs(
-            person, x, y, c, mode, lr, weight, penalty, batch_size, generator, floor
+            person, table, y, c, mode, lr, weight, penalty, batch_size, generator, floor
         )
     if mode == "full":
         person.membership = torch.as_tensor(c, dtype=dtype, device=device)
@@ -322,9 +327,21 @@ def _mixture_loss_sum(
     return -torch.logsumexp(log_p + log_c, dim=1).sum()
 
 
+@torch.no_grad()
+def table_loss(table: torch.Tensor, y: torch.Tensor, c: np.ndarray, mix: str) -> float:
+    """``f_i``, the mean mixture loss at membership ``c``, from :func:`copy_log_likelihoods`
+    (what :func:`training_loss` computes with K more forward passes)."""
+    n = len(y)
+    if n == 0:
+        return float("nan")
+    membership = torch.as_tensor(c, dtype=table.dtype, device=table.device)
+    everything = torch.arange(n, device=table.device)
+    return float(_mixture_loss_sum(table, everything, y, membership, mix)) / n
+
+
 def _membership_steps_on_outputs(
     person: PersonalizedModel,
-    x: torch.Tensor,
+    table: torch.Tensor,
     y: torch.Tensor,
     c: np.ndarray,
     mode: str,
@@ -337,8 +354,7 @@ def _membership_steps_on_outputs(
 ) -> tuple[np.ndarray, float, int]:
     """:func:`membership_steps` (``minibatch``/``epoch``) with each copy's outputs computed
     once (:func:`per_copy_outputs_apply`): the same batches, gradients and steps, each step
-    on an n × K table instead of K forward passes."""
-    table = copy_log_likelihoods(person, x, y)
+    on an n × K table (``table``, :func:`copy_log_likelihoods`) instead of K forward passes."""
     device, dtype = person.membership.device, person.membership.dtype
     start_loss = float("nan")
     steps = 0
@@ -425,21 +441,29 @@ def _theta(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     model = population_model(job)
     c, penalty = _current(job, model)
     records: dict[str, ArrayRecord] = {}
+    x, y = job.data.x_train, job.data.y_train
+    person = _personalized(job, model, c)
+    # what the membership epoch and f_i need of each copy at the message's θ, computed once
+    # (PPFL1 without batch-dependent layers); else each does its own forward passes
+    table = copy_log_likelihoods(person, x, y) if per_copy_outputs_apply(person) else None
     folded = job.config.get(f"{job.method}.folded-round")
     if folded is not None:
         # the previous round's membership epoch (theta-first), folded into this message: at
         # the message's θ (θ^{t+1} of that round), with its π_i, step size and batches
         c, _, _ = _step_membership(
             job,
-            _personalized(job, model, c),
+            person,
             c,
             penalty,
             lr=float(job.config[f"{job.method}.folded-membership-lr"]),
             generator=job.generator("membership", server_round=int(folded)),
+            table=table,
         )
         records[keys.PPFL_MEMBERSHIP] = _vector_record(**{keys.PPFL_MEMBERSHIP_C: c})
-    person = _personalized(job, model, c)
-    start = training_loss(person, job.data.x_train, job.data.y_train)
+        person = _personalized(job, model, c)
+    start = (
+        table_loss(table, y, c, person.mix) if table is not None else training_loss(person, x, y)
+    )
     loss, steps = _local_sgd(job, person)
     _store(job, c)
     metrics = train_metrics(job, loss, steps)
@@ -491,6 +515,7 @@ def _step_membership(
     *,
     lr: float | None = None,
     generator: torch.Generator | None = None,
+    table: torch.Tensor | None = None,
 ) -> tuple[np.ndarray, float, int]:
     if penalty is None:
         raise ValueError("ppfl: a membership step needs the server's penalty row")
@@ -506,6 +531,7 @@ def _step_membership(
         batch_size=int(job.config[keys.BATCH_SIZE]),
         generator=job.generator("membership") if generator is None else generator,
         floor=float(job.param("membership-floor")),
+        table=table,
     )
 
 
