@@ -178,41 +178,39 @@ def test_interpolation_refuses_buffers_in_the_copies():
         copied.interpolated_entries(torch.tensor([0.5, 0.5]))
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp"])
-def test_whole_model_copies_called_directly_equal_the_functional_calls(name):
-    """Without a trunk each copy is called as a module of its own that holds the copy's
-    Parameter objects: the same outputs and gradients as functional_call on the base, SGD
-    on the copies' parameters is seen by the next call, and the state holds no extra
-    entries."""
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "layers"),
+    [
+        ("logreg", (5,), 3, 0),
+        ("mlp", (5,), 3, 0),
+        ("mlp", (5,), 3, 1),  # a trunk
+        ("cnn-bn", (1, 28, 28), 10, 0),  # buffers, updated in training mode
+        ("char-lstm", (12,), 20, 0),  # an RNN's flattened weights
+    ],
+)
+def test_a_copys_forward_pass_is_the_functional_call_of_its_entries(name, shape, classes, layers):
+    """Setting a copy's tensors on the base and restoring them gives functional_call's
+    outputs and gradients, updates a copy's buffers as it does, and leaves the base as it
+    was (what the next copy's pass sees)."""
     from torch.func import functional_call
 
-    model, state = _model(name, (5,), 3, count=3)
-    assert model._copy_modules is not None
-    assert list(model.stacked_state()) == list(state)
-    x, y = torch.randn(9, 5), torch.randint(0, 3, (9,))
-    for k in range(3):
-        direct = model.output(k, x)
-        reference = functional_call(model.base, model.copy_entries(k), (x,))
-        torch.testing.assert_close(direct, reference, rtol=0, atol=0)
-        (grad_direct,) = torch.autograd.grad(
-            F.cross_entropy(direct, y), model.copy_entries(k)[next(iter(model.entries))]
-        )
-        (grad_reference,) = torch.autograd.grad(
-            F.cross_entropy(reference, y), model.copy_entries(k)[next(iter(model.entries))]
-        )
-        torch.testing.assert_close(grad_direct, grad_reference, rtol=0, atol=0)
-    optimizer = torch.optim.SGD(model.shared_parameters(), lr=1.0)
-    PersonalizedModel(model, torch.full((3,), 1 / 3), "mix", "prob").loss(x, y).backward()
-    optimizer.step()
-    for k in range(3):
-        torch.testing.assert_close(
-            model.output(k, x), functional_call(model.base, model.copy_entries(k), (x,))
-        )
-    assert model.train(False)._copy_modules[0].training is False
-
-
-def test_copies_on_a_trunk_or_with_buffers_keep_the_functional_calls():
-    trunk, _ = _model("mlp", (5,), 3, count=2, layers=1)
-    assert trunk._copy_modules is None
-    normalized, _ = _model("cnn-bn", (1, 28, 28), 10, count=2)
-    assert normalized._copy_modules is None
+    model, _ = _model(name, shape, classes, count=2, layers=layers)
+    twin, _ = _model(name, shape, classes, count=2, layers=layers)
+    before = {k: v.clone() for k, v in model.base.state_dict().items()}
+    torch.manual_seed(0)
+    x = torch.randint(0, 20, (7, *shape)) if name == "char-lstm" else torch.randn(7, *shape)
+    y = torch.randint(0, classes, (7,))
+    for k in range(2):
+        got = model.output(k, x)
+        want = functional_call(twin.base, twin.copy_entries(k), (x,))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        first = model.copy_entries(k)[next(n for n in model.entries if "weight" in n)]
+        other = twin.copy_entries(k)[next(n for n in twin.entries if "weight" in n)]
+        (g,) = torch.autograd.grad(F.cross_entropy(got, y), first)
+        (h,) = torch.autograd.grad(F.cross_entropy(want, y), other)
+        torch.testing.assert_close(g, h, rtol=0, atol=0)
+    for name_, value in model.stacked_state().items():
+        torch.testing.assert_close(value, twin.stacked_state()[name_], rtol=0, atol=0)
+    after = model.base.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(after[k] is not model.copy_entries(0).get(k) for k in after)

@@ -55,6 +55,7 @@ __all__ = [
     "membership_steps",
     "personalized_model",
     "table_loss",
+    "table_loss_and_gradient",
     "train",
     "train_theta",
 ]
@@ -311,20 +312,38 @@ def copy_log_likelihoods(
     return torch.cat(parts, dim=1 if person.mix == "logit" else 0)
 
 
-def _mixture_loss_sum(
-    table: torch.Tensor, idx: torch.Tensor, y: torch.Tensor, c: torch.Tensor, mix: str
-) -> torch.Tensor:
-    """The summed mixture loss of the samples ``idx`` from :func:`copy_log_likelihoods`:
-    ``−Σ log Σ_k c_k p_k(y|x)`` (prob), ``Σ_k c_k Σ −log p_k(y|x)`` (loss), the
-    cross-entropy of ``Σ_k c_k z_k`` (logit); as :func:`~pflarena.core.canonical.mixture_loss`
-    computes them from the outputs."""
+def table_loss_and_gradient(
+    table: np.ndarray, y: np.ndarray, c: np.ndarray, mix: str
+) -> tuple[float, np.ndarray]:
+    """The summed mixture loss of the samples of ``table`` (:func:`copy_log_likelihoods`, in
+    float64, rows already chosen) and its gradient in c, in closed form:
+
+    * ``prob``: ``−Σ_i log Σ_k c_k p_ik``, gradient ``−Σ_i p_ik / Σ_j c_j p_ij``;
+    * ``loss``: ``−Σ_i Σ_k c_k log p_ik``, gradient ``−Σ_i log p_ik``;
+    * ``logit``: ``Σ_i CE(Σ_k c_k z_ik, y_i)``, gradient ``Σ_i (softmax(z_i) − e_{y_i})·z_ik``.
+
+    The same values :func:`~pflarena.core.canonical.mixture_loss` and autograd give from the
+    outputs (a test holds them equal); written out because a K-vector's autograd costs far
+    more than its arithmetic on every minibatch of the membership epoch.
+    """
     if mix == "logit":
-        return F.cross_entropy(torch.einsum("k,knc->nc", c, table[:, idx]), y[idx], reduction="sum")
-    log_p = table[idx]
+        z = np.einsum("k,kbc->bc", c, table)
+        top = z.max(axis=1, keepdims=True)
+        lse = top[:, 0] + np.log(np.exp(z - top).sum(axis=1))
+        rows = np.arange(len(y))
+        soft = np.exp(z - lse[:, None])
+        soft[rows, y] -= 1.0
+        return float((lse - z[rows, y]).sum()), np.einsum("bc,kbc->k", soft, table)
     if mix == "loss":
-        return -(log_p.sum(dim=0) * c.to(log_p.dtype)).sum()
-    log_c = torch.log(c.clamp_min(torch.finfo(log_p.dtype).tiny)).to(log_p.dtype)
-    return -torch.logsumexp(log_p + log_c, dim=1).sum()
+        return float(-(table @ c).sum()), -table.sum(axis=0)
+    a = table + np.log(np.maximum(c, np.finfo(np.float64).tiny))
+    top = a.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(a - top).sum(axis=1))
+    return float(-lse.sum()), -np.exp(table - lse[:, None]).sum(axis=0)
+
+
+def _as_table(table: torch.Tensor) -> np.ndarray:
+    return table.detach().to(torch.float64).cpu().numpy()
 
 
 @torch.no_grad()
@@ -334,9 +353,8 @@ def table_loss(table: torch.Tensor, y: torch.Tensor, c: np.ndarray, mix: str) ->
     n = len(y)
     if n == 0:
         return float("nan")
-    membership = torch.as_tensor(c, dtype=table.dtype, device=table.device)
-    everything = torch.arange(n, device=table.device)
-    return float(_mixture_loss_sum(table, everything, y, membership, mix)) / n
+    loss, _ = table_loss_and_gradient(_as_table(table), y.cpu().numpy(), c, mix)
+    return loss / n
 
 
 def _membership_steps_on_outputs(
@@ -355,20 +373,20 @@ def _membership_steps_on_outputs(
     """:func:`membership_steps` (``minibatch``/``epoch``) with each copy's outputs computed
     once (:func:`per_copy_outputs_apply`): the same batches, gradients and steps, each step
     on an n × K table (``table``, :func:`copy_log_likelihoods`) instead of K forward passes."""
-    device, dtype = person.membership.device, person.membership.dtype
+    values, labels = _as_table(table), y.cpu().numpy()
     start_loss = float("nan")
     steps = 0
     for idx in batches(len(y), batch_size, generator=generator):
-        membership = torch.as_tensor(c, dtype=dtype, device=device).requires_grad_(True)
-        loss = _mixture_loss_sum(table, idx, y, membership, person.mix)
-        (grad,) = torch.autograd.grad(loss, membership)
-        grad = grad.to(torch.float64).cpu().numpy() / max(len(idx), 1)
+        rows = idx.cpu().numpy()
+        part = values[:, rows] if person.mix == "logit" else values[rows]
+        loss, grad = table_loss_and_gradient(part, labels[rows], c, person.mix)
         if steps == 0:
-            start_loss = float(loss.detach()) / max(len(idx), 1)
-        c = exponentiated_gradient_step(c, weight * grad + penalty, lr, floor)
+            start_loss = loss / max(len(rows), 1)
+        c = exponentiated_gradient_step(c, weight * grad / max(len(rows), 1) + penalty, lr, floor)
         steps += 1
         if mode == "minibatch":
             break
+    device, dtype = person.membership.device, person.membership.dtype
     person.membership = torch.as_tensor(c, dtype=dtype, device=device)
     return c, start_loss, steps
 
