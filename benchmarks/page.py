@@ -68,6 +68,13 @@ VARIANTS = {
     "page-10-1": ("page", {"page.server-reward-scale": 10.0}),
     "page-1-10": ("page", {"page.client-reward-scale": 10.0}),
     "page-paper-reward": ("page", {"page.server-reward": "client-loss", "page.loss-floor": 0.0}),
+    # what the server agent's collapse onto one client costs (docs/methods/page.md §12.2):
+    # the same run with Table 7's literal learner (plain SGD, both agents), with the
+    # server's weights held at the data sizes (the clients' agents still learning), and
+    # with half of every weight vector uniform (spec A12's floor)
+    "page-sgd": ("page", {"page.rl-optimizer": "sgd"}),
+    "page-data-weights": ("page", {"page.tune-weights": False}),
+    "page-floor": ("page", {"page.weight-floor": 0.5}),
     # FedAvg at the action PAGE's untrained client actors play (the middle of the box:
     # α = 3, η = 0.01), to tell what the agents add from what the action ranges do
     "fedavg-page-mid": ("fedavg", {"local-epochs": 3, "lr": 0.01}),
