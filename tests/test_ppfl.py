@@ -512,6 +512,36 @@ def test_a_run_with_persistent_momentum_stores_each_clients_buffers(tmp_path):
         assert record is not None and len(record) > 0
 
 
+def test_the_stored_momentum_round_trips_in_thetas_shapes_and_reads_the_old_layout():
+    """The buffers are stored as one flat array and come back in θ's shapes, bit for bit;
+    a record in the earlier one-array-per-buffer layout is still read (a resumed run), and
+    a flat record of the wrong size is refused, naming both sizes."""
+    from types import SimpleNamespace
+
+    from pflarena.client.solvers import ppfl as solver
+
+    person = _mixed_person("mlp", "prob")
+    parameters = person.model.shared_parameters()
+    buffers = [torch.randn_like(p) for p in parameters]
+    job = SimpleNamespace(method="ppfl", device=torch.device("cpu"), state={})
+    flat = torch.cat([b.reshape(-1) for b in buffers]).numpy()
+    job.state["ppfl/momentum"] = ArrayRecord({solver.MOMENTUM_FLAT: Array(flat)})
+    back = solver._stored_momentum(job, parameters)
+    assert [b.shape for b in back] == [p.shape for p in parameters]
+    assert all(torch.equal(a, b) for a, b in zip(back, buffers, strict=True))
+    job.state["ppfl/momentum"] = ArrayRecord(
+        {str(i): Array(b.numpy()) for i, b in enumerate(buffers)}
+    )
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(solver._stored_momentum(job, parameters), buffers, strict=True)
+    )
+    job.state["ppfl/momentum"] = ArrayRecord({solver.MOMENTUM_FLAT: Array(flat[:-1])})
+    with pytest.raises(ValueError, match=f"{len(flat) - 1} values for θ of {len(flat)}"):
+        solver._stored_momentum(job, parameters)
+    assert solver._stored_momentum(SimpleNamespace(method="ppfl", state={}), parameters) == []
+
+
 # --------------------------------------------------------------------------- per-copy outputs
 def _mixed_person(model_name: str, mix: str, count: int = 3):
     from pflarena.core.canonical import CanonicalModel, PersonalizedModel, initial_stacked_state
