@@ -73,6 +73,18 @@ def round_cost(rounds: list[dict]) -> tuple[float, float]:
     )
 
 
+def settings(args) -> str:
+    """The preset's PPFL1 settings that decide a round's cost, in words."""
+    config = run_config("ppfl", args.clients, args.rounds, Path("."), args.preset)
+    count = config.get("ppfl.num-canonical", 2)
+    epochs, batch = config.get("local-epochs", 2), config.get("batch-size", 32)
+    kept = "kept" if config.get("ppfl.persistent-momentum") else "fresh"
+    return (
+        f"K = {count} whole-model copies, {epochs} local epoch(s) of batch {batch}, SGD "
+        f"momentum {config.get('momentum', 0.0)} ({kept} between rounds)"
+    )
+
+
 def cost(args) -> None:
     runs = Path(args.runs_dir)
     table = []
@@ -89,13 +101,12 @@ def cost(args) -> None:
         "# PPFL: a round's cost against FedAvg's",
         "",
         f"`python benchmarks/ppfl_cost.py cost --preset {args.preset} --clients {args.clients} "
-        f"--rounds {args.rounds} --repeats {args.repeats}` (under `nice -n 10`, the shared 2-core machine loaded by "
+        f"--rounds {args.rounds} --repeats {args.repeats}` on a 2-core machine shared with "
         "other work: compare the ratios, each from runs made one after the other in this "
-        "script run). "
+        "script run. "
         f"`{args.preset}` with {args.clients} clients (full participation, the preset's "
-        "settings: PPFL1 theta-first, K = 4, one local epoch of batch 128, SGD momentum 0.9 "
-        "kept between rounds; FedAvg the same local training), in-process engine, evaluated "
-        "only after the last round; medians over rounds "
+        f"settings: PPFL1 theta-first, {settings(args)}; FedAvg the same local training), "
+        "in-process engine, evaluated only after the last round; medians over rounds "
         f"2-{args.rounds}.",
         "",
         "| repeat | FedAvg train phase (s) | PPFL1 train phase (s) | ratio | "
