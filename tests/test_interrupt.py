@@ -158,3 +158,25 @@ def _interrupt_sweep(command: list[str], sweep: Path, cwd: Path):
         raise
     time.sleep(1.0)
     return proc, stdout, stderr, below
+
+
+def test_sigterm_to_a_script_calling_simulate_leaves_no_process(tmp_path):
+    """A script that calls the library's ``simulate`` (a benchmark) and is ended by SIGTERM
+    stops its simulation process on the way out; before, that process ran on, orphaned in
+    its own session, until the run ended."""
+    out = tmp_path / "run"
+    script = (
+        "from pflarena.runtime.launch import simulate\n"
+        "from pflarena.server.registry import parse_config\n"
+        f"cfg = parse_config({{'strategy': 'fedavg', 'num-clients': 4, 'num-rounds': 200, "
+        f"'output-dir': {str(out)!r}}})\n"
+        "simulate(cfg, engine='inprocess', verbosity=0)\n"
+    )
+    command = [sys.executable, "-c", script]
+    proc, _, stderr, below, names = _interrupt(command, out / "rounds.jsonl", tmp_path, "sigterm")
+    assert "pflarena.runtime.simulation" in names  # the simulation process was below it
+    assert proc.returncode != 0 and "KeyboardInterrupt" in stderr
+    assert _alive(below) == []
+    recorded = _last_round(out / "rounds.jsonl")
+    time.sleep(3)
+    assert _last_round(out / "rounds.jsonl") == recorded  # nothing goes on in the background

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,27 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update=update) if update else cfg
 
 
+class _SigtermHandler:
+    """SIGTERM as Ctrl-C while a simulation process runs, for callers that set no handler
+    of their own (a script calling :func:`simulate`; the CLI sets one): the process is
+    then stopped on the way out instead of left running, orphaned, in its own session."""
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
+
+
 def run_simulations(
     configs: list[RunConfig],
     *,
@@ -257,6 +279,7 @@ def run_simulations(
     )
     log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
     proc = None
+    terminate = _SigtermHandler()
     try:
         # Its own process group: a Ctrl-C at the terminal reaches this process only, which
         # stops the simulation in order (Ray shut down, its helpers ended) and then ends
@@ -282,6 +305,7 @@ def run_simulations(
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            terminate.restore()
         for lock in locks:
             lock.close()
         if log_handle:
