@@ -282,3 +282,45 @@ def test_deterministic_class_assignment_is_a_ring() -> None:
     )
     held = [set(labels[p].tolist()) for p in parts]
     assert held == [{i, (i + 1) % 10} for i in range(10)]
+
+
+def _flwr_dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int, size: int):
+    """flwr-datasets' DirichletPartitioner run once, as pflarena's first attempt runs it;
+    None when it gives up."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    from pflarena.core.partition.flwr_partitioners import _run_partitioner
+
+    partitioner = DirichletPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        alpha=alpha,
+        min_partition_size=size,
+        self_balancing=False,
+        seed=seed,
+    )
+    try:
+        return _run_partitioner(partitioner, labels, num_clients)
+    except DatasetError:
+        return None
+
+
+def test_dirichlet_runs_flwr_again_where_its_draws_run_out(labels: np.ndarray) -> None:
+    """A seed flwr-datasets splits gets its split unchanged; a seed whose 11 draws leave a
+    client under the minimum is split on a later, seeded attempt: every client at the
+    minimum, the same split every time, and the labels' skew of a Dirichlet(α) draw."""
+    from pflarena.core.partition.flwr_partitioners import dirichlet_partition
+
+    skewed = labels[:1000]
+    first = {seed: _flwr_dirichlet(skewed, 20, 0.1, seed, 10) for seed in range(12)}
+    assert any(v is None for v in first.values()) and any(v is not None for v in first.values())
+    for seed, reference in first.items():
+        parts = dirichlet_partition(skewed, 20, 0.1, seed)
+        assert min(len(p) for p in parts) >= 10
+        assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+        if reference is not None:
+            assert all(np.array_equal(a, b) for a, b in zip(parts, reference, strict=True))
+        else:
+            again = dirichlet_partition(skewed, 20, 0.1, seed)
+            assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+            assert mean_label_entropy(skewed, parts) < 0.6 * math.log(NUM_CLASSES)
