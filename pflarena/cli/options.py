@@ -11,6 +11,7 @@ from typing import Any
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
+from pflarena.runtime.launch import ENGINES
 
 __all__ = [
     "DATA_KEYS",
@@ -74,6 +75,29 @@ RUN_EPILOG = (
     "method's parameters (--<method>.<param>, e.g. --ditto.lambda 0.5), `pflarena methods "
     "NAME` one method's parameters; any key also works as --set KEY=VALUE."
 )
+
+
+def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet_help: str) -> None:
+    """How the runs are executed (not what they compute): the flags ``run`` and ``sweep``
+    share. Their own wording for ``--check`` and ``--quiet``, which differ in what they
+    print."""
+    parser.add_argument(
+        "--cpus-per-client",
+        type=float,
+        default=1.0,
+        help="CPUs Flower reserves per simulated client (default 1)",
+    )
+    parser.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="GPU fraction per simulated client (default 0)",
+    )
+    parser.add_argument("--check", action="store_true", help=check_help)
+    parser.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    parser.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
+    parser.add_argument("--quiet", action="store_true", help=quiet_help)
+    parser.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
 
 
 def add_config_flags(

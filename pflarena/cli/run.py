@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.cli.options import (
-    ENGINE_HELP,
     HELP_ALL,
-    RAY_ADDRESS_HELP,
     RUN_EPILOG,
     add_config_flags,
     add_method_flags,
+    add_runtime_flags,
     collect_overrides,
     default_output_dir,
     run_overrides,
@@ -21,7 +20,7 @@ from pflarena.cli.options import (
 )
 from pflarena.core.config import ConfigError, RunConfig, toml_value
 from pflarena.core.datasets import check_files
-from pflarena.runtime.launch import ENGINES, resume_config, simulate
+from pflarena.runtime.launch import resume_config, simulate
 from pflarena.server.compare import compare_table
 from pflarena.server.progress import Progress
 
@@ -152,33 +151,15 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
     run.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="any run-config key (repeatable)"
     )
-    run.add_argument(
-        "--cpus-per-client",
-        type=float,
-        default=1.0,
-        help="CPUs Flower reserves per simulated client (default 1)",
+    add_runtime_flags(
+        run,
+        check_help="validate the run config, print it resolved (as TOML) and run nothing",
+        quiet_help="one line when the run ends, then the final table",
     )
-    run.add_argument(
-        "--gpus-per-client",
-        type=float,
-        default=0.0,
-        help="GPU fraction per simulated client (default 0)",
-    )
-    run.add_argument(
-        "--check",
-        action="store_true",
-        help="validate the run config, print it resolved (as TOML) and run nothing",
-    )
-    run.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
-    run.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     run.add_argument(
         "--superlink",
         action="store_true",
         help="submit the app with `flwr run` to a private simulation SuperLink, as `flwr run .` "
         "does (builds and installs the FAB; same results, a longer start-up)",
     )
-    run.add_argument(
-        "--quiet", action="store_true", help="one line when the run ends, then the final table"
-    )
-    run.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
     run.set_defaults(func=command)

@@ -43,18 +43,17 @@ from typing import Any, Literal
 import tomllib
 
 from pflarena.cli.options import (
-    ENGINE_HELP,
     HELP_ALL,
-    RAY_ADDRESS_HELP,
     RUN_EPILOG,
     add_config_flags,
     add_method_flags,
+    add_runtime_flags,
     collect_overrides,
     with_tracking,
 )
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.presets import flatten_table, load_preset
-from pflarena.runtime.launch import ENGINES, check_flower_keys, run_simulations
+from pflarena.runtime.launch import check_flower_keys, run_simulations
 from pflarena.server.metrics import label, short_label
 from pflarena.server.progress import Progress
 from pflarena.strategies import declarations
@@ -648,21 +647,11 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
         "--set", action="append", metavar="KEY=VALUE", help="a run-config key for every run"
     )
     sweep.add_argument("--out", metavar="DIR", help="the sweep's directory (required)")
-    sweep.add_argument(
-        "--cpus-per-client", type=float, default=1.0, help="CPUs per simulated client (default 1)"
+    add_runtime_flags(
+        sweep,
+        check_help="print the runs and what each needs; run nothing",
+        quiet_help="one line per run as it ends, then the leaderboard",
     )
-    sweep.add_argument(
-        "--gpus-per-client", type=float, default=0.0, help="GPU fraction per client (default 0)"
-    )
-    sweep.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
-    sweep.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
-    sweep.add_argument(
-        "--check", action="store_true", help="print the runs and what each needs; run nothing"
-    )
-    sweep.add_argument(
-        "--quiet", action="store_true", help="one line per run as it ends, then the leaderboard"
-    )
-    sweep.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
     # The run flags a sweep passes on to every run (strategy, seed and output-dir are the
     # sweep's own: --strategies, --seeds, --out).
     add_config_flags(sweep, full_help=full_help, skip=SWEEP_OWN_KEYS)
