@@ -61,6 +61,16 @@ def _last_round(path: Path) -> int:
     return max((r["round"] for r in read_rounds(path)), default=-1) if path.exists() else -1
 
 
+def _as_a_shell_starts_it() -> None:
+    """A foreground job's signal state, as a shell gives it: SIGINT and SIGTERM at their
+    defaults and nothing blocked, whatever this test process holds. (An ignored signal
+    survives exec: when an earlier test in the same pytest worker left SIGINT ignored, the
+    command ignored Ctrl-C too and ran its 200 rounds to the end.)"""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def _interrupt(command: list[str], rounds_file: Path, cwd: Path, how: str = "ctrl-c"):
     """Start ``command`` in its own group, stop it once a round is recorded (``ctrl-c``:
     SIGINT to the group, as a terminal sends it; ``sigterm``: SIGTERM to the command alone,
@@ -73,6 +83,7 @@ def _interrupt(command: list[str], rounds_file: Path, cwd: Path, how: str = "ctr
         text=True,
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=_as_a_shell_starts_it,
     )
     deadline = time.monotonic() + 400
     while _last_round(rounds_file) < 1:
@@ -143,6 +154,7 @@ def _interrupt_sweep(command: list[str], sweep: Path, cwd: Path):
         text=True,
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=_as_a_shell_starts_it,
     )
     deadline = time.monotonic() + 400
     while max((_last_round(p) for p in sweep.rglob("rounds.jsonl")), default=-1) < 1:
