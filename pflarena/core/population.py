@@ -30,6 +30,7 @@ __all__ = [
     "laplacian",
     "laplacian_gradient",
     "laplacian_penalty",
+    "log_sum_exp",
     "membership_step_gradient",
     "mm_surrogate_penalty",
     "penalty_gradient",
@@ -128,13 +129,19 @@ def exponentiated_gradient_step(
         raise ValueError("memberships must be nonnegative with rows summing to 1")
     with np.errstate(divide="ignore"):  # a zero coordinate stays at -inf until the floor
         logits = np.log(c) - lr * grad
-    # the log-sum-exp shifted by the row maximum, written out: scipy.special.logsumexp
-    # does the same behind array-API dispatch that costs ~0.1 ms a call, and a client's
-    # membership epoch takes one step per minibatch (the row maximum is finite: c > 0
-    # somewhere on the simplex)
-    top = logits.max(axis=-1, keepdims=True)
-    logits = logits - (top + np.log(np.exp(logits - top).sum(axis=-1, keepdims=True)))
-    return floor_on_simplex(np.exp(logits), eps)
+    # (the row maximum is finite: c > 0 somewhere on the simplex)
+    return floor_on_simplex(np.exp(logits - log_sum_exp(logits)[..., None]), eps)
+
+
+def log_sum_exp(a: np.ndarray) -> np.ndarray:
+    """``log Σ exp`` over the last axis, shifted by its maximum (rows with a finite one).
+
+    Written out because :func:`scipy.special.logsumexp` does the same behind array-API
+    dispatch that costs about 0.1 ms a call, and a client's membership epoch calls it once
+    per minibatch on a K-vector.
+    """
+    top = a.max(axis=-1, keepdims=True)
+    return top[..., 0] + np.log(np.exp(a - top).sum(axis=-1))
 
 
 # ------------------------------------------------------------------ the affinity graph

@@ -46,7 +46,7 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
 from pflarena.core.canonical import CanonicalModel, PersonalizedModel
-from pflarena.core.population import exponentiated_gradient_step
+from pflarena.core.population import exponentiated_gradient_step, log_sum_exp
 from pflarena.core.training import batches
 
 __all__ = [
@@ -328,17 +328,14 @@ def table_loss_and_gradient(
     """
     if mix == "logit":
         z = np.einsum("k,kbc->bc", c, table)
-        top = z.max(axis=1, keepdims=True)
-        lse = top[:, 0] + np.log(np.exp(z - top).sum(axis=1))
+        lse = log_sum_exp(z)
         rows = np.arange(len(y))
         soft = np.exp(z - lse[:, None])
         soft[rows, y] -= 1.0
         return float((lse - z[rows, y]).sum()), np.einsum("bc,kbc->k", soft, table)
     if mix == "loss":
         return float(-(table @ c).sum()), -table.sum(axis=0)
-    a = table + np.log(np.maximum(c, np.finfo(np.float64).tiny))
-    top = a.max(axis=1, keepdims=True)
-    lse = top[:, 0] + np.log(np.exp(a - top).sum(axis=1))
+    lse = log_sum_exp(table + np.log(np.maximum(c, np.finfo(np.float64).tiny)))
     return float(-lse.sum()), -np.exp(table - lse[:, None]).sum(axis=0)
 
 
