@@ -181,3 +181,40 @@ def test_simulated_clients_write_without_fsync_and_the_checkpoint_syncs_first(
     (tmp_path / "run").mkdir()
     checkpoint.save_checkpoint(tmp_path / "run", 1, ArrayRecord(), Stub())
     assert order == ["sync", "checkpoint"]
+
+
+def test_a_written_entry_is_read_back_from_memory_until_its_file_changes(tmp_path):
+    store = DiskVersions(tmp_path / "c", durable=False)
+    written = _record(1.0)
+    state = ClientState(store, 0, 101)
+    state["model"] = written
+    state.save()
+    assert store.read(101, "model") is written  # write-through: no file read
+    (tmp_path / "c" / "v101" / "model.npz").unlink()
+    np.savez(tmp_path / "c" / "v101" / "model.npz", w=np.full(5, 2.0, dtype=np.float32))
+    again = store.read(101, "model")
+    assert again is not written and again["w"].numpy().tolist() == [2.0] * 5
+
+
+def test_the_read_cache_is_bounded_in_bytes(tmp_path, monkeypatch):
+    size = len(_record(0.0)["w"].data)  # an entry's bytes as held (its serialized array)
+    monkeypatch.setattr("pflarena.core.versions.CACHE_BYTES", 3 * size)  # three entries
+    monkeypatch.setattr(DiskVersions, "_cache", type(DiskVersions._cache)())
+    monkeypatch.setattr(DiskVersions, "_cache_bytes", 0)
+    stores = [DiskVersions(tmp_path / f"c{i}", durable=False) for i in range(5)]
+    for i, store in enumerate(stores):
+        _write(store, 0, 101, model=float(i))
+    assert len(DiskVersions._cache) == 3 and DiskVersions._cache_bytes == 3 * size
+    # the oldest were dropped, and are read from their files again
+    assert [float(s.read(101, "model")["w"].numpy()[0]) for s in stores] == [0, 1, 2, 3, 4]
+
+
+def test_deleting_a_version_removes_its_folder_and_leaves_the_others(tmp_path):
+    store = DiskVersions(tmp_path / "c", durable=False)
+    _write(store, 0, 101, model=1.0, message=2.0)
+    _write(store, 101, 201, message=3.0)
+    (tmp_path / "c" / "v201" / "odd").mkdir()  # not an entry file: the fallback removes it
+    store.delete(101)
+    store.delete(201)
+    store.delete(301)  # none: nothing happens
+    assert store.versions() == [] and not list((tmp_path / "c").iterdir())
