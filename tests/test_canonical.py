@@ -13,6 +13,7 @@ from pflarena.core.canonical import (
     copied_entries,
     copy_seed,
     initial_stacked_state,
+    mixture_loss,
     mixture_scores,
     parse_stacked,
     stack_state,
@@ -214,3 +215,45 @@ def test_a_copys_forward_pass_is_the_functional_call_of_its_entries(name, shape,
     after = model.base.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(after[k] is not model.copy_entries(0).get(k) for k in after)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "count", "layers"),
+    [
+        ("logreg", (5,), 3, 4, 0),
+        ("logreg", (2, 3), 3, 2, 0),  # flattened input
+        ("mlp", (5,), 3, 3, 0),
+        ("mlp", (5,), 3, 3, 1),  # a shared trunk, then the copied last layer
+        ("mlp-128", (1, 4, 4), 10, 4, 1),
+    ],
+)
+def test_the_batched_pass_over_the_copies_is_each_copys_own(name, shape, classes, count, layers):
+    """A model with a linear plan runs its K copies as one batched pass: the same outputs
+    as each copy's own pass, and the same gradients in every copy and in the trunk."""
+    model, _ = _model(name, shape, classes, count=count, layers=layers)
+    assert model._plan is not None
+    torch.manual_seed(1)
+    x, y = torch.randn(9, *shape), torch.randint(0, classes, (9,))
+    batched = model.stacked_outputs(x)
+    one_by_one = torch.stack([model.output(k, x) for k in range(count)])
+    torch.testing.assert_close(batched, one_by_one, rtol=1e-6, atol=1e-6)
+    weights = torch.rand(count)
+    parameters = model.shared_parameters()
+    assert bool(model.trunk_parameters()) == bool(layers)  # the trunk's gradients too
+    got = torch.autograd.grad(mixture_loss(batched, y, weights, "prob"), parameters)
+    separate = list(one_by_one.unbind(0))
+    want = torch.autograd.grad(mixture_loss(separate, y, weights, "prob"), parameters)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_models_without_a_linear_plan_pass_copy_by_copy():
+    model, _ = _model("cnn", (1, 28, 28), 10, count=2, layers=1)
+    assert model._plan is None
+    x = torch.randn(3, 1, 28, 28)
+    torch.testing.assert_close(
+        model.stacked_outputs(x),
+        torch.stack([model.output(k, x) for k in range(2)]),
+        rtol=0,
+        atol=0,
+    )

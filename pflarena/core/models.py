@@ -42,6 +42,10 @@ class LogisticRegression(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x.flatten(1))
 
+    def linear_plan(self) -> list[tuple[str, str | None]]:
+        """:meth:`forward` as steps (see :func:`linear_plan`)."""
+        return [("flatten", None), ("linear", "linear")]
+
 
 class MLP(nn.Module):
     """Two hidden ReLU layers on the flattened input."""
@@ -60,6 +64,32 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def linear_plan(self) -> list[tuple[str, str | None]]:
+        """:meth:`forward` as steps (see :func:`linear_plan`)."""
+        return linear_plan(self.net, "net")
+
+
+def linear_plan(sequence: nn.Sequential, prefix: str) -> list[tuple[str, str | None]]:
+    """A Sequential of ``Flatten``, ``Linear`` and ``ReLU`` layers as the steps
+    ``("flatten", None)``, ``("linear", <module name>)``, ``("relu", None)``.
+
+    A model made only of such layers says so with a ``linear_plan()`` method giving its
+    forward pass as these steps; :class:`~pflarena.core.canonical.CanonicalModel` then runs
+    K copies of it as one batched pass instead of K passes (PPFL, FedEM and IFCA on the
+    logistic and MLP models).
+    """
+    steps: list[tuple[str, str | None]] = []
+    for name, layer in sequence.named_children():
+        if isinstance(layer, nn.Flatten) and layer.start_dim == 1 and layer.end_dim == -1:
+            steps.append(("flatten", None))
+        elif isinstance(layer, nn.Linear):
+            steps.append(("linear", f"{prefix}.{name}"))
+        elif isinstance(layer, nn.ReLU):
+            steps.append(("relu", None))
+        else:
+            raise ValueError(f"layer {prefix}.{name} ({type(layer).__name__}) has no linear step")
+    return steps
 
 
 class FedAvgCNN(nn.Module):
