@@ -13,6 +13,7 @@ from torch import nn
 
 from pflarena.client.state import ClientState
 from pflarena.core import keys
+from pflarena.core.arrays import torch_state
 from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
 from pflarena.core.federation import ClientData, load_client, load_shard
@@ -191,9 +192,7 @@ class ClientJob:
     def model_from(self, arrays: ArrayRecord) -> nn.Module:
         """A model loaded with ``arrays`` (a state_dict as an ArrayRecord)."""
         model = self.new_model()
-        model.load_state_dict(
-            {k: v.to(self.device) for k, v in arrays.to_torch_state_dict().items()}
-        )
+        model.load_state_dict(torch_state(arrays, self.device))
         return model
 
     def global_model(self) -> nn.Module:

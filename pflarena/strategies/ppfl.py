@@ -66,6 +66,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.arrays import decode
 from pflarena.core.canonical import copied_entries, initial_stacked_state
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
@@ -198,9 +199,9 @@ def weighted_average(records: Sequence[ArrayRecord], weights: Sequence[float]) -
     for record, factor in zip(records, factors, strict=True):
         for name, value in record.items():
             if name not in out:
-                out[name] = value.numpy() * factor
+                out[name] = decode(value) * factor
             else:
-                out[name] += value.numpy() * factor
+                out[name] += decode(value) * factor
     return ArrayRecord({n: Array(np.asarray(v)) for n, v in out.items()})
 
 

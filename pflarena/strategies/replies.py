@@ -32,6 +32,7 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from pflarena.core import keys
+from pflarena.core.arrays import decode
 
 __all__ = [
     "ACCURACY_NAMES",
@@ -251,7 +252,7 @@ def array_problem(content: RecordDict, reference: ArrayRecord | None, key: str) 
                 return f"array {name!r} has dtype {array.dtype}, expected {expected.dtype}"
     for name, array in record.items():
         try:
-            values = array.numpy()
+            values = decode(array)
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are the client's fault
             return f"array {name!r} cannot be decoded: {exc}"
         if values.dtype.kind not in "biuf":
@@ -282,7 +283,7 @@ def _bound_problem(name: str, values: np.ndarray, reference: ArrayRecord | None)
         return None
     sent = 0.0
     if reference is not None and name in reference:
-        sent = math.sqrt(_squared_norm(reference[name].numpy()))
+        sent = math.sqrt(_squared_norm(decode(reference[name])))
     bound = min(max(floor, NORM_RATIO * sent), MAX_NORM)
     if norm > bound:
         return (
@@ -310,7 +311,7 @@ def vector_problem(
         return f"ArrayRecord {key!r} holds {list(record.keys())}, expected {list(shapes)}"
     for name, shape in shapes.items():
         try:
-            values = record[name].numpy()
+            values = decode(record[name])
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are the client's fault
             return f"{key!r} array {name!r} cannot be decoded: {exc}"
         if len(values.shape) != len(shape) or any(

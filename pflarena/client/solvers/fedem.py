@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.arrays import torch_state
 from pflarena.core.canonical import CanonicalModel, PersonalizedModel
 from pflarena.core.training import batches
 
@@ -30,7 +31,7 @@ PREFIX = "component"  # strategies/fedem.py: COMPONENT_PREFIX
 def _components(job: ClientJob) -> CanonicalModel:
     if job.arrays is None or not len(job.arrays):
         raise RuntimeError("fedem: the message carries no component models")
-    state = {k: v.to(job.device) for k, v in job.arrays.to_torch_state_dict().items()}
+    state = torch_state(job.arrays, job.device)
     return CanonicalModel(job.new_model(), state, PREFIX)
 
 

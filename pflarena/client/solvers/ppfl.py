@@ -45,6 +45,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.arrays import decode, torch_state
 from pflarena.core.canonical import CanonicalModel, PersonalizedModel
 from pflarena.core.population import exponentiated_gradient_step, log_sum_exp
 from pflarena.core.training import batches
@@ -80,17 +81,16 @@ def population_model(job: ClientJob) -> CanonicalModel:
     """θ from the message as a :class:`CanonicalModel` over this run's architecture."""
     if job.arrays is None or not len(job.arrays):
         raise RuntimeError(f"{job.method}: the message carries no θ (ArrayRecord 'arrays')")
-    state = {k: v.to(job.device) for k, v in job.arrays.to_torch_state_dict().items()}
-    return CanonicalModel(job.new_model(), state, PREFIX)
+    return CanonicalModel(job.new_model(), torch_state(job.arrays, job.device), PREFIX)
 
 
 def _message_membership(job: ClientJob) -> tuple[np.ndarray | None, np.ndarray | None]:
     record = job.content.array_records.get(keys.PPFL_MEMBERSHIP)
     if record is None:
         return None, None
-    c = record[keys.PPFL_MEMBERSHIP_C].numpy().astype(np.float64)
+    c = decode(record[keys.PPFL_MEMBERSHIP_C]).astype(np.float64)
     penalty = (
-        record[keys.PPFL_MEMBERSHIP_PENALTY].numpy().astype(np.float64)
+        decode(record[keys.PPFL_MEMBERSHIP_PENALTY]).astype(np.float64)
         if keys.PPFL_MEMBERSHIP_PENALTY in record
         else None
     )
@@ -101,7 +101,7 @@ def stored_membership(job: ClientJob, count: int) -> np.ndarray:
     """The client's membership: the latest it stored, else uniform ``1/K`` (O4.3)."""
     record = job.state.get(_key(job, "membership"))
     if record is not None:
-        c = record[keys.PPFL_MEMBERSHIP_C].numpy().astype(np.float64)
+        c = decode(record[keys.PPFL_MEMBERSHIP_C]).astype(np.float64)
         if c.shape == (count,):
             return c
     return np.full(count, 1.0 / count)
@@ -460,7 +460,7 @@ def _stored_momentum(job: ClientJob, parameters: list[torch.Tensor]) -> list[tor
         return [
             torch.as_tensor(record[str(i)].numpy(), device=job.device) for i in range(len(record))
         ]
-    flat = torch.as_tensor(record[MOMENTUM_FLAT].numpy(), device=job.device)
+    flat = torch.as_tensor(decode(record[MOMENTUM_FLAT]), device=job.device)
     sizes = [p.numel() for p in parameters]
     if flat.numel() != sum(sizes):
         raise ValueError(

@@ -1,0 +1,65 @@
+"""Fast decoding of Flower Arrays: always numpy's own reading of the same bytes."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord
+from flwr.common.constant import SType
+
+from pflarena.core.arrays import decode, torch_state
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array(2.5),  # 0-d
+        np.zeros((0, 5), dtype=np.float32),  # empty
+        np.array([True, False]),
+        np.arange(7, dtype=np.int64),
+        np.arange(6, dtype=np.float16).reshape(2, 3),
+        np.arange(4, dtype=">f4"),  # big-endian
+        np.arange(3, dtype=np.complex64),
+        np.random.default_rng(0).standard_normal((64, 150)).astype(np.float32),
+    ],
+    ids=lambda v: f"{v.dtype}-{v.shape}",
+)
+def test_decode_reads_what_numpy_reads(value):
+    array = Array(value)
+    got, want = decode(array), array.numpy()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert got.flags.writeable and got.flags.owndata
+    got[...] = 0  # its own memory: the Array's bytes are untouched
+    np.testing.assert_array_equal(array.numpy(), want)
+
+
+def test_a_fortran_ordered_array_is_read_by_numpy():
+    buffer = io.BytesIO()
+    value = np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))
+    np.save(buffer, value, allow_pickle=False)
+    array = Array(dtype="float64", shape=(2, 3), stype=SType.NUMPY, data=buffer.getvalue())
+    np.testing.assert_array_equal(decode(array), value)
+
+
+def test_metadata_that_disagrees_with_the_bytes_is_read_as_numpy_reads_it():
+    honest = Array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    lying_shape = Array(dtype="float32", shape=(3, 2), stype=honest.stype, data=honest.data)
+    np.testing.assert_array_equal(decode(lying_shape), honest.numpy())
+    assert decode(lying_shape).shape == (2, 3)
+    lying_dtype = Array(dtype="int32", shape=(2, 3), stype=honest.stype, data=honest.data)
+    assert decode(lying_dtype).dtype == np.float32
+    short = Array(dtype="float32", shape=(2, 3), stype=honest.stype, data=honest.data[:-4])
+    with pytest.raises(ValueError):
+        decode(short)  # numpy's own error: the bytes end early
+
+
+def test_torch_state_is_flowers_state_dict():
+    record = ArrayRecord({"w": Array(np.ones((2, 2), np.float32)), "b": Array(np.zeros(2))})
+    got, want = torch_state(record), record.to_torch_state_dict()
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
