@@ -222,7 +222,7 @@ def test_a_copys_forward_pass_is_the_functional_call_of_its_entries(name, shape,
     [
         ("logreg", (5,), 3, 4, 0),
         ("logreg", (2, 3), 3, 2, 0),  # flattened input
-        ("mlp", (5,), 3, 3, 0),
+        ("mlp-128", (5,), 3, 3, 0),
         ("mlp", (5,), 3, 3, 1),  # a shared trunk, then the copied last layer
         ("mlp-128", (1, 4, 4), 10, 4, 1),
     ],
@@ -247,10 +247,17 @@ def test_the_batched_pass_over_the_copies_is_each_copys_own(name, shape, classes
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_models_without_a_linear_plan_pass_copy_by_copy():
-    model, _ = _model("cnn", (1, 28, 28), 10, count=2, layers=1)
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "layers"),
+    [
+        ("cnn", (1, 28, 28), 10, 1),  # no linear plan
+        ("mlp-128", (1, 28, 28), 10, 0),  # copies of 101,770 parameters: too large
+    ],
+)
+def test_other_models_pass_copy_by_copy(name, shape, classes, layers):
+    model, _ = _model(name, shape, classes, count=2, layers=layers)
     assert model._plan is None
-    x = torch.randn(3, 1, 28, 28)
+    x = torch.randn(3, *shape)
     torch.testing.assert_close(
         model.stacked_outputs(x),
         torch.stack([model.output(k, x) for k in range(2)]),
