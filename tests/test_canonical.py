@@ -264,3 +264,24 @@ def test_other_models_pass_copy_by_copy(name, shape, classes, layers):
         rtol=0,
         atol=0,
     )
+
+
+def test_the_batched_pass_takes_layers_without_bias():
+    class NoBias(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3, bias=False)
+
+        def forward(self, x):
+            return self.linear(x)
+
+        def linear_plan(self):
+            return [("linear", "linear")]
+
+    torch.manual_seed(2)
+    state = {f"canonical.{k}.linear.weight": torch.randn(3, 4) for k in range(3)}
+    model = CanonicalModel(NoBias(), state, "canonical")
+    assert model._plan is not None
+    x = torch.randn(5, 4)
+    want = torch.stack([x @ state[f"canonical.{k}.linear.weight"].T for k in range(3)])
+    torch.testing.assert_close(model.stacked_outputs(x), want, rtol=1e-6, atol=1e-6)

@@ -251,9 +251,10 @@ class CanonicalModel(nn.Module):
         self._plan = self._batched_plan(base, set(params)) if count > 1 else None
 
     def _batched_plan(self, base: nn.Module, parameters: set[str]) -> list[tuple] | None:
-        """The base's ``linear_plan`` with each linear step resolved to its tensors: the
-        copies' (positions among the entries) or the trunk's (the base's module). ``None``
-        when the model has no plan, or a trunk layer follows a copied one."""
+        """The base's ``linear_plan`` with each linear step resolved: ``("copied", weight,
+        bias)`` with the names of the copy's tensors (bias ``None`` for a layer without
+        one), or ``("trunk", module, None)`` for a shared layer. ``None`` when the model has
+        no plan, its copies are too large, or a trunk layer follows a copied one."""
         plan = getattr(base, "linear_plan", None)
         if plan is None or set(self.entries) - parameters:
             return None
@@ -269,7 +270,8 @@ class CanonicalModel(nn.Module):
             weight, bias = f"{name}.weight", f"{name}.bias"
             if weight in position:
                 copied_seen = True
-                steps.append(("copied", f"p{position[weight]}", position.get(bias)))
+                bias_name = f"p{position[bias]}" if bias in position else None
+                steps.append(("copied", f"p{position[weight]}", bias_name))
             elif copied_seen:
                 return None
             else:
@@ -343,7 +345,7 @@ class CanonicalModel(nn.Module):
                 if bias is None:
                     h = torch.bmm(inputs, weights.transpose(1, 2))
                 else:
-                    biases = torch.stack([c._parameters[f"p{bias}"] for c in self.copies])
+                    biases = torch.stack([c._parameters[bias] for c in self.copies])
                     h = torch.baddbmm(biases[:, None, :], inputs, weights.transpose(1, 2))
                 stacked = True
         return h
