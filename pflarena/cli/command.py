@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
         supernode_main(argv[1:])
         return 0
+    if argv[:1] == ["superlink"]:
+        from pflarena.deploy.superlink import main as superlink_main
+
+        superlink_main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     terminated: list[int] = []
 

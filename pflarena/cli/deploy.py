@@ -107,11 +107,23 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         dep.save(launcher_pid=None if args.detach else _own_pid())
         print(f"{len(shards)} SuperNodes online after {time.monotonic() - start:.0f}s")
         print(f"\nSuperLink: {dep.address}   flwr CLI connection: {deploy.CONNECTION}")
+        if not args.tls:
+            print(
+                "plain HTTP on 127.0.0.1: it protects nothing from whoever reaches that address "
+                "(any process on this host can submit a run that every SuperNode executes); "
+                "--tls --auth locks it"
+            )
+        if args.tls:
+            print(
+                f"the Control API answers only the operator's token ({dep.certs_dir}/"
+                f"operator.token, stored for the connection in {dep.cli_home}); SuperNodes run "
+                f"only apps signed with {dep.signing_key}:\n  pflarena approve APP_DIR "
+                f"--signing-key {dep.signing_key}"
+            )
         print("run the app on it with:\n")
-        # the laid-out app (~160 files), not a clone with its .venv (runtime/appdir.py)
-        from pflarena.runtime.appdir import flwr_run_dir
-
-        print(dep.run_command(flwr_run_dir()))
+        # the laid-out app (~160 files), not a clone with its .venv (runtime/appdir.py),
+        # signed for the nodes with --tls
+        print(dep.run_command(dep.approved_app()))
         if args.detach:
             print(f"\nstop it with: pflarena local-deploy --stop --dir {root}")
             return 0
@@ -137,7 +149,7 @@ def _own_pid() -> int:
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    from pflarena.deploy import local as deploy
+    from pflarena.deploy import certs as deploy
 
     servers: dict[str, list[str]] = {
         "superlink": [*args.superlink_host, "localhost", "127.0.0.1"],
@@ -149,6 +161,14 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     print(f"CA: {certs.ca_cert}")
     for stem, (cert, key) in certs.servers.items():
         print(f"{stem}: {cert} {key}")
+    if args.secure:
+        token, token_hash = deploy.make_operator_token(args.out)
+        print(f"operator token: {token} (yours: `pflarena connect`); the SuperLink's: {token_hash}")
+        for owner in ["superlink", *(f"supernode-{i}" for i in range(args.supernodes))]:
+            path = deploy.make_secret(deploy.secret_path(args.out, owner))
+            print(f"SuperExec secret of {owner} and its executor: {path}")
+        private, public = deploy.make_signing_key(Path(args.out) / deploy.SIGNING_KEY)
+        print(f"app signing key: {private} (yours: `pflarena approve`); the nodes': {public}")
     if args.node_keys:
         for index in range(args.node_keys):
             private, public = deploy.make_node_key(Path(args.out) / "keys" / f"supernode-{index}")
@@ -157,6 +177,38 @@ def _cmd_certs(args: argparse.Namespace) -> int:
             "register each public key with the SuperLink (TLS, --enable-supernode-auth):\n"
             "  flwr supernode register <key>.pub <connection>"
         )
+    return 0
+
+
+def _cmd_connect(args: argparse.Namespace) -> int:
+    import os
+
+    from pflarena.deploy.operator import connect
+
+    home = Path(args.flwr_home or os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
+    path = connect(
+        home,
+        args.name,
+        args.address,
+        root_certificates=args.root_certificates,
+        operator_token=args.operator_token,
+        default=args.default,
+    )
+    token = " with the operator's token" if args.operator_token else ""
+    print(f"wrote connection {args.name!r} ({args.address}) to {path}{token}")
+    print(f"  flwr list {args.name}    flwr run APP_DIR {args.name} --stream")
+    return 0
+
+
+def _cmd_approve(args: argparse.Namespace) -> int:
+    from pflarena.deploy.approval import APPROVAL_FILE, approve
+
+    approval = approve(args.app_dir, args.signing_key)
+    print(
+        f"approved {args.app_dir} (digest {approval.digest[:16]}, key {approval.key}): "
+        f"{Path(args.app_dir) / APPROVAL_FILE}; submit it with flwr run as it is now, any "
+        "change to its files needs a new approval"
+    )
     return 0
 
 
@@ -291,7 +343,42 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     certs.add_argument("--node-keys", type=int, default=0, help="SuperNode key pairs to make")
     certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    certs.add_argument(
+        "--secure",
+        action="store_true",
+        help="also the operator's token (operator.token; operator.token.sha256 for the "
+        "SuperLink), a SuperExec secret for the SuperLink and each of --supernodes "
+        "(secrets/), and the app signing key pair (app-signing.key, .pub for the nodes)",
+    )
     certs.set_defaults(func=_cmd_certs)
+
+    connect = sub.add_parser(
+        "connect",
+        help="write a flwr CLI connection, with the operator's token for a secure SuperLink",
+        description="Write connection NAME into $FLWR_HOME/config.toml (other connections "
+        "kept) and, with --operator-token, put the token into the flwr CLI's credential store "
+        "for that address, so that `flwr run/list/stop/supernode register NAME` reach a "
+        "SuperLink whose Control API answers only its operator (pflarena superlink).",
+    )
+    connect.add_argument("name", help="the connection's name (flwr run APP NAME)")
+    connect.add_argument("--address", required=True, help="the SuperLink's HOST:PORT")
+    connect.add_argument("--root-certificates", help="the CA certificate (TLS); else insecure")
+    connect.add_argument("--operator-token", metavar="FILE", help="the operator's token file")
+    connect.add_argument("--flwr-home", help="the CLI's home (default $FLWR_HOME, else ~/.flwr)")
+    connect.add_argument("--default", action="store_true", help="make it the default connection")
+    connect.set_defaults(func=_cmd_connect)
+
+    approve = sub.add_parser(
+        "approve",
+        help="sign an app directory for SuperNodes that run approved apps only",
+        description="Sign the Flower App in APP_DIR (the files flwr run puts in its FAB) with "
+        "the operator's Ed25519 key and write pflarena-approval.json into it; SuperNodes "
+        "started with `pflarena supernode --app-signing-public-key KEY.pub` run it, and "
+        "nothing else. Approve again after any change to the app's files.",
+    )
+    approve.add_argument("app_dir", help="the app directory handed to flwr run")
+    approve.add_argument("--signing-key", required=True, help="the Ed25519 private key (PEM)")
+    approve.set_defaults(func=_cmd_approve)
 
     compose = sub.add_parser(
         "compose",
@@ -341,6 +428,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sub.add_parser(
         "supernode",
         add_help=False,
-        help="flower-supernode with --idle-poll S: its wait after an empty pull (Flower: 3 s)",
+        help="flower-supernode with --idle-poll S and --app-signing-public-key (approved apps only)",
         description="See pflarena.deploy.supernode.",
+    )
+    sub.add_parser(
+        "superlink",
+        add_help=False,
+        help="flower-superlink whose Control API answers only the operator's token",
+        description="See pflarena.deploy.superlink.",
     )

@@ -664,17 +664,20 @@ def _own_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--task-timeout", type=float, default=None)
     parser.add_argument("--task-memory-mb", type=int, default=None)
     parser.add_argument("--stock", action="store_true")
+    parser.add_argument("--app-signing-public-key", action="append", default=[])
     return parser.parse_known_args(list(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``pflarena executor [--preload MODULE] [--task-timeout S] [--task-memory-mb M]
-    [--stock] <flower-superexec flags>``.
+    [--stock] [--app-signing-public-key KEY.pub ...] <flower-superexec flags>``.
 
     Runs Flower's SuperExec with :class:`ForkingExecutor`; ``--stock`` runs Flower's own
     ``flower-superexec`` unchanged (the fallback, same flags). Every other flag is
     ``flower-superexec``'s (``--runtime-api-address``, ``--insecure``,
-    ``--root-certificates``, ``--parent-pid``, ...).
+    ``--root-certificates``, ``--parent-pid``, ...). ``--app-signing-public-key`` starts
+    ServerApp tasks with ``pflarena-serverapp``, which runs approved apps only
+    (:mod:`pflarena.deploy.serverapp`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "executor":
@@ -687,6 +690,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("Flower's flags:")
         cli._parse_args().print_help()
         return
+    if own.app_signing_public_key:
+        # ServerApp tasks start pflarena-serverapp: the run's app must be signed.
+        from pflarena.deploy.serverapp import require_approved_serverapps
+
+        try:
+            require_approved_serverapps(own.app_signing_public_key)
+        except (RuntimeError, OSError) as exc:
+            raise SystemExit(f"pflarena executor: {exc}") from None
     if own.stock:
         cli.flower_superexec()
         return

@@ -14,6 +14,16 @@ mechanisms only:
   registered with ``flwr supernode register``; the SuperNode signs its requests with
   ``--auth-supernode-private-key``. A SuperNode whose key is not registered is refused (it
   exits with Flower's code 305).
+* With TLS, nothing a stranger on the host can reach runs code or reads runs
+  (``docs/threat-model.md``): the SuperLink is ``pflarena superlink``, whose Control API
+  answers only the operator's token (:mod:`pflarena.deploy.superlink`; the ``flwr`` CLI of
+  :attr:`LocalDeployment.cli_home` holds it, :mod:`pflarena.deploy.operator`); the SuperLink
+  and every SuperNode run with ``--isolation process`` and a SuperExec secret of their own
+  (``--superexec-auth-secret-file``), shared only with the executor this deployment starts
+  beside each (the ServerApp executor ``executor-superlink``, each node's ClientApp
+  executor); every SuperNode is ``pflarena supernode --app-signing-public-key``, running only
+  apps signed with the deployment's signing key (:mod:`pflarena.deploy.approval`);
+  :meth:`LocalDeployment.approved_app` lays out the app and signs it.
 
 Everything lives under one directory (``root``): the shards, certificates and keys, each
 process's ``FLWR_HOME`` and log, the SuperLink's database, each SuperNode's ``state-dir``, the
@@ -32,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import ssl
 import subprocess
@@ -44,6 +53,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pflarena.deploy.certs import (
+    OPERATOR_TOKEN,
+    OPERATOR_TOKEN_HASH,
+    SIGNING_KEY,
+    CertificateSet,
+    make_certificates,
+    make_node_key,
+    make_operator_token,
+    make_secret,
+    make_signing_key,
+    secret_path,
+)
+from pflarena.deploy.errors import DeploymentError
 from pflarena.runtime.processes import flower_env, free_port
 
 __all__ = [
@@ -73,118 +95,6 @@ EXECUTORS = ("warm", "flower")
 #: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
 EXIT_NODE_NOT_REGISTERED = 305
 GRACE_S = 15.0
-
-
-class DeploymentError(RuntimeError):
-    """A deployment could not be started, reached or stopped; the message says why."""
-
-
-# --------------------------------------------------------------------------- certificates
-@dataclass(frozen=True)
-class CertificateSet:
-    """Files made by :func:`make_certificates` (all PEM)."""
-
-    directory: Path
-    ca_cert: Path
-    ca_key: Path
-    #: host name -> (certificate, private key); ``superlink`` is the SuperLink's.
-    servers: dict[str, tuple[Path, Path]]
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    if shutil.which("openssl") is None:
-        raise DeploymentError("TLS needs the `openssl` command, which is not on PATH")
-    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise DeploymentError(f"openssl {args[0]} failed: {result.stderr.strip()}")
-
-
-def _san(names: Sequence[str]) -> str:
-    entries = []
-    for name in dict.fromkeys(names):
-        is_ip = name.replace(".", "").isdigit() or ":" in name
-        entries.append(f"{'IP' if is_ip else 'DNS'}:{name}")
-    return ",".join(entries)
-
-
-def make_certificates(
-    out_dir: str | Path,
-    servers: dict[str, Sequence[str]],
-    *,
-    days: int = 365,
-) -> CertificateSet:
-    """A CA and one server certificate per entry of ``servers``, signed by it, with openssl.
-
-    ``servers`` maps a file stem (``superlink``, ``supernode-1``) to the names the server is
-    reached by (its subject alternative names; IPs or DNS names). Files already there are
-    kept, never overwritten: an existing CA signs new server certificates, so adding a
-    host later does not invalidate the others. Private keys are written with mode 0600.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ca_cert, ca_key = out / "ca.crt", out / "ca.key"
-    if ca_cert.exists() != ca_key.exists():
-        raise DeploymentError(f"{out} holds one of ca.crt and ca.key but not both")
-    if not ca_cert.exists():
-        _openssl(
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-384", "-nodes",
-            "-keyout", ca_key.name, "-out", ca_cert.name, "-days", str(days),
-            "-subj", "/CN=pflarena deployment CA", "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-            cwd=out,
-        )  # fmt: skip
-        ca_key.chmod(0o600)
-    made: dict[str, tuple[Path, Path]] = {}
-    for stem, names in servers.items():
-        if not names:
-            raise DeploymentError(f"server {stem!r} needs at least one host name or IP")
-        cert, key = out / f"{stem}.pem", out / f"{stem}.key"
-        if not (cert.exists() and key.exists()):
-            csr, ext = out / f"{stem}.csr", out / f"{stem}.ext"
-            ext.write_text(
-                f"subjectAltName={_san(names)}\nbasicConstraints=CA:FALSE\n"
-                "keyUsage=critical,digitalSignature,keyAgreement\n"
-                "extendedKeyUsage=serverAuth\n"
-            )
-            _openssl(
-                "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-384", "-nodes",
-                "-keyout", key.name, "-out", csr.name, "-subj", f"/CN={names[0]}",
-                cwd=out,
-            )  # fmt: skip
-            key.chmod(0o600)
-            _openssl(
-                "x509", "-req", "-in", csr.name, "-CA", ca_cert.name, "-CAkey", ca_key.name,
-                "-CAcreateserial", "-out", cert.name, "-days", str(days), "-extfile", ext.name,
-                cwd=out,
-            )  # fmt: skip
-            csr.unlink()
-            ext.unlink()
-        made[stem] = (cert, key)
-    return CertificateSet(out, ca_cert, ca_key, made)
-
-
-def make_node_key(path: str | Path, comment: str = "") -> tuple[Path, Path]:
-    """A SuperNode's EC P-384 key pair in OpenSSH format (``path``, ``path.pub``), made with
-    ``ssh-keygen`` as Flower's documentation does; an existing pair is kept."""
-    private = Path(path)
-    public = private.with_name(private.name + ".pub")
-    if private.exists() and public.exists():
-        return private, public
-    if private.exists() or public.exists():
-        raise DeploymentError(f"{private} and {public}: one exists without the other")
-    if shutil.which("ssh-keygen") is None:
-        raise DeploymentError("SuperNode keys need the `ssh-keygen` command, not on PATH")
-    private.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(private)]
-    result = subprocess.run(
-        [*cmd, "-C", comment or private.stem],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
-        raise DeploymentError(f"ssh-keygen failed: {result.stderr.strip()}")
-    return private, public
 
 
 # --------------------------------------------------------------------------- processes
@@ -269,15 +179,25 @@ def _pflarena_cmd() -> list[str]:
 
 
 def executor_cmd(
-    runtime_api_address: str, parent_pid: int | None = None, root_certificates: Path | None = None
+    runtime_api_address: str,
+    parent_pid: int | None = None,
+    root_certificates: Path | None = None,
+    *,
+    secret: Path | None = None,
+    stock: bool = False,
 ) -> list[str]:
-    """``pflarena executor`` (the warm ClientApp executor) for the SuperNode whose Runtime API
-    is at ``runtime_api_address`` (``--isolation process``); it exits with ``parent_pid``."""
-    cmd = [*_pflarena_cmd(), "executor", "--runtime-api-address", runtime_api_address]
+    """``pflarena executor`` (the warm ClientApp executor; ``stock``: Flower's own,
+    ``flower-superexec``) for the SuperNode whose Runtime API is at ``runtime_api_address``
+    (``--isolation process``); it exits with ``parent_pid`` and signs its requests for tasks
+    with the SuperExec ``secret``."""
+    cmd = [*_pflarena_cmd(), "executor", *(["--stock"] if stock else [])]
+    cmd += ["--runtime-api-address", runtime_api_address]
     if root_certificates is not None:
         cmd += ["--root-certificates", str(root_certificates)]
     else:
         cmd += ["--insecure"]
+    if secret is not None:
+        cmd += ["--superexec-auth-secret-file", str(secret)]
     if parent_pid is not None:
         cmd += ["--parent-pid", str(parent_pid)]
     return cmd
@@ -296,7 +216,9 @@ class LocalDeployment:
         One shard file per SuperNode: SuperNode ``i`` gets ``shards[i]`` as its
         ``data-path`` and ``root/state/sn-i`` as its ``state-dir``.
     tls : bool
-        Serve the SuperLink with TLS (certificates under ``root/certs``).
+        A secure deployment (its credentials under ``root/certs``): the SuperLink serves TLS
+        and answers Control API calls only with the operator's token, every SuperExec
+        authenticates with its secret, SuperNodes run only signed apps (module docstring).
     auth : bool
         Only registered SuperNodes may join (needs ``tls``).
     port : int
@@ -314,8 +236,9 @@ class LocalDeployment:
         What runs each SuperNode's ClientApp messages: ``"warm"`` (default), pflarena's warm
         executor (:mod:`pflarena.deploy.executor`: one forked child of a pre-imported parent
         per message; the SuperNode runs with ``--isolation process`` and the executor is
-        started beside it as ``executor-i``), or ``"flower"``, Flower's own (the SuperNode
-        starts ``flower-superexec``, a fresh process per message).
+        started beside it as ``executor-i``), or ``"flower"``, Flower's own (a fresh process
+        per message: the SuperNode starts ``flower-superexec`` itself, or with ``tls`` it is
+        started beside it, with the node's secret).
     idle_poll : float or None
         Seconds a SuperNode waits after asking for a message and finding none: ``None`` keeps
         Flower's hard-coded 3 s; a value runs the SuperNodes as ``pflarena supernode
@@ -375,9 +298,7 @@ class LocalDeployment:
         dep.port = int(state["address"].rsplit(":", 1)[1])
         dep._ports.add(dep.port)
         if dep.tls:
-            dep.certs = make_certificates(
-                dep.root / "certs", {"superlink": ["localhost", "127.0.0.1"]}
-            )
+            dep.make_credentials()
         dep.superlink = next((p for p in procs if p.name == "superlink"), None)
         dep.supernodes = [
             p for p in procs if p.name != "superlink" and not p.name.startswith(EXECUTOR_PREFIX)
@@ -398,6 +319,42 @@ class LocalDeployment:
 
     def node_key(self, index: int) -> Path:
         return self.root / "keys" / f"supernode-{index}"
+
+    @property
+    def certs_dir(self) -> Path:
+        return self.root / "certs"
+
+    def secret(self, owner: str) -> Path:
+        """The SuperExec secret of ``superlink`` or ``supernode-i`` (``tls`` only)."""
+        return secret_path(self.certs_dir, owner)
+
+    @property
+    def signing_key(self) -> Path:
+        """The app signing key (the operator's; its ``.pub`` is the nodes')."""
+        return self.certs_dir / SIGNING_KEY
+
+    def make_credentials(self) -> None:
+        """The CA and the SuperLink's certificate, the operator's token, the SuperExec
+        secrets of the SuperLink and of every SuperNode, and the app signing key (what
+        exists is kept: :mod:`pflarena.deploy.certs`)."""
+        self.certs = make_certificates(self.certs_dir, {"superlink": ["localhost", "127.0.0.1"]})
+        make_operator_token(self.certs_dir)
+        make_secret(self.secret("superlink"))
+        for index in range(len(self.shards)):
+            make_secret(self.secret(f"supernode-{index}"))
+        make_signing_key(self.signing_key)
+
+    def approved_app(self, app_root: Path | None = None) -> Path:
+        """The app laid out for ``flwr run`` under ``app_root`` (default ``root/app``), signed
+        with this deployment's key when ``tls`` (nodes run nothing else)."""
+        from pflarena.runtime.appdir import flwr_run_dir
+
+        app = flwr_run_dir(app_root or self.root / "app")
+        if self.tls:
+            from pflarena.deploy.approval import approve
+
+            approve(app, self.signing_key)
+        return app
 
     def state_dir(self, index: int) -> Path:
         return self.root / "state" / f"sn-{index}"
@@ -452,9 +409,7 @@ class LocalDeployment:
         self.port = self.port or free_port(self._ports)
         try:
             if self.tls:
-                self.certs = make_certificates(
-                    self.root / "certs", {"superlink": ["localhost", "127.0.0.1"]}
-                )
+                self.make_credentials()
             self.start_superlink()
             self.write_cli_config()
             if self.auth:
@@ -473,8 +428,15 @@ class LocalDeployment:
         if self.tls:
             assert self.certs is not None
             cert, key = self.certs.servers["superlink"]
-            cmd += ["--ssl-ca-certfile", str(self.certs.ca_cert)]
-            cmd += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+            cmd = [
+                *_pflarena_cmd(), "superlink",
+                "--operator-token-hash", str(self.certs_dir / OPERATOR_TOKEN_HASH),
+                *cmd[1:],
+                "--ssl-ca-certfile", str(self.certs.ca_cert),
+                "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
+                "--isolation", "process",
+                "--superexec-auth-secret-file", str(self.secret("superlink")),
+            ]  # fmt: skip
         else:
             cmd += ["--insecure"]
         if self.auth:
@@ -484,20 +446,44 @@ class LocalDeployment:
         return cmd + ["--disable-runtime-dependency-installation"]
 
     def start_superlink(self) -> None:
-        self._spawn("superlink", self.superlink_cmd(), self.root / "home-superlink")
+        """Start the SuperLink and wait until it answers; with ``tls`` also its ServerApp
+        executor (``executor-superlink``, Flower's, with the SuperLink's secret)."""
+        home = self.root / "home-superlink"
+        superlink = self._spawn("superlink", self.superlink_cmd(), home)
         self.wait_healthy()
+        if self.tls:
+            assert self.certs is not None
+            self._spawn(
+                _executor_name("superlink"),
+                [
+                    *executor_cmd(
+                        self.address,
+                        parent_pid=superlink.pid,
+                        root_certificates=self.certs.ca_cert,
+                        secret=self.secret("superlink"),
+                        stock=True,
+                    ),
+                    "--app-signing-public-key",
+                    f"{self.signing_key}.pub",
+                ],
+                home,
+            )
 
     def supernode_cmd(self, index: int, key: Path | None = None) -> list[str]:
         """``flower-supernode`` for SuperNode ``index`` (``key``: its private key; with
         ``auth``, the registered one by default)."""
         shard = Path(self.shards[index]).resolve()
         cmd = ["flower-supernode"]
+        if self.idle_poll is not None or self.tls:
+            cmd = [*_pflarena_cmd(), "supernode"]
         if self.idle_poll is not None:
-            cmd = [*_pflarena_cmd(), "supernode", "--idle-poll", repr(self.idle_poll)]
+            cmd += ["--idle-poll", repr(self.idle_poll)]
         cmd += ["--superlink", self.address]
         if self.tls:
             assert self.certs is not None
             cmd += ["--root-certificates", str(self.certs.ca_cert)]
+            cmd += ["--app-signing-public-key", f"{self.signing_key}.pub"]
+            cmd += ["--superexec-auth-secret-file", str(self.secret(f"supernode-{index}"))]
         else:
             cmd += ["--insecure"]
         key = key or (self.node_key(index) if self.auth else None)
@@ -506,7 +492,7 @@ class LocalDeployment:
         # Node config values are TOML: paths are quoted.
         node_config = f'data-path="{shard}" state-dir="{self.state_dir(index)}"'
         port = free_port(self._ports)
-        if self.executor == "warm":
+        if self.executor == "warm" or self.tls:
             cmd += ["--isolation", "process"]
         return cmd + ["--port", str(port), "--node-config", node_config]
 
@@ -518,11 +504,14 @@ class LocalDeployment:
         name = name or f"supernode-{index}"
         cmd = self.supernode_cmd(index, key)
         node = self._spawn(name, cmd, self.root / f"home-{name}")
-        if self.executor == "warm":
+        if "process" in cmd:  # --isolation process: its executor runs beside it
             runtime = f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+            secret = self.secret(f"supernode-{index}") if self.tls else None
             self._spawn(
                 _executor_name(name),
-                executor_cmd(runtime, parent_pid=node.pid),
+                executor_cmd(
+                    runtime, parent_pid=node.pid, secret=secret, stock=self.executor == "flower"
+                ),
                 self.root / f"home-{name}",
             )
         return node
@@ -532,7 +521,7 @@ class LocalDeployment:
         executor is a node failure; the node serves again from its next message). Returns the
         names restarted."""
         restarted = []
-        nodes = {p.name: p for p in self.supernodes}
+        nodes = {p.name: p for p in [*self.supernodes, self.superlink] if p is not None}
         for proc in list(self.executors):
             node = nodes.get(proc.name.removeprefix(EXECUTOR_PREFIX))
             if proc.alive() or node is None or not node.alive():
@@ -545,18 +534,18 @@ class LocalDeployment:
         return restarted
 
     def write_cli_config(self) -> None:
-        """``config.toml`` of the ``flwr`` CLI: connection :data:`CONNECTION`, the default."""
-        lines = [
-            f'[superlink]\ndefault = "{CONNECTION}"\n',
-            f'[superlink.{CONNECTION}]\naddress = "{self.address}"',
-        ]
-        if self.tls:
-            assert self.certs is not None
-            lines.append(f'root-certificates = "{self.certs.ca_cert}"')
-        else:
-            lines.append("insecure = true")
-        self.cli_home.mkdir(parents=True, exist_ok=True)
-        (self.cli_home / "config.toml").write_text("\n".join(lines) + "\n")
+        """The operator's ``flwr`` CLI (:attr:`cli_home`): connection :data:`CONNECTION`, the
+        default, with the operator's token when ``tls`` (:func:`~pflarena.deploy.operator.connect`)."""
+        from pflarena.deploy.operator import connect
+
+        connect(
+            self.cli_home,
+            CONNECTION,
+            self.address,
+            root_certificates=self.certs.ca_cert if self.certs else None,
+            operator_token=self.certs_dir / OPERATOR_TOKEN if self.tls else None,
+            default=True,
+        )
 
     def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """A ``flwr`` CLI command against this deployment (``CONNECTION`` is the default)."""
