@@ -458,6 +458,22 @@ def run_config(out: Path, **overrides: Any) -> RunConfig:
     return RunConfig(**(values | overrides))
 
 
+def in_process_rounds(cfg: RunConfig, shards: list[Path], tmp_path: Path) -> list[dict[str, Any]]:
+    """The same run in-process (``pflarena run``'s loop, the real ClientApp) on the same shard
+    files, each client on its own file as a deployed node is: its rounds."""
+    from helpers import grid_for, run_local
+
+    shards_dir = str(shards[0].parent) if cfg.shards_dir else ""  # the host's copy
+    local_cfg = cfg.model_copy(update={"output_dir": "", "shards_dir": shards_dir})
+    grid = grid_for(local_cfg, node_configs=[{"data-path": str(p)} for p in shards])
+    return run_local(local_cfg, tmp_path / "in-process", grid=grid).rounds
+
+
+def evaluations(rounds: list[dict[str, Any]]) -> list[float]:
+    """Each round's personalized mean accuracy."""
+    return [r["evaluation"]["personalized"]["mean"] for r in rounds]
+
+
 def completed_rounds(deployment: Deployment, out: Path, rc: int) -> list[dict[str, Any]]:
     """Check that the run completed (summary and SuperLink agree); return its rounds."""
     logs = deployment.log_tails

@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment_harness import run_config, write_test_shards
-from helpers import grid_for, run_local
+from deployment_harness import evaluations, in_process_rounds, run_config, write_test_shards
 
 from pflarena.core.config import toml_value
 from pflarena.deploy.compose import SUPERLINK_PORT, compose_files
@@ -311,18 +310,6 @@ def _container_config(cfg_out: str, **overrides: Any) -> tuple[Any, dict[str, An
     return cfg, cfg.to_run_config()
 
 
-def _in_process(cfg: Any, shards: list[Path], tmp_path: Path) -> list[dict[str, Any]]:
-    """The same run in-process (``pflarena run``'s loop) on the same shard files."""
-    shards_dir = str(shards[0].parent) if cfg.shards_dir else ""  # the host's copy
-    local_cfg = cfg.model_copy(update={"output_dir": "", "shards_dir": shards_dir})
-    grid = grid_for(local_cfg, node_configs=[{"data-path": str(p)} for p in shards])
-    return run_local(local_cfg, tmp_path / "in-process", grid=grid).rounds
-
-
-def _evaluations(rounds: list[dict[str, Any]]) -> list[float]:
-    return [r["evaluation"]["personalized"]["mean"] for r in rounds]
-
-
 @contextlib.contextmanager
 def _project(root: Path, tag: str, **kwargs: Any) -> Iterator[ComposeProject]:
     project = ComposeProject(root, tag, **kwargs)
@@ -363,11 +350,11 @@ def test_federation_completes_with_the_in_process_rounds(
         assert (train["sampled"], train["clients"], train["failures"]) == ([0, 1, 2], 3, 0), train
     for path in (out / "rounds.jsonl", out / "summary.json", out):
         assert path.stat().st_uid == os.getuid(), (path, path.stat().st_uid)
-    local = _in_process(cfg, plain.shards, tmp_path)
+    local = in_process_rounds(cfg, plain.shards, tmp_path)
     assert [r["train"]["sampled"] for r in rounds[1:]] == [r["train"]["sampled"] for r in local[1:]]
-    assert _evaluations(rounds) == pytest.approx(_evaluations(local), abs=1e-9), (
-        _evaluations(rounds),
-        _evaluations(local),
+    assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9), (
+        evaluations(rounds),
+        evaluations(local),
     )
 
 
@@ -452,8 +439,8 @@ def test_a_superlink_restart_resumes_to_the_uninterrupted_rounds(
         rounds = plain.completed(out, plain.wait(plain.submit(resumed)))
         assert json.loads((out / "config.json").read_text())["resumes"][0]["after_round"] >= 1
     assert [r["round"] for r in rounds] == list(range(num_rounds + 1)), rounds
-    local = _in_process(parse_config(run_cfg), plain.shards, tmp_path)
-    assert _evaluations(rounds) == pytest.approx(_evaluations(local), abs=1e-9)
+    local = in_process_rounds(parse_config(run_cfg), plain.shards, tmp_path)
+    assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
 
 
 def _clientapp_running(top: str) -> bool:

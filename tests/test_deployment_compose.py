@@ -9,6 +9,7 @@ why). Fast: no process is started but openssl for the certificate test.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import re
 import shutil
@@ -137,6 +138,54 @@ def test_insecure_only_in_the_plain_variant() -> None:
     assert "--insecure" not in edge and "--root-certificates" in edge
 
 
+def _mounted_secrets(service: dict[str, Any]) -> set[str]:
+    """The SuperExec secrets (``secrets/<owner>``) a service mounts."""
+    return {
+        v.split(":")[0].rsplit("/", 1)[-1] for v in service.get("volumes", []) if "/secrets/" in v
+    }
+
+
+def test_the_tls_variant_locks_every_api_and_runs_signed_apps_only() -> None:
+    """The TLS file's SuperLink answers the Control API only with the operator's token (its
+    hash mounted, never the token), authenticates executors with a secret (process isolation)
+    and admits registered nodes only; each SuperExec secret is mounted into its owner and its
+    executor only; every SuperNode, edge node and the ServerApp executor run approved apps
+    only, and no service holds the CA's key, the operator's token or the signing key."""
+    files = _files(3, edge=1)
+    secure = files["docker-compose.tls.yml"]["services"]
+    superlink = secure["superlink"]["command"]
+    assert _option(superlink, "--operator-token-hash") == "/certs/operator.token.sha256"
+    assert _option(superlink, "--isolation") == "process"
+    assert _option(superlink, "--superexec-auth-secret-file") == "/secrets/superlink"
+    assert "--enable-supernode-auth" in superlink
+    owners = {name: _mounted_secrets(service) for name, service in secure.items()}
+    assert owners["superlink"] == owners["serverapp"] == {"superlink"}
+    for i in range(3):
+        node = f"supernode-{i}"
+        assert owners[node] == owners[f"clientapp-{i}"] == {node}, owners
+        assert (
+            _option(secure[node]["command"], "--superexec-auth-secret-file") == f"/secrets/{node}"
+        )
+        assert _option(secure[f"clientapp-{i}"]["command"], "--superexec-auth-secret-file") == (
+            f"/secrets/{node}"
+        )
+    assert owners["edge-0"] == set()
+    for name in ("supernode-0", "supernode-1", "supernode-2", "edge-0", "serverapp"):
+        command = secure[name]["command"]
+        assert _option(command, "--app-signing-public-key") == "/certs/app-signing.key.pub", name
+    edge = files["docker-compose.edge.yml"]["services"]["supernode"]["command"]
+    assert _option(edge, "--app-signing-public-key") == "/certs/app-signing.key.pub"
+    mounted = [v for service in secure.values() for v in service.get("volumes", [])]
+    for private in ("ca.key", "operator.token:", "app-signing.key:"):
+        assert not [v for v in mounted if private in v], private
+
+
+def test_the_plain_variant_says_what_it_does_not_protect() -> None:
+    text = compose_files(2)["docker-compose.yml"]
+    header = "".join(line for line in text.splitlines() if line.startswith("#"))
+    assert "protects nothing" in header and "docker-compose.tls.yml" in header
+
+
 def _published(service: dict[str, Any]) -> list[tuple[str, str]]:
     """(host address, container port) of each published port; no address: every interface."""
     found = []
@@ -200,7 +249,7 @@ def test_the_clientapp_executor_is_named_in_one_place() -> None:
     for variant, tls in (("plain", False), ("tls", True)):
         services = files[VARIANTS[variant]]["services"]
         for i in range(3):
-            expected = compose.clientapp_executor(f"supernode-{i}:9094", tls)
+            expected = compose.clientapp_executor(f"supernode-{i}:9094", tls, f"supernode-{i}")
             got = {k: services[f"clientapp-{i}"][k] for k in expected}
             assert got == expected, (variant, i)
 
@@ -324,7 +373,12 @@ def test_images_share_one_base_and_install_without_network() -> None:
         assert parent == "${BASE_IMAGE}" or parent in stages, (stage, parent)
     assert stages["app"] == stages["edge"] == "runtime"
     installs = [ln for ln in text.splitlines() if "pip install" in ln and not ln.startswith("#")]
-    assert len(installs) == 2 and all("--no-index" in line for line in installs), installs
+    # The wheelhouse's dependencies once (runtime), the project's wheel alone per stage that
+    # needs it (node: without dependencies; runtime).
+    assert all("--no-index" in line for line in installs), installs
+    assert sum("--find-links" in line for line in installs) == 1, installs
+    node = text[text.index("AS node") : text.index("AS superlink")]
+    assert "--no-deps /tmp/dist/pflarena-" in node and "WHEELHOUSE" not in node
     assert f"ARG WHEELHOUSE_URL=http://127.0.0.1:{images.WHEELHOUSE_PORT}/" in text
     runtime = text[text.index("AS runtime") :]
     assert runtime.index('--find-links "$WHEELHOUSE_URL"') < runtime.index("pflarena-dist")
@@ -470,9 +524,21 @@ def test_certs_make_a_ca_and_certificates_that_verify(tmp_path: Path) -> None:
         assert (out / f"{stem}.key").stat().st_mode & 0o077 == 0
     public = (out / "keys" / "supernode-0.pub").read_text()
     assert public.startswith("ecdsa-sha2-nistp384 ")
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    assert main(args) == 0
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert main([*args, "--secure"]) == 0
+    secrets = [out / "secrets" / o for o in ("superlink", "supernode-0", "supernode-1")]
+    private = [out / "operator.token", out / "app-signing.key", *secrets]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in private), private
+    assert len({p.read_bytes() for p in secrets}) == 3 and all(
+        len(p.read_bytes()) == 64 for p in secrets
+    )
+    assert (out / "operator.token.sha256").read_text().strip() == hashlib.sha256(
+        (out / "operator.token").read_bytes().strip()
+    ).hexdigest()
+    assert (out / "app-signing.key.pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = {p: p.read_bytes() for p in files}
+    assert main([*args, "--secure"]) == 0
+    assert {p: p.read_bytes() for p in sorted(q for q in out.rglob("*") if q.is_file())} == before
 
 
 def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:

@@ -9,6 +9,11 @@ PIDs ``deployment.json`` recorded, that nothing it started is left, and stops by
 ``--stop`` missed (also when a test failed).
 
 * An unregistered SuperNode (a key the SuperLink was never told about) is refused.
+* A stranger (the CA's certificate and the ports, nothing else) is refused every Control API
+  call (registering a key, listing runs and nodes, submitting an app) and every Runtime API
+  task, on the SuperLink and on each SuperNode, while the operator's run beside them
+  completes with the rounds of the same run in-process; apps the operator did not sign are
+  refused even when submitted with the operator's token; none of the stranger's code runs.
 * pFedGT runs 3 rounds on the five registered nodes, over TLS, to completion, while one
   SuperNode is stopped after round 1 (``kill``, SIGTERM: the SIGKILL case, which costs
   Flower's 60 s heartbeat patience, is ``test_deployment_faults.py::test_supernode_stopped_mid_run``)
@@ -30,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deployment_harness import flwr_run_args
+from deployment_harness import evaluations, flwr_run_args, in_process_rounds, run_config
 from processes import cmdline, descendants, proc_state
+from strangers import REFUSED, acquire_task, markers, stranger_app, stranger_cli, stranger_home
 
 from pflarena.core.config import toml_value
 from pflarena.deploy.local import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
-from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.server.results import read_rounds
 
 pytestmark = pytest.mark.slow
@@ -92,7 +97,7 @@ class Secured:
         log = self.root / "logs" / f"flwr-run-{name}.log"
         with open(log, "wb") as handle:
             proc = subprocess.Popen(
-                flwr_run_args(CONNECTION, overrides, flwr_run_dir(self.root / "app")),
+                flwr_run_args(CONNECTION, overrides, self.dep.approved_app(self.root / "app")),
                 env=self.dep.cli_env(),
                 cwd=self.dep.cli_home,
                 stdout=handle,
@@ -280,3 +285,110 @@ def test_pfedgt_over_tls_with_a_node_killed_and_replaced(secured: Secured, tmp_p
     assert last > first, (first, last)
     assert replacement.alive(), f"the new SuperNode exited\n{logs()}"
     assert "Sending: train message" in replacement.log.read_text(), "the new node never trained"
+
+
+def _runtime_ports(dep: LocalDeployment) -> list[int]:
+    """The Runtime API ports of the deployment's SuperNodes (from their command lines)."""
+    ports = []
+    for node in dep.supernodes:
+        args = cmdline(node.pid).split()
+        if node.alive() and "--port" in args:
+            ports.append(int(args[args.index("--port") + 1]))
+    return ports
+
+
+def _finished(dep: LocalDeployment, run_id: int, timeout: float = 180.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = dep.flwr("list", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        runs = json.loads(listed.stdout).get("runs", []) if listed.returncode == 0 else []
+        run = next((r for r in runs if int(r["run-id"]) == run_id), {})
+        if str(run.get("status", "")).startswith("finished"):
+            return run
+        assert time.monotonic() < deadline, f"run {run_id}: {run}"
+        time.sleep(1.0)
+
+
+def test_a_stranger_is_refused_while_the_operators_run_completes(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """While the operator's FedAvg run goes on, a stranger holding the CA's certificate:
+
+    * registers a SuperNode key, lists runs and nodes, submits an app whose ServerApp and
+      ClientApp write files: every ``flwr`` call fails with the SuperLink's refusal;
+    * asks the SuperLink's and every SuperNode's Runtime API for a task as Flower's SuperExec
+      does, without the secret: HTTP 401 from each;
+    * with the operator's token leaked, submits the same app unsigned, then signed with a key
+      of their own: the ServerApp executor refuses both (``finished:failed``, "not
+      approved") before installing them.
+
+    None of the stranger's files appear; the operator's run completes with the evaluations
+    of the same run in-process on the same shards. Catches a Control API open to anyone, a
+    Runtime API that hands out tasks without the secret, and an executor that runs any app."""
+    from pflarena.deploy.certs import make_signing_key
+
+    dep = secured.dep
+    assert dep is not None and dep.certs is not None
+    nodes_before = len(
+        json.loads(dep.flwr("supernode", "list", "--format", "json").stdout)["nodes"]
+    )
+    out = tmp_path / "operator"
+    cfg = run_config(out, num_clients=NUM_NODES, num_rounds=3, round_timeout=180.0,
+                     shards_dir=str(secured.root / "shards"))  # fmt: skip
+    proc, log = secured.submit("operator", cfg.to_run_config())
+    rounds_file = out / "rounds.jsonl"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (rounds_file.exists() and any(r["round"] >= 1 for r in read_rounds(rounds_file))):
+        assert proc.poll() is None, f"flwr run ended early\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no round 1\n{secured.logs()}"
+        time.sleep(0.3)
+
+    marker = str(tmp_path / "stranger-was-here")
+    app = stranger_app(tmp_path, marker)
+    home = stranger_home(tmp_path, dep.address, dep.certs.ca_cert)
+    key = make_node_key(tmp_path / "stranger-node")[1]
+    attempts = {
+        "register a node": stranger_cli(home, "supernode", "register", str(key), "stranger"),
+        "list runs": stranger_cli(home, "list", "stranger"),
+        "list nodes": stranger_cli(home, "supernode", "list", "stranger"),
+        "submit a run": stranger_cli(home, "run", str(app), "stranger", "--format", "json"),
+    }
+    for what, result in attempts.items():
+        said = " ".join((result.stdout + result.stderr).split())
+        print(f"stranger tries to {what}: exit {result.returncode}: {said[-160:]}")
+        # `flwr run --format json` exits 0 and says `"success": false`.
+        failed = result.returncode != 0 or '"success": false' in said
+        assert failed and REFUSED in said, (what, said)
+
+    runtimes = [dep.address, *(f"127.0.0.1:{p}" for p in _runtime_ports(dep))]
+    assert len(runtimes) == 1 + NUM_NODES, runtimes
+    for index, address in enumerate(runtimes):
+        answer = acquire_task(address, dep.certs.ca_cert if index == 0 else None)
+        print(f"stranger asks {address} for a task: {answer}")
+        assert answer.startswith("refused 401"), (address, answer)
+
+    # The operator's token leaked: Flower accepts the run, the ServerApp executor does not.
+    other_key, _ = make_signing_key(tmp_path / "stranger-signing.key")
+    for label in ("unsigned", "signed by the stranger"):
+        if label != "unsigned":
+            from pflarena.deploy.approval import approve
+
+            approve(app, other_key)
+        started = dep.flwr("run", str(app), CONNECTION, "--format", "json", timeout=120)
+        assert started.returncode == 0, started.stdout + started.stderr
+        run = _finished(dep, int(json.loads(started.stdout)["run-id"]))
+        print(f"the operator's token submits the stranger's app {label}: {run['status']}: "
+              f"{run.get('status-details', '')}")  # fmt: skip
+        assert run["status"] == "finished:failed", run
+        assert "not approved" in run.get("status-details", ""), run
+
+    secured.wait(proc, log)
+    rounds = secured.completed(out)
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    for record in rounds[1:]:
+        assert (record["train"]["clients"], record["train"]["failures"]) == (NUM_NODES, 0), record
+    local = in_process_rounds(cfg, dep.shards, tmp_path)
+    assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
+    assert markers(marker) == [], "the stranger's code ran"
+    nodes_after = len(json.loads(dep.flwr("supernode", "list", "--format", "json").stdout)["nodes"])
+    assert nodes_after == nodes_before, (nodes_before, nodes_after)

@@ -16,8 +16,14 @@ generated. Every file works with Compose v2 (``docker compose``) and with the Py
 ``docker-compose.tls.yml``
     The same services with TLS everywhere and SuperNode authentication
     (``--enable-supernode-auth``; each SuperNode signs with its own key), the files made by
-    ``pflarena certs --out certs --superlink-host superlink --supernodes N --node-keys N``.
-    No ``--insecure`` anywhere; the SuperLink's port is published on every interface.
+    ``pflarena certs --out certs --superlink-host superlink --supernodes N --node-keys N
+    --secure``. No ``--insecure`` anywhere; the SuperLink's port is published on every
+    interface, and what a stranger reaching it can do is nothing but try the Fleet API: the
+    SuperLink is ``pflarena superlink --operator-token-hash`` (its Control API answers only
+    the operator's token, :mod:`pflarena.deploy.superlink`); the SuperLink and every SuperNode
+    run ``--isolation process`` with a SuperExec secret mounted only into themselves and their
+    executor (``/secrets/<owner>``); every SuperNode and the ServerApp executor run only apps
+    signed with the operator's key (the public half mounted at :data:`SIGNING_PUBLIC_KEY`).
     A complete file, not an override (an override cannot take a published port away).
 ``docker-compose.gpu.yml``
     An override for either: ``clientapp-i`` reserves GPU ``gpus[i]``.
@@ -72,23 +78,36 @@ EDGE_CPUS = 1.0
 EDGE_MEMORY = "1g"
 #: Where the CA's certificate is mounted in every container of the TLS variant.
 CA = "/certs/ca.crt"
+#: Where the app signing public key is mounted (SuperNodes, edge nodes, the ServerApp executor).
+SIGNING_PUBLIC_KEY = "/certs/app-signing.key.pub"
 #: How often the healthchecks probe (each probe starts a Python interpreter: ~0.05 CPU-s).
 HEALTH_INTERVAL = "5s"
 TAG = "${PFLARENA_TAG:-latest}"
 
 
-def clientapp_executor(runtime_api: str, tls: bool) -> dict[str, Any]:
+def _secret(owner: str) -> str:
+    """Where the SuperExec secret of ``owner`` is mounted in its containers."""
+    return f"/secrets/{owner}"
+
+
+def clientapp_executor(
+    runtime_api: str, tls: bool, secret_owner: str | None = None
+) -> dict[str, Any]:
     """The program that runs SuperNode ``i``'s ClientApp tasks (service ``clientapp-i``):
     its ``entrypoint`` and ``command``. The one place that names it for every variant.
 
     pflarena's warm executor (``pflarena executor``, :mod:`pflarena.deploy.executor`: one
     forked child of a pre-imported parent per message; ``pflarena executor --stock`` is
     Flower's ``flower-superexec``). ``runtime_api`` is the SuperNode's Runtime API
-    (``supernode-i:9094``); with ``tls`` the executor verifies it with the CA."""
+    (``supernode-i:9094``); with ``tls`` the executor verifies it with the CA and signs its
+    requests for tasks with the SuperExec secret of ``secret_owner``."""
+    if tls and not secret_owner:
+        raise ValueError("a TLS executor needs the SuperExec secret of its SuperNode")
     transport = ["--root-certificates", CA] if tls else ["--insecure"]
+    secret = ["--superexec-auth-secret-file", _secret(secret_owner)] if tls and secret_owner else []
     return {
         "entrypoint": ["pflarena", "executor"],
-        "command": [*transport, "--runtime-api-address", runtime_api],
+        "command": [*transport, "--runtime-api-address", runtime_api, *secret],
     }
 
 
@@ -161,15 +180,24 @@ def _services(
     def image(target: str) -> str:
         return f"{prefix}-{target}:{TAG}"
 
+    def secret_mount(owner: str) -> str:
+        return f"{certs_dir}/secrets/{owner}:{_secret(owner)}:ro"
+
+    signing_mount = [f"{certs_dir}/app-signing.key.pub:{SIGNING_PUBLIC_KEY}:ro"] if tls else []
+    approved_only = ["--app-signing-public-key", SIGNING_PUBLIC_KEY] if tls else []
     if tls:
         superlink_transport = [
+            "--operator-token-hash", "/certs/operator.token.sha256",
             "--ssl-ca-certfile", CA, "--ssl-certfile", "/certs/superlink.pem",
             "--ssl-keyfile", "/certs/superlink.key", "--enable-supernode-auth",
+            "--superexec-auth-secret-file", _secret("superlink"),
         ]  # fmt: skip
         superlink_mounts = [
             *ca_mount,
             f"{certs_dir}/superlink.pem:/certs/superlink.pem:ro",
             f"{certs_dir}/superlink.key:/certs/superlink.key:ro",
+            f"{certs_dir}/operator.token.sha256:/certs/operator.token.sha256:ro",
+            secret_mount("superlink"),
         ]
         # TLS: reachable from other hosts (SuperNodes elsewhere, the flwr CLI).
         published = f"${{PFLARENA_PORT:-{SUPERLINK_PORT}}}:{SUPERLINK_PORT}"
@@ -201,15 +229,29 @@ def _services(
         },
         "serverapp": {
             "image": image("app"),
-            "entrypoint": ["flower-superexec"],
-            "command": [*transport, "--runtime-api-address", superlink],
+            # With TLS: Flower's executor (--stock) with the SuperLink's secret, starting
+            # approved apps only (pflarena-serverapp).
+            "entrypoint": ["pflarena", "executor", "--stock"] if tls else ["flower-superexec"],
+            "command": [
+                *transport,
+                "--runtime-api-address",
+                superlink,
+                *(["--superexec-auth-secret-file", _secret("superlink")] if tls else []),
+                *approved_only,
+            ],
             # The ServerApp writes results under /runs (output-dir='/runs/NAME') as this
             # user, so that they belong to whoever runs compose (PFLARENA_UID=$(id -u));
             # HOME is writable by any user.
             "user": "${PFLARENA_UID:-49999}:${PFLARENA_GID:-49999}",
             "environment": {"HOME": "/tmp"},
             # It reads the shards' manifest (shards-dir='/shards') for the data's description.
-            "volumes": [f"{runs_dir}:/runs", f"{shards_dir}:/shards:ro", *ca_mount],
+            "volumes": [
+                f"{runs_dir}:/runs",
+                f"{shards_dir}:/shards:ro",
+                *ca_mount,
+                *signing_mount,
+                *([secret_mount("superlink")] if tls else []),
+            ],
             "depends_on": _healthy("superlink"),
             "restart": "unless-stopped",
         },
@@ -222,13 +264,16 @@ def _services(
             runtime_tls = [
                 "--auth-supernode-private-key", f"/keys/{node}",
                 "--ssl-certfile", f"/certs/{node}.pem", "--ssl-keyfile", f"/certs/{node}.key",
-                "--ssl-ca-certfile", CA,
+                "--ssl-ca-certfile", CA, "--superexec-auth-secret-file", _secret(node),
+                *approved_only,
             ]  # fmt: skip
             node_mounts = [
                 *ca_mount,
                 f"{certs_dir}/{node}.pem:/certs/{node}.pem:ro",
                 f"{certs_dir}/{node}.key:/certs/{node}.key:ro",
                 f"{certs_dir}/keys/{node}:/keys/{node}:ro",
+                secret_mount(node),
+                *signing_mount,
             ]
         services[node] = {
             "image": image("supernode"),
@@ -254,11 +299,12 @@ def _services(
         }
         services[f"clientapp-{i}"] = {
             "image": image("app"),
-            **clientapp_executor(f"{node}:{SUPERNODE_RUNTIME_PORT}", tls),
+            **clientapp_executor(f"{node}:{SUPERNODE_RUNTIME_PORT}", tls, node),
             "volumes": [
                 f"{shards_dir}/{shard}:/data/{shard}:ro",
                 f"{node}-state:/state",
                 *ca_mount,
+                *([secret_mount(node)] if tls else []),
             ],
             "depends_on": _healthy(node),
             "restart": "unless-stopped",
@@ -267,7 +313,7 @@ def _services(
     for j in range(edge_nodes):
         node, shard = f"edge-{j}", f"client_{num_supernodes + j:04d}.npz"
         key = f"supernode-{num_supernodes + j}"
-        auth = ["--auth-supernode-private-key", f"/keys/{key}"] if tls else []
+        auth = ["--auth-supernode-private-key", f"/keys/{key}", *approved_only] if tls else []
         services[node] = {
             "image": image("edge"),
             "command": [
@@ -285,6 +331,7 @@ def _services(
                 f"{node}-state:/state",
                 *ca_mount,
                 *([f"{certs_dir}/keys/{key}:/keys/{key}:ro"] if tls else []),
+                *signing_mount,
             ],
             # An edge device: one CPU and 1 GiB (a degraded link is added with tc netem in
             # its network namespace: docs/deployment.md).
@@ -371,6 +418,8 @@ def compose_files(
                     "${SUPERLINK_ADDRESS:?host:port of the SuperLink}",
                     "--auth-supernode-private-key",
                     "/keys/supernode",
+                    "--app-signing-public-key",
+                    SIGNING_PUBLIC_KEY,
                     "--isolation",
                     "subprocess",
                     "--node-config",
@@ -380,6 +429,7 @@ def compose_files(
                     "${SHARD_FILE:?this node's shard file}:/data/shard.npz:ro",
                     "${CA_CERT:-./certs/ca.crt}:" + CA + ":ro",
                     "${NODE_KEY:?this node's private key}:/keys/supernode:ro",
+                    "${APP_SIGNING_KEY:-./certs/app-signing.key.pub}:" + SIGNING_PUBLIC_KEY + ":ro",
                     "edge-state:/state",
                 ],
                 "restart": "unless-stopped",
@@ -391,13 +441,20 @@ def compose_files(
     return {
         "docker-compose.yml": dump(
             plain,
-            header + f"\nPlain HTTP, published on 127.0.0.1 only: {up} docker-compose.yml up -d",
+            header + f"\nPlain HTTP, published on 127.0.0.1 only: {up} docker-compose.yml up -d\n"
+            "It protects nothing from whoever reaches 127.0.0.1:9091 (any process on this host can "
+            "submit a run that every SuperNode executes): across machines use docker-compose.tls.yml.",
         ),
         "docker-compose.tls.yml": dump(
             secure,
-            header + "\nTLS and SuperNode authentication (the port on every interface): "
-            f"{up} docker-compose.tls.yml up -d superlink,\nregister the keys "
-            "(flwr supernode register), then the same without `superlink`.",
+            header
+            + "\nTLS, SuperNode authentication, the Control API for the operator only, approved "
+            "apps only (the port on every interface):\npflarena certs --out certs --superlink-host "
+            f"superlink --supernodes {num_supernodes} --node-keys {num_supernodes + edge_nodes} "
+            f"--secure; {up} docker-compose.tls.yml up -d superlink;\npflarena connect NAME "
+            "--address HOST:PORT --root-certificates certs/ca.crt --operator-token "
+            "certs/operator.token;\nregister the keys (flwr supernode register), then the same "
+            "without `superlink`; pflarena approve APP_DIR --signing-key certs/app-signing.key.",
         ),
         "docker-compose.gpu.yml": dump(
             gpu,

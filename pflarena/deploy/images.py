@@ -62,7 +62,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 #: The images' targets in docker/Dockerfile, in the order they are built.
 TARGETS = ("superlink", "supernode", "app", "edge")
-#: The targets without torch and pflarena: they stop before the stage that reads the wheelhouse.
+#: The targets without torch (flwr and pflarena's wheel alone): they stop before the stage that
+#: reads the wheelhouse.
 FLOWER_ONLY = ("superlink", "supernode")
 TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
 DEBIAN_SUITE = "bookworm"  # Python 3.11, the version every pin was tested on
