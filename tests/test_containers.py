@@ -16,8 +16,9 @@ nothing else on the engine is touched. The images stay (the next session reuses 
 Scenarios: a federation of three SuperNodes to completion, its rounds equal to the same run
 in-process on the same shards and its results owned by the user; a SuperNode container killed
 and started again; a ClientApp executor container dying mid-message; the SuperLink container
-restarted mid-run and the run resumed; TLS with SuperNode authentication, where an extra
-SuperNode with an unregistered key is refused; an edge node limited to one CPU and 1 GiB
+restarted mid-run and the run resumed; the secure variant tried as a stranger (an
+unregistered SuperNode, every Control API call, a Runtime API task on the SuperLink and on
+each SuperNode, an unsigned app) while the operator's run completes; an edge node limited to one CPU and 1 GiB
 behind a degraded link (tc netem in its network namespace).
 """
 
@@ -463,24 +464,40 @@ def _chown_tree(path: Path, uid: int) -> None:
         os.chown(item, uid, uid)
 
 
-def test_tls_with_registered_nodes_refuses_an_unregistered_one(
-    tmp_path: Path, image_tag: str
-) -> None:
-    """``docker-compose.tls.yml`` with ``pflarena certs``: the SuperLink serves TLS and
-    admits registered SuperNodes only; a run completes over TLS, and an extra SuperNode
-    container on the same network with a key never registered exits with Flower's code
-    305 (printed; its exit status is 1) and is never listed as a node."""
+def test_tls_admits_the_operator_and_registered_nodes_only(tmp_path: Path, image_tag: str) -> None:
+    """``docker-compose.tls.yml`` with ``pflarena certs --secure``, tried as a stranger would:
+
+    * an extra SuperNode container with a key never registered exits with Flower's code 305
+      (printed; its exit status is 1) and is never listed;
+    * from the host, with the CA's certificate only: registering a key, listing runs and
+      nodes and submitting an app are refused by the SuperLink; asking its Runtime API for
+      a ServerApp task without the secret gets 401;
+    * from a container on the compose network: asking each SuperNode's Runtime API for a
+      ClientApp message without the secret gets 401;
+    * with the operator's token, the stranger's unsigned app is refused by the ServerApp
+      executor (``finished:failed``, not approved) and writes nothing under ``./runs``;
+
+    while the operator's own run completes over TLS with the in-process evaluations."""
     if os.geteuid() != 0:
         pytest.skip("the containers read the keys as UID 49999: chown needs root")
+    from strangers import REFUSED, acquire_task, markers, stranger_app, stranger_cli, stranger_home
+
     from pflarena.cli import main
-    from pflarena.deploy.local import EXIT_NODE_NOT_REGISTERED, make_node_key
+    from pflarena.deploy.approval import approve
+    from pflarena.deploy.certs import make_node_key
+    from pflarena.deploy.local import EXIT_NODE_NOT_REGISTERED
+    from pflarena.deploy.operator import connect
 
     num_nodes = 2
     with _project(tmp_path, image_tag, num_nodes=num_nodes, tls=True) as project:
         certs = tmp_path / "certs"
-        args = ["certs", "--out", str(certs), "--superlink-host", "superlink"]
+        args = ["certs", "--out", str(certs), "--superlink-host", "superlink", "--secure"]
         assert main([*args, "--supernodes", str(num_nodes), "--node-keys", str(num_nodes)]) == 0
         make_node_key(certs / "keys" / "unregistered")
+        address = f"127.0.0.1:{project.port}"
+        connect(project.home, CONNECTION, address, root_certificates=certs / "ca.crt",
+                operator_token=certs / "operator.token", default=True)  # fmt: skip
+        approve(project.app, certs / "app-signing.key")
         _chown_tree(certs, 49999)  # the containers run as Flower's user
         project.up("superlink")
         project.healthy("superlink")
@@ -511,17 +528,58 @@ def test_tls_with_registered_nodes_refuses_an_unregistered_one(
                 f"nodes online: {project.online_nodes()}\n{project.logs()}"
             )
             time.sleep(2)
+
+        cfg = run_config(
+            Path("/runs/tls"), num_clients=num_nodes, num_rounds=2, round_timeout=180.0
+        )
+        operator_run = project.submit(cfg.to_run_config())
+        marker = "/runs/stranger-was-here"
+        app = stranger_app(tmp_path, marker)
+        home = stranger_home(tmp_path, address, certs / "ca.crt")
+        attempts = {
+            "register a node": stranger_cli(
+                home, "supernode", "register", str(certs / "keys" / "unregistered.pub"), "stranger"
+            ),
+            "list runs": stranger_cli(home, "list", "stranger"),
+            "list nodes": stranger_cli(home, "supernode", "list", "stranger"),
+            "submit a run": stranger_cli(home, "run", str(app), "stranger", "--format", "json"),
+        }
+        for what, result in attempts.items():
+            said = " ".join((result.stdout + result.stderr).split())
+            print(f"stranger tries to {what}: exit {result.returncode}: {said[-160:]}")
+            failed = result.returncode != 0 or '"success": false' in said
+            assert failed and REFUSED in said, (what, said)
+        answer = acquire_task(address, certs / "ca.crt")
+        print(f"stranger asks the SuperLink for a task: {answer}")
+        assert answer.startswith("refused 401"), answer
+        probe = ["docker", "run", "--rm", "--network", network, "-v",
+                 f"{certs / 'ca.crt'}:/certs/ca.crt:ro", "--entrypoint", "python",
+                 image_name("supernode", image_tag)]  # fmt: skip
+        for i in range(num_nodes):
+            answer = acquire_task(f"supernode-{i}:9094", Path("/certs/ca.crt"), python=probe)
+            print(f"stranger asks supernode-{i} for a message: {answer}")
+            assert answer.startswith("refused 401"), answer
+
+        started = project.flwr("run", str(app), CONNECTION, "--format", "json")
+        assert started.returncode == 0, started.stdout + started.stderr
+        run_id = int(json.loads(started.stdout)["run-id"])
+        assert project.wait_finished(run_id) == "finished:failed"
+        listed = json.loads(
+            project.flwr("list", CONNECTION, "--run-id", str(run_id), "--format", "json").stdout
+        )
+        details = listed["runs"][0].get("status-details", "")
+        print(f"the operator's token submits the stranger's unsigned app: {details}")
+        assert "not approved" in details, listed
+
+        rounds = project.completed(tmp_path / "runs" / "tls", project.wait(operator_run))
+        assert [r["train"]["clients"] for r in rounds[1:]] == [num_nodes] * 2, rounds
+        local = in_process_rounds(cfg, project.shards[:num_nodes], tmp_path)
+        assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
+        assert markers(str(tmp_path / "runs" / "stranger-was-here")) == []
         listed = json.loads(
             project.flwr("supernode", "list", CONNECTION, "--format", "json").stdout
         )
         assert len(listed["nodes"]) == num_nodes, listed
-        cfg = run_config(
-            Path("/runs/tls"), num_clients=num_nodes, num_rounds=1, round_timeout=180.0
-        )
-        rounds = project.completed(
-            tmp_path / "runs" / "tls", project.wait(project.submit(cfg.to_run_config()))
-        )
-        assert rounds[-1]["train"]["clients"] == num_nodes, rounds[-1]
 
 
 def _degrade_link(pid: str) -> str:
