@@ -8,8 +8,9 @@ test starts is tracked by :class:`Deployment` and stopped by PID (``flwr run``, 
 SuperNodes, then the SuperLink; SIGTERM, then SIGKILL after a grace period), also when an
 assertion fails. A failing assertion shows the tail of every process's log.
 
-A SuperNode polls for messages every 3 s (Flower's fixed interval; the ServerApp checks for
-replies every 1 s here, ``pflarena/server/polling.py``), and every message runs in a child
+A SuperNode polls for messages as ``pflarena local-deploy``'s do (every 0.1 s for 30 s after a
+message, then backing off to Flower's 3 s: ``pflarena supernode --active-poll``; the ServerApp
+checks for replies every 0.2 s here, ``pflarena/server/polling.py``), and every message runs in a child
 forked by the node's warm executor (``pflarena executor``, :mod:`pflarena.deploy.executor`;
 Flower's own executor starts a new process that imports Flower and torch, 3-5 s of CPU, per
 message: ``PFLARENA_TEST_EXECUTOR=flower`` runs the tests on it). The runs of a module go one after another: seven runs submitted at once on this deployment
@@ -25,6 +26,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -36,7 +38,7 @@ from processes import cmdline, descendants, proc_state
 
 from pflarena.core.config import RunConfig, toml_value
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
-from pflarena.deploy.local import executor_cmd
+from pflarena.deploy.local import DEFAULT_ACTIVE_POLL_S, executor_cmd
 from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.runtime.launch import simulation_env
 from pflarena.runtime.processes import free_port, stop, wait_healthy
@@ -53,6 +55,8 @@ RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
 LOG_TAIL_LINES = 25
 TESTS_DIR = Path(__file__).resolve().parent
 PLUGINS = "pflarena_test_methods"
+#: The SuperNode program: Flower's, through pflarena's wrapper (:mod:`pflarena.deploy.supernode`).
+PFLARENA_SUPERNODE = [sys.executable, "-m", "pflarena.deploy.supernode"]
 #: ``flower``: the deployments run Flower's own ClientApp executor instead of pflarena's warm one.
 EXECUTOR_ENV = "PFLARENA_TEST_EXECUTOR"
 
@@ -129,10 +133,10 @@ class Deployment:
         # Flower's 1 s task poll, as `pflarena local-deploy` keeps it: at 0.1 s the idle
         # SuperExecs and the SuperLink answering them take CPU from the other test worker.
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "1.0"
-        # The ServerApp checks for replies every 1 s, not pflarena's 0.1 s: each check is a
+        # The ServerApp checks for replies every 0.2 s, not pflarena's 0.1 s: each check is a
         # request the SuperLink answers (seven ServerApps checking every 0.1 s kept the
         # SuperLink at 90 % of a core), CPU the other test worker needs.
-        env[REPLY_POLL_ENV] = "1.0"
+        env[REPLY_POLL_ENV] = "0.2"
         env["PFLARENA_PLUGINS"] = PLUGINS
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         return env
@@ -201,7 +205,10 @@ class Deployment:
             node = self._spawn(
                 f"supernode{i}",
                 [
-                    "flower-supernode",
+                    # `pflarena local-deploy`'s SuperNode: waits that follow the work
+                    *PFLARENA_SUPERNODE,
+                    "--active-poll",
+                    str(DEFAULT_ACTIVE_POLL_S),
                     "--insecure",
                     "--superlink",
                     f"127.0.0.1:{self.port}",

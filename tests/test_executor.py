@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 # --------------------------------------------------------------------------- Flower internals
 def test_the_pinned_flower_has_what_the_executor_and_supernode_patch() -> None:
     warm.check_flower_internals()
-    module = supernode.check_idle_sleep()
+    module = supernode.check_loop_waits()
     assert inspect.getsource(module).count("time.sleep(3)") == 1
 
 
@@ -49,26 +48,12 @@ def test_a_moved_internal_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_changed_supernode_loop_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    source = inspect.getsource(supernode.check_idle_sleep())
+    source = inspect.getsource(supernode.check_loop_waits())
     monkeypatch.setattr(
         inspect, "getsource", lambda _: source.replace("time.sleep(3)", "time.sleep(2)")
     )
     with pytest.raises(RuntimeError, match=r"0 `time.sleep\(3\)`"):
-        supernode.check_idle_sleep()
-
-
-def test_idle_clock_changes_only_the_wait_after_an_empty_pull(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    slept: list[float] = []
-    monkeypatch.setattr(time, "sleep", slept.append)
-    clock = supernode.IdleClock(0.2)
-    for seconds in (3, 0.5, 3.0, 10):
-        clock.sleep(seconds)
-    assert slept == [0.2, 0.5, 0.2, 10]
-    assert clock.monotonic is time.monotonic  # everything else passes through
-    with pytest.raises(ValueError, match="--idle-poll 0"):
-        supernode.patch_idle_sleep(0.0)
+        supernode.check_loop_waits()
 
 
 # --------------------------------------------------------------------------- the app's code

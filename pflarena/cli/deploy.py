@@ -88,6 +88,7 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         task_poll=args.task_poll,
         executor=args.executor,
         idle_poll=args.idle_poll,
+        active_poll=args.active_poll or None,
     )
     stop_requested: list[int] = []
 
@@ -305,12 +306,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "command runs in the foreground; flower, Flower's own, a fresh process per message",
     )
     local.add_argument(
+        "--active-poll",
+        type=float,
+        default=0.1,
+        metavar="S",
+        help="seconds between a SuperNode's asks for a message for 30 s after each message, "
+        "after which its wait doubles up to --idle-poll (default 0.1; 0: Flower's waits)",
+    )
+    local.add_argument(
         "--idle-poll",
         type=float,
         default=None,
         metavar="S",
-        help="seconds a SuperNode waits after finding no message (default: Flower's fixed 3 s; "
-        "a value runs the SuperNodes as `pflarena supernode --idle-poll S`)",
+        help="the longest a SuperNode waits after finding no message (default: Flower's 3 s)",
     )
     local.add_argument(
         "--detach", action="store_true", help="start, print how to use it, and leave it running"

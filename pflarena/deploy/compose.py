@@ -76,6 +76,8 @@ COMPOSE_FILES = (
 #: An edge node's limits (the compose service's ``cpus`` and ``mem_limit``).
 EDGE_CPUS = 1.0
 EDGE_MEMORY = "1g"
+#: A SuperNode's wait between asks for a message while messages come (``--active-poll``).
+ACTIVE_POLL_S = 0.1
 #: Where the CA's certificate is mounted in every container of the TLS variant.
 CA = "/certs/ca.crt"
 #: Where the app signing public key is mounted (SuperNodes, edge nodes, the ServerApp executor).
@@ -278,6 +280,9 @@ def _services(
         services[node] = {
             "image": image("supernode"),
             "command": [
+                # Waits that follow the work (pflarena supernode, as local-deploy runs it).
+                "--active-poll",
+                str(ACTIVE_POLL_S),
                 *transport,
                 "--superlink",
                 superlink,

@@ -34,6 +34,11 @@ Guarantees, each tested (``tests/test_executor.py``):
   cleared in the child; the child watches the parent and exits with it.
 * **Killing the parent is a node failure**: its children follow it, and whoever supervises
   the node restarts it (``pflarena local-deploy`` does, compose's ``restart:`` does).
+* **A task poll that follows the work**: Flower's SuperExec asks its SuperNode for a task every
+  ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (1 s by default). This one asks every
+  ``--active-poll`` seconds (default :data:`ACTIVE_POLL_S`) for ``--active-window`` seconds
+  after each task it forked, then doubles its wait up to Flower's interval
+  (:class:`~pflarena.deploy.waits.ActivityPoll`), so an idle node polls as it did.
 
 These are Flower internals, not a public API (``run_superexec``'s executor factory,
 ``run_clientapp``'s app loader, the exit-handler registry): the pin on flwr 1.41.x stays, and
@@ -60,6 +65,8 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+from pflarena.deploy.waits import ActivityPoll, PollClock, enable_trace, tracing
+
 __all__ = [
     "DEFAULT_PRELOAD",
     "ForkingExecutor",
@@ -77,6 +84,11 @@ TASK_LOG_PREFIX = "warm-executor task"
 #: see :func:`patch_clientapp_runtime`).
 PULL_INITIAL_BACKOFF_S = 0.05
 PULL_BACKOFF_CAP_S = 0.2
+#: The executor's task poll while tasks come (s), and for how long after the last one;
+#: ``PFLARENA_EXECUTOR_ACTIVE_POLL_S`` sets the first (Flower's interval or more: a fixed poll).
+ACTIVE_POLL_S = 0.05
+ACTIVE_WINDOW_S = 30.0
+ACTIVE_POLL_ENV = "PFLARENA_EXECUTOR_ACTIVE_POLL_S"
 #: Environment: seconds a child may run before it is killed (``--task-timeout``).
 TASK_TIMEOUT_ENV = "PFLARENA_EXECUTOR_TASK_TIMEOUT_S"
 #: Environment: address space a child may add beyond the parent's, in MiB.
@@ -86,6 +98,8 @@ TASK_MEMORY_ENV = "PFLARENA_EXECUTOR_TASK_MEMORY_MB"
 _INTERNALS: tuple[tuple[str, str], ...] = (
     ("flwr.supercore.superexec.run_superexec", "run_superexec"),
     ("flwr.supercore.superexec.run_superexec", "get_executor"),
+    ("flwr.supercore.superexec.run_superexec", "_get_task_poll_interval"),
+    ("flwr.supercore.superexec.run_superexec", "time"),
     ("flwr.supercore.superexec.executor", "SubprocessExecutor"),
     ("flwr.supercore.superexec.executor", "LaunchResult"),
     ("flwr.supercore.superexec.executor", "ExecutionSpec"),
@@ -147,6 +161,10 @@ def check_flower_internals() -> None:
         missing += [f"ExecutionSpec.{f}" for f in _SPEC_FIELDS if f not in fields]
         params = set(inspect.signature(run_clientapp).parameters)
         missing += [f"run_clientapp({p}=...)" for p in _RUN_CLIENTAPP_ARGS if p not in params]
+        superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
+        sleeps = inspect.getsource(superexec).count("time.sleep(")
+        if sleeps != 1 or "time.sleep(task_poll_interval)" not in inspect.getsource(superexec):
+            missing.append("run_superexec's one time.sleep(task_poll_interval)")
     if missing:
         raise FlowerInternalsChanged(
             f"flwr {flwr.__version__} lacks what pflarena's warm executor relies on "
@@ -364,13 +382,21 @@ class ForkingExecutor:
     task_memory_mb : int or None
         Address space (MiB) a child may add beyond the parent's (``RLIMIT_AS``). ``None``:
         no limit beyond the machine's.
+    poll : ActivityPoll or None
+        The task poll (:func:`patch_task_poll`), told of every task forked.
     """
 
-    def __init__(self, task_timeout: float | None = 3600.0, task_memory_mb: int | None = None):
+    def __init__(
+        self,
+        task_timeout: float | None = 3600.0,
+        task_memory_mb: int | None = None,
+        poll: ActivityPoll | None = None,
+    ):
         from flwr.supercore.superexec.executor import SubprocessExecutor
 
         self.task_timeout = task_timeout
         self.task_memory_mb = task_memory_mb
+        self.poll = poll
         self.fallback = SubprocessExecutor()
         self.children: dict[int, _Child] = {}
 
@@ -401,6 +427,10 @@ class ForkingExecutor:
             _child_main(spec, self.task_memory_mb, write_end)
         os.close(write_end)
         self.children[pid] = _Child(spec, time.monotonic(), read_end)
+        if tracing():
+            _log(INFO, "%s %d: forked pid %d", TASK_LOG_PREFIX, spec.task_id, pid)
+        if self.poll is not None:  # a task came: its node's next one may follow soon
+            self.poll.touch()
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
@@ -665,12 +695,29 @@ def _own_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--task-memory-mb", type=int, default=None)
     parser.add_argument("--stock", action="store_true")
     parser.add_argument("--app-signing-public-key", action="append", default=[])
+    parser.add_argument(
+        "--active-poll", type=float, default=float(os.environ.get(ACTIVE_POLL_ENV, ACTIVE_POLL_S))
+    )
+    parser.add_argument("--active-window", type=float, default=ACTIVE_WINDOW_S)
     return parser.parse_known_args(list(argv))
+
+
+def patch_task_poll(active_s: float, window_s: float) -> ActivityPoll:
+    """Make this process's SuperExec loop wait ``active_s`` between task polls for
+    ``window_s`` after each task, then double up to Flower's interval
+    (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``): its one ``time.sleep`` asks the poll."""
+    from flwr.supercore.superexec import run_superexec as module
+
+    idle = module._get_task_poll_interval()
+    poll = ActivityPoll(min(active_s, idle), idle, window_s, "executor")
+    module.time = PollClock(poll, idle_sleep=None)  # that module sleeps only between polls
+    return poll
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``pflarena executor [--preload MODULE] [--task-timeout S] [--task-memory-mb M]
-    [--stock] [--app-signing-public-key KEY.pub ...] <flower-superexec flags>``.
+    [--stock] [--app-signing-public-key KEY.pub ...] [--active-poll S] [--active-window S]
+    <flower-superexec flags>``.
 
     Runs Flower's SuperExec with :class:`ForkingExecutor`; ``--stock`` runs Flower's own
     ``flower-superexec`` unchanged (the fallback, same flags). Every other flag is
@@ -707,6 +754,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     memory = own.task_memory_mb or (int(memory_env) if memory_env else None)
     if timeout <= 0 or (memory is not None and memory <= 0):
         raise SystemExit("pflarena executor: --task-timeout and --task-memory-mb must be positive")
+    if own.active_poll < 0.01 or own.active_window < 0:
+        raise SystemExit(
+            "pflarena executor: --active-poll is 0.01 s or more, --active-window 0 or more"
+        )
+    enable_trace()
     started = time.monotonic()
     preloaded = warm_up(own.preload or [DEFAULT_PRELOAD])
     _log(INFO, "pflarena warm executor: %s imported in %.1fs; forking one child per ClientApp task",
@@ -725,8 +777,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 executor_type,
             )
             return flower_get_executor(executor_type, executor_config, **kwargs)
-        return ForkingExecutor(task_timeout=timeout, task_memory_mb=memory)
+        return ForkingExecutor(task_timeout=timeout, task_memory_mb=memory, poll=poll)
 
+    poll = patch_task_poll(own.active_poll, own.active_window)
     superexec_module.get_executor = get_executor
     patch_clientapp_runtime()
     try:

@@ -31,10 +31,13 @@ process's ``FLWR_HOME`` and log, the SuperLink's database, each SuperNode's ``st
 records every process started (PID and start time, so a reused PID is never signalled) for
 ``pflarena local-deploy --stop``.
 
-The SuperExecs of the SuperLink and SuperNodes look for new tasks every ``task_poll`` seconds
-(``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``): Flower's 1 s by default here, since ten idle SuperNodes
-polling every 0.1 s kept 0.7 of 2 cores busy (``benchmarks/results/deployment.md``); the
-container images, one SuperNode per host or GPU, use 0.1 s (:data:`FAST_ROUND_ENV`).
+Waits follow the work (:mod:`pflarena.deploy.waits`): a SuperNode asks for its next message
+every ``active_poll`` seconds (default 0.1) for 30 s after each message, then doubles its wait
+up to Flower's 3 s (``pflarena supernode --active-poll``); the warm executor asks its node for
+a task every 0.05 s after each task, then doubles up to ``task_poll``
+(``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default here, since ten idle
+SuperNodes polling every 0.1 s kept 0.7 of 2 cores busy); an idle deployment polls as
+Flower's does (``benchmarks/results/deployment.md``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pflarena.core.trace import TRACE_ENV
 from pflarena.deploy.certs import (
     OPERATOR_TOKEN,
     OPERATOR_TOKEN_HASH,
@@ -90,6 +94,8 @@ STATE_FILE = "deployment.json"
 FAST_ROUND_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 #: Flower's default task poll interval, which a local deployment keeps unless told otherwise.
 DEFAULT_TASK_POLL_S = 1.0
+#: A SuperNode's wait between asks for a message while messages come (s).
+DEFAULT_ACTIVE_POLL_S = 0.1
 #: What may run a SuperNode's ClientApp messages (:class:`LocalDeployment`'s ``executor``).
 EXECUTORS = ("warm", "flower")
 #: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
@@ -240,9 +246,12 @@ class LocalDeployment:
         per message: the SuperNode starts ``flower-superexec`` itself, or with ``tls`` it is
         started beside it, with the node's secret).
     idle_poll : float or None
-        Seconds a SuperNode waits after asking for a message and finding none: ``None`` keeps
-        Flower's hard-coded 3 s; a value runs the SuperNodes as ``pflarena supernode
-        --idle-poll`` (:mod:`pflarena.deploy.supernode`).
+        The longest a SuperNode waits after asking for a message and finding none: ``None``
+        keeps Flower's hard-coded 3 s.
+    active_poll : float or None
+        Seconds between a SuperNode's asks for a message for 30 s after each message
+        (``pflarena supernode --active-poll``, :mod:`pflarena.deploy.supernode`); ``None``:
+        Flower's waits (with ``idle_poll``, a fixed wait).
     """
 
     root: Path
@@ -255,6 +264,7 @@ class LocalDeployment:
     env: dict[str, str] = field(default_factory=dict)
     executor: str = "warm"
     idle_poll: float | None = None
+    active_poll: float | None = DEFAULT_ACTIVE_POLL_S
     superlink: _Process | None = None
     supernodes: list[_Process] = field(default_factory=list)
     executors: list[_Process] = field(default_factory=list)
@@ -268,6 +278,11 @@ class LocalDeployment:
             raise DeploymentError("SuperNode authentication needs TLS (--tls)")
         if self.idle_poll is not None and not 0.01 <= self.idle_poll <= 60:
             raise DeploymentError(f"idle poll {self.idle_poll} s: choose 0.01 to 60 s")
+        longest = self.idle_poll if self.idle_poll is not None else 3.0
+        if self.active_poll is not None and not 0.01 <= self.active_poll <= longest:
+            raise DeploymentError(
+                f"active poll {self.active_poll} s: choose 0.01 to the idle poll, {longest:g} s"
+            )
         if not 0.01 <= self.task_poll <= 60:
             raise DeploymentError(f"task poll {self.task_poll} s: Flower allows 0.01 to 60 s")
         if not self.shards:
@@ -294,6 +309,7 @@ class LocalDeployment:
             task_poll=state.get("task_poll", DEFAULT_TASK_POLL_S),
             executor=state.get("executor", "flower"),
             idle_poll=state.get("idle_poll"),
+            active_poll=state.get("active_poll"),
         )
         dep.port = int(state["address"].rsplit(":", 1)[1])
         dep._ports.add(dep.port)
@@ -474,10 +490,14 @@ class LocalDeployment:
         ``auth``, the registered one by default)."""
         shard = Path(self.shards[index]).resolve()
         cmd = ["flower-supernode"]
-        if self.idle_poll is not None or self.tls:
+        # pflarena's wrapper: for its flags, and for PFLARENA_TRACE's timestamps.
+        traced = self.env.get(TRACE_ENV) == "1"
+        if self.idle_poll is not None or self.active_poll is not None or self.tls or traced:
             cmd = [*_pflarena_cmd(), "supernode"]
         if self.idle_poll is not None:
             cmd += ["--idle-poll", repr(self.idle_poll)]
+        if self.active_poll is not None:
+            cmd += ["--active-poll", repr(self.active_poll)]
         cmd += ["--superlink", self.address]
         if self.tls:
             assert self.certs is not None
@@ -665,6 +685,7 @@ class LocalDeployment:
             "task_poll": self.task_poll,
             "executor": self.executor,
             "idle_poll": self.idle_poll,
+            "active_poll": self.active_poll,
             "shards": [str(Path(s).resolve()) for s in self.shards],
             "launcher": self.launcher,
             "processes": [p.record() for p in self.processes()],

@@ -1,16 +1,24 @@
-"""``pflarena supernode``: Flower's SuperNode with settable waits, running approved apps only.
+"""``pflarena supernode``: Flower's SuperNode with waits that follow the work, running
+approved apps only.
 
-flwr 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) waits for the
-SuperLink in two places no flag or environment variable sets:
+flwr 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) waits in three places
+no flag or environment variable sets:
 
-* it sleeps a hard-coded 3 s whenever it asks for a message and finds none, so a message
-  waits 1.5 s on average (3 s at worst) before its node sees it;
+* it sleeps a hard-coded 3 s whenever it asks the SuperLink for a message and finds none, so
+  a message waits 1.5 s on average (3 s at worst) before its node sees it;
 * when a message's objects are not yet on the SuperLink (the ServerApp pushes them after the
-  message), it tries again after Flower's pull back-off: 1 s, doubling up to 10 s.
+  message), it tries again after Flower's pull back-off: 1 s, doubling up to 10 s;
+* while its ClientApp works, it checks for the reply every 0.5 s (and, sending it, for each
+  of the reply's objects), so a reply waits 0.25 s on average before it leaves.
 
-``pflarena supernode --idle-poll S <flower-supernode flags>`` runs ``flower-supernode``
-unchanged except for those two waits: the sleep becomes ``S`` seconds and the back-off starts
-at and is capped at ``S``. Without ``--idle-poll`` it is ``flower-supernode`` itself.
+``pflarena supernode --active-poll A [--idle-poll I] [--active-window W] <flower-supernode
+flags>`` runs ``flower-supernode`` with those waits following the work
+(:class:`~pflarena.deploy.waits.ActivityPoll`): for ``W`` seconds after each message (default
+30) it asks for the next one every ``A`` seconds, then doubles its wait per empty poll up to
+``I`` (default Flower's 3 s), so an idle node costs what it costs today; a message's objects
+are fetched after 0.02 s, doubling to 0.2 s; a reply is checked for every 0.02 s. ``--idle-poll
+S`` alone makes the first two waits a fixed ``S`` seconds (the back-off starts at and is
+capped at ``S``). Without these flags it is ``flower-supernode`` itself.
 
 ``--app-signing-public-key KEY.pub`` (repeatable) makes the node run only apps the operator
 signed (:mod:`pflarena.deploy.approval`): the FAB of every new run is checked before the node
@@ -21,56 +29,52 @@ takes over Flower's FAB check (``_verify_fab`` in ``start_client_internal``), so
 be combined with ``--trusted-entities``; :func:`check_fab_verification` fails, naming what
 moved, if the installed flwr checks FABs differently.
 
-The cost of ``--idle-poll`` is one pull request to the SuperLink every ``S`` seconds per idle SuperNode
-(``benchmarks/results/deployment.md`` measures both sides). This leans on a Flower internal:
-:func:`check_idle_sleep` fails, naming the file, when the installed flwr no longer has exactly
-one ``time.sleep(3)`` and its ``pull_objects`` in that loop, so an upgrade cannot silently keep
-or drop the change.
+The waits lean on Flower internals: :func:`check_loop_waits` fails, naming the file, when the
+installed flwr's loop no longer has exactly one ``time.sleep(3)``, two ``time.sleep(0.5)`` and
+its ``pull_objects``, so an upgrade cannot silently keep or drop the change
+(``benchmarks/results/deployment.md`` measures what the waits cost and save).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import sys
-import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from pflarena.deploy.waits import ActivityPoll, PollClock, enable_trace
+
 __all__ = [
     "FLOWER_IDLE_SLEEP_S",
-    "IdleClock",
     "check_fab_verification",
-    "check_idle_sleep",
+    "check_loop_waits",
     "main",
-    "patch_idle_sleep",
+    "patch_waits",
     "require_approved_apps",
 ]
 
 #: The SuperNode's wait after an empty pull in flwr 1.41 (seconds).
 FLOWER_IDLE_SLEEP_S = 3
+#: Its wait between checks for a reply (and for a reply's object) in flwr 1.41 (seconds).
+FLOWER_REPLY_SLEEP_S = 0.5
+#: While active: the first and longest wait between tries for a message's objects, and the
+#: wait between checks for a reply (seconds).
+FETCH_INITIAL_S = 0.02
+FETCH_CAP_S = 0.2
+REPLY_CHECK_S = 0.02
 _LOOP_MODULE = "flwr.supernode.start_client_internal"
 _IDLE_LINE = f"time.sleep({FLOWER_IDLE_SLEEP_S})"
+_REPLY_LINE = f"time.sleep({FLOWER_REPLY_SLEEP_S})"
 
 
-class IdleClock:
-    """Stands in for the ``time`` module inside Flower's SuperNode loop: every call passes
-    through, except ``sleep(3)``, which sleeps ``idle_s`` instead."""
-
-    def __init__(self, idle_s: float) -> None:
-        self.idle_s = idle_s
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(self.idle_s if seconds == FLOWER_IDLE_SLEEP_S else seconds)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
-def check_idle_sleep() -> ModuleType:
-    """The SuperNode loop's module, after checking it sleeps ``time.sleep(3)`` exactly once.
+def check_loop_waits() -> ModuleType:
+    """The SuperNode loop's module, after checking its waits are flwr 1.41's: exactly one
+    ``time.sleep(3)``, two ``time.sleep(0.5)``, ``pull_objects`` and
+    ``_pull_and_store_message``.
 
     Raises
     ------
@@ -78,30 +82,51 @@ def check_idle_sleep() -> ModuleType:
         The installed flwr's loop differs (an upgrade): the patch would do nothing or too much.
     """
     module = importlib.import_module(_LOOP_MODULE)
-    count = inspect.getsource(module).count(_IDLE_LINE)
-    if count != 1 or not hasattr(module, "time") or not hasattr(module, "pull_objects"):
+    source = inspect.getsource(module)
+    idle, reply = source.count(_IDLE_LINE), source.count(_REPLY_LINE)
+    names = ("time", "pull_objects", "_pull_and_store_message")
+    if idle != 1 or reply != 2 or not all(hasattr(module, n) for n in names):
         import flwr
 
         raise RuntimeError(
-            f"flwr {flwr.__version__}: {module.__file__} has {count} `{_IDLE_LINE}` (expected 1, "
-            "as in flwr 1.41); pflarena supernode --idle-poll cannot set the SuperNode's wait. "
-            "Run it without --idle-poll."
+            f"flwr {flwr.__version__}: {module.__file__} has {idle} `{_IDLE_LINE}` and {reply} "
+            f"`{_REPLY_LINE}` (expected 1 and 2, as in flwr 1.41); pflarena supernode cannot set "
+            "the SuperNode's waits. Run it without --active-poll/--idle-poll."
         )
     return module
 
 
-def patch_idle_sleep(idle_s: float) -> None:
-    """Make the SuperNode loop of this process wait ``idle_s`` s after an empty pull and
-    between its tries for a message's objects."""
-    import functools
-
+def patch_waits(
+    idle_s: float = FLOWER_IDLE_SLEEP_S,
+    active_s: float | None = None,
+    window_s: float = 30.0,
+) -> ActivityPoll:
+    """Set the waits of this process's SuperNode loop (the module docstring): adaptive with
+    ``active_s``; a fixed ``idle_s`` without. Returns the poll the loop asks."""
     if not 0.01 <= idle_s <= 60:
-        raise ValueError(f"--idle-poll {idle_s}: choose 0.01 to 60 seconds")
-    module = check_idle_sleep()
-    module.time = IdleClock(idle_s)
-    module.pull_objects = functools.partial(
-        module.pull_objects, initial_backoff=idle_s, backoff_cap=idle_s
-    )
+        raise ValueError(f"--idle-poll {idle_s:g}: choose 0.01 to 60 seconds")
+    module = check_loop_waits()
+    if active_s is None:
+        poll = ActivityPoll(idle_s, idle_s, 0.0, "supernode")
+        module.time = PollClock(poll, FLOWER_IDLE_SLEEP_S)
+        fetch = {"initial_backoff": idle_s, "backoff_cap": idle_s}
+    else:
+        if not 0.01 <= active_s <= idle_s:
+            raise ValueError(f"--active-poll {active_s:g}: choose 0.01 to --idle-poll {idle_s:g}")
+        poll = ActivityPoll(active_s, idle_s, window_s, "supernode")
+        module.time = PollClock(poll, FLOWER_IDLE_SLEEP_S, FLOWER_REPLY_SLEEP_S, REPLY_CHECK_S)
+        fetch = {"initial_backoff": FETCH_INITIAL_S, "backoff_cap": FETCH_CAP_S}
+    module.pull_objects = functools.partial(module.pull_objects, **fetch)
+    pull_and_store = module._pull_and_store_message
+
+    def pull_and_store_noting_work(*args: Any, **kwargs: Any) -> Any:
+        run_id = pull_and_store(*args, **kwargs)
+        if run_id is not None:  # a message came: the next may follow soon
+            poll.touch()
+        return run_id
+
+    module._pull_and_store_message = pull_and_store_noting_work
+    return poll
 
 
 #: The key Flower's FAB check looks up in its trusted entities; ours stands for the operator.
@@ -179,14 +204,21 @@ def require_approved_apps(public_key_files: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``pflarena supernode [--idle-poll S] [--app-signing-public-key KEY.pub ...]
-    <flower-supernode flags>``."""
+    """``pflarena supernode [--active-poll A] [--idle-poll I] [--active-window W]
+    [--app-signing-public-key KEY.pub ...] <flower-supernode flags>``."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--idle-poll", type=float, default=None)
+    parser.add_argument("--active-poll", type=float, default=None)
+    parser.add_argument("--active-window", type=float, default=30.0)
     parser.add_argument("--app-signing-public-key", action="append", default=[])
     own, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    if own.idle_poll is not None:
-        patch_idle_sleep(own.idle_poll)
+    enable_trace()
+    try:
+        if own.idle_poll is not None or own.active_poll is not None:
+            idle = FLOWER_IDLE_SLEEP_S if own.idle_poll is None else own.idle_poll
+            patch_waits(idle, own.active_poll, own.active_window)
+    except (RuntimeError, ValueError) as exc:
+        raise SystemExit(f"pflarena supernode: {exc}") from None
     if own.app_signing_public_key:
         if any(a == "--trusted-entities" or a.startswith("--trusted-entities=") for a in rest):
             raise SystemExit(

@@ -1,0 +1,126 @@
+"""Waits that follow the work (:mod:`pflarena.deploy.waits`): their schedule against a closed
+form, and where they are installed in Flower's SuperNode loop, its SuperExec loop and the
+ServerApp's Grid. The deployment tests (``test_deployment*.py``) run every fault scenario on
+SuperNodes and executors with these waits."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import time
+
+import pytest
+
+from pflarena.deploy import executor, supernode
+from pflarena.deploy.waits import ActivityPoll, PollClock
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_poll_is_fast_in_the_window_then_doubles_to_the_idle_wait() -> None:
+    clock = Clock()
+    poll = ActivityPoll(0.1, 3.0, window_s=30.0, now=clock)
+    # Created: the first window is active.
+    assert [poll.next_wait() for _ in range(3)] == [0.1, 0.1, 0.1]
+    clock.t += 30.0
+    waits = [poll.next_wait() for _ in range(8)]
+    # 0.1 * 2^k, capped at 3: the closed form of the back-off.
+    assert waits == [min(3.0, 0.1 * 2**k) for k in range(1, 9)]
+    poll.touch()  # a message: fast again at once
+    assert poll.next_wait() == 0.1
+    clock.t += 29.9
+    assert poll.next_wait() == 0.1
+    clock.t += 0.2
+    assert poll.next_wait() == 0.2
+
+
+def test_a_fixed_poll_and_bad_settings() -> None:
+    fixed = ActivityPoll(0.5, 0.5, window_s=0.0, now=Clock())
+    assert {fixed.next_wait() for _ in range(5)} == {0.5}
+    with pytest.raises(ValueError, match="active poll 5 s"):
+        ActivityPoll(5.0, 3.0)
+    with pytest.raises(ValueError, match="active poll 0.001 s"):
+        ActivityPoll(0.001, 3.0)
+    with pytest.raises(ValueError, match="negative"):
+        ActivityPoll(0.1, 3.0, window_s=-1)
+
+
+def test_the_clock_replaces_only_the_loops_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    poll = ActivityPoll(0.1, 3.0, window_s=30.0, now=Clock())
+    clock = PollClock(poll, idle_sleep=3, reply_sleep=0.5, reply_s=0.02)
+    for seconds in (3, 0.5, 10, 3.0):
+        clock.sleep(seconds)
+    assert slept == [0.1, 0.02, 10, 0.1]
+    assert clock.monotonic is time.monotonic  # everything else passes through
+
+
+@pytest.fixture
+def loop(monkeypatch: pytest.MonkeyPatch):
+    """Flower's SuperNode loop module, restored after the test."""
+    module = supernode.check_loop_waits()
+    for name in ("time", "pull_objects", "_pull_and_store_message"):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    return module
+
+
+def test_the_supernode_loop_gets_waits_that_follow_its_messages(loop) -> None:
+    original_pull = loop.pull_objects
+    results = iter([None, 7, None])
+    loop._pull_and_store_message = lambda **kwargs: next(results)
+    poll = supernode.patch_waits(3.0, 0.1, window_s=30.0)
+    assert isinstance(loop.time, PollClock) and loop.time.poll is poll
+    assert loop.pull_objects.func is original_pull
+    assert loop.pull_objects.keywords == {
+        "initial_backoff": supernode.FETCH_INITIAL_S,
+        "backoff_cap": supernode.FETCH_CAP_S,
+    }
+    poll._last = -1e9  # long idle
+    poll._wait = 3.0
+    assert loop._pull_and_store_message() is None and poll.next_wait() == 3.0
+    assert loop._pull_and_store_message() == 7  # a message came
+    assert poll.next_wait() == 0.1
+
+
+def test_the_supernode_loop_with_a_fixed_idle_poll(loop) -> None:
+    poll = supernode.patch_waits(0.5)
+    assert {poll.next_wait() for _ in range(4)} == {0.5}
+    assert loop.pull_objects.keywords == {"initial_backoff": 0.5, "backoff_cap": 0.5}
+    assert loop.time.reply_sleep is None  # the reply checks stay Flower's
+    with pytest.raises(ValueError, match="--active-poll 5"):
+        supernode.patch_waits(3.0, 5.0)
+
+
+def test_the_executors_task_poll_follows_its_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = importlib.import_module("flwr.supercore.superexec.run_superexec")
+    monkeypatch.setattr(module, "time", module.time)
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0")
+    poll = executor.patch_task_poll(0.05, 30.0)
+    assert isinstance(module.time, PollClock) and module.time.idle_sleep is None
+    assert (poll.active_s, poll.idle_s) == (0.05, 1.0)
+    # An active poll above Flower's interval is that interval: a fixed poll.
+    monkeypatch.setattr(module, "time", time)
+    assert executor.patch_task_poll(2.0, 30.0).active_s == 1.0
+
+
+def test_the_serverapp_retries_reply_objects_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.superlink.grid import http_grid
+
+    from pflarena.server import polling
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
+    polling._prompt_reply_objects()
+    assert isinstance(http_grid.pull_objects, functools.partial)
+    assert http_grid.pull_objects.keywords == {
+        "initial_backoff": polling.REPLY_OBJECTS_INITIAL_S,
+        "backoff_cap": polling.REPLY_OBJECTS_CAP_S,
+    }
+    polling._prompt_reply_objects()  # twice: not wrapped twice
+    assert not isinstance(http_grid.pull_objects.func, functools.partial)
