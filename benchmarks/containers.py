@@ -1,5 +1,5 @@
 """The compose federation against ``pflarena run`` on the same shards: per-round wall time,
-CPU, and the images' sizes.
+where each exchange's time goes, CPU, and the images' sizes.
 
 The job: FedAvg on ``digits``, IID over 3 clients (the container tests' shards), every client
 every round. It runs
@@ -9,7 +9,9 @@ every round. It runs
   ServerApp executor, three SuperNodes and their ClientApp executors, each a container),
   submitted with ``flwr run`` from the host through the published port.
 
-Per round it reads ``rounds.jsonl`` (``elapsed_s`` between records; ``train_time_s``). CPU:
+Every round trains every client and is evaluated (two exchanges). Per round it reads
+``rounds.jsonl`` (``round_time_s``); the containers run with ``PFLARENA_TRACE=1`` and their
+logs give the per-phase table of each exchange (``exchange_phases.py``). CPU:
 the containers' cgroup CPU time (``cpuacct.usage``, cgroup v1, or ``cpu.stat``, v2) over the
 run, against the CPU time of the ``pflarena run`` process and its children. The images must
 exist (``make images``; ``--tag`` names them). Results go to ``benchmarks/results/containers.md``.
@@ -26,12 +28,16 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from exchange_phases import phase_table, read_timeline  # noqa: E402
 
 from pflarena.core.config import toml_value
 from pflarena.core.federation import FederationSpec, build_federation, write_shards
@@ -57,6 +63,7 @@ def job(rounds: int, shards: str, out: str) -> dict[str, Any]:
         "lr": 0.1,
         "local-epochs": 2,
         "fraction-train": 1.0,
+        "eval-every": 1,
         "round-timeout": 600.0,
         "shards-dir": shards,
         "output-dir": out,
@@ -71,7 +78,9 @@ def _children_cpu() -> float:
 def in_process(shards: Path, rounds: int, out: Path) -> tuple[list[dict[str, Any]], float, float]:
     args = [f"--{k}={v}" for k, v in job(rounds, str(shards), str(out)).items()]
     cpu0, t0 = _children_cpu(), time.monotonic()
-    subprocess.run([*PFLARENA, "run", *args, "--quiet"], check=True, cwd=out.parent)
+    subprocess.run(
+        [*PFLARENA, "run", *args, "--engine", "inprocess", "--quiet"], check=True, cwd=out.parent
+    )
     return read_rounds(out / "rounds.jsonl"), time.monotonic() - t0, _children_cpu() - cpu0
 
 
@@ -98,8 +107,9 @@ def _compose(work: Path, env: dict[str, str], *args: str) -> str:
 
 def in_containers(
     work: Path, shards: list[Path], rounds: int, tag: str
-) -> tuple[list[dict[str, Any]], float, float, float, int]:
-    """The job on the compose federation: rounds, wall, CPU, ``up`` seconds, containers."""
+) -> tuple[list[dict[str, Any]], float, float, float, int, Any]:
+    """The job on the compose federation: rounds, wall, CPU, ``up`` seconds, containers, the
+    exchanges' timeline."""
     files = compose_files(
         NUM_CLIENTS, shards_dir=str(shards[0].parent), runs_dir=str(work / "runs")
     )
@@ -113,6 +123,7 @@ def in_containers(
         "PFLARENA_UID": str(os.getuid()),
         "PFLARENA_GID": str(os.getgid()),
         "COMPOSE_PROJECT_NAME": f"pflarena-bench-{os.getpid()}",
+        "PFLARENA_TRACE": "1",
     }
     home = work / "home-cli"
     home.mkdir()
@@ -143,7 +154,17 @@ def in_containers(
         if summary["status"] != "completed":
             raise RuntimeError(f"the compose run failed: {summary.get('error')}")
         rounds_ = read_rounds(work / "runs" / "bench" / "rounds.jsonl")
-        return rounds_, wall, cpu, up, len(containers)
+        nodes = []
+        for i in range(NUM_CLIENTS):
+            for service in (f"supernode-{i}", f"clientapp-{i}"):
+                log = subprocess.run(
+                    ["docker-compose", "-f", "docker-compose.yml", "logs", "--no-color", service],
+                    cwd=work, env=env, capture_output=True, text=True,
+                ).stdout  # fmt: skip
+                (work / f"{service}.log").write_text(log)
+            nodes.append((work / f"supernode-{i}.log", work / f"clientapp-{i}.log"))
+        timeline = read_timeline(work / "flwr-run.log", nodes)
+        return rounds_, wall, cpu, up, len(containers), timeline
     finally:
         subprocess.run(
             ["docker-compose", "-f", "docker-compose.yml", "down", "-v", "-t", "10"],
@@ -164,8 +185,8 @@ def image_sizes(tag: str) -> list[str]:
 
 
 def round_times(rounds: list[dict[str, Any]]) -> list[float]:
-    elapsed = [r["elapsed_s"] for r in rounds]
-    return [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
+    """Each round's time from round 2 on (round 1 pays the clients' first messages)."""
+    return [r["round_time_s"] for r in rounds if r["round"] >= 2]
 
 
 def main() -> None:
@@ -183,31 +204,40 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     local, local_wall, local_cpu = in_process(work / "shards", args.rounds, work / "local")
     loads.append(os.getloadavg()[0])
-    deployed, wall, cpu, up, num_containers = in_containers(work, shards, args.rounds, args.tag)
+    deployed, wall, cpu, up, num_containers, timeline = in_containers(
+        work, shards, args.rounds, args.tag
+    )
     loads.append(os.getloadavg()[0])
     same = [r["evaluation"]["personalized"]["mean"] for r in local] == [
         r["evaluation"]["personalized"]["mean"] for r in deployed
     ]
     fmt = ", ".join
+    simulated, composed = (statistics.median(round_times(r)) for r in (local, deployed))
     text = [
         "# Containers: the compose federation against `pflarena run`",
         "",
         f"Command: `python benchmarks/containers.py --rounds {args.rounds} --tag {args.tag}` on "
         f"{platform.node()} ({os.cpu_count()} cores, shared; load average "
         f"{fmt(f'{x:.1f}' for x in loads)} before, between and after). FedAvg on digits, IID over "
-        f"{NUM_CLIENTS} clients, every client every round, {args.rounds} rounds.",
+        f"{NUM_CLIENTS} clients, every client every round, every round evaluated, "
+        f"{args.rounds} rounds.",
         "",
-        "| | wall s (run) | CPU s | s per round (each) |",
-        "|---|---|---|---|",
-        f"| `pflarena run` (Flower simulation on Ray) | {local_wall:.1f} | {local_cpu:.1f} | "
-        f"{fmt(f'{t:.1f}' for t in round_times(local))} |",
+        "| | wall s (run) | CPU s | round s, median of rounds 2.. | rounds 2.. |",
+        "|---|---|---|---|---|",
+        f"| `pflarena run --engine inprocess` | {local_wall:.1f} | {local_cpu:.1f} | "
+        f"{simulated:.2f} | {fmt(f'{t:.2f}' for t in round_times(local))} |",
         f"| compose: {num_containers} containers, `flwr run` from the host | {wall:.1f} | "
-        f"{cpu:.1f} | "
-        f"{fmt(f'{t:.1f}' for t in round_times(deployed))} |",
+        f"{cpu:.1f} | {composed:.2f} | {fmt(f'{t:.2f}' for t in round_times(deployed))} |",
+        "",
+        f"A compose round is {composed - simulated:+.2f} s from the simulated one. Where each "
+        "exchange's time went (ms, median over the messages, max in brackets; "
+        "`benchmarks/exchange_phases.py` defines the phases):",
+        "",
+        *phase_table({"compose": timeline}),
         "",
         f"`docker-compose up -d` to every service started (healthchecks passed): {up:.1f} s. "
         f"Per-round evaluations equal between the two: {same}. The `pflarena run` time includes "
-        "its start (Flower's simulation runtime, Ray); the compose run's is from `flwr run` to "
+        "its start (the in-process engine); the compose run's is from `flwr run` to "
         "its end, the containers already up. CPU of the compose run is every container's "
         "cgroup; of `pflarena run`, its process tree.",
         "",

@@ -18,6 +18,7 @@ from pathlib import Path
 __all__ = [
     "REFUSED",
     "acquire_task",
+    "control_api_refuses",
     "markers",
     "stranger_app",
     "stranger_cli",
@@ -150,3 +151,20 @@ def acquire_task(address: str, ca: Path | None = None, python: list[str] | None 
     cmd = [*(python or [sys.executable]), "-c", _ACQUIRE, address, str(ca) if ca else ""]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     return (result.stdout.strip().splitlines() or [result.stderr.strip()[-300:]])[-1]
+
+
+def control_api_refuses(home: Path, node_key: Path, app: Path) -> None:
+    """From the stranger's ``home``: register ``node_key``, list runs and nodes, submit
+    ``app``; every call must fail with the SuperLink's refusal."""
+    attempts = {
+        "register a node": stranger_cli(home, "supernode", "register", str(node_key), "stranger"),
+        "list runs": stranger_cli(home, "list", "stranger"),
+        "list nodes": stranger_cli(home, "supernode", "list", "stranger"),
+        "submit a run": stranger_cli(home, "run", str(app), "stranger", "--format", "json"),
+    }
+    for what, result in attempts.items():
+        said = " ".join((result.stdout + result.stderr).split())
+        print(f"stranger tries to {what}: exit {result.returncode}: {said[-160:]}")
+        # `flwr run --format json` exits 0 and says `"success": false`.
+        failed = result.returncode != 0 or '"success": false' in said
+        assert failed and REFUSED in said, (what, said)

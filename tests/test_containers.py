@@ -480,7 +480,13 @@ def test_tls_admits_the_operator_and_registered_nodes_only(tmp_path: Path, image
     while the operator's own run completes over TLS with the in-process evaluations."""
     if os.geteuid() != 0:
         pytest.skip("the containers read the keys as UID 49999: chown needs root")
-    from strangers import REFUSED, acquire_task, markers, stranger_app, stranger_cli, stranger_home
+    from strangers import (
+        acquire_task,
+        control_api_refuses,
+        markers,
+        stranger_app,
+        stranger_home,
+    )
 
     from pflarena.cli import main
     from pflarena.deploy.approval import approve
@@ -536,19 +542,7 @@ def test_tls_admits_the_operator_and_registered_nodes_only(tmp_path: Path, image
         marker = "/runs/stranger-was-here"
         app = stranger_app(tmp_path, marker)
         home = stranger_home(tmp_path, address, certs / "ca.crt")
-        attempts = {
-            "register a node": stranger_cli(
-                home, "supernode", "register", str(certs / "keys" / "unregistered.pub"), "stranger"
-            ),
-            "list runs": stranger_cli(home, "list", "stranger"),
-            "list nodes": stranger_cli(home, "supernode", "list", "stranger"),
-            "submit a run": stranger_cli(home, "run", str(app), "stranger", "--format", "json"),
-        }
-        for what, result in attempts.items():
-            said = " ".join((result.stdout + result.stderr).split())
-            print(f"stranger tries to {what}: exit {result.returncode}: {said[-160:]}")
-            failed = result.returncode != 0 or '"success": false' in said
-            assert failed and REFUSED in said, (what, said)
+        control_api_refuses(home, certs / "keys" / "unregistered.pub", app)
         answer = acquire_task(address, certs / "ca.crt")
         print(f"stranger asks the SuperLink for a task: {answer}")
         assert answer.startswith("refused 401"), answer

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 from deployment_harness import evaluations, flwr_run_args, in_process_rounds, run_config
 from processes import cmdline, descendants, proc_state
-from strangers import REFUSED, acquire_task, markers, stranger_app, stranger_cli, stranger_home
+from strangers import acquire_task, control_api_refuses, markers, stranger_app, stranger_home
 
 from pflarena.core.config import toml_value
 from pflarena.deploy.local import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
@@ -346,19 +346,7 @@ def test_a_stranger_is_refused_while_the_operators_run_completes(
     marker = str(tmp_path / "stranger-was-here")
     app = stranger_app(tmp_path, marker)
     home = stranger_home(tmp_path, dep.address, dep.certs.ca_cert)
-    key = make_node_key(tmp_path / "stranger-node")[1]
-    attempts = {
-        "register a node": stranger_cli(home, "supernode", "register", str(key), "stranger"),
-        "list runs": stranger_cli(home, "list", "stranger"),
-        "list nodes": stranger_cli(home, "supernode", "list", "stranger"),
-        "submit a run": stranger_cli(home, "run", str(app), "stranger", "--format", "json"),
-    }
-    for what, result in attempts.items():
-        said = " ".join((result.stdout + result.stderr).split())
-        print(f"stranger tries to {what}: exit {result.returncode}: {said[-160:]}")
-        # `flwr run --format json` exits 0 and says `"success": false`.
-        failed = result.returncode != 0 or '"success": false' in said
-        assert failed and REFUSED in said, (what, said)
+    control_api_refuses(home, make_node_key(tmp_path / "stranger-node")[1], app)
 
     runtimes = [dep.address, *(f"127.0.0.1:{p}" for p in _runtime_ports(dep))]
     assert len(runtimes) == 1 + NUM_NODES, runtimes

@@ -64,6 +64,15 @@ SIGNING_KEY = "app-signing.key"
 SECRETS_DIR = "secrets"
 
 
+def _key_pair(path: str | Path) -> tuple[Path, Path, bool]:
+    """``path`` and ``path.pub``, and whether both exist; one without the other is an error."""
+    private = Path(path)
+    public = private.with_name(private.name + ".pub")
+    if private.exists() != public.exists():
+        raise DeploymentError(f"{private} and {public}: one exists without the other")
+    return private, public, private.exists()
+
+
 def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to a new file readable by its owner only (0600 from the start)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,12 +168,9 @@ def make_certificates(
 def make_node_key(path: str | Path, comment: str = "") -> tuple[Path, Path]:
     """A SuperNode's EC P-384 key pair in OpenSSH format (``path``, ``path.pub``), made with
     ``ssh-keygen`` as Flower's documentation does; an existing pair is kept."""
-    private = Path(path)
-    public = private.with_name(private.name + ".pub")
-    if private.exists() and public.exists():
+    private, public, exists = _key_pair(path)
+    if exists:
         return private, public
-    if private.exists() or public.exists():
-        raise DeploymentError(f"{private} and {public}: one exists without the other")
     if shutil.which("ssh-keygen") is None:
         raise DeploymentError("SuperNode keys need the `ssh-keygen` command, not on PATH")
     private.parent.mkdir(parents=True, exist_ok=True)
@@ -237,12 +243,9 @@ def make_signing_key(path: str | Path) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    private = Path(path)
-    public = private.with_name(private.name + ".pub")
-    if private.exists() and public.exists():
+    private, public, exists = _key_pair(path)
+    if exists:
         return private, public
-    if private.exists() or public.exists():
-        raise DeploymentError(f"{private} and {public}: one exists without the other")
     key = Ed25519PrivateKey.generate()
     _write_private(
         private,

@@ -38,7 +38,7 @@ what they connect to is healthy (``depends_on: condition: service_healthy``).
 The images (``pflarena-<target>:${PFLARENA_TAG:-latest}``) are built by ``make images``
 (:mod:`pflarena.deploy.images`, ``docker/Dockerfile``); the files name them and do not build.
 Environment read by the files: ``PFLARENA_TAG`` (the images' tag), ``PFLARENA_PORT`` (the
-published port, default 9091), ``PFLARENA_UID``/``PFLARENA_GID`` (the user the ServerApp
+published port, default 9091), ``PFLARENA_TRACE`` (``1``: timestamped, traced logs), ``PFLARENA_UID``/``PFLARENA_GID`` (the user the ServerApp
 executor runs as, who owns what it writes under ``./runs``; default Flower's 49999).
 """
 
@@ -85,6 +85,9 @@ SIGNING_PUBLIC_KEY = "/certs/app-signing.key.pub"
 #: How often the healthchecks probe (each probe starts a Python interpreter: ~0.05 CPU-s).
 HEALTH_INTERVAL = "5s"
 TAG = "${PFLARENA_TAG:-latest}"
+#: Passed through from the host: ``PFLARENA_TRACE=1 docker-compose up`` timestamps the logs of
+#: the ServerApp, SuperNodes and executors (pflarena/core/trace.py).
+TRACE = {"PFLARENA_TRACE": "${PFLARENA_TRACE:-0}"}
 
 
 def _secret(owner: str) -> str:
@@ -245,7 +248,7 @@ def _services(
             # user, so that they belong to whoever runs compose (PFLARENA_UID=$(id -u));
             # HOME is writable by any user.
             "user": "${PFLARENA_UID:-49999}:${PFLARENA_GID:-49999}",
-            "environment": {"HOME": "/tmp"},
+            "environment": {"HOME": "/tmp", **TRACE},
             # It reads the shards' manifest (shards-dir='/shards') for the data's description.
             "volumes": [
                 f"{runs_dir}:/runs",
@@ -297,6 +300,7 @@ def _services(
                 _node_config(shard),
             ],  # fmt: skip
             **({"volumes": node_mounts} if node_mounts else {}),
+            "environment": TRACE,
             "healthcheck": healthcheck(SUPERNODE_RUNTIME_PORT, tls),
             "depends_on": _healthy("superlink"),
             # With authentication a node is refused (exit 305) until its key is registered.
@@ -305,6 +309,7 @@ def _services(
         services[f"clientapp-{i}"] = {
             "image": image("app"),
             **clientapp_executor(f"{node}:{SUPERNODE_RUNTIME_PORT}", tls, node),
+            "environment": TRACE,
             "volumes": [
                 f"{shards_dir}/{shard}:/data/{shard}:ro",
                 f"{node}-state:/state",
