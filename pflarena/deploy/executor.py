@@ -82,8 +82,8 @@ TASK_LOG_PREFIX = "warm-executor task"
 #: First and longest wait (s) between a child's tries for its message's objects while its
 #: SuperNode is still fetching them from the SuperLink (Flower's: 1 s, doubling up to 10 s;
 #: see :func:`patch_clientapp_runtime`).
-PULL_INITIAL_BACKOFF_S = 0.05
-PULL_BACKOFF_CAP_S = 0.2
+PULL_INITIAL_BACKOFF_S = 0.02
+PULL_BACKOFF_CAP_S = 0.1
 #: The executor's task poll while tasks come (s), and for how long after the last one;
 #: ``PFLARENA_EXECUTOR_ACTIVE_POLL_S`` sets the first (Flower's interval or more: a fixed poll).
 ACTIVE_POLL_S = 0.05

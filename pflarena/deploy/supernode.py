@@ -16,7 +16,7 @@ flags>`` runs ``flower-supernode`` with those waits following the work
 (:class:`~pflarena.deploy.waits.ActivityPoll`): for ``W`` seconds after each message (default
 30) it asks for the next one every ``A`` seconds, then doubles its wait per empty poll up to
 ``I`` (default Flower's 3 s), so an idle node costs what it costs today; a message's objects
-are fetched after 0.02 s, doubling to 0.2 s; a reply is checked for every 0.02 s. ``--idle-poll
+are fetched after 0.02 s, doubling to 0.1 s; a reply is checked for every 0.02 s. ``--idle-poll
 S`` alone makes the first two waits a fixed ``S`` seconds (the back-off starts at and is
 capped at ``S``). Without these flags it is ``flower-supernode`` itself.
 
@@ -64,7 +64,7 @@ FLOWER_REPLY_SLEEP_S = 0.5
 #: While active: the first and longest wait between tries for a message's objects, and the
 #: wait between checks for a reply (seconds).
 FETCH_INITIAL_S = 0.02
-FETCH_CAP_S = 0.2
+FETCH_CAP_S = 0.1
 REPLY_CHECK_S = 0.02
 _LOOP_MODULE = "flwr.supernode.start_client_internal"
 _IDLE_LINE = f"time.sleep({FLOWER_IDLE_SLEEP_S})"

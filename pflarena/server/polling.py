@@ -71,12 +71,12 @@ class PromptGrid:
 
 #: First and longest wait (s) between the ServerApp's tries for a reply's objects.
 REPLY_OBJECTS_INITIAL_S = 0.02
-REPLY_OBJECTS_CAP_S = 0.2
+REPLY_OBJECTS_CAP_S = 0.1
 
 
 def _prompt_reply_objects() -> None:
     """Make ``HttpGrid.pull_messages`` retry a reply's objects after 0.02 s, doubling to
-    0.2 s, instead of Flower's 1 s doubling to 10 s.
+    0.1 s, instead of Flower's 1 s doubling to 10 s.
 
     A node's reply is listed as soon as the node has pushed the message, before its objects
     have arrived; ``pull_messages`` then finds an object missing and waits Flower's pull
