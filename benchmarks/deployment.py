@@ -48,6 +48,7 @@ from pflarena.core.config import parse_run_config, toml_value  # noqa: E402
 from pflarena.core.federation import build_federation, write_shards  # noqa: E402
 from pflarena.deploy.executor import ACTIVE_POLL_ENV  # noqa: E402
 from pflarena.deploy.local import CONNECTION, LocalDeployment  # noqa: E402
+from pflarena.deploy.waits import TRACE_REPORT_S  # noqa: E402
 from pflarena.server.results import read_rounds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +59,8 @@ TRACE = {"PFLARENA_TRACE": "1"}
 #: Flower's waits: the SuperNode's (no --active-poll) and a fixed 1 s executor task poll.
 FLOWER_WAITS = {"active_poll": None, "env": TRACE | {ACTIVE_POLL_ENV: "1.0"}}
 FOLLOWING = {"env": TRACE}  # local-deploy's defaults
+#: How long the pollers stay fast after a message (local-deploy's and the executor's default).
+WINDOW_S = 30.0
 
 
 def job(shards: Path, clients: int, rounds: int, out: Path) -> dict[str, Any]:
@@ -134,27 +137,30 @@ def _cpu(pids: list[int]) -> float:
     return total
 
 
-def _polls(log: Path, since: float, name: str) -> float:
-    """Empty polls counted by a tracing poller (``pflarena <name>: N empty polls in T s``)
-    in lines written after ``since`` (wall time); polls per second."""
+def _polls(log: Path, since: float, until: float, name: str) -> float:
+    """Empty polls per second counted by a tracing poller (its lines ``pflarena <name>: N
+    empty polls in T s``, each covering the T s before it) over the reports that fall in
+    ``since``..``until`` (wall time) and end within ``TRACE_REPORT_S`` after it."""
     from exchange_phases import _lines
 
     count = seconds = 0.0
     for when, text in _lines(log):
         match = re.search(rf"pflarena {name}: (\d+) empty polls in ([0-9.]+) s", text)
-        if match and when > since:
+        if match and since < when - float(match.group(2)) and when < until + TRACE_REPORT_S:
             count += int(match.group(1))
             seconds += float(match.group(2))
     return count / seconds if seconds else float("nan")
 
 
 def idle_cost(shards: list[Path], root: Path, seconds: float) -> list[str]:
-    """Per setting: polls per second and CPU (cores) per idle SuperNode (its executor
-    included), and the SuperLink's, over ``seconds`` with no run."""
+    """Per setting and period: polls per second and CPU (cores) per SuperNode (its executor
+    included), and the SuperLink's, with no run: right after the start (the SuperNodes'
+    and executors' first :data:`WINDOW_S`, which they spend as after a message) and once idle
+    (``seconds`` from the end of that window and its back-off on)."""
     rows = [
-        "| setting | SuperNodes | SuperNode polls/s | executor polls/s | cores per SuperNode "
-        "(node + executor) | SuperLink cores |",
-        "|---|---|---|---|---|---|",
+        "| setting | period | SuperNodes | SuperNode polls/s | executor polls/s | cores per "
+        "SuperNode (node + executor) | SuperLink cores |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, settings in (
         ("Flower's waits", FLOWER_WAITS),
@@ -163,28 +169,35 @@ def idle_cost(shards: list[Path], root: Path, seconds: float) -> list[str]:
         dep = LocalDeployment(root / f"idle-{len(rows)}", shards, **settings)
         try:
             dep.start()
-            time.sleep(10.0)  # imports over, first reports written
-            node_pids = [
+            started = time.time()
+            nodes = [
                 p.pid for p in (*dep.supernodes, *dep.executors) if p.name != "executor-superlink"
             ]
             link = [dep.superlink.pid] if dep.superlink else []
-            since, before_nodes, before_link = time.time(), _cpu(node_pids), _cpu(link)
-            time.sleep(seconds)
-            spent = time.time() - since
-            nodes = (_cpu(node_pids) - before_nodes) / spent / len(shards)
-            superlink = (_cpu(link) - before_link) / spent
-            logs = dep.root / "logs"
-            node_polls = statistics.mean(
-                _polls(logs / f"supernode-{i}.log", since, "supernode") for i in range(len(shards))
-            )
-            executor_polls = statistics.mean(
-                _polls(logs / f"executor-supernode-{i}.log", since, "executor")
-                for i in range(len(shards))
-            )
-            rows.append(
-                f"| {name} | {len(shards)} | {node_polls:.2f} | {executor_polls:.2f} | "
-                f"{nodes:.4f} | {superlink:.4f} |"
-            )
+            # The executors' imports end a few seconds after their start.
+            periods = (("first 30 s after a message", 8.0, WINDOW_S - 8.0),
+                       ("idle", WINDOW_S + 10.0, seconds))  # fmt: skip
+            for period, offset, length in periods:
+                time.sleep(max(0.0, started + offset - time.time()))
+                since, cpu_nodes, cpu_link = time.time(), _cpu(nodes), _cpu(link)
+                time.sleep(length)
+                spent = time.time() - since
+                per_node = (_cpu(nodes) - cpu_nodes) / spent / len(shards)
+                superlink = (_cpu(link) - cpu_link) / spent
+                time.sleep(TRACE_REPORT_S + 1.0)  # the period's last poll reports are written
+                logs = dep.root / "logs"
+                node_polls = statistics.mean(
+                    _polls(logs / f"supernode-{i}.log", since, since + spent, "supernode")
+                    for i in range(len(shards))
+                )
+                executor_polls = statistics.mean(
+                    _polls(logs / f"executor-supernode-{i}.log", since, since + spent, "executor")
+                    for i in range(len(shards))
+                )
+                rows.append(
+                    f"| {name} | {period} | {len(shards)} | {node_polls:.2f} | "
+                    f"{executor_polls:.2f} | {per_node:.4f} | {superlink:.4f} |"
+                )
         finally:
             dep.stop()
     return rows

@@ -86,7 +86,7 @@ PULL_INITIAL_BACKOFF_S = 0.02
 PULL_BACKOFF_CAP_S = 0.1
 #: The executor's task poll while tasks come (s), and for how long after the last one;
 #: ``PFLARENA_EXECUTOR_ACTIVE_POLL_S`` sets the first (Flower's interval or more: a fixed poll).
-ACTIVE_POLL_S = 0.05
+ACTIVE_POLL_S = 0.1
 ACTIVE_WINDOW_S = 30.0
 ACTIVE_POLL_ENV = "PFLARENA_EXECUTOR_ACTIVE_POLL_S"
 #: Environment: seconds a child may run before it is killed (``--task-timeout``).

@@ -34,7 +34,7 @@ records every process started (PID and start time, so a reused PID is never sign
 Waits follow the work (:mod:`pflarena.deploy.waits`): a SuperNode asks for its next message
 every ``active_poll`` seconds (default 0.1) for 30 s after each message, then doubles its wait
 up to Flower's 3 s (``pflarena supernode --active-poll``); the warm executor asks its node for
-a task every 0.05 s after each task, then doubles up to ``task_poll``
+a task every 0.1 s for 30 s after each task, then doubles up to ``task_poll``
 (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default here, since ten idle
 SuperNodes polling every 0.1 s kept 0.7 of 2 cores busy); an idle deployment polls as
 Flower's does (``benchmarks/results/deployment.md``).

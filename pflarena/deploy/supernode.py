@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from pflarena.deploy.waits import ActivityPoll, PollClock, enable_trace
+from pflarena.deploy.waits import ActivityPoll, PollClock, enable_trace, tracing
 
 __all__ = [
     "FLOWER_IDLE_SLEEP_S",
@@ -217,6 +217,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if own.idle_poll is not None or own.active_poll is not None:
             idle = FLOWER_IDLE_SLEEP_S if own.idle_poll is None else own.idle_poll
             patch_waits(idle, own.active_poll, own.active_window)
+        elif tracing():  # Flower's waits, counted for the trace
+            check_loop_waits().time = PollClock(
+                ActivityPoll(FLOWER_IDLE_SLEEP_S, FLOWER_IDLE_SLEEP_S, 0.0, "supernode"),
+                FLOWER_IDLE_SLEEP_S,
+            )
     except (RuntimeError, ValueError) as exc:
         raise SystemExit(f"pflarena supernode: {exc}") from None
     if own.app_signing_public_key:
