@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import io
 import json
 import zipfile
@@ -236,6 +237,23 @@ def test_a_supernode_takes_an_approved_app(signed, monkeypatch) -> None:
     # (which this test does not serve, so the message itself is dropped, not answered).
     assert state.get_run(7) is not None
     assert replies == []
+
+
+def test_approvals_and_the_waits_install_together(signed, monkeypatch) -> None:
+    """``pflarena supernode --active-poll ... --app-signing-public-key ...`` wraps Flower's
+    loop twice; the approval check still finds Flower's function beneath the waits'."""
+    from flwr.supernode import start_client_internal as loop
+
+    from pflarena.deploy.supernode import patch_waits, require_approved_apps
+
+    _, _, public = signed
+    for name in ("time", "pull_objects", "_pull_and_store_message", "_verify_fab"):
+        monkeypatch.setattr(loop, name, getattr(loop, name))
+    original = loop._pull_and_store_message
+    patch_waits(3.0, 0.1)
+    require_approved_apps([str(public)])
+    assert loop._pull_and_store_message is not original
+    assert inspect.unwrap(loop._pull_and_store_message) is original
 
 
 def test_a_supernode_refuses_to_combine_approvals_with_trusted_entities(signed) -> None:

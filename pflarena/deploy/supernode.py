@@ -119,6 +119,7 @@ def patch_waits(
     module.pull_objects = functools.partial(module.pull_objects, **fetch)
     pull_and_store = module._pull_and_store_message
 
+    @functools.wraps(pull_and_store)
     def pull_and_store_noting_work(*args: Any, **kwargs: Any) -> Any:
         run_id = pull_and_store(*args, **kwargs)
         if run_id is not None:  # a message came: the next may follow soon
@@ -145,6 +146,7 @@ def check_fab_verification() -> ModuleType:
     module = importlib.import_module(_LOOP_MODULE)
     problems = []
     pull = getattr(module, "_pull_and_store_message", None)
+    pull = inspect.unwrap(pull) if pull is not None else None  # Flower's, under our wrappers
     if pull is None:
         problems.append("_pull_and_store_message")
     else:
@@ -185,6 +187,7 @@ def require_approved_apps(public_key_files: Sequence[str]) -> None:
             reason if ok else f"refused: {reason}")  # fmt: skip
         return ok
 
+    @functools.wraps(pull_and_store)
     def checked_pull_and_store(*args: Any, **kwargs: Any) -> Any:
         get_fab = kwargs["get_fab"]
 
