@@ -361,15 +361,17 @@ class LocalDeployment:
         make_signing_key(self.signing_key)
 
     def approved_app(self, app_root: Path | None = None) -> Path:
-        """The app laid out for ``flwr run`` under ``app_root`` (default ``root/app``), signed
-        with this deployment's key when ``tls`` (nodes run nothing else)."""
+        """The app laid out for ``flwr run``; with ``tls``, under ``app_root`` (default
+        ``root/app``) and signed with this deployment's key (nodes run nothing else), else
+        where ``flwr_run_dir`` lays it out (``app_root``, or the user's cache)."""
         from pflarena.runtime.appdir import flwr_run_dir
 
-        app = flwr_run_dir(app_root or self.root / "app")
-        if self.tls:
-            from pflarena.deploy.approval import approve
+        if not self.tls:
+            return flwr_run_dir(app_root)
+        from pflarena.deploy.approval import approve
 
-            approve(app, self.signing_key)
+        app = flwr_run_dir(app_root or self.root / "app")
+        approve(app, self.signing_key)
         return app
 
     def state_dir(self, index: int) -> Path:
