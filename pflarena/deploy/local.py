@@ -70,6 +70,7 @@ from pflarena.deploy.certs import (
     secret_path,
 )
 from pflarena.deploy.errors import DeploymentError
+from pflarena.deploy.supernode import FLOWER_IDLE_SLEEP_S
 from pflarena.runtime.processes import flower_env, free_port
 
 __all__ = [
@@ -278,7 +279,7 @@ class LocalDeployment:
             raise DeploymentError("SuperNode authentication needs TLS (--tls)")
         if self.idle_poll is not None and not 0.01 <= self.idle_poll <= 60:
             raise DeploymentError(f"idle poll {self.idle_poll} s: choose 0.01 to 60 s")
-        longest = self.idle_poll if self.idle_poll is not None else 3.0
+        longest = self.idle_poll if self.idle_poll is not None else FLOWER_IDLE_SLEEP_S
         if self.active_poll is not None and not 0.01 <= self.active_poll <= longest:
             raise DeploymentError(
                 f"active poll {self.active_poll} s: choose 0.01 to the idle poll, {longest:g} s"
