@@ -19,7 +19,11 @@ and started again; a ClientApp executor container dying mid-message; the SuperLi
 restarted mid-run and the run resumed; the secure variant tried as a stranger (an
 unregistered SuperNode, every Control API call, a Runtime API task on the SuperLink and on
 each SuperNode, an unsigned app) while the operator's run completes; an edge node limited to one CPU and 1 GiB
-behind a degraded link (tc netem in its network namespace).
+behind a degraded link (tc netem in its network namespace); an arm64 edge node (its image built
+for linux/arm64 and run under qemu-user emulation; opt-in, ``PFLARENA_ARM64_TESTS=1`` or
+``make test-edge``, and skipped, saying why, where binfmt_misc has no handler: ``make binfmt``)
+in the federation with the in-process evaluations; an edge node losing its network, getting it
+back, and its container recreated on its state volume.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +51,7 @@ from pflarena.deploy.images import (
     FLOWER_BASE,
     TARGETS,
     build_images,
+    emulation_problem,
     image_exists,
     image_name,
     inputs_digest,
@@ -121,8 +127,12 @@ def _base_image() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def image_tag() -> str:
-    """Build the images once (or reuse those of an unchanged tree); their tag."""
+def image_tag(request: pytest.FixtureRequest) -> str:
+    """Build the images once (or reuse those of an unchanged tree); their tag. When a test
+    of the session needs the arm64 edge image, its build starts first, in the background (its
+    wheelhouse has a port of its own): the emulated build and this one overlap."""
+    if any("arm64_edge" in item.fixturenames for item in request.session.items):
+        _start_arm64_build()  # nothing where the arm64 scenarios skip (_arm64_problem)
     base = _base_image()
     if base is None and (os.geteuid() != 0 or shutil.which("debootstrap") is None):
         pytest.skip(
@@ -137,6 +147,83 @@ def image_tag() -> str:
     return tag
 
 
+ARM64 = "linux/arm64"
+_arm64_build: dict[str, Any] = {}
+
+
+#: The arm64 scenarios are opt-in beyond the container tests' own switch: under emulation the
+#: arm64 base and edge image take about 40 minutes to build cold on a loaded 2-core machine,
+#: more than CI's budget leaves (`make test-edge` runs them; docs/deployment.md, "Edge devices").
+ARM64_SWITCH = "PFLARENA_ARM64_TESTS"
+
+
+def _arm64_problem() -> str | None:
+    """Why the arm64 edge image cannot be had here, or None."""
+    if os.environ.get(ARM64_SWITCH) != "1":
+        return f"the emulated arm64 scenarios are opt-in: {ARM64_SWITCH}=1 (`make test-edge`)"
+    if problem := emulation_problem(ARM64):
+        return f"arm64 containers cannot run here: {problem}"
+    base = local_base_name(ARM64)
+    if not image_exists(base) and (os.geteuid() != 0 or shutil.which("debootstrap") is None):
+        return f"{base} is not here, and making it needs root and debootstrap"
+    return None
+
+
+def _arm64_own_tag() -> str:
+    return "test-" + inputs_digest(base=local_base_name(ARM64))
+
+
+def _start_arm64_build() -> None:
+    """Build the arm64 edge image in a thread (once), unless it exists or cannot be built."""
+    if (
+        _arm64_build
+        or _arm64_problem()
+        or image_exists(image_name("edge", _arm64_own_tag(), platform=ARM64))
+    ):
+        return
+
+    def build() -> None:
+        t0 = time.monotonic()
+        try:
+            _arm64_build["times"] = build_images(
+                local_base=True, tags=[_arm64_own_tag()], targets=["edge"], platform=ARM64
+            )
+        except BaseException as exc:  # reported by the fixture that waits for it
+            _arm64_build["error"] = exc
+        _arm64_build["seconds"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=build, name="arm64-edge-image", daemon=True)
+    _arm64_build["thread"] = thread
+    thread.start()
+
+
+@pytest.fixture(scope="session")
+def arm64_edge(image_tag: str) -> str:
+    """The arm64 edge image (``pflarena images --platform linux/arm64 --target edge``: under
+    qemu-user emulation on an x86-64 host, on the local arm64 base), built once (beside the
+    x86-64 images: :func:`image_tag`) or reused by the digest of its inputs, and tagged
+    ``<image_tag>-arm64`` too, the name ``pflarena compose --edge-platform linux/arm64``
+    gives the edge nodes. Returns that name."""
+    if problem := _arm64_problem():
+        pytest.skip(problem)
+    own = _arm64_own_tag()
+    name = image_name("edge", image_tag, platform=ARM64)
+    _start_arm64_build()  # not yet started: this test alone selected
+    if "thread" in _arm64_build:
+        _arm64_build["thread"].join()
+        if "error" in _arm64_build:
+            raise _arm64_build["error"]
+        print(f"arm64 edge image built in {_arm64_build['seconds']:.0f} s: {_arm64_build['times']}")
+    built = image_name("edge", own, platform=ARM64)
+    subprocess.run(["docker", "tag", built, name], check=True)
+    arch = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Architecture}}", name],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert arch == "arm64", (name, arch)
+    return name
+
+
 # --------------------------------------------------------------------------- a compose project
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -149,7 +236,13 @@ class ComposeProject:
     CLI's home; every ``docker-compose`` call goes through :meth:`compose`."""
 
     def __init__(
-        self, root: Path, tag: str, num_nodes: int, edge_nodes: int = 0, tls: bool = False
+        self,
+        root: Path,
+        tag: str,
+        num_nodes: int,
+        edge_nodes: int = 0,
+        tls: bool = False,
+        edge_platform: str | None = None,
     ) -> None:
         self.root, self.tls = root, tls
         self.name = f"pflarena-test-{os.getpid()}-{next(_projects)}"
@@ -163,6 +256,7 @@ class ComposeProject:
             shards_dir=str(root / "shards"),
             certs_dir=str(root / "certs"),
             runs_dir=str(root / "runs"),
+            edge_platform=edge_platform,
         )
         for name, text in files.items():
             (root / name).write_text(text)
@@ -636,3 +730,174 @@ def test_edge_node_behind_a_degraded_link(tmp_path: Path, image_tag: str) -> Non
         for record in rounds[1:]:
             assert record["train"]["clients"] == 3 and record["train"]["failures"] == 0, record
         assert "2" in rounds[-1]["evaluation"]["per_client"]
+
+
+# --------------------------------------------------------------------------- arm64 edge nodes
+#: Rounds wait this long for an emulated arm64 node's replies (qemu-user runs its ClientApps
+#: tens of times slower than the hardware would).
+EMULATED_ROUND_TIMEOUT_S = 600.0
+
+
+def _edge_client(rounds: list[dict[str, Any]], client: str) -> list[Any]:
+    """Client ``client``'s personalized accuracy in each round's evaluation (None: absent)."""
+    return [
+        ((r.get("evaluation") or {}).get("per_client") or {}).get(client, {}).get("personalized")
+        for r in rounds
+    ]
+
+
+def test_arm64_edge_node_in_the_federation_equals_its_in_process_client(
+    tmp_path: Path, image_tag: str, arm64_edge: str
+) -> None:
+    """The compose federation of two x86-64 SuperNodes and one arm64 edge node (the
+    ``pflarena-edge`` image built for linux/arm64, emulated here), one CPU, 1 GiB, behind a
+    degraded link: FedAvg on digits completes with every client in every round, and every
+    round's evaluations, the edge client's own included, equal the same run in-process on
+    the same shards (x86-64, torch 2.14.1 against the edge's aarch64 torch 2.10.0)."""
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("nsenter", "tc", "iptables")):
+        pytest.skip("degrading a container's link needs root, nsenter, tc and iptables")
+    with _project(tmp_path, image_tag, num_nodes=2, edge_nodes=1, edge_platform=ARM64) as project:
+        project.up()
+        edge = project.container("edge-0")
+        assert _inspect(edge, "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}}") == (
+            f"{10**9} {2**30}"
+        )
+        machine = subprocess.run(
+            ["docker", "exec", edge, "uname", "-m"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert machine == "aarch64", machine
+        print("edge link:", _degrade_link(_inspect(edge, "{{.State.Pid}}")))
+        cfg = run_config(
+            Path("/runs/arm64"), num_clients=3, num_rounds=2,
+            round_timeout=EMULATED_ROUND_TIMEOUT_S,
+        )  # fmt: skip
+        out = tmp_path / "runs" / "arm64"
+        proc = project.submit(cfg.to_run_config())
+        rounds = project.completed(out, project.wait(proc, timeout=4 * EMULATED_ROUND_TIMEOUT_S))
+        for record in rounds:
+            print(
+                f"round {record['round']}: {record.get('train')} "
+                f"round time {record.get('round_time_s', 0.0):.1f}s (emulated arm64 edge)"
+            )
+        assert [r["round"] for r in rounds] == [0, 1, 2]
+        for record in rounds[1:]:
+            assert record["train"]["clients"] == 3 and record["train"]["failures"] == 0, record
+        local = in_process_rounds(cfg, project.shards, tmp_path)
+        print("edge client:", _edge_client(rounds, "2"), "in-process:", _edge_client(local, "2"))
+        assert None not in _edge_client(rounds, "2")
+        assert _edge_client(rounds, "2") == pytest.approx(_edge_client(local, "2"), abs=1e-9)
+        assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
+        losses = [r["train"]["loss"] for r in rounds[1:]]
+        assert losses == pytest.approx([r["train"]["loss"] for r in local[1:]], rel=1e-4)
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root``: its path relative to ``root`` and a digest of its bytes."""
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _round_where(
+    project: ComposeProject, out: Path, proc: subprocess.Popen, after: int, edge_trained: bool
+) -> dict[str, Any]:
+    """The first round after round ``after`` in which the edge client (``2``) trained and was
+    evaluated (``edge_trained``), or was missing from the evaluation; waits for it."""
+
+    def trained(record: dict[str, Any]) -> bool:
+        train = record.get("train") or {}
+        failed = {p.get("client") for p in train.get("problems", [])}
+        per_client = (record.get("evaluation") or {}).get("per_client") or {}
+        return 2 in train.get("sampled", []) and 2 not in failed and "2" in per_client
+
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        path = out / "rounds.jsonl"
+        for record in read_rounds(path) if path.exists() else []:
+            per_client = (record.get("evaluation") or {}).get("per_client") or {}
+            wanted = trained(record) if edge_trained else "2" not in per_client
+            if record["round"] > after and wanted:
+                return record
+        assert proc.poll() is None, f"the run ended first\n{project.logs()}"
+        assert time.monotonic() < deadline, f"no such round after {after}\n{project.logs()}"
+        time.sleep(1)
+
+
+def test_an_edge_node_that_comes_and_goes_keeps_its_client_state(
+    tmp_path: Path, image_tag: str
+) -> None:
+    """An edge node (the host's edge image, so that its rounds take seconds, not the
+    emulator's minutes) in a Ditto run, its personal model in its state volume:
+
+    * its network is taken away after round 1 (``docker network disconnect``): the rounds it
+      misses record it (no evaluation of it; a failure, or, once the SuperLink holds it
+      offline, not sampled), none waits past the round timeout,
+      and every file of its state volume (its personal model's versions) is there, unchanged,
+      while it is away; the network comes back (``docker
+      network connect``) and the node takes part again, holding the version of its personal
+      model the server accepted (no ``state_problems``);
+    * then its container is removed (``docker rm -f``: a power loss) and created again on
+      the same volume: the files are those it left, and it takes part again;
+
+    and the run completes with every round recorded."""
+    if os.geteuid() != 0:
+        pytest.skip("reading the edge node's state volume on the host needs root")
+    with _project(tmp_path, image_tag, num_nodes=2, edge_nodes=1) as project:
+        project.up()
+        network = f"{project.name}_default"
+        volume = subprocess.run(
+            ["docker", "volume", "inspect", "-f", "{{.Mountpoint}}", f"{project.name}_edge-0-state"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        state = Path(volume)
+        timeout = 120.0
+        cfg = run_config(
+            Path("/runs/comes-and-goes"), strategy="ditto", num_clients=3, num_rounds=8,
+            round_timeout=timeout,
+        )  # fmt: skip
+        out = tmp_path / "runs" / "comes-and-goes"
+        proc = project.submit(cfg.to_run_config())
+        project.wait_for_round(out, 1, proc)
+        before = _tree_digest(state)
+        personal = [k for k in before if "personal" in k]
+        assert personal, f"no personal model in the edge node's state: {sorted(before)}"
+
+        edge = project.container("edge-0")
+        subprocess.run(["docker", "network", "disconnect", network, edge], check=True)
+        t0 = time.monotonic()
+        missed = _round_where(project, out, proc, after=1, edge_trained=False)
+        print(f"round {missed['round']} without the edge node, {time.monotonic() - t0:.0f} s "
+              f"after the disconnect: {missed['train']} {missed['evaluation'].get('problems')}")  # fmt: skip
+        assert missed["round_time_s"] <= 2 * timeout + 60, missed
+        assert missed["train"]["failures"] >= 1 or 2 not in missed["train"]["sampled"], missed
+        # Every file the node held is there, unchanged (a message it was handed before the
+        # disconnect may add a version its reply never delivered: the server never accepts it).
+        assert before.items() <= _tree_digest(state).items(), "state lost while away"
+        subprocess.run(
+            ["docker", "network", "connect", "--alias", "edge-0", network, edge], check=True
+        )
+        back = _round_where(project, out, proc, after=missed["round"], edge_trained=True)
+        print(f"round {back['round']}: the edge node is back: {back['train']}")
+        assert not back["train"].get("state_problems"), back["train"]
+        assert not back["evaluation"].get("state_problems"), back["evaluation"]
+        assert back["train"]["failures"] == 0, back["train"]
+
+        # A power loss: the container is removed and made again on the same volume.
+        snapshot = _tree_digest(state)
+        project.compose("rm", "-s", "-f", "edge-0")
+        assert snapshot.items() <= _tree_digest(state).items()
+        project.compose("up", "-d", "--no-deps", "edge-0")
+        assert project.container("edge-0") != edge
+        again = _round_where(project, out, proc, after=back["round"], edge_trained=True)
+        print(f"round {again['round']}: the recreated edge node takes part: {again['train']}")
+        assert not again["train"].get("state_problems"), again["train"]
+        assert again["train"]["failures"] == 0, again["train"]
+
+        rounds = project.completed(out, project.wait(proc))
+        assert [r["round"] for r in rounds] == list(range(9)), rounds
+        print("edge client per round:", _edge_client(rounds, "2"))
+        assert None in _edge_client(rounds, "2")[2:], "no round recorded the node's absence"

@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -255,16 +256,52 @@ def test_the_clientapp_executor_is_named_in_one_place() -> None:
 
 
 def test_edge_nodes_are_limited_and_hold_the_next_shards() -> None:
-    """``--edge-nodes``: SuperNodes that run their ClientApps themselves, limited to one CPU
-    and 1 GiB, holding the shards after the SuperNodes'."""
+    """``--edge-nodes``: SuperNodes that run their ClientApps in their own container
+    (docker/edge-node sets the isolation: pflarena's warm executor unless
+    ``PFLARENA_EDGE_EXECUTOR=flower``), limited to one CPU and 1 GiB, holding the shards after
+    the SuperNodes'."""
     services = _files(2, edge=2)["docker-compose.yml"]["services"]
     for j in range(2):
         edge = services[f"edge-{j}"]
-        assert edge["image"].startswith("pflarena-edge:")
-        assert _option(edge["command"], "--isolation") == "subprocess"
+        assert edge["image"] == "pflarena-edge:${PFLARENA_TAG:-latest}"
+        assert "platform" not in edge
+        assert "--isolation" not in edge["command"], "docker/edge-node refuses it"
+        assert edge["environment"] == {
+            "PFLARENA_EDGE_EXECUTOR": "${PFLARENA_EDGE_EXECUTOR:-warm}",
+            "PFLARENA_TRACE": "${PFLARENA_TRACE:-0}",
+        }
         assert (edge["cpus"], edge["mem_limit"]) == (compose.EDGE_CPUS, compose.EDGE_MEMORY)
         path = _node_config(edge["command"])["data-path"]
         assert _mounts(edge)[path] == (f"./shards/client_{2 + j:04d}.npz", "ro")
+
+
+def test_an_arm64_edge_node_runs_the_arm64_image_and_nothing_else_changes() -> None:
+    """``--edge-platform linux/arm64``: the edge nodes (and the remote edge file) name the
+    image ``pflarena images --platform linux/arm64`` tags (``<tag>-arm64``) and run as that
+    platform; every other service is what it is without the option, and the TLS edge node
+    keeps its key and the app signing key. An unknown platform is refused."""
+    host = _files(2, edge=1)
+    arm = {
+        name: load(text)
+        for name, text in compose_files(2, edge_nodes=1, edge_platform="linux/arm64").items()
+    }
+    for variant in VARIANTS.values():
+        for name, service in arm[variant]["services"].items():
+            if name == "edge-0":
+                assert service["image"] == "pflarena-edge:${PFLARENA_TAG:-latest}-arm64"
+                assert service["platform"] == "linux/arm64"
+                rest = {k: v for k, v in service.items() if k not in ("image", "platform")}
+                same = {k: v for k, v in host[variant]["services"][name].items() if k != "image"}
+                assert rest == same, (variant, name)
+            else:
+                assert service == host[variant]["services"][name], (variant, name)
+    secure = arm["docker-compose.tls.yml"]["services"]["edge-0"]["command"]
+    assert _option(secure, "--auth-supernode-private-key") == "/keys/supernode-2"
+    assert _option(secure, "--app-signing-public-key") == compose.SIGNING_PUBLIC_KEY
+    remote = arm["docker-compose.edge.yml"]["services"]["supernode"]
+    assert remote["image"].endswith("-arm64") and remote["platform"] == "linux/arm64"
+    with pytest.raises(ValueError, match="linux/arm64"):
+        compose_files(2, edge_nodes=1, edge_platform="linux/riscv64")
 
 
 def test_committed_files_are_the_generated_ones() -> None:
@@ -368,19 +405,29 @@ def test_images_share_one_base_and_install_without_network() -> None:
     stages = dict(
         (m.group(2), m.group(1)) for m in re.finditer(r"^FROM (\S+) AS (\S+)$", text, re.M)
     )
-    assert set(stages) >= {"superlink", "supernode", "app", "edge", "runtime"}
+    assert set(stages) >= {"superlink", "supernode", "app", "edge", "edgedeps", "runtime"}
     for stage, parent in stages.items():
         assert parent == "${BASE_IMAGE}" or parent in stages, (stage, parent)
-    assert stages["app"] == stages["edge"] == "runtime"
+    # The edge's dependencies are one layer that app stands on too; app adds the rest.
+    assert stages["edge"] == stages["runtime"] == "edgedeps" and stages["app"] == "runtime"
+    order = [m.group(1) for m in re.finditer(r"^FROM \S+ AS (\S+)$", text, re.M)]
+    # The classic builder builds every stage before its target: edge never builds runtime.
+    assert order.index("edge") < order.index("runtime"), order
     installs = [ln for ln in text.splitlines() if "pip install" in ln and not ln.startswith("#")]
-    # The wheelhouse's dependencies once (runtime), the project's wheel alone per stage that
-    # needs it (node: without dependencies; runtime).
+    # The wheelhouse's dependencies twice (the edge's, then the rest), the project's wheel
+    # alone per stage that needs it (node: without dependencies; edge; runtime).
     assert all("--no-index" in line for line in installs), installs
-    assert sum("--find-links" in line for line in installs) == 1, installs
+    assert sum("--find-links" in line for line in installs) == 2, installs
     node = text[text.index("AS node") : text.index("AS superlink")]
     assert "--no-deps /tmp/dist/pflarena-" in node and "WHEELHOUSE" not in node
     assert f"ARG WHEELHOUSE_URL=http://127.0.0.1:{images.WHEELHOUSE_PORT}/" in text
+    edgedeps = text[text.index("AS edgedeps") : text.index("AS edge\n")]
+    assert '-r "${WHEELHOUSE_URL}edge-requirements.txt"' in edgedeps
+    edge = text[text.index("AS edge\n") : text.index("AS runtime")]
+    assert "--no-deps /tmp/dist/pflarena-" in edge and "--find-links" not in edge
+    assert 'ENTRYPOINT ["edge-node"]' in edge and "COPY docker/edge-node " in edge
     runtime = text[text.index("AS runtime") :]
+    assert '-r "${WHEELHOUSE_URL}requirements.txt"' in runtime
     assert runtime.index('--find-links "$WHEELHOUSE_URL"') < runtime.index("pflarena-dist")
     assert "COPY --from" not in text and "/wheels" not in text
     assert "-e ." not in text and "git clone" not in text
@@ -560,6 +607,116 @@ def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:
             assert dep in reqs, dep
 
 
+_EDGE_IMPORTS = """
+import importlib, pkgutil, sys
+import torch
+import pflarena.client.app, pflarena.client.solvers as solvers
+import pflarena.deploy.executor, pflarena.deploy.supernode
+for module in pkgutil.walk_packages(solvers.__path__, "pflarena.client.solvers."):
+    importlib.import_module(module.name)
+from pflarena.core.models import MODEL_NAMES, TOKEN_MODELS, build_model
+for name in MODEL_NAMES:
+    shape = (20,) if name in TOKEN_MODELS else (3, 32, 32)
+    build_model(name, shape, 10, seed=0)
+print(sorted(m for m in sys.modules if m.split(".")[0] in sys.argv[1].split(",")))
+"""
+
+
+def _closure(names: Sequence[str]) -> set[str]:
+    """The installed distributions ``names`` require, transitively (no extras)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [n.lower() for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            reqs = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        for text in reqs:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name.lower().replace("_", "-"))
+    return seen
+
+
+def test_the_edge_requirements_are_all_the_clientapp_imports(tmp_path: Path) -> None:
+    """The edge image holds :func:`images.edge_requirements` only: pyproject.toml's
+    dependencies named in ``EDGE_PACKAGES`` (flwr without the simulation extra). With every
+    other dependency's modules absent from site-packages (and Ray's), the ClientApp, every method's
+    local solver, the warm executor, the SuperNode wrapper and every model still import and
+    build: what the edge leaves out, no ClientApp needs."""
+    import sys
+    import sysconfig
+    from importlib.metadata import packages_distributions
+
+    import tomllib
+
+    from pflarena.deploy import images
+
+    edge = images.edge_requirements()
+    names = {re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in edge}
+    assert names == set(images.EDGE_PACKAGES), edge
+    assert all("[" not in r for r in edge), edge  # flwr[simulation] would bring Ray
+    assert {"torch==2.14.1", "torchvision==0.29.1"} <= set(edge)
+    assert {"torch==2.10.0", "torchvision==0.25.0"} <= set(
+        images.edge_requirements(platform="linux/arm64")
+    )
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    left_out = {re.split(r"[<>=\[ ]", d, maxsplit=1)[0].lower() for d in declared} - set(
+        images.EDGE_PACKAGES
+    )
+    assert {"cvxpy", "scipy", "scikit-learn", "matplotlib", "opacus"} <= left_out
+    # What the edge's packages bring themselves (pillow with torchvision) is in the image.
+    left_out = (left_out | {"ray"}) - _closure(images.EDGE_PACKAGES)
+    modules = {
+        module
+        for module, dists in packages_distributions().items()
+        if all(d.lower() in left_out for d in dists)
+    }
+    assert {"cvxpy", "scipy", "sklearn", "matplotlib", "ray"} <= modules
+    # site-packages as the edge image has it: everything but those modules (symlinks).
+    view = tmp_path / "site-packages"
+    view.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.name.split(".")[0] not in modules:
+            (view / entry.name).symlink_to(entry)
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", _EDGE_IMPORTS, ",".join(sorted(modules))],
+        capture_output=True, text=True, timeout=300,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{view}{os.pathsep}{ROOT}"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_arm64_images_are_the_edge_s_and_tagged_with_their_architecture(tmp_path: Path) -> None:
+    """``--platform linux/arm64``: images tagged ``<tag>-arm64`` (one image store holds one
+    image per name), a base of its own, the CPU-only torch; the ServerApp's ``app`` image is
+    refused before anything is made, as is an unknown platform."""
+    from pflarena.deploy import images
+
+    assert images.image_name("edge", "dev", platform="linux/arm64") == "pflarena-edge:dev-arm64"
+    assert images.image_name("edge", "dev") == "pflarena-edge:dev"
+    assert images.local_base_name("linux/arm64") == images.local_base_name() + "-arm64"
+    assert images.get_platform("aarch64") is images.PLATFORMS["linux/arm64"]
+    assert images.PLATFORMS["linux/arm64"].targets == ("superlink", "supernode", "edge")
+    root = _tree(tmp_path)
+    with pytest.raises(ValueError, match="not app"):
+        images.build_images(platform="linux/arm64", targets=["edge", "app"], root=root)
+    with pytest.raises(ValueError, match="unknown platform"):
+        images.build_images(platform="linux/s390x", root=root)
+    assert not (tmp_path / "build").exists(), "nothing may be made"
+    digests = {images.inputs_digest(root, base=images.local_base_name(p)) for p in images.PLATFORMS}
+    assert len(digests) == 2
+
+
 def _tree(root: Path) -> Path:
     for rel in ("docker/Dockerfile", ".dockerignore", "docker/constraints.txt", "pyproject.toml",
                 "pflarena/__init__.py"):  # fmt: skip
@@ -629,3 +786,58 @@ def test_a_node_builds_its_model_from_its_own_shard_without_the_servers_shard_di
     }
     for key, value in model.state_dict().items():  # the same seeded initial weights
         assert torch.equal(value, expected.state_dict()[key]), key
+
+
+EDGE_NODE = ROOT / "docker" / "edge-node"
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "said"),
+    [
+        ({}, ["--isolation", "subprocess"], "--isolation is set by PFLARENA_EDGE_EXECUTOR"),
+        ({}, ["--isolation=process"], "--isolation is set by PFLARENA_EDGE_EXECUTOR"),
+        ({"PFLARENA_EDGE_EXECUTOR": "fast"}, [], "choose warm or flower"),
+    ],
+)
+def test_the_edge_entrypoint_refuses_what_it_sets(
+    env: dict[str, str], args: list[str], said: str
+) -> None:
+    """docker/edge-node sets the isolation itself and knows two executors."""
+    result = subprocess.run(
+        ["bash", str(EDGE_NODE), *args], capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ.get("PATH", ""), **env},
+    )  # fmt: skip
+    assert result.returncode == 2 and said in result.stderr, result
+
+
+def test_the_edge_entrypoint_ends_with_its_supernode(tmp_path: Path) -> None:
+    """docker/edge-node with the warm executor: when the SuperNode ends (here it cannot reach
+    a SuperLink and may not retry), the executor beside it is stopped too and the script
+    exits with the SuperNode's non-zero status, so that the container's restart policy
+    brings the whole node back instead of leaving half of it running."""
+    import sys
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(tmp_path),
+        "FLWR_HOME": str(tmp_path / "flwr"),
+    }
+    proc = subprocess.Popen(
+        ["bash", str(EDGE_NODE), "--insecure", "--superlink", f"127.0.0.1:{port}",
+         "--max-retries", "0", "--node-config", f'data-path="{tmp_path}/none.npz"'],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode not in (0, 2), out[-3000:]
+    left = subprocess.run(
+        ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True
+    ).stdout.split()
+    assert left == [], f"processes left in the node's session: {left}\n{out[-3000:]}"

@@ -222,6 +222,8 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         command += f" --edge-nodes {args.edge_nodes}"
     if args.gpus:
         command += f" --gpus {args.gpus}"
+    if args.edge_platform:
+        command += f" --edge-platform {args.edge_platform}"
     files = compose_files(
         args.num_supernodes,
         gpus,
@@ -231,6 +233,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         runs_dir=args.runs_dir,
         image=args.image,
         command_line=command,
+        edge_platform=args.edge_platform,
     )
     for path in write_compose_files(files, Path(args.out_dir), force=args.force):
         print(f"wrote {path}")
@@ -411,6 +414,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default=0,
         metavar="K",
         help="also K edge nodes (1 CPU, 1 GiB; shards N..N+K-1; default 0)",
+    )
+    compose.add_argument(
+        "--edge-platform",
+        metavar="PLATFORM",
+        help="the edge nodes' platform (linux/arm64: the images `pflarena images --platform "
+        "linux/arm64` tags <tag>-arm64, run under emulation on an x86-64 host; default the "
+        "host's images)",
     )
     compose.add_argument(
         "--image",

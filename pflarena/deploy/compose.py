@@ -55,11 +55,13 @@ __all__ = [
     "COMPOSE_FILES",
     "EDGE_CPUS",
     "EDGE_MEMORY",
+    "EDGE_PLATFORMS",
     "SUPERLINK_PORT",
     "SUPERNODE_RUNTIME_PORT",
     "clientapp_executor",
     "compose_files",
     "dump",
+    "edge_image",
     "load",
 ]
 
@@ -78,6 +80,11 @@ EDGE_CPUS = 1.0
 EDGE_MEMORY = "1g"
 #: A SuperNode's wait between asks for a message while messages come (``--active-poll``).
 ACTIVE_POLL_S = 0.1
+#: The platforms an edge node's image can be written for (``--edge-platform``).
+EDGE_PLATFORMS = ("linux/amd64", "linux/arm64")
+#: An edge node's environment: its ClientApp executor (docker/edge-node): pflarena's warm
+#: one by default, ``flower`` for Flower's.
+EDGE_ENVIRONMENT = {"PFLARENA_EDGE_EXECUTOR": "${PFLARENA_EDGE_EXECUTOR:-warm}"}
 #: Where the CA's certificate is mounted in every container of the TLS variant.
 CA = "/certs/ca.crt"
 #: Where the app signing public key is mounted (SuperNodes, edge nodes, the ServerApp executor).
@@ -167,6 +174,18 @@ def _healthy(*services: str) -> dict[str, Any]:
     return {name: {"condition": "service_healthy"} for name in services}
 
 
+def edge_image(prefix: str, platform: str | None) -> dict[str, Any]:
+    """An edge service's ``image`` (and ``platform``): ``<prefix>-edge:${PFLARENA_TAG}``, or
+    for a ``platform`` such as ``linux/arm64`` the image ``pflarena images --platform`` tags
+    ``${PFLARENA_TAG}-arm64``, run as that platform (under emulation on another host)."""
+    if platform is None:
+        return {"image": f"{prefix}-edge:{TAG}"}
+    arch = platform.rsplit("/", 1)[-1]
+    if platform not in EDGE_PLATFORMS:
+        raise ValueError(f"--edge-platform {platform}: choose {', '.join(EDGE_PLATFORMS)}")
+    return {"image": f"{prefix}-edge:{TAG}-{arch}", "platform": platform}
+
+
 def _services(
     num_supernodes: int,
     edge_nodes: int,
@@ -176,6 +195,7 @@ def _services(
     certs_dir: str,
     runs_dir: str,
     prefix: str,
+    edge_platform: str | None = None,
 ) -> dict[str, Any]:
     """One variant's whole file (plain HTTP or TLS with SuperNode authentication)."""
     superlink = f"superlink:{SUPERLINK_PORT}"
@@ -325,17 +345,18 @@ def _services(
         key = f"supernode-{num_supernodes + j}"
         auth = ["--auth-supernode-private-key", f"/keys/{key}", *approved_only] if tls else []
         services[node] = {
-            "image": image("edge"),
+            **edge_image(prefix, edge_platform),
             "command": [
+                "--active-poll",
+                str(ACTIVE_POLL_S),
                 *transport,
                 "--superlink",
                 superlink,
                 *auth,
-                "--isolation",
-                "subprocess",
                 "--node-config",
                 _node_config(shard),
             ],  # fmt: skip
+            "environment": {**EDGE_ENVIRONMENT, **TRACE},
             "volumes": [
                 f"{shards_dir}/{shard}:/data/{shard}:ro",
                 f"{node}-state:/state",
@@ -364,6 +385,7 @@ def compose_files(
     runs_dir: str = "./runs",
     image: str = "pflarena",
     command_line: str = "",
+    edge_platform: str | None = None,
 ) -> dict[str, str]:
     """The four compose files' text for ``num_supernodes`` SuperNodes (and ``edge_nodes``
     edge nodes after them).
@@ -371,9 +393,11 @@ def compose_files(
     ``gpus[i]`` is the GPU (a device id) of SuperNode ``i``'s ClientApp executor in
     ``docker-compose.gpu.yml``; by default ``0 .. N-1``. SuperNode ``i`` holds
     ``<shards_dir>/client_<i:04d>.npz`` (the files ``pflarena shards`` writes), edge node
-    ``j`` the file ``N + j``. Images are ``<image>-<target>``. Raises ``ValueError`` for a
-    count below 1, a negative number of edge nodes, or GPUs that are not one distinct id per
-    SuperNode.
+    ``j`` the file ``N + j``. Images are ``<image>-<target>``; ``edge_platform``
+    (``linux/arm64``) gives the edge nodes (in the federation files and in
+    ``docker-compose.edge.yml``) that platform's image (:func:`edge_image`). Raises
+    ``ValueError`` for a count below 1, a negative number of edge nodes, an unknown edge
+    platform, or GPUs that are not one distinct id per SuperNode.
     """
     if num_supernodes < 1:
         raise ValueError("--num-supernodes must be at least 1")
@@ -395,8 +419,13 @@ def compose_files(
         "; do not edit.\nSee docs/deployment.md. Images: `make images`."
     )
     dirs = {"shards_dir": shards_dir, "certs_dir": certs_dir, "runs_dir": runs_dir}
-    plain = _services(num_supernodes, edge_nodes, False, prefix=image, **dirs)
-    secure = _services(num_supernodes, edge_nodes, True, prefix=image, **dirs)
+    edge_image(image, edge_platform)  # refuses an unknown platform before anything is made
+    plain = _services(
+        num_supernodes, edge_nodes, False, prefix=image, edge_platform=edge_platform, **dirs
+    )
+    secure = _services(
+        num_supernodes, edge_nodes, True, prefix=image, edge_platform=edge_platform, **dirs
+    )
     gpu = {
         "services": {
             f"clientapp-{i}": {
@@ -420,8 +449,10 @@ def compose_files(
     edge = {
         "services": {
             "supernode": {
-                "image": f"{image}-edge:{TAG}",
+                **edge_image(image, edge_platform),
                 "command": [
+                    "--active-poll",
+                    str(ACTIVE_POLL_S),
                     "--root-certificates",
                     CA,
                     "--superlink",
@@ -430,11 +461,10 @@ def compose_files(
                     "/keys/supernode",
                     "--app-signing-public-key",
                     SIGNING_PUBLIC_KEY,
-                    "--isolation",
-                    "subprocess",
                     "--node-config",
                     _node_config("shard.npz"),
                 ],  # fmt: skip
+                "environment": {**EDGE_ENVIRONMENT, **TRACE},
                 "volumes": [
                     "${SHARD_FILE:?this node's shard file}:/data/shard.npz:ro",
                     "${CA_CERT:-./certs/ca.crt}:" + CA + ":ro",
