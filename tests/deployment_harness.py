@@ -41,7 +41,7 @@ from pflarena.core.federation import FederationSpec, build_federation, write_sha
 from pflarena.deploy.local import DEFAULT_ACTIVE_POLL_S, executor_cmd
 from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.runtime.launch import simulation_env
-from pflarena.runtime.processes import free_port, stop, wait_healthy
+from pflarena.runtime.processes import Supervised, free_port, stop, stop_all, wait_healthy
 from pflarena.server.polling import REPLY_POLL_ENV
 from pflarena.server.results import read_rounds
 
@@ -143,20 +143,12 @@ class Deployment:
 
     def _spawn(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
         self.logs[name] = self.root / f"{name}.log"
-        handle = open(self.logs[name], "wb")  # noqa: SIM115 - closed in close()
-        self._handles.append(handle)
-        # A session of its own: a Ctrl-C in pytest's terminal reaches pytest only, and the
-        # fixture's teardown then stops the process by PID.
-        proc = subprocess.Popen(
-            cmd,
-            env=self._env(home),
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=home,
-            start_new_session=True,
-        )
+        # The project's supervisor: a session of its own, so that a Ctrl-C in pytest's
+        # terminal reaches pytest only, and the fixture's teardown stops the process by PID.
+        proc = Supervised.spawn(name, cmd, self.logs[name], self._env(home), cwd=home, append=False)
+        assert proc.popen is not None
         print(f"{self.elapsed():.0f}s: started {name} pid {proc.pid}")
-        return proc
+        return proc.popen
 
     def start_superlink(self) -> None:
         """The SuperLink (deployment, not simulation), its state in a database file so that
@@ -361,8 +353,8 @@ class Deployment:
         SIGTERM first, SIGKILL after ``GRACE_S`` seconds. Safe to call twice.
         """
         self.note_children()
-        _stop_all(self.cli)
-        _stop_all([*self.supernodes, *self.executors])
+        stop_all(self.cli, GRACE_S)
+        stop_all([*self.supernodes, *self.executors], GRACE_S)
         if self.superlink is not None:
             stop(self.superlink, grace=GRACE_S)
         for thread in self._threads.values():
@@ -404,20 +396,6 @@ def stop_pids(pids: set[int], grace: float = GRACE_S) -> None:
             alive = {pid for pid in alive if proc_state(pid) is not None}
             time.sleep(0.2)
     assert not any(proc_state(pid) for pid in pids), f"could not stop {pids}"
-
-
-def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
-    """SIGTERM every live process in ``procs`` at once, wait, SIGKILL what is left."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def started_deployment(

@@ -12,6 +12,7 @@ import pytest
 
 from pflarena.cli import main
 from pflarena.deploy import local as deploy
+from pflarena.runtime.processes import start_time
 from pflarena.server.polling import PromptGrid, prompt_grid
 
 
@@ -66,7 +67,7 @@ def test_stop_signals_a_recorded_pid_only_while_it_is_the_same_process(tmp_path:
         assert deploy.stop_recorded(tmp_path, grace=1, say=lambda _: None) == 0
         time.sleep(0.3)
         assert sleeper.poll() is None, "a process that is not the recorded one was signalled"
-        record["processes"][0]["start_time"] = deploy._start_time(sleeper.pid)
+        record["processes"][0]["start_time"] = start_time(sleeper.pid)
         (tmp_path / "deployment.json").write_text(json.dumps(record))
         assert deploy.stop_recorded(tmp_path, grace=5, say=lambda _: None) == 1
         assert sleeper.wait(timeout=10) is not None

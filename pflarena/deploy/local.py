@@ -71,7 +71,7 @@ from pflarena.deploy.certs import (
 )
 from pflarena.deploy.errors import DeploymentError
 from pflarena.deploy.supernode import FLOWER_IDLE_SLEEP_S
-from pflarena.runtime.processes import flower_env, free_port
+from pflarena.runtime.processes import Supervised, flower_env, free_port, start_time, stop_all
 
 __all__ = [
     "CONNECTION",
@@ -105,72 +105,6 @@ GRACE_S = 15.0
 
 
 # --------------------------------------------------------------------------- processes
-def _start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-@dataclass
-class _Process:
-    name: str
-    cmd: list[str]
-    log: Path
-    popen: subprocess.Popen | None = None
-    pid: int = 0
-    started: int | None = None
-
-    def alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return self.pid > 0 and _start_time(self.pid) == self.started
-
-    def stop(self, signum: int = signal.SIGTERM, wait: float = 30.0) -> bool:
-        """Send ``signum`` (by PID, if it is still this process); True once it has exited."""
-        _signal(self, signum)
-        deadline = time.monotonic() + wait
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return not self.alive()
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "pid": self.pid,
-            "start_time": self.started,
-            "log": str(self.log),
-        }
-
-
-def _signal(proc: _Process, signum: int) -> None:
-    if proc.alive():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
-
-
-def _stop_processes(procs: Sequence[_Process], grace: float = GRACE_S) -> None:
-    """SIGTERM every live one, wait up to ``grace`` s, SIGKILL the rest (by PID)."""
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(p.alive() for p in procs) and time.monotonic() < deadline:
-        for proc in procs:
-            if proc.popen is not None:
-                proc.popen.poll()
-        time.sleep(0.2)
-    for proc in procs:
-        _signal(proc, signal.SIGKILL)
-        if proc.popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
-
-
 #: The name of a SuperNode's warm executor in a deployment's records: this and the node's.
 EXECUTOR_PREFIX = "executor-"
 
@@ -266,9 +200,9 @@ class LocalDeployment:
     executor: str = "warm"
     idle_poll: float | None = None
     active_poll: float | None = DEFAULT_ACTIVE_POLL_S
-    superlink: _Process | None = None
-    supernodes: list[_Process] = field(default_factory=list)
-    executors: list[_Process] = field(default_factory=list)
+    superlink: Supervised | None = None
+    supernodes: list[Supervised] = field(default_factory=list)
+    executors: list[Supervised] = field(default_factory=list)
     certs: CertificateSet | None = None
     launcher: dict[str, Any] | None = None
     _ports: set[int] = field(default_factory=set)
@@ -387,25 +321,12 @@ class LocalDeployment:
         return flower_env(home) | poll | self.env
 
     # ------------------------------------------------------------------ starting
-    def _spawn(self, name: str, cmd: list[str], home: Path) -> _Process:
-        log = self.root / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
+    def _spawn(self, name: str, cmd: list[str], home: Path) -> Supervised:
         home.mkdir(parents=True, exist_ok=True)
-        proc = _Process(name, cmd, log)
-        with open(log, "ab") as handle:
-            # A session of its own: a Ctrl-C in the terminal reaches this command only,
-            # which then stops every process by PID, SuperNodes first.
-            proc.popen = subprocess.Popen(
-                cmd,
-                env=self.process_env(home),
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=home,
-                start_new_session=True,
-            )
-        proc.pid = proc.popen.pid
-        proc.started = _start_time(proc.pid)
+        # A session of its own: a Ctrl-C in the terminal reaches this command only, which
+        # then stops every process by PID, SuperNodes first.
+        log = self.root / "logs" / f"{name}.log"
+        proc = Supervised.spawn(name, cmd, log, self.process_env(home), cwd=home)
         if name == "superlink":
             self.superlink = proc
         elif name.startswith(EXECUTOR_PREFIX):
@@ -521,7 +442,7 @@ class LocalDeployment:
 
     def start_supernode(
         self, index: int, key: Path | None = None, name: str | None = None
-    ) -> _Process:
+    ) -> Supervised:
         """Start SuperNode ``index`` (not waiting for it), and with the warm executor its
         executor; record them; returns the SuperNode's process."""
         name = name or f"supernode-{index}"
@@ -643,7 +564,7 @@ class LocalDeployment:
         return [int(n["node-id"]) for n in nodes if n.get("status") == "online"]
 
     def wait_online(
-        self, count: int, timeout: float = 120.0, watch: Sequence[_Process] | None = None
+        self, count: int, timeout: float = 120.0, watch: Sequence[Supervised] | None = None
     ) -> list[int]:
         """Until at least ``count`` SuperNodes are online; fails early if one of ``watch``
         (default: every SuperNode started) exits."""
@@ -670,14 +591,14 @@ class LocalDeployment:
             time.sleep(1.0)
 
     # ------------------------------------------------------------------ recording, stopping
-    def processes(self) -> list[_Process]:
+    def processes(self) -> list[Supervised]:
         """SuperNodes first, then the SuperLink: the order they are stopped in."""
         return [*self.supernodes, *self.executors, *([self.superlink] if self.superlink else [])]
 
     def save(self, launcher_pid: int | None = None) -> None:
         """Write ``deployment.json``: what ``--stop`` needs, and how to use the deployment."""
         if launcher_pid is not None:
-            self.launcher = {"pid": launcher_pid, "start_time": _start_time(launcher_pid)}
+            self.launcher = {"pid": launcher_pid, "start_time": start_time(launcher_pid)}
         state = {
             "address": self.address,
             "connection": CONNECTION,
@@ -700,9 +621,9 @@ class LocalDeployment:
     def stop(self, grace: float = GRACE_S) -> None:
         """Stop every process this deployment started, by PID (SuperNodes, then the
         SuperLink; SIGTERM, then SIGKILL after ``grace`` s). Safe to call twice."""
-        _stop_processes([*self.supernodes, *self.executors], grace)
+        stop_all([*self.supernodes, *self.executors], grace)
         if self.superlink is not None:
-            _stop_processes([self.superlink], grace)
+            stop_all([self.superlink], grace)
         state = self.root / STATE_FILE
         if state.exists() and not running_processes(self.root):
             state.unlink(missing_ok=True)
@@ -730,16 +651,13 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _recorded(root: Path) -> tuple[dict[str, Any], list[_Process]]:
+def _recorded(root: Path) -> tuple[dict[str, Any], list[Supervised]]:
     path = Path(root) / STATE_FILE
     if not path.exists():
         raise DeploymentError(f"no deployment recorded in {root} (no {STATE_FILE})")
     try:
         state = json.loads(path.read_text())
-        procs = [
-            _Process(p["name"], [], Path(p["log"]), pid=int(p["pid"]), started=p["start_time"])
-            for p in state["processes"]
-        ]
+        procs = [Supervised.from_record(p) for p in state["processes"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise DeploymentError(f"{path} is not a deployment record: {exc}") from None
     return state, procs
@@ -764,15 +682,15 @@ def stop_recorded(
     state, procs = _recorded(root)
     launcher = state.get("launcher")
     alive = [p for p in procs if p.alive()]
-    if launcher and _start_time(int(launcher["pid"])) == launcher["start_time"]:
+    if launcher and start_time(int(launcher["pid"])) == launcher["start_time"]:
         # The foreground `pflarena local-deploy` stops its processes itself on SIGTERM.
         os.kill(int(launcher["pid"]), signal.SIGTERM)
         deadline = time.monotonic() + 2 * grace + 10
         while any(p.alive() for p in procs) and time.monotonic() < deadline:
             time.sleep(0.2)
     # SuperNodes first, so that they can deregister while the SuperLink still answers.
-    _stop_processes([p for p in procs if p.name != "superlink"], grace)
-    _stop_processes([p for p in procs if p.name == "superlink"], grace)
+    stop_all([p for p in procs if p.name != "superlink"], grace)
+    stop_all([p for p in procs if p.name == "superlink"], grace)
     say(f"stopped {len(alive)} process(es): {', '.join(p.name for p in alive) or 'none running'}")
     (root / STATE_FILE).unlink(missing_ok=True)
     return len(alive)

@@ -1,7 +1,11 @@
 """Processes this package starts: their environment, ports, readiness and stopping.
 
-Shared by the simulation launcher (:mod:`pflarena.runtime.launch`) and the local deployment
-(:mod:`pflarena.deploy.local`). Everything here acts only on processes we started, by PID.
+The one supervisor of the project's processes: the simulation launcher
+(:mod:`pflarena.runtime.launch`), the local deployment (:mod:`pflarena.deploy.local`) and the
+tests' deployment harness start, watch and stop their processes with :class:`Supervised` and
+:func:`stop_all`. Everything here acts only on processes we started, by PID; a process known
+only from a record (a deployment stopped by a later command) is identified by its PID and the
+kernel's start time, so that a reused PID is never signalled.
 """
 
 from __future__ import annotations
@@ -14,9 +18,21 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["flower_env", "free_port", "stop", "stop_group", "wait_healthy"]
+__all__ = [
+    "Supervised",
+    "flower_env",
+    "free_port",
+    "start_time",
+    "stop",
+    "stop_all",
+    "stop_group",
+    "wait_healthy",
+]
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
@@ -58,16 +74,120 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> No
     raise RuntimeError(f"the SuperLink did not answer on 127.0.0.1:{port} within {timeout:.0f}s")
 
 
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class Supervised:
+    """One process we started (``popen`` set) or one a record names (``pid`` and its
+    ``started`` time: :func:`start_time`)."""
+
+    name: str
+    cmd: list[str]
+    log: Path | None = None
+    popen: subprocess.Popen | None = None
+    pid: int = 0
+    started: int | None = None
+
+    @classmethod
+    def spawn(
+        cls,
+        name: str,
+        cmd: list[str],
+        log: Path,
+        env: Mapping[str, str],
+        cwd: Path,
+        append: bool = True,
+    ) -> Supervised:
+        """Start ``cmd`` with its output (stdout and stderr) in ``log``, in a session of its
+        own: a Ctrl-C in the terminal reaches the command that started it only, which then
+        stops it by PID."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab" if append else "wb") as handle:
+            popen = subprocess.Popen(
+                cmd,
+                env=dict(env),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        return cls(name, cmd, log, popen=popen, pid=popen.pid, started=start_time(popen.pid))
+
+    @classmethod
+    def of(cls, proc: Supervised | subprocess.Popen) -> Supervised:
+        """``proc`` itself, or a plain ``Popen`` wrapped."""
+        if isinstance(proc, Supervised):
+            return proc
+        return cls(str(proc.pid), list(map(str, proc.args)), popen=proc, pid=proc.pid)
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.pid > 0 and start_time(self.pid) == self.started
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` if this process is still alive (by PID)."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def stop(self, signum: int = signal.SIGTERM, wait: float = 30.0) -> bool:
+        """Send ``signum``; True once it has exited (within ``wait`` seconds)."""
+        self.send(signum)
+        deadline = time.monotonic() + wait
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return not self.alive()
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "start_time": self.started,
+            "log": str(self.log),
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Supervised:
+        return cls(
+            record["name"],
+            [],
+            Path(record["log"]),
+            pid=int(record["pid"]),
+            started=record["start_time"],
+        )
+
+
+def stop_all(procs: Sequence[Supervised | subprocess.Popen], grace: float = 15.0) -> None:
+    """SIGTERM every live one at once, wait up to ``grace`` s for them all, SIGKILL the rest
+    (by PID), and reap those we started."""
+    supervised = [Supervised.of(p) for p in procs]
+    for proc in supervised:
+        proc.send(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in supervised) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in supervised:
+        proc.send(signal.SIGKILL)
+        if proc.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+
+
 def stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """SIGTERM the process we started, then SIGKILL if it does not exit in time."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_all([proc], grace)
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 60.0) -> None:
