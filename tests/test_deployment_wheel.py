@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from pflarena.runtime.appdir import APP_MANIFEST
 
@@ -103,6 +104,17 @@ def test_installed_wheel_runs_without_the_source_tree(tmp_path: Path) -> None:
 
     where = run(str(python), "-c", "import pflarena; print(pflarena.__file__)")
     assert where.strip().startswith(site), f"pflarena imported from {where.strip()}, not {site}"
+    # The built-in methods are the wheel's entry points, in the pyproject table's order, and
+    # read from them: no warning that the metadata lacks them.
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "[pflarena.methods]" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    listed = subprocess.run(
+        [str(python), "-c", "from pflarena.strategies import declarations; print(*declarations())"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert listed.stdout.split() == list(table["pflarena.methods"]), listed.stderr
+    assert "Reinstall pflarena" not in listed.stderr, listed.stderr
     run("pflarena", "shards", "--dataset", "digits", "--partition", "iid", "--num-clients", "2",
         "--out", str(work / "shards"))  # fmt: skip
     out = work / "out"

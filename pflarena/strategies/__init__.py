@@ -1,96 +1,89 @@
 """The strategies, one module per method, and the list of declared methods.
 
-Adding a method: write ``strategies/<method>.py`` (the strategy class with its
-``declaration``) and ``client/solvers/<method>.py``, and add the class to
-:data:`BUILTIN_STRATEGIES` below. Methods outside the package are loaded from the modules
-named in ``PFLARENA_PLUGINS`` (comma-separated); each lists its strategy classes in a
-module attribute ``PFLARENA_STRATEGIES``.
+Every method, built-in or out-of-tree, is an entry point of the group ``pflarena.methods``
+(:data:`pflarena.core.methods.ENTRY_POINT_GROUP`): ``<name> = "<module>:<StrategyClass>"``,
+the built-ins' in pflarena's ``pyproject.toml``, another package's in its own. Adding a
+method: ``strategies/<method>.py`` (the strategy class with its ``declaration``),
+``client/solvers/<method>.py``, one line in that table, and the method's page. Modules named
+in ``PFLARENA_PLUGINS`` (comma-separated), each listing its strategy classes in a module
+attribute ``PFLARENA_STRATEGIES``, are the alias for code that is importable but not
+installed.
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import EntryPoint
 
-from pflarena.core.methods import PLUGINS_ENV, MethodDeclaration, plugin_modules
-from pflarena.strategies.apfl import APFL
+from pflarena.core.methods import (
+    ENTRY_POINT_GROUP,
+    PLUGINS_ENV,
+    MethodDeclaration,
+    builtin_entry_points,
+    plugin_entry_points,
+    plugin_modules,
+)
 from pflarena.strategies.base import PflStrategy
-from pflarena.strategies.cfl import CFL
-from pflarena.strategies.dapfl import DapFL
-from pflarena.strategies.ditto import Ditto
-from pflarena.strategies.fedala import FedALA
-from pflarena.strategies.fedamp import FedAMP
-from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.fedavg_ft import FedAvgFT
-from pflarena.strategies.fedbabu import FedBABU
-from pflarena.strategies.feddyn import FedDyn
-from pflarena.strategies.fedem import FedEM
-from pflarena.strategies.fedfomo import FedFomo
-from pflarena.strategies.fedmgda import FedMGDA
-from pflarena.strategies.fedper import FedPer
-from pflarena.strategies.fedpg import FedPG
-from pflarena.strategies.fedprox import FedProx
-from pflarena.strategies.fedrep import FedRep
-from pflarena.strategies.ifca import IFCA
-from pflarena.strategies.lgfedavg import LGFedAvg
-from pflarena.strategies.local import Local
-from pflarena.strategies.page import Page
-from pflarena.strategies.perfedavg import PerFedAvg
-from pflarena.strategies.pfedgt import PFedGT
-from pflarena.strategies.pfedhn import PFedHN
-from pflarena.strategies.pfedme import PFedMe
-from pflarena.strategies.pfedsv import PFedSV
-from pflarena.strategies.ppfl import PPFL
-from pflarena.strategies.scaffold import Scaffold
 
 __all__ = ["BUILTIN_STRATEGIES", "PLUGINS_ENV", "declarations", "strategy_classes"]
 
-#: One entry per built-in method, in the order `pflarena methods` lists them.
-BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = (
-    PFedGT,
-    PFedSV,
-    Local,
-    FedAvg,
-    FedAvgFT,
-    FedProx,
-    Ditto,
-    FedFomo,
-    FedPG,
-    FedMGDA,
-    PPFL,
-    IFCA,
-    FedEM,
-    Page,
-    PFedMe,
-    PerFedAvg,
-    APFL,
-    FedAMP,
-    FedALA,
-    PFedHN,
-    Scaffold,
-    FedDyn,
-    CFL,
-    DapFL,
-    # Baselines II, split models (issue 17)
-    FedPer,
-    FedRep,
-    LGFedAvg,
-    FedBABU,
+
+def _origin(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    where = f" of {dist.metadata['Name']} {dist.version}" if dist is not None else ""
+    return f"entry point {ep.name} = {ep.value!r} ({ENTRY_POINT_GROUP}{where})"
+
+
+def _load(ep: EntryPoint) -> type[PflStrategy]:
+    """The strategy class an entry point names; its declaration must carry the entry
+    point's name."""
+    try:
+        cls = ep.load()
+    except Exception as exc:  # an installed plug-in that does not import: say which
+        raise ValueError(f"{_origin(ep)} cannot be loaded: {exc!r}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, PflStrategy)):
+        raise ValueError(f"{_origin(ep)} names {cls!r}, not a PflStrategy subclass")
+    declaration = getattr(cls, "declaration", None)
+    if not isinstance(declaration, MethodDeclaration):
+        raise ValueError(f"{_origin(ep)}: {cls.__name__} has no MethodDeclaration")
+    if declaration.name != ep.name:
+        raise ValueError(
+            f"{_origin(ep)}: the entry point's name must be the method's, "
+            f"{cls.__name__} declares {declaration.name!r}"
+        )
+    return cls
+
+
+def _load_plugin(ep: EntryPoint) -> type[PflStrategy]:
+    """An out-of-tree method: its solver must lie in its strategy's top-level package, the
+    modules a client accepts as solvers (``client/solvers/__init__.py``)."""
+    cls = _load(ep)
+    package = ep.value.split(":")[0].strip().split(".")[0]
+    solver = cls.declaration.solver
+    if solver != package and not solver.startswith(package + "."):
+        raise ValueError(
+            f"{_origin(ep)}: solver {solver!r} is outside the package {package!r}; clients "
+            f"accept an out-of-tree method's solver from its strategy's top-level package only"
+        )
+    return cls
+
+
+#: One entry per built-in method, in the order `pflarena methods` lists them: the
+#: ``pflarena.methods`` entry points of pflarena's own pyproject.toml.
+BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = tuple(
+    _load(ep) for ep in builtin_entry_points()
 )
-
-# Baselines II, part B: split models (Fed-ROD, FedRecon, SplitGP).
-from pflarena.strategies.fedrecon import FedRecon  # noqa: E402
-from pflarena.strategies.fedrod import FedRoD  # noqa: E402
-from pflarena.strategies.splitgp import SplitGP  # noqa: E402
-
-BUILTIN_STRATEGIES += (FedRoD, FedRecon, SplitGP)
 
 
 def strategy_classes() -> dict[str, type[PflStrategy]]:
-    """Every declared method's strategy class by method name: built-ins, then plugins.
+    """Every declared method's strategy class by method name: built-ins, then the entry
+    points of other installed packages, then the ``PFLARENA_PLUGINS`` modules.
 
-    Raises ValueError when two classes declare the same name or a plugin declares none.
+    Raises ValueError when two classes declare the same name, or a plug-in cannot be loaded
+    or declares no method.
     """
     classes: list[type[PflStrategy]] = list(BUILTIN_STRATEGIES)
+    classes += [_load_plugin(ep) for ep in plugin_entry_points()]
     for module_name in plugin_modules():
         module = importlib.import_module(module_name)
         declared = getattr(module, "PFLARENA_STRATEGIES", None)

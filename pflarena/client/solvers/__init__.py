@@ -4,9 +4,11 @@ A solver module defines ``train(job) -> (records, metrics)`` and ``evaluate(job)
 metrics``, and, for the cross-evaluation (``cross-eval-clients``),
 ``personalized_model(job) -> nn.Module``: the model ``evaluate`` tests as personalized, in the
 run's architecture. Every message carries the ``solver`` its strategy's declaration names; the
-ClientApp imports it with :func:`load_solver`, which accepts modules of this package and the
-plugin modules named in ``PFLARENA_PLUGINS`` (and nothing else: a server cannot make a
-client import arbitrary code).
+ClientApp imports it with :func:`load_solver`, which accepts modules of this package, modules
+of the top-level packages that declare methods as ``pflarena.methods`` entry points in this
+client's environment, and the plugin modules named in ``PFLARENA_PLUGINS`` (and nothing
+else: a server cannot make a client import arbitrary code). The entry points are read, not
+loaded: the client side imports no strategy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from pflarena.client.job import ClientJob
-from pflarena.core.methods import PLUGINS_ENV, plugin_modules
+from pflarena.core.methods import ENTRY_POINT_GROUP, PLUGINS_ENV, plugin_modules, plugin_packages
 
 __all__ = ["Solver", "SolverError", "load_solver"]
 
@@ -43,7 +45,10 @@ class Solver:
 
 
 def _allowed(module_name: str) -> bool:
-    return module_name.startswith(_PACKAGE) or module_name in plugin_modules()
+    if module_name.startswith(_PACKAGE) or module_name in plugin_modules():
+        return True
+    top = module_name.split(".")[0]
+    return top in plugin_packages()
 
 
 @lru_cache(maxsize=64)
@@ -51,8 +56,9 @@ def load_solver(module_name: str) -> Solver:
     """The solver in ``module_name``; raise :class:`SolverError` saying what is wrong."""
     if not _allowed(module_name):
         raise SolverError(
-            f"solver module {module_name!r} is neither in {__name__} nor listed in "
-            f"{PLUGINS_ENV} on this client"
+            f"solver module {module_name!r} is neither in {__name__}, nor in a package that "
+            f"declares {ENTRY_POINT_GROUP} entry points, nor listed in {PLUGINS_ENV} on this "
+            "client (install the method's package where the ClientApps run)"
         )
     try:
         module = importlib.import_module(module_name)
