@@ -14,8 +14,8 @@
    * ``low-rank``: ``g_k`` in a random 20-dimensional subspace plus a shared component
      (K ≫ rank: a singular Gram matrix, as when many clients hold similar data).
 
-2. The stale-gradient window (docs/papers/fedpg.md §2.5, §10): FedPG keeps each recently absent client's
-   last gradient, ``4 · (trainable parameters)`` bytes in float32, for every model of the
+2. The stale-gradient window (docs/papers/fedpg.md §2.5, §10): FedPG keeps each recently absent
+   client's last gradient, ``4 · (trainable parameters)`` bytes in float32, for every model of the
    model zoo built for every data set it accepts (``pflarena.core.models.build_model``).
 
 Usage::

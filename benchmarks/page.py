@@ -13,8 +13,8 @@ Runs (labels):
 * ``page-random``: the control, random actions on both sides every round, no learning;
 * ``page-10-1`` / ``page-1-10``: the biased variants, reward scales k_g:k_l = 10:1 / 1:10;
 * ``page-paper-reward``: Algorithm 1's reward, 1/Σ p_i f_i, unbounded;
-* ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the non-RL setting of docs/methods/page.md §4.2 (1 epoch,
-  lr 0.1, batch 32);
+* ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the non-RL setting of docs/methods/page.md §4.2
+  (1 epoch, lr 0.1, batch 32);
 * ``fedavg-page-mid``: FedAvg at the middle of PAGE's action box (3 epochs, lr 0.01), the
   action PAGE's untrained client actors play;
 * ``fedavg-ft``: FedAvg with its global model fine-tuned one epoch as the personalized

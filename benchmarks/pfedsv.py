@@ -53,7 +53,8 @@ VARIANTS = {
     "pfedsv-dp1": ("pfedsv", {"pfedsv.dp-noise": 1.0, "pfedsv.dp-clip": 1.0}),
     # not in the paper: keep the own trained model when the aggregate validates below it
     "pfedsv-guard": ("pfedsv", {"pfedsv.guard": "validation"}),
-    # Eq. 6's distances from the own trained model, its own the peers' median (docs/papers/pfedsv.md §9.1)
+    # Eq. 6's distances from the own trained model, its own the peers' median
+    # (docs/papers/pfedsv.md §9.1)
     "pfedsv-median": ("pfedsv", {"pfedsv.distance-ref": "current-self-median"}),
     # Eq. 6 without the distances: weights ∝ max(SV, 0) (docs/papers/pfedsv.md §9.1's third option)
     "pfedsv-nodist": ("pfedsv", {"pfedsv.distance-ref": "none"}),

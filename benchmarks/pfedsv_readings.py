@@ -1,5 +1,6 @@
 """Does any reading of pFedSV beat FedFomo on ``digits`` pathological? A grid over the
-learning rate and the paper's open choices, each pFedSV run scored both ways docs/papers/pfedsv.md §9.8 allows.
+learning rate and the paper's open choices, each pFedSV run scored both ways
+docs/papers/pfedsv.md §9.8 allows.
 
 Preset ``pfedsv-digits`` (``pflarena presets pfedsv-digits``): the embedded digits set,
 classes {i, i+1} (mod 10) per client, 10 clients, full participation, 20 rounds, E = 5,

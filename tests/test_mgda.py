@@ -83,7 +83,8 @@ def brute_force_gamma(g_i: np.ndarray, d: np.ndarray, others: np.ndarray) -> flo
 
 
 def spec_columns(grads, losses, stale=None, *, with_fair=True):
-    """Q of eq. (5) from the formulas of docs/papers/fedpg.md (§2.3, §2.4, §9.5, §9.8), written out here."""
+    """Q of eq. (5) from the formulas of docs/papers/fedpg.md (§2.3, §2.4, §9.5, §9.8),
+    written out here."""
     g = np.asarray(grads, dtype=np.float64)
     norms = np.linalg.norm(g, axis=1)
     kept = norms > 1e-6
@@ -178,7 +179,8 @@ def test_fast_solver_matches_cvxpy_on_integer_gradients(grads):
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_min_norm_point_satisfies_kkt(name):
-    """docs/papers/fedpg.md §8.2: ``(Pλ)_k ≥ λᵀPλ − tol`` for every k, with equality on the support."""
+    """docs/papers/fedpg.md §8.2: ``(Pλ)_k ≥ λᵀPλ − tol`` for every k, with equality on
+    the support."""
     g = ADVERSARIAL[name]
     lam = mgda.min_norm_weights(g)
     u = lam @ g
@@ -370,7 +372,8 @@ def test_common_direction_on_random_sets_with_stale_gradients(k, p):
 
 
 def test_conflicting_case_fedsgd_average_is_not_common_descent():
-    """docs/papers/fedpg.md §8.1: the plain average hurts a client; the min-norm direction does not."""
+    """docs/papers/fedpg.md §8.1: the plain average hurts a client; the min-norm direction does
+    not."""
     g = np.array([[1.0, 0.0, 0.0], [-0.9, 0.5, 0.0], [0.2, -1.0, 0.1]])
     mean = g.mean(axis=0)
     assert (g @ mean).min() < 0
@@ -394,7 +397,8 @@ def test_rescaling_options():
 
 
 def test_norm_equalization_ignores_one_huge_gradient():
-    """docs/papers/fedpg.md §8.9: scaling one gradient by 1e3 keeps the direction; zero gradients are dropped."""
+    """docs/papers/fedpg.md §8.9: scaling one gradient by 1e3 keeps the direction; zero gradients
+    are dropped."""
     grads = rng_grads(4, 5, 40)
     losses = np.array([1.0, 1.5, 0.7, 2.0, 1.1])
     d, w = mgda.common_descent_direction(grads, losses=losses)
@@ -410,7 +414,8 @@ def test_norm_equalization_ignores_one_huge_gradient():
 
 
 def test_equal_losses_skip_the_fair_column():
-    """docs/papers/fedpg.md §9.6 / §8.3: h = 0 leaves the fair column out instead of giving d = 0."""
+    """docs/papers/fedpg.md §9.6 / §8.3: h = 0 leaves the fair column out instead of giving
+    d = 0."""
     grads = rng_grads(1, 4, 10)
     d, w = mgda.common_descent_direction(grads, losses=np.full(4, 0.8))
     plain, w_plain = mgda.common_descent_direction(grads, fairness=False)
@@ -531,7 +536,8 @@ def test_drift_edge_cases():
 
 def test_drift_coefficients_for_one_client_and_spec_identity():
     assert mgda.drift_coefficients(np.array([[1.0, 2.0]]), np.array([1.0, 2.0]))[0] == 1.0
-    # θ_i = θ − η d_i = θ_new − η γ (g_i − d)  (docs/papers/fedpg.md §2.7 identity, this sign convention)
+    # θ_i = θ − η d_i = θ_new − η γ (g_i − d), the identity of docs/papers/fedpg.md §2.7 in this
+    # sign convention
     grads, d = drift_case(7, 5, 9)
     gamma = mgda.drift_coefficients(grads, d)[0]
     np.testing.assert_allclose(

@@ -535,7 +535,8 @@ def test_the_validation_guard_never_keeps_an_aggregate_worse_than_the_own_model(
         trained_test.append(_val_accuracy(cfg, stored(context, TRAINED_KEY), client, "test"))
     server = outcome.rounds[-1]["train"]["server"]
     kept, below = server["mean-kept-own"], server["mean-aggregate-below-own"]
-    # the logged θ_i^t test accuracy (docs/papers/pfedsv.md §9.8) is the trained model's, measured apart
+    # the logged θ_i^t test accuracy (docs/papers/pfedsv.md §9.8) is the trained model's, measured
+    # apart
     assert server["mean-trained-test-accuracy"] == pytest.approx(np.mean(trained_test))
     if guard == "validation":
         assert min(gaps) >= 0, gaps

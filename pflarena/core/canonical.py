@@ -12,8 +12,8 @@ the forward passes built on it:
   the paper's MNIST and synthetic settings).
 * **Initialisation.** Copy 0 is the run's initial model (seeded by the run seed); copy
   k ≥ 1 is the same architecture initialised with a seed derived from the run seed and k,
-  so the copies differ and can separate (docs/papers/ppfl.md §9.13: identical copies with uniform memberships
-  get identical gradients forever).
+  so the copies differ and can separate (docs/papers/ppfl.md §9.13: identical copies with uniform
+  memberships get identical gradients forever).
 * **Forms** (§2.3). PPFL2, ``interpolate``: one model whose copied parameters are
   ``Σ_k c_k θ_k`` (tensor by tensor), Fig. 2b and Eq. 8. PPFL1, ``mix``: the K copies'
   outputs combined with weights c, Fig. 2a and Eq. 7, in three readings (docs/papers/ppfl.md §9.1):

@@ -119,7 +119,8 @@ def min_norm_weights(
 ) -> np.ndarray:
     """Weights ``λ ∈ Δ_K`` of the min-norm point of the convex hull of the rows of ``grads``.
 
-    Solves QP (5) of docs/papers/fedpg.md §2.4, ``min_{λ ∈ Δ_K} ½ ‖λᵀG‖²``, on the Gram matrix ``G Gᵀ``.
+    Solves QP (5) of docs/papers/fedpg.md §2.4, ``min_{λ ∈ Δ_K} ½ ‖λᵀG‖²``, on the Gram
+    matrix ``G Gᵀ``.
 
     Parameters
     ----------

@@ -397,8 +397,8 @@ class _NFBasicBlock(nn.Module):
 
 
 class NFResNet18Slim(nn.Module):
-    """The slim CIFAR NF-ResNet-18 of the FedPG paper's CIFAR-100 runs (docs/papers/fedpg.md §5.3, §9.15):
-    normalizer-free (Brock et al. 2021), so no BatchNorm statistics to aggregate and the
+    """The slim CIFAR NF-ResNet-18 of the FedPG paper's CIFAR-100 runs (docs/papers/fedpg.md §5.3,
+    §9.15): normalizer-free (Brock et al. 2021), so no BatchNorm statistics to aggregate and the
     full-batch gradient is the weighted mean of mini-batch gradients.
 
     Stem: a 3x3 scaled weight-standardised convolution to 64 channels, ReLU, 3x3 max pooling

@@ -175,7 +175,8 @@ def affinity_problem(affinity: np.ndarray, tol: float = 1e-8) -> str | None:
 
     W must be square, finite, symmetric, elementwise nonnegative (a similarity) and
     positive semi-definite (smallest eigenvalue ≥ ``-tol`` times its largest magnitude):
-    the MM surrogate of Eq. 13 majorizes F only when ``−Cᵀ(W ⊗ I)C`` is concave (docs/papers/ppfl.md §9.6).
+    the MM surrogate of Eq. 13 majorizes F only when ``−Cᵀ(W ⊗ I)C`` is concave
+    (docs/papers/ppfl.md §9.6).
     """
     w = np.asarray(affinity, dtype=np.float64)
     if w.ndim != 2 or w.shape[0] != w.shape[1]:

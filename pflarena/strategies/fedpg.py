@@ -116,7 +116,8 @@ def parse_gamma(value: Any) -> float | None:
 
 
 class FedPGParams(MethodParams):
-    """FedPG's parameters; defaults are the paper's FedPG and docs/papers/fedpg.md §9's resolutions."""
+    """FedPG's parameters; defaults are the paper's FedPG and docs/papers/fedpg.md §9's
+    resolutions."""
 
     gamma: str = Field(
         "adaptive",

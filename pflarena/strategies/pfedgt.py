@@ -204,11 +204,12 @@ class PFedGT(PflStrategy):
         ``"round"``: before round 1 every client computes c_i⁰ = ∇f_i(θ⁰) − μθ⁰ on its full
         training set, and c⁰ is their mean; ``"zeros"``: c_i⁰ = c⁰ = 0.
     warm_start, message_init, delta_ref
-        Ablations of docs/papers/pfedgt.md §3.4 and §9.1 (θ or own w_i as the local start; c or stored c_i as
-        the local message's start; Δw relative to w_i or to θ).
+        Ablations of docs/papers/pfedgt.md §3.4 and §9.1 (θ or own w_i as the local start; c or
+        stored c_i as the local message's start; Δw relative to w_i or to θ).
     start_buffers
         The non-trainable state (BatchNorm statistics) local training starts from:
-        ``"personal"``, the client's own (docs/papers/pfedgt.md §9.14), or ``"theta"``, θ's averaged buffers.
+        ``"personal"``, the client's own (docs/papers/pfedgt.md §9.14), or ``"theta"``, θ's
+        averaged buffers.
     """
 
     declaration = MethodDeclaration(
@@ -327,7 +328,8 @@ class PFedGT(PflStrategy):
         return super().train_round(server_round, arrays, grid, send)
 
     def initialise_message(self, grid: Grid, arrays: ArrayRecord, send: Send) -> None:
-        """Initialise c (docs/papers/pfedgt.md §3.2) once: a full-participation exchange at θ⁰, or zeros.
+        """Initialise c (docs/papers/pfedgt.md §3.2) once: a full-participation exchange at
+        θ⁰, or zeros.
 
         A no-op once c is set.
         """
@@ -365,8 +367,9 @@ class PFedGT(PflStrategy):
                 exchange, lambda content: array_problem(content, reference, keys.PFEDGT_MESSAGE)
             )
         ]
-        # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean, docs/papers/pfedgt.md §2.7). A client
-        # that did not answer keeps c_i⁰ = 0, which is what the sum then counts for it.
+        # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean,
+        # docs/papers/pfedgt.md §2.7). A client that did not answer keeps c_i⁰ = 0, which is
+        # what the sum then counts for it.
         self.message = (
             {
                 name: np.sum([c[name] for c in messages_c], axis=0) / self.num_clients

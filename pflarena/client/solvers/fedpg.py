@@ -8,8 +8,8 @@ answers three kinds of train messages, told apart by ``job.phase``:
 ``gradients``
     The message carries θ^t. Reply: ``g_i`` over the trainable parameters
     (:data:`~pflarena.core.keys.FEDPG_GRADIENT`) and the training loss ``L_i(θ^t)``
-    (``train-loss``). ``grad-mode=full`` (default, docs/papers/fedpg.md §9.1): the exact mean gradient of the
-    cross-entropy over the whole training split, accumulated in mini-batches of
+    (``train-loss``). ``grad-mode=full`` (default, docs/papers/fedpg.md §9.1): the exact mean
+    gradient of the cross-entropy over the whole training split, accumulated in mini-batches of
     ``batch-size`` (weighted by batch size, so it equals the full-batch gradient), with the
     model in train mode (§9.12). ``grad-mode=pseudo``: ``local-epochs`` of SGD at ``lr`` from
     θ^t and the pseudo-gradient ``(θ^t − θ_E)/lr`` (FedMGDA+ uses this one; with its

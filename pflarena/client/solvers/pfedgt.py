@@ -9,7 +9,8 @@ parameter tensors and any gradient oracle, so the theory tests run them on quadr
 Client state (persistent across rounds): the personalized model w_i (full state, buffers
 included) and the stored message c_i (the one last uploaded, over the trainable parameters).
 The BatchNorm running statistics in w_i are the client's own: local training starts from θ's
-trainable parameters and the client's own statistics (:func:`start_model`, docs/papers/pfedgt.md §9.14).
+trainable parameters and the client's own statistics (:func:`start_model`,
+docs/papers/pfedgt.md §9.14).
 
 How it runs: docs/methods/pfedgt.md; the reading of the paper, decisions and measurements:
 docs/papers/pfedgt.md.
@@ -109,10 +110,10 @@ def local_solve(
         current ``params``.
     variant
         ``"paper"`` (Algorithm 2 as written): step with the previous step's message, then
-        ``c_i ← g − μ w`` with the step's gradient g and the updated w (docs/papers/pfedgt.md §9.3); the
-        returned c_i is that of the last minibatch. ``"exact"``: step with the message at
-        the current iterate (an unbiased step on ∇G_i), and return ``∇f_i(w) − μ w`` from
-        ``full_grad`` at the final w.
+        ``c_i ← g − μ w`` with the step's gradient g and the updated w
+        (docs/papers/pfedgt.md §9.3); the returned c_i is that of the last minibatch.
+        ``"exact"``: step with the message at the current iterate (an unbiased step on ∇G_i),
+        and return ``∇f_i(w) − μ w`` from ``full_grad`` at the final w.
     message_init
         The local message starts as c (``"server"``, the paper's choice) or as the stored
         c_i (``"stored"``).

@@ -98,8 +98,8 @@ def select_peers(
     max_k
         Cap on k once exploration is over (``None``: no cap).
     rule
-        ``"explore"`` (the default resolution of docs/papers/pfedsv.md §9.3): while some candidate is
-        unexplored, keep the best ``k_0 − e`` positively valued peers and explore ``e ≥ 1``
+        ``"explore"`` (the default resolution of docs/papers/pfedsv.md §9.3): while some candidate
+        is unexplored, keep the best ``k_0 − e`` positively valued peers and explore ``e ≥ 1``
         unexplored ones, ``e = max(1, k_0 − #positive)``; afterwards k = #positive (at
         least 1, at most ``max_k``). ``"literal"``: the paper's text, top-k of φ with
         k = #positive (k_0 while there is none); it stops exploring once k peers are
@@ -167,8 +167,8 @@ def aggregation_weights(
 def eq6_distances(vectors: Sequence[np.ndarray], reference: np.ndarray | None) -> list[float]:
     """The distances of Eq. 6 for the players ``vectors`` (the client's own model first).
 
-    With a ``reference`` (``distance-ref=round-start``, docs/papers/pfedsv.md §9.1) every player's distance,
-    the own model's included, is taken from it (the client's personalized model at the
+    With a ``reference`` (``distance-ref=round-start``, docs/papers/pfedsv.md §9.1) every player's
+    distance, the own model's included, is taken from it (the client's personalized model at the
     round's start). Without one (``current-self-median``) the peers' distances are taken
     from the own trained model, as Eq. 6 prints them, and the own model, whose distance to
     itself is 0, gets the median of the peers' distances.
@@ -512,7 +512,8 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     below_own = not kept_own and game.accuracy(personalized) < own_accuracy(game, utilities, own)
     if below_own and job.param("guard") == "validation":
         personalized, kept_own = states[own], True
-    # docs/papers/pfedsv.md §9.8: the post-training θ_i^t's test accuracy is logged beside θ_i^{t*}'s
+    # the post-training θ_i^t's test accuracy is logged beside θ_i^{t*}'s
+    # (docs/papers/pfedsv.md §9.8)
     trained_test = job.test(trained)
     trained.load_state_dict(personalized)
     job.save_state_model(PERSONAL_KEY, trained)
