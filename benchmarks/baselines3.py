@@ -2,10 +2,10 @@
 
 The preset ``page-synthetic`` (``pflarena presets page-synthetic``): FedProx Synthetic(0.5,
 0.5) with 30 features and 30 classes, 100 clients, logistic regression, full
-participation, 1 local epoch, batch 32, SGD lr 0.1 (the spec's non-RL setting), a fifth of
-each client's samples held by the server (used by none of these methods; taken so the
-clients' data is PAGE's), the rest split 7:3 into train and test. The four
-methods run beside ``fedavg``, ``fedprox`` and ``ditto`` on the same data and seed, each
+participation, 1 local epoch, batch 32, SGD lr 0.1 (the non-RL setting of
+docs/methods/page.md §4.2), a fifth of each client's samples held by the server (used by none of
+these methods; taken so the clients' data is PAGE's), the rest split 7:3 into train and test. The
+four methods run beside ``fedavg``, ``fedprox`` and ``ditto`` on the same data and seed, each
 with its own parameters at their defaults (``docs/methods.md``) but Dap-FL's action box
 (:data:`METHOD_SETTINGS`), all in one simulation
 process through :mod:`pflarena.cli.sweep` (a completed run is not run again, an
@@ -66,7 +66,7 @@ METHOD_SETTINGS = {
 
 #: Clustered FL at its authors' ε₂ = 1.6 never splits here: the largest client update's norm
 #: is 1.41 in round 1 and falls to 1.04 by round 100 (``cfl_tree.json``). ε₂ = 0.75, the value
-#: the PPFL authors' code uses for its Clustered FL baseline (docs/methods/ppfl.md §5), does split.
+#: the PPFL authors' code uses for its Clustered FL baseline (docs/papers/ppfl.md §5), does split.
 METHOD_GRID = {"cfl": {"cfl.eps-2": [1.6, 0.75]}}
 
 

@@ -4,7 +4,7 @@ Loads CIFAR-10 (all 60,000 images, train then test) from ``--data-dir`` through
 :func:`pflarena.core.datasets.load_pooled`, splits it with
 :func:`pflarena.core.partition.pfllib_dirichlet_partition` (seed 1, 20 clients) for
 α ∈ {0.1, 1, 10}, and compares mean / population std / max / min client sizes with the
-paper (docs/methods/pfedgt.md §5). Writes ``benchmarks/results/pfllib_split.md``.
+paper (docs/papers/pfedgt.md §5). Writes ``benchmarks/results/pfllib_split.md``.
 
 Usage::
 

@@ -1,6 +1,6 @@
 """Do personalized models keep the global model's performance? FedPG against its baselines.
 
-FedPG's claim (docs/methods/fedpg.md §6): its personalized models (P-models) score on *every*
+FedPG's claim (docs/papers/fedpg.md §6): its personalized models (P-models) score on *every*
 client's test data about as well as the global model (G-model), while other personalized
 methods lose an unpredictable amount. Each run here cross-evaluates every client's P-model
 on every client's test split (``cross-eval-clients`` = all, ``server/crosseval.py``) and
@@ -63,7 +63,7 @@ VARIANTS = {
     "fedpg-m3": ("fedpg", {"fedpg.personalize": False}),
     "fedpg-m4": ("fedpg", {"fedpg.absent-clients": False}),
     # the paper's P-models for the baselines without personalization: each client's
-    # latest local-training result before aggregation (docs/methods/fedpg.md §5.4)
+    # latest local-training result before aggregation (docs/papers/fedpg.md §5.4)
     "fedavg-local-result": ("fedavg", {"fedavg.personal-model": "local-result"}),
     "fedmgda-local-result": ("fedmgda", {"fedmgda.personal-model": "local-result"}),
 }

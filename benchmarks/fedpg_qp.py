@@ -14,8 +14,8 @@
    * ``low-rank``: ``g_k`` in a random 20-dimensional subspace plus a shared component
      (K ≫ rank: a singular Gram matrix, as when many clients hold similar data).
 
-2. The stale-gradient window (spec §2.5, §10): FedPG keeps each recently absent client's
-   last gradient, ``4 · (trainable parameters)`` bytes in float32, for every model of the
+2. The stale-gradient window (docs/papers/fedpg.md §2.5, §10): FedPG keeps each recently absent
+   client's last gradient, ``4 · (trainable parameters)`` bytes in float32, for every model of the
    model zoo built for every data set it accepts (``pflarena.core.models.build_model``).
 
 Usage::
@@ -163,7 +163,7 @@ def memory_section(memory) -> str:
         "Megabytes per client whose last gradient is kept (4 bytes per trainable parameter, "
         "float32), for each model built for each data set; the parameter count is in "
         "parentheses; — where the model does not accept the data set's input. With "
-        "τ = M/|S^t| the window holds about 63% of the clients seen (spec §10); all of them "
+        "τ = M/|S^t| the window holds about 63% of the clients seen (docs/papers/fedpg.md §10); all of them "
         "in the worst case, so multiply by the number of clients: 100 clients of 1 MB "
         "each are 100 MB.",
         "",

@@ -13,8 +13,8 @@ Runs (labels):
 * ``page-random``: the control, random actions on both sides every round, no learning;
 * ``page-10-1`` / ``page-1-10``: the biased variants, reward scales k_g:k_l = 10:1 / 1:10;
 * ``page-paper-reward``: Algorithm 1's reward, 1/Σ p_i f_i, unbounded;
-* ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the spec's non-RL setting (1 epoch,
-  lr 0.1, batch 32);
+* ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the non-RL setting of docs/methods/page.md §4.2
+  (1 epoch, lr 0.1, batch 32);
 * ``fedavg-page-mid``: FedAvg at the middle of PAGE's action box (3 epochs, lr 0.01), the
   action PAGE's untrained client actors play;
 * ``fedavg-ft``: FedAvg with its global model fine-tuned one epoch as the personalized
@@ -71,7 +71,7 @@ VARIANTS = {
     # what the server agent's collapse onto one client costs (docs/methods/page.md §12.2):
     # the same run with Table 7's literal learner (plain SGD, both agents), with the
     # server's weights held at the data sizes (the clients' agents still learning), and
-    # with half of every weight vector uniform (spec A12's floor)
+    # with half of every weight vector uniform (docs/methods/page.md §9.12's floor)
     "page-sgd": ("page", {"page.rl-optimizer": "sgd"}),
     "page-data-weights": ("page", {"page.tune-weights": False}),
     "page-floor": ("page", {"page.weight-floor": 0.5}),
@@ -330,7 +330,7 @@ def write_report(
             "split (the state and the reward), against at most 5 epochs of a 930-parameter "
             "model on about 170 samples, so local training is unusually cheap here. The "
             f"largest RL part is the {max((k for k in costs if 'SGD' not in k), key=costs.get)}"
-            " (the spec, §10, expects the server's evaluation of the N uploads to dominate "
+            " (docs/methods/page.md §10 expects the server's evaluation of the N uploads to dominate "
             "for large models).",
         ]
         lines += correlations(runs["page"])

@@ -6,8 +6,8 @@ ResNet-18, 100 rounds; pFedGT with γ = 0.8, μ = 0.05, ρ = 0, λ = 0.7, η_s =
 data, split (checked in benchmarks/results/pfllib_split.md), participation, E, B and pFedGT
 settings, with the FedAvg CIFAR CNN and as many rounds as ``--rounds`` allows (on a GPU,
 ``--model resnet18 --gpus-per-client 0.25`` runs the paper's configuration). The client
-learning rate is the spec's placeholder 0.05 (the paper tuned it for FedAvg and did not report
-it); Ditto uses λ = 0.1 and FedAvg-FT one fine-tuning epoch (neither reported).
+learning rate is the placeholder 0.05 of docs/papers/pfedgt.md §9.10 (the paper tuned it for FedAvg
+and did not report it); Ditto uses λ = 0.1 and FedAvg-FT one fine-tuning epoch (neither reported).
 
 Runs are resumable: a run whose ``summary.json`` says ``completed`` is not run again, and a
 run that stopped after a checkpoint continues from it. The result files of every completed

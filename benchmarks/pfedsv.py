@@ -13,7 +13,7 @@ Every method gets 20 % of each client's training split held out for validation (
 FedFomo value peers on it; the others do not use it). Besides the methods, the ``labels``
 ``pfedsv-dc`` (the D+C variant), ``pfedsv-dp1`` (the private variant, σ = 1, C = 1) and
 ``pfedsv-guard`` (``guard=validation``, not in the paper), ``pfedsv-median``
-(``distance-ref=current-self-median``, spec §9.1's other reading of Eq. 6) and
+(``distance-ref=current-self-median``, docs/papers/pfedsv.md §9.1's other reading of Eq. 6) and
 ``pfedsv-nodist`` (``distance-ref=none``, weights ∝ max(SV, 0)) run pFedSV with those
 settings. The report gives, per run, the personalized accuracy and the
 bytes each exchange moves per round; for pFedSV, the Shapley overhead per client and round
@@ -53,9 +53,10 @@ VARIANTS = {
     "pfedsv-dp1": ("pfedsv", {"pfedsv.dp-noise": 1.0, "pfedsv.dp-clip": 1.0}),
     # not in the paper: keep the own trained model when the aggregate validates below it
     "pfedsv-guard": ("pfedsv", {"pfedsv.guard": "validation"}),
-    # Eq. 6's distances from the own trained model, its own the peers' median (spec §9.1)
+    # Eq. 6's distances from the own trained model, its own the peers' median
+    # (docs/papers/pfedsv.md §9.1)
     "pfedsv-median": ("pfedsv", {"pfedsv.distance-ref": "current-self-median"}),
-    # Eq. 6 without the distances: weights ∝ max(SV, 0) (spec §9.1's third option)
+    # Eq. 6 without the distances: weights ∝ max(SV, 0) (docs/papers/pfedsv.md §9.1's third option)
     "pfedsv-nodist": ("pfedsv", {"pfedsv.distance-ref": "none"}),
 }
 LABELS = (*METHODS, *VARIANTS)
@@ -63,7 +64,7 @@ LABELS = (*METHODS, *VARIANTS)
 PFEDSV_FILES = ("relevance.csv",)
 
 #: pFedSV paper, MNIST with 10 clients (Table 1: pathological; Table 2: Dirichlet 0.1),
-#: mean test accuracy in %; None where the PDF lost the cell (docs/methods/pfedsv.md §6).
+#: mean test accuracy in %; None where the PDF lost the cell (docs/papers/pfedsv.md §6).
 PAPER = {
     "pfedsv-mnist-pathological": {
         "local": 96.11,

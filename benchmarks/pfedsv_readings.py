@@ -1,5 +1,6 @@
 """Does any reading of pFedSV beat FedFomo on ``digits`` pathological? A grid over the
-learning rate and the paper's open choices, each pFedSV run scored both ways spec §9.8 allows.
+learning rate and the paper's open choices, each pFedSV run scored both ways
+docs/papers/pfedsv.md §9.8 allows.
 
 Preset ``pfedsv-digits`` (``pflarena presets pfedsv-digits``): the embedded digits set,
 classes {i, i+1} (mod 10) per client, 10 clients, full participation, 20 rounds, E = 5,
@@ -9,7 +10,7 @@ batch 32, 20 % validation. Four sweeps, each in one simulation process
 * ``lr``: ``local``, ``fedfomo`` and ``pfedsv`` at lr 0.01 (the paper's MNIST rate), 0.02
   and 0.05 (the preset's).
 * ``readings``: ``pfedsv`` at the preset's lr over every combination of the open choices the
-  defaults settle (docs/methods/pfedsv.md §11): v(∅) (``zero``, the paper;
+  defaults settle (docs/papers/pfedsv.md §11): v(∅) (``zero``, the paper;
   ``chance``), the top-k rule (``explore``; ``literal``) and the relevance average α (0.5;
   0.9). Eq. 6's distance reference is measured in ``pfedsv_distance_ref.md``; the peers
   offered (``pool``) differ only under partial participation (with every client in every
@@ -199,7 +200,7 @@ def write_report(rows: list[dict], out: Path) -> None:
         "20 % validation; on a 2-core CPU. Accuracy in %, after the last round, the unweighted "
         "mean over clients of each client's model on its own test split; mean ± std over the "
         f"{len(seeds)} seeds (each run's figure is in the CSV). pFedSV is scored on the "
-        "aggregate θ_i^{t*} (the default) and on the trained θ_i^t (spec §9.8's other "
+        "aggregate θ_i^{t*} (the default) and on the trained θ_i^t (docs/papers/pfedsv.md §9.8's other "
         "reading). W–T–L (p): the seeds on which that reading scores above, level with and "
         "below FedFomo at the same lr and seed, and the two-sided sign test's p-value over the "
         "seeds not level. Means over the rounds: below own, the client-rounds in which the "

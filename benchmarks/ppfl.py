@@ -11,8 +11,8 @@ Presets (``pflarena presets NAME``):
 
 Runs (labels): ``local``, ``fedavg``, ``ifca``, ``fedem``, ``ppfl1`` (PPFL1, the probability
 mixture of Eq. 7) and ``ppfl2`` (PPFL2, parameter interpolation), with the per-method
-settings of the authors' scripts (spec §4: PPFL1 K = 4 and PPFL2 K = 3 on Synthetic with
-c-lr 0.9; K = 4 with c-lr 0.3 / 0.5 on MNIST; local lr 0.03 on MNIST). ``ppfl1-rbcd`` and
+settings of the authors' scripts (docs/papers/ppfl.md §4: PPFL1 K = 4 and PPFL2 K = 3 on Synthetic
+with c-lr 0.9; K = 4 with c-lr 0.3 / 0.5 on MNIST; local lr 0.03 on MNIST). ``ppfl1-rbcd`` and
 ``ppfl1-alternate`` run PPFL1 with the other two schedules, ``ppfl1-no-histograms`` without
 the label histograms (``affinity=none``: no Laplacian term), ``ppfl1-head`` with only the
 last layer canonical on a shared trunk (the paper's O(d + Ks) communication). The paper
@@ -72,7 +72,8 @@ LABELS = (
 )
 DEFAULT_LABELS = LABELS[:6]
 
-#: preset -> label -> (strategy, overrides): the authors' per-method settings (spec §4)
+#: preset -> label -> (strategy, overrides): the authors' per-method settings
+#: (docs/papers/ppfl.md §4)
 VARIANTS: dict[str, dict[str, tuple[str, dict]]] = {
     "ppfl-synthetic": {
         "ppfl1": ("ppfl", {"ppfl.form": "mix", "ppfl.num-canonical": 4, "ppfl.membership-lr": 0.9}),
@@ -156,7 +157,7 @@ def run_config(label: str, args: argparse.Namespace, rounds: int, out: Path) -> 
         strategy, overrides = variants["ppfl1"]
         overrides = overrides | SCHEDULES[label]
         if label in ("ppfl1-rbcd", "ppfl1-alternate") and args.preset == "ppfl-synthetic-mixture":
-            # one full-gradient step per round needs a larger step (docs/methods/ppfl.md §11)
+            # one full-gradient step per round needs a larger step (docs/papers/ppfl.md §11)
             overrides = overrides | {"ppfl.membership-lr": 5.0}
     else:
         strategy, overrides = variants.get(label, (label, {}))

@@ -124,7 +124,7 @@ def cost(args) -> None:
         "A PPFL1 round here is one exchange (its membership epoch folded into the next "
         "round's message, the last round's in an exchange of its own), each message carrying "
         "the K = 4 canonical models; the epoch runs on each copy's outputs computed once "
-        "(docs/methods/ppfl.md §11). CPU: the clients' solver CPU time summed "
+        "(docs/papers/ppfl.md §11). CPU: the clients' solver CPU time summed "
         "(`client_cpu_s`).",
         "",
     ]

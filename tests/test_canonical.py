@@ -108,7 +108,7 @@ def test_the_three_output_mixtures_are_their_formulas():
 
 
 def test_membership_gradients_match_closed_forms():
-    """Spec §2.4: PPFL2 ∇_c ℓ = θᵀ-projections of the output gradient; PPFL1 (prob)
+    """docs/papers/ppfl.md §2.4: PPFL2 ∇_c ℓ = θᵀ-projections of the output gradient; PPFL1 (prob)
     ∂ℓ/∂c_k = −p_k(y|x) / Σ_j c_j p_j(y|x); loss mixture ∂/∂c_k = CE_k."""
     model, state = _model("logreg", (4,), 3, count=3)
     model = model.double()

@@ -78,8 +78,8 @@ def _scores(owners: list[int], correct: list[float], count: list[float]) -> Reco
 
 def test_score_counts_must_be_the_scoring_clients_test_split():
     """A client's scores of the exported models count its own test split, which the server
-    knows from the manifest or the spec: 40 samples for client 1 here. Any other count, a
-    fraction, more correct than counted, or the wrong models is refused, naming why."""
+    knows from the manifest or the federation's spec: 40 samples for client 1 here. Any other count,
+    a fraction, more correct than counted, or the wrong models is refused, naming why."""
     sizes = ClientSizes(num_train=(100, 120), num_val=(10, 12), num_test=(30, 40))
     ok = _scores([0, 1], [12.0, 33.0], [40.0, 40.0])
     assert score_problem(ok, [0, 1], 1, sizes) is None

@@ -108,7 +108,7 @@ def test_a_gamma_floor_and_the_ablations_change_what_they_should():
     norms = np.linalg.norm(grads, axis=1, keepdims=True)
     np.testing.assert_allclose(d1, (grads / norms * norms.mean()).mean(axis=0))
     np.testing.assert_allclose(w1[:5], 0.2)
-    # A18: protecting the stale gradients too can only lower γ
+    # §9.18: protecting the stale gradients too can only lower γ
     both = _strategy(drift_absent=True).drift(grads, d, stale)
     assert (both <= adaptive + 1e-12).all()
     for i, gamma in enumerate(both):
@@ -609,9 +609,9 @@ def test_m4_leaves_the_stale_gradients_out_of_the_direction(tmp_path, absent_cli
 
 # --------------------------------------------------------------------------- dropout
 def test_with_dropout_the_gradient_is_train_mode_and_the_loss_eval_mode():
-    """Spec A12 on a network with dropout: ``full_gradient`` (train mode, mini-batches, a
-    fresh mask per batch) is an unbiased estimate of the expected train-mode full-batch
-    gradient, estimated here apart from one-pass backward calls, and not the eval-mode
+    """docs/papers/fedpg.md §9.12 on a network with dropout: ``full_gradient`` (train mode,
+    mini-batches, a fresh mask per batch) is an unbiased estimate of the expected train-mode
+    full-batch gradient, estimated here apart from one-pass backward calls, and not the eval-mode
     gradient; ``training_loss`` is the deterministic eval-mode loss."""
     cfg = config(strategy="fedpg")
     x, y, _ = _client_tensors(cfg, 0)

@@ -60,7 +60,7 @@ def assert_matches_reference(grads: np.ndarray, weights: np.ndarray) -> None:
 
 
 def mgda_two(g1: np.ndarray, g2: np.ndarray) -> float:
-    """MGDA's closed form for the weight of g1 (spec T2)."""
+    """MGDA's closed form for the weight of g1 (docs/papers/fedpg.md §8.2)."""
     diff = g1 - g2
     return float(np.clip((g2 - g1) @ g2 / (diff @ diff), 0.0, 1.0))
 
@@ -83,7 +83,8 @@ def brute_force_gamma(g_i: np.ndarray, d: np.ndarray, others: np.ndarray) -> flo
 
 
 def spec_columns(grads, losses, stale=None, *, with_fair=True):
-    """Q of eq. (5) from the spec's formulas (§2.3, §2.4, A5, A8), written out here."""
+    """Q of eq. (5) from the formulas of docs/papers/fedpg.md (§2.3, §2.4, §9.5, §9.8),
+    written out here."""
     g = np.asarray(grads, dtype=np.float64)
     norms = np.linalg.norm(g, axis=1)
     kept = norms > 1e-6
@@ -178,7 +179,8 @@ def test_fast_solver_matches_cvxpy_on_integer_gradients(grads):
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_min_norm_point_satisfies_kkt(name):
-    """Spec T2: ``(Pλ)_k ≥ λᵀPλ − tol`` for every k, with equality on the support."""
+    """docs/papers/fedpg.md §8.2: ``(Pλ)_k ≥ λᵀPλ − tol`` for every k, with equality on
+    the support."""
     g = ADVERSARIAL[name]
     lam = mgda.min_norm_weights(g)
     u = lam @ g
@@ -256,7 +258,7 @@ def test_large_k_is_fast_and_exact():
 
 
 def test_fairness_weights_match_finite_differences():
-    """Spec T4: ``∇F = Σ h_i ∇L_i`` for toy quadratic losses."""
+    """docs/papers/fedpg.md §8.4: ``∇F = Σ h_i ∇L_i`` for toy quadratic losses."""
     rng = np.random.default_rng(0)
     a = rng.normal(size=(5, 4, 3))
     b = rng.normal(size=(5, 4))
@@ -300,7 +302,7 @@ def test_equal_losses_give_zero_fairness_weights():
 
 
 def check_common_direction(grads, losses, stale=None, *, fairness=True):
-    """The spec's Algorithm 1 lines 5–11, recomputed here; returns (d, weights)."""
+    """Algorithm 1 lines 5–11 (docs/papers/fedpg.md §3.2), recomputed here; returns (d, weights)."""
     g = np.asarray(grads, dtype=np.float64)
     d, w = mgda.common_descent_direction(g, losses=losses, fairness=fairness, stale_grads=stale)
     k = g.shape[0]
@@ -342,7 +344,8 @@ def test_common_direction_on_adversarial_sets(name, fairness):
     losses = np.random.default_rng(len(name)).uniform(0.5, 2.0, size=len(grads))
     d, _ = check_common_direction(grads, losses, fairness=fairness)
     if name in STATIONARY:
-        assert not d.any()  # 0 is in the hull of the normalized gradients (spec T3)
+        # 0 is in the hull of the normalized gradients (docs/papers/fedpg.md §8.3)
+        assert not d.any()
     else:
         assert d.any()
 
@@ -369,7 +372,8 @@ def test_common_direction_on_random_sets_with_stale_gradients(k, p):
 
 
 def test_conflicting_case_fedsgd_average_is_not_common_descent():
-    """Spec T1: the plain average hurts a client; the min-norm direction does not."""
+    """docs/papers/fedpg.md §8.1: the plain average hurts a client; the min-norm direction does
+    not."""
     g = np.array([[1.0, 0.0, 0.0], [-0.9, 0.5, 0.0], [0.2, -1.0, 0.1]])
     mean = g.mean(axis=0)
     assert (g @ mean).min() < 0
@@ -378,7 +382,7 @@ def test_conflicting_case_fedsgd_average_is_not_common_descent():
 
 
 def test_rescaling_options():
-    """Spec T5 and A7: the norm of d, and its direction unchanged."""
+    """docs/papers/fedpg.md §8.5 and §9.7: the norm of d, and its direction unchanged."""
     grads = rng_grads(0, 6, 30) * np.arange(1, 7)[:, None]
     losses = np.linspace(1.0, 2.0, 6)
     d, w = mgda.common_descent_direction(grads, losses=losses)
@@ -393,7 +397,8 @@ def test_rescaling_options():
 
 
 def test_norm_equalization_ignores_one_huge_gradient():
-    """Spec T9: scaling one gradient by 1e3 keeps the direction; zero gradients are dropped."""
+    """docs/papers/fedpg.md §8.9: scaling one gradient by 1e3 keeps the direction; zero gradients
+    are dropped."""
     grads = rng_grads(4, 5, 40)
     losses = np.array([1.0, 1.5, 0.7, 2.0, 1.1])
     d, w = mgda.common_descent_direction(grads, losses=losses)
@@ -409,7 +414,8 @@ def test_norm_equalization_ignores_one_huge_gradient():
 
 
 def test_equal_losses_skip_the_fair_column():
-    """Spec A6 / T3: h = 0 leaves the fair column out instead of giving d = 0."""
+    """docs/papers/fedpg.md §9.6 / §8.3: h = 0 leaves the fair column out instead of giving
+    d = 0."""
     grads = rng_grads(1, 4, 10)
     d, w = mgda.common_descent_direction(grads, losses=np.full(4, 0.8))
     plain, w_plain = mgda.common_descent_direction(grads, fairness=False)
@@ -419,7 +425,7 @@ def test_equal_losses_skip_the_fair_column():
 
 
 def test_fair_column_that_closes_the_hull_is_dropped():
-    """Spec A6: u = 0 only because of the fair column → solve again without it."""
+    """docs/papers/fedpg.md §9.6: u = 0 only because of the fair column → solve again without it."""
     g = np.array([[1.0, 0.0], [2.0, 0.0]])  # scaled: both 1.5 e_1; f points along −e_1
     d, w = mgda.common_descent_direction(g, losses=np.array([1.0, 3.0]))
     assert w[2] == 0.0
@@ -464,7 +470,8 @@ def check_drift(g_i, d, others):
 
     scale = np.linalg.norm(others, axis=1).max() * max(np.linalg.norm(d), np.linalg.norm(g_i))
     assert worst(gamma) >= -1e-12 * scale  # feasible
-    if gamma < 1 - 1e-6:  # maximal: a little more breaks some constraint (spec T6)
+    # maximal: a little more breaks some constraint (docs/papers/fedpg.md §8.6)
+    if gamma < 1 - 1e-6:
         assert worst(gamma + 1e-6) < 0
     if brute == 0.0 and worst(0.0) < 0:
         # No grid point is feasible: the feasible set is the single point γ (an isolated
@@ -514,7 +521,7 @@ def test_drift_edge_cases():
     assert mgda.drift_coefficient(g_i, d, np.array([[1.0, -1.0, 0.0], [0.0, 0.0, 1.0]])) == 1.0
     # d orthogonal to a g_j that g_i conflicts with: no drift at all.
     assert mgda.drift_coefficient(g_i, d, np.array([[0.0, 1.0, 0.0]])) == 0.0
-    # One conflicting client: |d·g_j| / (|d·g_j| + |g_i·g_j|) (spec §2.7).
+    # One conflicting client: |d·g_j| / (|d·g_j| + |g_i·g_j|) (docs/papers/fedpg.md §2.7).
     g_j = np.array([1.0, 3.0, 0.0])  # d·g_j = 1, g_i·g_j = −2
     assert mgda.drift_coefficient(g_i, d, g_j[None]) == pytest.approx(1 / 3)
     # Positive scaling of the other gradients does not matter; of g_i it does.
@@ -529,7 +536,8 @@ def test_drift_edge_cases():
 
 def test_drift_coefficients_for_one_client_and_spec_identity():
     assert mgda.drift_coefficients(np.array([[1.0, 2.0]]), np.array([1.0, 2.0]))[0] == 1.0
-    # θ_i = θ − η d_i = θ_new − η γ (g_i − d)  (spec §2.7 identity, this sign convention)
+    # θ_i = θ − η d_i = θ_new − η γ (g_i − d), the identity of docs/papers/fedpg.md §2.7 in this
+    # sign convention
     grads, d = drift_case(7, 5, 9)
     gamma = mgda.drift_coefficients(grads, d)[0]
     np.testing.assert_allclose(

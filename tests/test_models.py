@@ -69,14 +69,14 @@ def test_forward_shape_and_backward(name, data):
 def test_parameter_counts_match_the_papers():
     # FedAvg CNN on MNIST: 1,663,370 parameters (McMahan et al. 2017 report "1,663,370").
     assert sum(p.numel() for p in build_model("cnn", (1, 28, 28), 10).parameters()) == 1_663_370
-    # pFedGT spec: HAR CNN d = 2,253,958; ResNet-18 (ImageNet stem) d = 11,181,642.
+    # docs/papers/pfedgt.md §5.4: HAR CNN d = 2,253,958; ResNet-18 (ImageNet stem) d = 11,181,642.
     assert sum(p.numel() for p in build_model("harcnn", (9, 1, 128), 6).parameters()) == 2_253_958
     assert (
         sum(p.numel() for p in build_model("resnet18", (3, 32, 32), 10).parameters()) == 11_181_642
     )
-    # FedPG spec §5.3: the TensorFlow-tutorial CIFAR-10 CNN has 797,962 parameters.
+    # docs/papers/fedpg.md §5.3: the TensorFlow-tutorial CIFAR-10 CNN has 797,962 parameters.
     assert sum(p.numel() for p in build_model("tf-cnn", (3, 32, 32), 10).parameters()) == 797_962
-    # pFedSV spec §5.5: its "same"-padded reading has 1,756,426 (10) / 1,773,796 (100).
+    # docs/papers/pfedsv.md §5.5: its "same"-padded reading has 1,756,426 (10) / 1,773,796 (100).
     same = build_model("tf-cnn-same", (3, 32, 32), 10)
     assert sum(p.numel() for p in same.parameters()) == 1_756_426
     same = build_model("tf-cnn-same", (3, 32, 32), 100)
@@ -246,7 +246,7 @@ def test_pfllib_cnn_is_the_unpadded_fedavg_cnn():
 
 
 def test_slim_nf_resnet18_is_fedpgs_cifar100_model():
-    """FedPG spec §5.3: the slim NF-ResNet-18, counted layer by layer by hand, with no
+    """docs/papers/fedpg.md §5.3: the slim NF-ResNet-18, counted layer by layer by hand, with no
     buffers (no normalization statistics), and its convolutions weight-standardised."""
 
     def conv(cin, cout, k):  # weight, bias, gain

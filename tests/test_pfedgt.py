@@ -1,6 +1,6 @@
 """pFedGT against independent references: autograd of Eq. 2, closed-form Nash equilibria of
-quadratic games (spec §8.3), an independent best-response solve for logistic regression,
-Lemma 1's exact tracking, and the γ = 1 / γ → 0 special cases."""
+quadratic games (docs/papers/pfedgt.md §8.3), an independent best-response solve for logistic
+regression, Lemma 1's exact tracking, and the γ = 1 / γ → 0 special cases."""
 
 from itertools import combinations
 
@@ -39,7 +39,8 @@ def quadratic_game(m: int, d: int, L: float, seed: int, low: float | None = None
 
 
 def nash_equilibrium(A, b, gammas, mu, rho):
-    """Solve M w = r (spec §8.3): the stacked first-order conditions ∇_{w_i} G_i = 0."""
+    """Solve M w = r (docs/papers/pfedgt.md §8.3): the stacked first-order conditions
+    ∇_{w_i} G_i = 0."""
     m, d = b.shape
     M, r = np.zeros((m * d, m * d)), np.zeros(m * d)
     for i in range(m):
@@ -125,7 +126,8 @@ def _a1(m, gamma, mu, L, rho):
 
 
 def game_blocks(A, b, gammas, mu, rho):
-    """The blocks M_ij of the stacked first-order conditions M w = r (spec §8.3)."""
+    """The blocks M_ij of the stacked first-order conditions M w = r
+    (docs/papers/pfedgt.md §8.3)."""
     m, d = b.shape
     M = np.zeros((m * d, m * d))
     for i in range(m):
@@ -771,10 +773,11 @@ def _running_statistics(start: dict, inputs: list[torch.Tensor]) -> dict[str, np
 @pytest.mark.parametrize("start_buffers", ["personal", "theta"])
 def test_batchnorm_statistics_come_from_the_clients_own_training(monkeypatch, start_buffers):
     """With the θ warm start, a client's running statistics after a round are its own previous
-    statistics carried forward by the batches of its own local training (spec §9.14), and
-    θ's are the participants' mean. Catches a client whose training starts from θ's averaged
-    statistics (what ``start-buffers=theta`` asks for, checked here too): from round 2 on,
-    θ's statistics differ from the client's own, which the test asserts it meets."""
+    statistics carried forward by the batches of its own local training
+    (docs/papers/pfedgt.md §9.14), and θ's are the participants' mean. Catches a client whose
+    training starts from θ's averaged statistics (what ``start-buffers=theta`` asks for, checked
+    here too): from round 2 on, θ's statistics differ from the client's own, which the test asserts
+    it meets."""
     cfg = config(
         strategy="pfedgt",
         model="small-cnn-bn",
@@ -875,8 +878,8 @@ def test_buffers_from_a_model_without_any_are_rejected():
 def algorithm2_as_printed(w, c_server, c_stored, gradients, *, gamma, mu, rho, m, lr):
     """Algorithm 2 (ClientUpdate) line by line, in numpy: line 1 starts c_i at c; each step
     takes the batch gradient (line 4), steps with the c_i of the previous step (line 5) and
-    sets c_i from that gradient and the updated w (line 6, spec §9 #3). Returns every
-    iterate and the final c_i (line 9)."""
+    sets c_i from that gradient and the updated w (line 6, docs/papers/pfedgt.md §9.3). Returns
+    every iterate and the final c_i (line 9)."""
     c_i = c_server.copy()
     iterates = []
     for gradient in gradients:
@@ -1027,7 +1030,7 @@ def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
 
 
 def test_lambda_default_is_exact_tracking_and_a_fixed_lambda_needs_its_rule():
-    """λ = |S^t|/m is the default (docs/methods/pfedgt.md §11: the paper's 0.7 let θ and c grow on
+    """λ = |S^t|/m is the default (docs/papers/pfedgt.md §11: the paper's 0.7 let θ and c grow on
     CIFAR-10); a λ set without ``lambda-rule=fixed`` would be ignored, so it is refused."""
     assert build_strategy(config(strategy="pfedgt")).lambda_rule == "tracking"
     with pytest.raises(ValueError, match=r"pfedgt.lambda=0.25 takes effect only with"):

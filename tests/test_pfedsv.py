@@ -59,7 +59,8 @@ def test_topk_finds_the_relevant_peers_within_the_papers_bound_when_m_lt_k(seed)
     n, m, k0 = 20, 2, 5
     relevant = set(np.random.default_rng(seed).choice(np.arange(1, n), m, replace=False).tolist())
     rounds, ks = _search(n, relevant, k0, "explore", seed)
-    assert rounds is not None and rounds <= math.ceil((n - m - 1) / k0) + 1  # spec §8 T-TopK
+    # the bound of T-TopK, docs/papers/pfedsv.md §8
+    assert rounds is not None and rounds <= math.ceil((n - m - 1) / k0) + 1
     # once every peer is explored, k is the number of relevant peers
     _, ks = _search(n, relevant, k0, "explore", seed, rounds=n, stop=False)
     assert ks[-1] == m
@@ -534,7 +535,8 @@ def test_the_validation_guard_never_keeps_an_aggregate_worse_than_the_own_model(
         trained_test.append(_val_accuracy(cfg, stored(context, TRAINED_KEY), client, "test"))
     server = outcome.rounds[-1]["train"]["server"]
     kept, below = server["mean-kept-own"], server["mean-aggregate-below-own"]
-    # the logged θ_i^t test accuracy (spec §9.8) is the trained model's, measured apart
+    # the logged θ_i^t test accuracy (docs/papers/pfedsv.md §9.8) is the trained model's, measured
+    # apart
     assert server["mean-trained-test-accuracy"] == pytest.approx(np.mean(trained_test))
     if guard == "validation":
         assert min(gaps) >= 0, gaps

@@ -1,5 +1,5 @@
 """PPFL's membership and Laplacian math against independent references (cvxpy, loops,
-finite differences): spec §8's checks 1-4, 10 and 13."""
+finite differences): docs/papers/ppfl.md §8's checks 1-4, 10 and 13."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_laplacian_gradient_matches_finite_differences():
     numeric = approx_fprime(c.ravel(), lambda v: laplacian_penalty(w, v.reshape(m, k)), 1e-7)
     np.testing.assert_allclose(laplacian_gradient(w, c).ravel(), numeric, atol=1e-5)
     np.testing.assert_allclose(penalty_gradient(w, c, 0.3), 0.3 * laplacian_gradient(w, c))
-    # the authors' code: λ D C, no −W C and no factor 2 (spec A4)
+    # the authors' code: λ D C, no −W C and no factor 2 (docs/papers/ppfl.md §9.4)
     np.testing.assert_allclose(
         penalty_gradient(w, c, 0.3, "degree-only"), 0.3 * np.diag(w.sum(1)) @ c
     )

@@ -351,7 +351,7 @@ def test_memberships_recover_the_true_mixture_weights_and_the_objective_decrease
     Hungarian algorithm on Σ_i |c_ik − α_il|: the mean total variation ½‖c_i − α_i‖₁ is below
     0.2 (uniform memberships are at 0.42; measured 0.135), every nearly pure client
     (max α > 0.9) has its component as the argmax, and F(θ^t, C^t) falls round after round
-    up to minibatch noise (spec §8, checks 5 and 8)."""
+    up to minibatch noise (docs/papers/ppfl.md §8, checks 5 and 8)."""
     from scipy.optimize import linear_sum_assignment
 
     from pflarena.core.federation import synthetic_mixture_truth

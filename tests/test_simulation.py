@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 #: Settings a method needs to learn visibly in a few rounds. FedPG takes one full-gradient
-#: step per round (FedSGD-like, spec A1): at lr 0.1 it moves from 7% to 16% in 3 rounds,
-#: so it gets the step size η_0 = 1 and 6 rounds (46% in process and in simulation).
+#: step per round (FedSGD-like, docs/papers/fedpg.md §9.1): at lr 0.1 it moves from 7% to 16% in 3
+#: rounds, so it gets the step size η_0 = 1 and 6 rounds (46% in process and in simulation).
 LEARNS_WITH: dict[str, dict] = {
     "fedpg": {"lr": 1.0, "num-rounds": 6},
     # PPFL1 over three independently initialised MLPs with uniform memberships: each copy

@@ -1,6 +1,6 @@
 """K copies of part of a model on a shared trunk, and the ways to combine them per client.
 
-PPFL's canonical models (docs/methods/ppfl.md §2), FedEM's mixture components and IFCA's cluster
+PPFL's canonical models (docs/papers/ppfl.md §2), FedEM's mixture components and IFCA's cluster
 models are all "K copies of (part of) the run's model". This module holds that layout and
 the forward passes built on it:
 
@@ -12,14 +12,14 @@ the forward passes built on it:
   the paper's MNIST and synthetic settings).
 * **Initialisation.** Copy 0 is the run's initial model (seeded by the run seed); copy
   k ≥ 1 is the same architecture initialised with a seed derived from the run seed and k,
-  so the copies differ and can separate (spec B7: identical copies with uniform memberships
-  get identical gradients forever).
+  so the copies differ and can separate (docs/papers/ppfl.md §9.13: identical copies with uniform
+  memberships get identical gradients forever).
 * **Forms** (§2.3). PPFL2, ``interpolate``: one model whose copied parameters are
   ``Σ_k c_k θ_k`` (tensor by tensor), Fig. 2b and Eq. 8. PPFL1, ``mix``: the K copies'
-  outputs combined with weights c, Fig. 2a and Eq. 7, in three readings (spec A1):
+  outputs combined with weights c, Fig. 2a and Eq. 7, in three readings (docs/papers/ppfl.md §9.1):
   ``logit`` (the weighted sum of the outputs), ``prob`` (the weighted sum of the class
   probabilities, Eq. 7 for a GLM; also FedEM's prediction) and ``loss`` (the weighted sum of
-  the copies' losses, Appendix O3.4 with the sign fixed, A2; it predicts like ``prob``).
+  the copies' losses, Appendix O3.4 with the sign fixed, §9.2; it predicts like ``prob``).
 
 A copy's forward pass puts its tensors on one instance of the base architecture, so any
 model of the zoo works without a hand-written PPFL variant. A small model made of linear
@@ -452,7 +452,7 @@ def mixture_loss(
 ) -> torch.Tensor:
     """The training loss of a mixture: the negative log-likelihood of :func:`mixture_scores`, or for
     ``loss`` the membership-weighted sum of the copies' cross-entropies (Appendix O3.4 as a
-    negative log-likelihood, spec A2), which is linear in c."""
+    negative log-likelihood, docs/papers/ppfl.md §9.2), which is linear in c."""
     if mix == "loss":
         if weights.dim() != 1:
             raise ValueError("the loss mixture takes one membership vector (K,)")

@@ -1,23 +1,24 @@
 """FedPG's server-side math: the min-norm common descent direction and direction drift.
 
 Gradients come as a 2-D array ``grads`` of shape ``(K, P)``, one flattened client gradient
-per row. Equation and section numbers refer to the FedPG spec (``docs/methods/fedpg.md``).
+per row. Equation and section numbers refer to the reading of the FedPG paper
+(``docs/papers/fedpg.md``).
 
 **Sign convention.** Every direction returned here points *up* the losses, like a gradient:
 the model update is ``θ ← θ − η d``, and ``d`` is a common descent direction when
 ``⟨d, g_k⟩ ≥ 0`` for every gradient ``g_k`` (so ``−d`` has a non-positive inner product
-with every gradient). The spec writes the opposite sign (``d_spec = −Qλ``, update
+with every gradient). The reading writes the opposite sign (``d_spec = −Qλ``, update
 ``ω + η d_spec``); ``d`` here is ``−d_spec`` and the formulas below are rewritten to match.
 
 * :func:`min_norm_weights` — the weights ``λ`` on the simplex minimizing ``‖λᵀG‖²``, the
   MGDA min-norm point of QP (5) (§2.4, §3.4).
 * :func:`common_descent_direction` — Algorithm 1 up to line 11 (§3.2): drop zero gradients,
-  equalize norms, add the fair column ``∇F'`` (§2.3, A5, A6), solve QP (5), rescale to the
-  FedSGD norm (§2.6, A7).
+  equalize norms, add the fair column ``∇F'`` (§2.3, §9.5, §9.6), solve QP (5), rescale to the
+  FedSGD norm (§2.6, §9.7).
 * :func:`drift_coefficient`, :func:`drift_coefficients`, :func:`drifted_direction` — the
   direction drift of §2.7, eq. (8), in closed form.
 
-Which clients' stale gradients enter the QP (§2.5, A8) is the caller's business; they are
+Which clients' stale gradients enter the QP (§2.5, §9.8) is the caller's business; they are
 passed in as ``stale_grads``.
 """
 
@@ -40,7 +41,7 @@ __all__ = [
 
 #: Gradients with at most this norm are dropped before the QP (§2.4, step 1).
 ZERO_GRAD_NORM = 1e-6
-#: ``‖h‖·‖L‖`` at or below this means equal losses: no fair column (A6).
+#: ``‖h‖·‖L‖`` at or below this means equal losses: no fair column (§9.6).
 _EQUAL_LOSSES = 1e-12
 #: ``λᵀPλ`` at or below this times ``max_k P_kk`` is floating-point noise around 0.
 _NOISE = 1e-15
@@ -118,7 +119,8 @@ def min_norm_weights(
 ) -> np.ndarray:
     """Weights ``λ ∈ Δ_K`` of the min-norm point of the convex hull of the rows of ``grads``.
 
-    Solves QP (5) of the spec, ``min_{λ ∈ Δ_K} ½ ‖λᵀG‖²``, on the Gram matrix ``G Gᵀ``.
+    Solves QP (5) of docs/papers/fedpg.md §2.4, ``min_{λ ∈ Δ_K} ½ ‖λᵀG‖²``, on the Gram
+    matrix ``G Gᵀ``.
 
     Parameters
     ----------
@@ -157,8 +159,8 @@ def min_norm_weights_from_gram(
     and canonicalizing a problem for this tiny dense QP, which is solved every round:
 
     * ``K = 1``: ``λ = [1]``; ``K = 2``: MGDA's closed form
-      ``λ_1 = clip(((g_2−g_1)·g_2)/‖g_1−g_2‖², 0, 1)`` (spec T2).
-    * Otherwise accelerated projected gradient (FISTA) on the simplex, the spec's
+      ``λ_1 = clip(((g_2−g_1)·g_2)/‖g_1−g_2‖², 0, 1)`` (docs/papers/fedpg.md §8.2).
+    * Otherwise accelerated projected gradient (FISTA) on the simplex, the reading's
       recommended default (§3.4): step ``1/λ_max(P)``, exact sort-based Euclidean
       projection, adaptive restarts. Once its support has stopped changing, the KKT
       system on that support is solved directly (a few active-set cycles), which is exact
@@ -418,14 +420,14 @@ def common_descent_direction(
     2. With ``normalize``, rescale each kept gradient to the mean norm:
        ``g̃_i = μ g_i/‖g_i‖``, ``μ = mean_i ‖g_i‖`` (§2.4, step 2).
     3. With ``fairness``, add the fair column ``f = Σ_i (h_i/‖h‖) g̃_i``, ``h = ∂F'/∂L'``
-       on the kept clients' losses (§2.3, eq. 7; scale per A5). It is left out when the
-       losses are equal (``h = 0``, A6).
+       on the kept clients' losses (§2.3, eq. 7; scale per §9.5). It is left out when the
+       losses are equal (``h = 0``, §9.6).
     4. Add ``stale_grads`` (absent clients' last gradients, §2.5), each rescaled to ``μ``
-       (A8) when ``normalize``; zero ones are dropped. They enter only the QP.
+       (§9.8) when ``normalize``; zero ones are dropped. They enter only the QP.
     5. Solve QP (5), ``u = Qλ*``. If ``u ≈ 0`` with the fair column, solve again without
-       it (A6); if still ``u ≈ 0`` the point is Pareto stationary and ``d = 0``.
+       it (§9.6); if still ``u ≈ 0`` the point is Pareto stationary and ``d = 0``.
     6. Rescale to the FedSGD norm (Algorithm 1 line 11, §2.6): ``d = u ‖d_r‖/‖u‖`` with
-       ``d_r`` the mean of the kept ``g̃_i`` (``rescale="scaled_mean"``, A7), of the kept
+       ``d_r`` the mean of the kept ``g̃_i`` (``rescale="scaled_mean"``, §9.7), of the kept
        raw ``g_i`` (``"raw_mean"``), or no rescaling (``"none"``, ``d = u``).
 
     Parameters
@@ -456,7 +458,7 @@ def common_descent_direction(
         ``d``, to be used as ``θ ← θ − η d``. Unless it is 0, ``⟨d, q_k⟩ ≥ ‖d‖‖u‖ > 0``
         for every QP column ``q_k`` (eq. 6), hence ``⟨d, g_i⟩ > 0`` for every kept client
         and every nonzero stale gradient: ``−d`` decreases all their losses to first order.
-        This is ``−d^t`` of the spec.
+        This is ``−d^t`` of docs/papers/fedpg.md §3.2.
     weights : ndarray, shape (K + 1 + r,)
         ``λ*`` in the order of Q in eq. (5): the K clients (0 for dropped ones), the fair
         column (0 when absent), the r stale gradients (0 for zero ones). They weight the
@@ -543,7 +545,7 @@ def common_descent_direction(
 def drifted_direction(g_i: np.ndarray, direction: np.ndarray, gamma: float) -> np.ndarray:
     """Client i's personalized direction ``d_i = (1 − γ) d + γ g_i`` (§2.7).
 
-    The spec's ``d_i = (1 − γ_i) d^t + γ_i (−g_i)`` in this module's sign convention: the
+    The reading's ``d_i = (1 − γ_i) d^t + γ_i (−g_i)`` in this module's sign convention: the
     P-model is ``θ_i = θ − η d_i``.
     """
     g_i = _vector("g_i", g_i)

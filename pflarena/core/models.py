@@ -161,7 +161,7 @@ class PFLlibCNN(nn.Module):
 
 class TFCifarCNN(nn.Module):
     """The CIFAR-10 CNN of TensorFlow's tutorial that McMahan et al. (2017) train, as FedPG
-    uses it (docs/methods/fedpg.md §5.3): 797,962 parameters for CIFAR-10.
+    uses it (docs/papers/fedpg.md §5.3): 797,962 parameters for CIFAR-10.
 
     Two unpadded 5x5 convolutions with 64 channels, each followed by ReLU and 2x2 max
     pooling, then fully connected layers of 384 and 192 units with dropout (0.2 and 0.5)
@@ -197,8 +197,8 @@ class TFCifarCNN(nn.Module):
 
 
 class TFCifarCNNSame(nn.Module):
-    """The TensorFlow-tutorial CIFAR CNN in its "same"-padded form, as the pFedSV spec reads
-    the paper's CNN-CIFAR (docs/methods/pfedsv.md §5.5): 1,756,426 parameters for 10 classes.
+    """The TensorFlow-tutorial CIFAR CNN in its "same"-padded form, as the reading of pFedSV
+    takes the paper's CNN-CIFAR (docs/papers/pfedsv.md §5.5): 1,756,426 parameters for 10 classes.
 
     Two 5x5 convolutions with 64 channels and padding 2, each followed by ReLU and 3x3
     max pooling of stride 2 (padding 1), then fully connected layers of 384 and 192 units
@@ -397,8 +397,8 @@ class _NFBasicBlock(nn.Module):
 
 
 class NFResNet18Slim(nn.Module):
-    """The slim CIFAR NF-ResNet-18 of the FedPG paper's CIFAR-100 runs (spec §5.3, A15):
-    normalizer-free (Brock et al. 2021), so no BatchNorm statistics to aggregate and the
+    """The slim CIFAR NF-ResNet-18 of the FedPG paper's CIFAR-100 runs (docs/papers/fedpg.md §5.3,
+    §9.15): normalizer-free (Brock et al. 2021), so no BatchNorm statistics to aggregate and the
     full-batch gradient is the weighted mean of mini-batch gradients.
 
     Stem: a 3x3 scaled weight-standardised convolution to 64 channels, ReLU, 3x3 max pooling

@@ -108,7 +108,7 @@ def exponentiated_gradient_step(
     lr
         The step size η (> 0).
     eps
-        The floor ε (spec: 1e-6).
+        The floor ε (1e-6 in docs/papers/ppfl.md §9.14).
 
     Returns
     -------
@@ -175,7 +175,8 @@ def affinity_problem(affinity: np.ndarray, tol: float = 1e-8) -> str | None:
 
     W must be square, finite, symmetric, elementwise nonnegative (a similarity) and
     positive semi-definite (smallest eigenvalue ≥ ``-tol`` times its largest magnitude):
-    the MM surrogate of Eq. 13 majorizes F only when ``−Cᵀ(W ⊗ I)C`` is concave (spec A6).
+    the MM surrogate of Eq. 13 majorizes F only when ``−Cᵀ(W ⊗ I)C`` is concave
+    (docs/papers/ppfl.md §9.6).
     """
     w = np.asarray(affinity, dtype=np.float64)
     if w.ndim != 2 or w.shape[0] != w.shape[1]:
@@ -240,7 +241,7 @@ def penalty_gradient(
 
     ``laplacian``: ``2λ L C`` (Eq. 14, the gradient of λ tr(CᵀLC), equal to the MM
     surrogate's at C^t). ``degree-only``: ``λ D C``, what the authors' code computes
-    (``get_penalty``: no ``−W C``, no factor 2; spec A4).
+    (``get_penalty``: no ``−W C``, no factor 2; docs/papers/ppfl.md §9.4).
     """
     c = np.asarray(memberships, dtype=np.float64)
     w = np.asarray(affinity, dtype=np.float64)
@@ -261,7 +262,7 @@ def membership_step_gradient(
 
     ``paper``: ``G = p_i ∇_c f_i + π_i`` (Eq. 14-15 as printed). ``normalized``:
     ``G = ∇_c f_i + π_i / p_i``, the paper's G divided by p_i: the same direction on each
-    client's block with the step η/p_i, so the same fixed points as F (spec A3).
+    client's block with the step η/p_i, so the same fixed points as F (docs/papers/ppfl.md §9.3).
     ``code``: ``G = ∇_c f_i + π_i``, what the authors' code computes (the loss gradient
     without p_i, the penalty row as it is): the Laplacian weighs about p_i times less
     than in F. ``weight`` is ``p_i`` (a scalar, or one per row).

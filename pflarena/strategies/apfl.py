@@ -18,9 +18,9 @@ step), with one backward pass at w_i and one at v̄_i.
 Decisions (reasons and measurements in ``docs/methods/apfl.md``):
 
 - **Initial α** (``apfl.alpha``) 0.5, adapted (``apfl.adaptive``), as in the authors' code
-  (MLOPTPSU/FedTorch, ``--fed_personal_alpha 0.5``, ``--fed_adaptive_alpha``) and the pFedGT
-  spec's reading of its APFL baseline; ``adaptive=false`` keeps it fixed (the paper's
-  fixed-α runs).
+  (MLOPTPSU/FedTorch, ``--fed_personal_alpha 0.5``, ``--fed_adaptive_alpha``) and the reading
+  of the pFedGT paper's APFL baseline (docs/papers/pfedgt.md §7); ``adaptive=false`` keeps it fixed
+  (the paper's fixed-α runs).
 - **α's step** ``apfl.alpha-lr``: 0 takes the run's ``lr``, the η of the other two updates.
 - **The mixture is of parameters**, as the paper defines v̄. The authors' code mixes the
   two models' outputs instead, α v(x) + (1 − α) w(x), which differs for nonlinear models;

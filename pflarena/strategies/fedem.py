@@ -18,7 +18,7 @@ differently); client i keeps π_i in its own state. Each round (one exchange):
 
 A client's personalized prediction is the mixture ``Σ_m π_im p_{θ_m}(y|x)`` with its current
 π_i (FedEM's inference for a client seen in training). It sends M full models each way per
-round, the O(Md) cost the PPFL paper compares against (docs/methods/ppfl.md §10).
+round, the O(Md) cost the PPFL paper compares against (docs/papers/ppfl.md §10).
 
 The reading of the paper, decisions and measurements: docs/methods/fedem.md.
 """

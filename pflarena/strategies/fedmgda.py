@@ -13,11 +13,11 @@ and steps ``θ ← θ − η_g d``, ``d = Σ_i λ*_i ĝ_i``, with the global lea
 (``server-lr``, decayed by ``lr-decay`` per round). ε = 0 is FedAvg on normalized updates,
 ε = 1 is plain MGDA. No personalization of its own: the personalized model is the global
 model, or with ``personal-model=local-result`` each client's latest local-training result
-θ_i (the FedPG paper's P-model for FedMGDA+, docs/methods/fedpg.md §5.4).
+θ_i (the FedPG paper's P-model for FedMGDA+, docs/papers/fedpg.md §5.4).
 
 Decisions: the ball is the ∞-norm ball around uniform weights over this round's usable
 replies (the authors' formulation; data-size weights as the centre are not used because
-FedPG weights clients equally, A3); zero updates (‖g_i‖ ≤ 1e-6) are dropped; the QP
+FedPG weights clients equally, §9.3); zero updates (‖g_i‖ ≤ 1e-6) are dropped; the QP
 (:func:`min_norm_weights_box`) is solved by accelerated projected gradient with an exact
 projection onto ``{Σλ = 1, lo ≤ λ ≤ hi}`` (``solver=fast``, checked against cvxpy in the
 tests) or by cvxpy (``solver=cvxpy``); with ε ≥ 1 - 1/|S| the box is inactive and the

@@ -3,8 +3,8 @@
 "Preserving Global Performance in Personalized Federated Learning" (docs/methods/fedpg.md). The
 server math is :mod:`pflarena.core.mgda` (re-exported here: :func:`common_descent_direction`,
 :func:`drift_coefficient`); this module runs it as a Flower strategy. Signs follow
-``core/mgda.py``: ``d`` points up the losses and the update is ``θ ← θ − η d`` (the spec's
-``d`` is ``−d`` here).
+``core/mgda.py``: ``d`` points up the losses and the update is ``θ ← θ − η d`` (the
+reading's ``d``, docs/papers/fedpg.md §2, is ``−d`` here).
 
 A round (Algorithm 1, §3.2) is two exchanges, or more with S-FedPG's line search:
 
@@ -14,7 +14,7 @@ A round (Algorithm 1, §3.2) is two exchanges, or more with S-FedPG's line searc
    client's latest raw gradient in a pool (``self.pool("gradients")``, on disk, rolled back
    with the checkpoints).
 2. Server: the stale gradients of recently absent clients (window ``τ = ⌈M/|S^t|⌉``, §2.5,
-   A8) join the QP; :func:`common_descent_direction` gives ``u`` and the weights λ* (fair
+   §9.8) join the QP; :func:`common_descent_direction` gives ``u`` and the weights λ* (fair
    column on, zero gradients dropped, norms equalized); ``d = u ‖d_r‖/‖u‖`` (Algorithm 1
    line 11, σ = ‖d_r‖/‖u‖ kept for the line search's lower bound); the step
    ``η^t = lr · lr-decay^(t−1)``; ``θ^{t+1} = θ^t − η^t d``; each online client's drift
@@ -25,24 +25,25 @@ A round (Algorithm 1, §3.2) is two exchanges, or more with S-FedPG's line searc
 4. ``personalize``: each online client gets ``d`` (unless the line search sent it), its
    ``γ_i`` and ``η^t`` and builds its P-model ``θ_i = θ^t − η^t((1 − γ_i) d + γ_i g_i)``
    from the θ^t and g_i it kept. **Why an exchange of its own:** the P-model depends only
-   on the round's θ^t, g_i, d, γ_i and η^t (§2.7, A17), and the spec sends ``d``, ``γ_i``,
+   on the round's θ^t, g_i, d, γ_i and η^t (§2.7, §9.17), and the paper sends ``d``, ``γ_i``,
    ``η^t`` to the online clients in the round (§3.2, §3.5). Riding on the client's next
    message would leave it without a P-model until it is sampled again, which at 10%
    participation is ~10 rounds of evaluations on a model from an older round or none; a
    per-client evaluate message cannot carry it either (evaluate messages write no client
-   state). The exchange costs one n-float download per online client (the spec's "d^t
-   download") and a metrics-only reply.
+   state). The exchange costs one n-float download per online client (the "d^t
+   download" of docs/papers/fedpg.md §3.5) and a metrics-only reply.
 
 Ablations (Table 2): ``direction=average`` (M1, d = d_r), ``fairness=false`` (M2),
 ``personalize=false`` (M3: no drift, no personalize exchange, P-model = the global model),
 ``absent-clients=false`` (M4). ``gamma`` = a number gives the "FedPG γ = 0.3/0.6/1.0"
-variants of Table 1 as a floor, ``γ_i = max(eq. 8, γ)`` (spec A9).
+variants of Table 1 as a floor, ``γ_i = max(eq. 8, γ)`` (docs/papers/fedpg.md §9.9).
 
-Every decision where the spec or the paper leaves room (the gradient, the step size, the
+Every decision where the paper leaves room (the gradient, the step size, the
 stale window, the fair column, the line search's fallback), with the measurements behind
-it, is in ``docs/methods/fedpg.md`` §11.
+it, is in ``docs/papers/fedpg.md`` §11.
 
-The reading of the paper, decisions and measurements: docs/methods/fedpg.md.
+How it runs: docs/methods/fedpg.md; the reading of the paper, decisions and measurements:
+docs/papers/fedpg.md.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def parse_gamma(value: Any) -> float | None:
 
 
 class FedPGParams(MethodParams):
-    """FedPG's parameters; defaults are the paper's FedPG and the spec's resolutions."""
+    """FedPG's parameters; defaults are the paper's FedPG and docs/papers/fedpg.md §9's
+    resolutions."""
 
     gamma: str = Field(
         "adaptive",

@@ -18,7 +18,7 @@ differently). Each round (one exchange):
 A cluster no client chose keeps its model. A client's personalized model is the cluster
 model with the lowest loss on its training split at evaluation time (the same estimate
 as in training). PPFL's paper shows IFCA is PPFL with a private trunk per cluster, λ = 0
-and memberships replaced by the argmin (docs/methods/ppfl.md §10, Eq. O19).
+and memberships replaced by the argmin (docs/papers/ppfl.md §10, Eq. O19).
 
 The reading of the paper, decisions and measurements: docs/methods/ifca.md.
 """

@@ -11,9 +11,10 @@ Server state: θ (a full model state; its trainable part is tracked by Eq. 6, it
 e.g. BatchNorm statistics, are the plain mean of the participants' buffers, used only when
 θ is evaluated as a global model) and c (over the trainable parameters). Clients start local
 training from θ's trainable parameters and their own BatchNorm statistics, so each w_i keeps
-the statistics of its own data (spec §9.14).
+the statistics of its own data (docs/papers/pfedgt.md §9.14).
 
-The reading of the paper, decisions and measurements: docs/methods/pfedgt.md.
+How it runs: docs/methods/pfedgt.md; the reading of the paper, decisions and measurements:
+docs/papers/pfedgt.md.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ PAPER_LAMBDA = 0.7
 class PFedGTParams(MethodParams):
     """pFedGT's parameters; defaults are the paper's experimental settings.
 
-    The paper's reading: docs/methods/pfedgt.md.
+    The paper's reading: docs/papers/pfedgt.md.
     """
 
     gamma: float = Field(0.8, ge=0, le=1, description="personalization coefficient γ")
@@ -198,16 +199,17 @@ class PFedGT(PflStrategy):
         η_s in Eq. 6.
     variant
         ``"paper"``: Algorithm 2 as written; ``"exact"``: the variant matching the theory
-        (spec §3.3).
+        (docs/papers/pfedgt.md §3.3).
     c_init
         ``"round"``: before round 1 every client computes c_i⁰ = ∇f_i(θ⁰) − μθ⁰ on its full
         training set, and c⁰ is their mean; ``"zeros"``: c_i⁰ = c⁰ = 0.
     warm_start, message_init, delta_ref
-        Ablations of spec §3.4 and §9.1 (θ or own w_i as the local start; c or stored c_i as
-        the local message's start; Δw relative to w_i or to θ).
+        Ablations of docs/papers/pfedgt.md §3.4 and §9.1 (θ or own w_i as the local start; c or
+        stored c_i as the local message's start; Δw relative to w_i or to θ).
     start_buffers
         The non-trainable state (BatchNorm statistics) local training starts from:
-        ``"personal"``, the client's own (spec §9.14), or ``"theta"``, θ's averaged buffers.
+        ``"personal"``, the client's own (docs/papers/pfedgt.md §9.14), or ``"theta"``, θ's
+        averaged buffers.
     """
 
     declaration = MethodDeclaration(
@@ -326,7 +328,8 @@ class PFedGT(PflStrategy):
         return super().train_round(server_round, arrays, grid, send)
 
     def initialise_message(self, grid: Grid, arrays: ArrayRecord, send: Send) -> None:
-        """Initialise c (spec §3.2) once: a full-participation exchange at θ⁰, or zeros.
+        """Initialise c (docs/papers/pfedgt.md §3.2) once: a full-participation exchange at
+        θ⁰, or zeros.
 
         A no-op once c is set.
         """
@@ -364,8 +367,9 @@ class PFedGT(PflStrategy):
                 exchange, lambda content: array_problem(content, reference, keys.PFEDGT_MESSAGE)
             )
         ]
-        # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean, spec §2.7). A client
-        # that did not answer keeps c_i⁰ = 0, which is what the sum then counts for it.
+        # c⁰ = (1/m) Σ_i c_i⁰ (the paper's "Σ" is a typo for the mean,
+        # docs/papers/pfedgt.md §2.7). A client that did not answer keeps c_i⁰ = 0, which is
+        # what the sum then counts for it.
         self.message = (
             {
                 name: np.sum([c[name] for c in messages_c], axis=0) / self.num_clients
@@ -400,7 +404,7 @@ class PFedGT(PflStrategy):
     def train_content(
         self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict
     ) -> RecordDict:
-        """θ^t and c^t: 2d floats down (spec §3.3)."""
+        """θ^t and c^t: 2d floats down (docs/papers/pfedgt.md §3.3)."""
         assert self.message is not None
         return RecordDict(
             {

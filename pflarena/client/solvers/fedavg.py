@@ -4,7 +4,7 @@ FedProx adds the proximal gradient ``mu (w - w_global)`` (Li et al., 2020, Eq. 2
 
 With ``<method>.personal-model=local-result`` the client keeps the model it returns in its
 state (``<method>/local-result``) and reports it as its personalized model: the FedPG
-paper's P-model for FedAvg and FedProx (docs/methods/fedpg.md §5.4). Otherwise the personalized
+paper's P-model for FedAvg and FedProx (docs/papers/fedpg.md §5.4). Otherwise the personalized
 model is the global model.
 
 The readings of the papers, decisions and measurements: docs/methods/fedavg.md and

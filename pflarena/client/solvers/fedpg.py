@@ -1,6 +1,6 @@
 """Local solver for FedPG and FedMGDA+: gradients, line-search losses, P-models.
 
-The paper's reading: docs/methods/fedpg.md.
+How it runs: docs/methods/fedpg.md; the paper's reading: docs/papers/fedpg.md.
 
 The strategy (``strategies/fedpg.py``) does all the multi-objective math; a client only
 answers three kinds of train messages, told apart by ``job.phase``:
@@ -8,13 +8,13 @@ answers three kinds of train messages, told apart by ``job.phase``:
 ``gradients``
     The message carries θ^t. Reply: ``g_i`` over the trainable parameters
     (:data:`~pflarena.core.keys.FEDPG_GRADIENT`) and the training loss ``L_i(θ^t)``
-    (``train-loss``). ``grad-mode=full`` (default, spec A1): the exact mean gradient of the
-    cross-entropy over the whole training split, accumulated in mini-batches of
+    (``train-loss``). ``grad-mode=full`` (default, docs/papers/fedpg.md §9.1): the exact mean
+    gradient of the cross-entropy over the whole training split, accumulated in mini-batches of
     ``batch-size`` (weighted by batch size, so it equals the full-batch gradient), with the
-    model in train mode (A12). ``grad-mode=pseudo``: ``local-epochs`` of SGD at ``lr`` from
+    model in train mode (§9.12). ``grad-mode=pseudo``: ``local-epochs`` of SGD at ``lr`` from
     θ^t and the pseudo-gradient ``(θ^t − θ_E)/lr`` (FedMGDA+ uses this one; with its
     ``personal-model=local-result`` θ_E is stored as the client's P-model). ``L_i`` is
-    always the mean training loss at θ^t in eval mode (A2, A12), so that it is the same
+    always the mean training loss at θ^t in eval mode (§9.2, §9.12), so that it is the same
     quantity the line search compares. With ``keep`` (FedPG with personalization or line
     search) θ^t and g_i are kept in the client's state for the round's later exchanges.
 ``line-search`` (S-FedPG)
@@ -22,16 +22,16 @@ answers three kinds of train messages, told apart by ``job.phase``:
     ``L_i(θ^t − η d)`` over the training split, eval mode (metric ``fedpg-trial-loss``).
 ``personalize``
     Carries ``γ_i`` and ``η^t`` (and ``d`` unless a line search sent it). The client builds
-    its P-model ``θ_i = θ^t − η^t ((1 − γ_i) d + γ_i g_i)`` (spec §2.7 in the sign
+    its P-model ``θ_i = θ^t − η^t ((1 − γ_i) d + γ_i g_i)`` (docs/papers/fedpg.md §2.7 in the sign
     convention of ``core/mgda.py``, where ``d`` points up the losses) from the θ^t and g_i
     it kept, and stores it (``<method>/personal-model``). Buffers (none in the MLP/CNN
     models the paper uses) are θ^t's.
 
 ``evaluate`` tests the stored P-model (the global model before the client's first
-personalization, spec A13) and the global model.
+personalization, docs/papers/fedpg.md §9.13) and the global model.
 
 The readings of the papers, decisions and measurements: docs/methods/fedmgda.md and
-docs/methods/fedpg.md.
+docs/papers/fedpg.md (FedPG's page: docs/methods/fedpg.md).
 """
 
 from __future__ import annotations

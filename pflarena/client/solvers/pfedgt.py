@@ -1,6 +1,6 @@
 """Local solver for pFedGT: Algorithm 2 (ClientUpdate) and the c⁰ round.
 
-The paper's reading: docs/methods/pfedgt.md §3.
+The paper's reading: docs/papers/pfedgt.md §3.
 
 The math is in :func:`corrected_gradient` and :func:`local_solve`, which work on any list of
 parameter tensors and any gradient oracle, so the theory tests run them on quadratic games;
@@ -9,9 +9,11 @@ parameter tensors and any gradient oracle, so the theory tests run them on quadr
 Client state (persistent across rounds): the personalized model w_i (full state, buffers
 included) and the stored message c_i (the one last uploaded, over the trainable parameters).
 The BatchNorm running statistics in w_i are the client's own: local training starts from θ's
-trainable parameters and the client's own statistics (:func:`start_model`, spec §9.14).
+trainable parameters and the client's own statistics (:func:`start_model`,
+docs/papers/pfedgt.md §9.14).
 
-The reading of the paper, decisions and measurements: docs/methods/pfedgt.md.
+How it runs: docs/methods/pfedgt.md; the reading of the paper, decisions and measurements:
+docs/papers/pfedgt.md.
 """
 
 from __future__ import annotations
@@ -108,10 +110,10 @@ def local_solve(
         current ``params``.
     variant
         ``"paper"`` (Algorithm 2 as written): step with the previous step's message, then
-        ``c_i ← g − μ w`` with the step's gradient g and the updated w (spec §9 #3); the
-        returned c_i is that of the last minibatch. ``"exact"``: step with the message at
-        the current iterate (an unbiased step on ∇G_i), and return ``∇f_i(w) − μ w`` from
-        ``full_grad`` at the final w.
+        ``c_i ← g − μ w`` with the step's gradient g and the updated w
+        (docs/papers/pfedgt.md §9.3); the returned c_i is that of the last minibatch.
+        ``"exact"``: step with the message at the current iterate (an unbiased step on ∇G_i),
+        and return ``∇f_i(w) − μ w`` from ``full_grad`` at the final w.
     message_init
         The local message starts as c (``"server"``, the paper's choice) or as the stored
         c_i (``"stored"``).
@@ -205,7 +207,7 @@ def start_model(
 
     Its trainable parameters are θ's (``warm_start="theta"``, the paper) or the client's own
     w_i's (``"personal"``). Its other state, the BatchNorm running statistics, is the
-    client's own (``buffers="personal"``, spec §9.14 and PFLlib, which copies only
+    client's own (``buffers="personal"``, docs/papers/pfedgt.md §9.14 and PFLlib, which copies only
     ``parameters()`` into a client's model) or θ's, the mean of the last participants'
     (``"theta"``). With the client's own statistics, each client's w_i keeps statistics its own
     local training produced, and θ's averaged ones serve only to evaluate θ as a global model.
@@ -227,7 +229,7 @@ def start_model(
 
 
 def _init_phase(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
-    """c_i⁰ = ∇f_i(θ⁰) − μθ⁰ over the full training set; w_i⁰ = θ⁰ (spec §3.2)."""
+    """c_i⁰ = ∇f_i(θ⁰) − μθ⁰ over the full training set; w_i⁰ = θ⁰ (docs/papers/pfedgt.md §3.2)."""
     theta = job.global_model()
     mu = float(job.config[keys.PFEDGT_MU])
     names = [n for n, _ in _trainable(theta)]

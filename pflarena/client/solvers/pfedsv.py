@@ -1,6 +1,6 @@
 """Local solver for pFedSV: local training, then a Shapley game over the peers' models.
 
-A round has two exchanges (docs/methods/pfedsv.md §3.2):
+A round has two exchanges (docs/papers/pfedsv.md §3.2):
 
 ``train``
     The client trains its personalized model θ_i^{(t−1)*} for E epochs into θ_i^t, keeps
@@ -18,7 +18,8 @@ Peers are known by pseudonyms (``pids``) the server assigns; the client's releva
 and explored set are indexed by them. Client state: the personalized model, the model
 trained this round, and the relevance vector with the explored set.
 
-The reading of the paper, decisions and measurements: docs/methods/pfedsv.md.
+How it runs: docs/methods/pfedsv.md; the reading of the paper, decisions and measurements:
+docs/papers/pfedsv.md.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def select_peers(
     max_k
         Cap on k once exploration is over (``None``: no cap).
     rule
-        ``"explore"`` (the default resolution of spec §9.3): while some candidate is
-        unexplored, keep the best ``k_0 − e`` positively valued peers and explore ``e ≥ 1``
+        ``"explore"`` (the default resolution of docs/papers/pfedsv.md §9.3): while some candidate
+        is unexplored, keep the best ``k_0 − e`` positively valued peers and explore ``e ≥ 1``
         unexplored ones, ``e = max(1, k_0 − #positive)``; afterwards k = #positive (at
         least 1, at most ``max_k``). ``"literal"``: the paper's text, top-k of φ with
         k = #positive (k_0 while there is none); it stops exploring once k peers are
@@ -152,7 +153,7 @@ def aggregation_weights(
     """Eq. 6: ``max(SV_j, 0) / ||θ_j − ref||``, normalized to sum to one.
 
     ``distances`` ``None`` gives pure SV weights. Returns ``None`` when no model has a
-    positive value (the caller keeps its own model, spec §9.9).
+    positive value (the caller keeps its own model, docs/papers/pfedsv.md §9.9).
     """
     positive = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
     if distances is not None:
@@ -166,8 +167,8 @@ def aggregation_weights(
 def eq6_distances(vectors: Sequence[np.ndarray], reference: np.ndarray | None) -> list[float]:
     """The distances of Eq. 6 for the players ``vectors`` (the client's own model first).
 
-    With a ``reference`` (``distance-ref=round-start``, spec §9.1) every player's distance,
-    the own model's included, is taken from it (the client's personalized model at the
+    With a ``reference`` (``distance-ref=round-start``, docs/papers/pfedsv.md §9.1) every player's
+    distance, the own model's included, is taken from it (the client's personalized model at the
     round's start). Without one (``current-self-median``) the peers' distances are taken
     from the own trained model, as Eq. 6 prints them, and the own model, whose distance to
     itself is 0, gets the median of the peers' distances.
@@ -182,7 +183,7 @@ def eq6_distances(vectors: Sequence[np.ndarray], reference: np.ndarray | None) -
 def clip_and_noise(
     delta: dict[str, torch.Tensor], clip: float, noise: float, generator: torch.Generator
 ) -> tuple[dict[str, torch.Tensor], float]:
-    """Clip an update to L2 norm ``clip`` and add N(0, (noise·clip)²) (spec §3.6).
+    """Clip an update to L2 norm ``clip`` and add N(0, (noise·clip)²) (docs/papers/pfedsv.md §3.6).
 
     Returns the noised update and the update's norm before clipping.
     """
@@ -511,7 +512,8 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     below_own = not kept_own and game.accuracy(personalized) < own_accuracy(game, utilities, own)
     if below_own and job.param("guard") == "validation":
         personalized, kept_own = states[own], True
-    # spec §9.8: the post-training θ_i^t's test accuracy is logged beside θ_i^{t*}'s
+    # the post-training θ_i^t's test accuracy is logged beside θ_i^{t*}'s
+    # (docs/papers/pfedsv.md §9.8)
     trained_test = job.test(trained)
     trained.load_state_dict(personalized)
     job.save_state_model(PERSONAL_KEY, trained)

@@ -1,6 +1,6 @@
 """Local solver for PPFL: canonical-model SGD, membership gradients and steps.
 
-The paper's reading: docs/methods/ppfl.md.
+How it runs: docs/methods/ppfl.md; the paper's reading: docs/papers/ppfl.md.
 
 The server (``strategies/ppfl.py``) holds θ (the trunk and the K canonical models, a stacked
 state: :mod:`pflarena.core.canonical`) and every client's membership c_i; each train message
@@ -17,7 +17,7 @@ evaluation and its exported personalized model use. The messages, told apart by
     epochs or ``ppfl.local-steps`` steps. Reply: the trained θ and ``f_i(θ^t, c_i^t)``.
 ``membership-gradient`` (the C-block of Algorithm 1)
     Reply: ``∇_c f_i(θ^t, c_i^t)`` (``membership-gradient``): over the whole training split
-    (``membership-steps=full``, σ₂ = 0 as the theory wants, B3) or one minibatch.
+    (``membership-steps=full``, σ₂ = 0 as the theory wants, §9.9) or one minibatch.
 ``membership`` (Algorithm 1's synchronisation)
     The server's new c_i, stored.
 ``membership-steps`` (the authors' code, after the θ-block)
@@ -31,7 +31,7 @@ Every step is :func:`~pflarena.core.population.exponentiated_gradient_step` on
 ``G = w_i ∇_c f_i + π_i`` (Eq. 14-15; ``w_i = p_i`` with the paper's scaling, 1 with the
 normalized one, π_i from the server).
 
-The reading of the paper, decisions and measurements: docs/methods/ppfl.md.
+The reading of the paper, decisions and measurements: docs/papers/ppfl.md.
 """
 
 from __future__ import annotations

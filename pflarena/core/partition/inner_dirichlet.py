@@ -15,8 +15,8 @@ which is FedLab's ``client_inner_dirichlet_partition`` (the toolkit PAGE cites):
 
 FedLab redraws the class when its pool is empty, which can spin for a long time with a
 small ``alpha``. Here the class is drawn from ``q_i`` restricted to the classes that
-still have samples and renormalised (the spec's fallback). That is exactly the
-distribution of FedLab's redraw loop (rejection sampling from ``q_i`` until a non-empty
+still have samples and renormalised (the fallback of docs/methods/page.md §9.19). That is exactly
+the distribution of FedLab's redraw loop (rejection sampling from ``q_i`` until a non-empty
 class comes up), reached in one draw; a client whose prior has no mass left on any
 non-empty class takes a class uniformly among them. Drawing a client among those that
 still need samples is, likewise, FedLab's draw among all clients with the full ones

@@ -1,4 +1,4 @@
-"""``label-groups``: the PPFL paper's pathological group split (docs/methods/ppfl.md §5.2).
+"""``label-groups``: the PPFL paper's pathological group split (docs/papers/ppfl.md §5.2).
 
 The classes are dealt into ``label_groups`` disjoint groups; each group's samples are
 shuffled and cut into (almost) equal consecutive pieces, one per client of that group; the
