@@ -23,6 +23,7 @@ reads a half-written file.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import shutil
 import sys
@@ -202,7 +203,7 @@ def _receive(response, part: Path, offset: int, url: str, progress: bool, chunk_
                     bar.update(len(block))
                 handle.flush()
                 os.fsync(handle.fileno())
-        except OSError as error:  # the connection dropped: keep what came, to continue it
+        except (OSError, http.client.HTTPException) as error:  # cut: keep what came
             raise FetchError(
                 f"the download of {url} stopped ({error}); {part.stat().st_size} bytes are "
                 f"kept in {part}: the same command continues it"
