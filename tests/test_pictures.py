@@ -213,3 +213,15 @@ def test_shards_stats_print_each_client_and_draw_the_partition(tmp_path, capsys,
 def test_shards_needs_out_or_stats(capsys):
     assert main(["shards"]) == 2
     assert "needs --out DIR" in capsys.readouterr().err
+
+
+def test_a_config_check_can_print_the_partition_of_its_run(tmp_path, capsys):
+    from pflarena.core.partition_stats import print_partition_summary
+    from pflarena.server.registry import parse_config
+
+    cfg = parse_config({"num-clients": 4, "partition": "pathological", "classes-per-client": 2})
+    summary = print_partition_summary(cfg.federation_spec(), plot=tmp_path / "p.png")
+    out = capsys.readouterr().out
+    assert "(pathological 2 classes/client): 4 clients" in out
+    assert all(client.classes == 2 for client in summary.clients)
+    assert (tmp_path / "p.png").is_file()

@@ -4,7 +4,8 @@ PFLlib prints each client's size and ``(label, count)`` pairs when it generates 
 and FL-bench draws the partition as a clients x classes picture; :func:`partition_summary`
 gives both from a :class:`~pflarena.core.federation.Federation` (or any list of per-client
 label arrays), :func:`format_partition_summary` prints it, :func:`plot_partition` draws it.
-``pflarena shards --stats`` uses all three; a config check can call the first two.
+``pflarena shards --stats`` uses all three; a config check can call
+:func:`print_partition_summary` with the run's federation spec.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "format_partition_summary",
     "partition_summary",
     "plot_partition",
+    "print_partition_summary",
 ]
 
 
@@ -220,3 +222,23 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def print_partition_summary(
+    spec: Any, file: Any = None, plot: str | Path | None = None
+) -> PartitionSummary:
+    """Build the federation a run config describes (``cfg.federation_spec()``), print its
+    :func:`format_partition_summary` to ``file`` (default stdout) and, with ``plot``, draw it
+    there; return the summary. Builds the data: the data set's files must be there."""
+    import sys
+
+    from pflarena.core.federation import build_federation
+    from pflarena.server.results import partition_text
+
+    summary = partition_summary(
+        build_federation(spec), partition_text(spec.model_dump(by_alias=True))
+    )
+    print(format_partition_summary(summary), file=file or sys.stdout)
+    if plot is not None:
+        plot_partition(summary, plot)
+    return summary
