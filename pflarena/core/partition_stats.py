@@ -167,6 +167,7 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
         figsize=(width + 2.5, height),
         sharey=True,
         gridspec_kw={"width_ratios": [max(classes, 4), max(2, classes // 4)]},
+        layout="constrained",
     )
     peak = max(int(matrix.max()), 1)
     if clients <= 40 and classes <= 40:
@@ -206,7 +207,9 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
     ax.set_xlabel("class (label)")
     ax.set_ylabel("client id")
     ax.set_title("samples per client and class")
-    fig.colorbar(image, ax=ax, shrink=0.85, pad=0.01, label="samples of the class at the client")
+    fig.colorbar(
+        image, ax=ax, shrink=0.85, aspect=40, pad=0.01, label="samples of the class at the client"
+    )
     side.barh(range(clients), matrix.sum(axis=1), color="C1")
     side.set_xlabel("samples")
     side.set_title("per client")
@@ -216,7 +219,6 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
         + (f" · {summary.title}" if summary.title else "")
         + f" · {clients} clients · {classes} classes"
     )
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
