@@ -225,3 +225,42 @@ def test_a_config_check_can_print_the_partition_of_its_run(tmp_path, capsys):
     assert "(pathological 2 classes/client): 4 clients" in out
     assert all(client.classes == 2 for client in summary.clients)
     assert (tmp_path / "p.png").is_file()
+
+
+def test_the_leaderboard_picture_is_titled_with_what_the_sweep_s_runs_share(tmp_path, figures):
+    from types import SimpleNamespace
+
+    from pflarena.cli.sweep import leaderboard_plot, sweep_title
+
+    runs = [
+        SimpleNamespace(
+            seed=seed,
+            run_config={
+                "dataset": "digits",
+                "partition": "dirichlet",
+                "alpha": alpha,
+                "num-clients": 10,
+            },
+        )
+        for seed in (0, 1)
+        for alpha in (0.1, 1.0)
+    ]
+    title = sweep_title(runs, "s")
+    assert title == "sweep s · digits · 10 clients · mean ± std over seeds [0, 1]"
+    runs = [SimpleNamespace(seed=3, run_config=runs[0].run_config)]
+    assert sweep_title(runs, "s") == "sweep s · digits · dirichlet α=0.1 · 10 clients · seed 3"
+    row = {
+        "setting": "all",
+        "method": "ditto",
+        "completed": 1,
+        "personalized_mean_last": (0.5, 0.1),
+        "global_weighted_last": (0.4, 0.0),
+    }
+    from pflarena.cli.sweep import LEADERBOARD_METRICS
+
+    row |= {name: (0.5, 0.1) for name, *_ in LEADERBOARD_METRICS}
+    local = row | {"method": "local", LEADERBOARD_METRICS[2][0]: None}
+    leaderboard_plot([row, local], tmp_path / "board.png", title)
+    assert figures[0]._suptitle.get_text() == title
+    # local's missing global bar is marked
+    assert [t.get_text() for t in figures[0].axes[0].texts] == ["no global model"]
