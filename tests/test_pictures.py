@@ -167,8 +167,8 @@ def test_compare_expands_sweep_folders_and_globs_and_names_runs_by_their_place(t
         with pytest.raises(RunArgumentError, match=why):
             expand_runs(bad)
     (tmp_path / "empty").mkdir()
-    assert main(["compare", str(tmp_path / "empty")]) == 2
-    assert "holds none below it" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "empty")]) == 1
+    assert "holds no run below it" in capsys.readouterr().err
     assert main(["compare", str(sweep), "--plot", str(tmp_path / "c.png")]) == 0
     assert capsys.readouterr().out.count("| completed |") == 4
 

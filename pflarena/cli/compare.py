@@ -23,7 +23,7 @@ def command(args: argparse.Namespace) -> int:
         named = expand_runs(args.runs)
     except RunArgumentError as error:
         print(f"pflarena compare: error: {error}", file=sys.stderr)
-        return 2
+        return 1
     dirs, skipped = comparable_runs(named)
     for reason in skipped:
         print(f"pflarena compare: skipping a run: {reason}", file=sys.stderr)

@@ -106,8 +106,8 @@ def expand_runs(arguments: list[str]) -> list[Path]:
                 below = _runs_below(candidate)
                 if not below and len(candidates) == 1:
                     raise RunArgumentError(
-                        f"{candidate} is not a run directory and holds none below it "
-                        "(a run directory has summary.json, or config.json and rounds.jsonl)"
+                        f"{candidate} is not a run directory (no summary.json, nor config.json "
+                        "and rounds.jsonl) and holds no run below it"
                     )
                 runs += below
             elif len(candidates) == 1:
