@@ -201,3 +201,10 @@ def test_torchvision_data_sets_are_fetched_by_torchvision_itself(tmp_path, monke
     assert main(["data", "fetch", "cifar10", "--data-dir", str(tmp_path)]) == 0
     assert calls == [(str(tmp_path), True, True), (str(tmp_path), False, True)]
     assert "cifar10 fetched into" in capsys.readouterr().out
+
+
+def test_the_progress_bar_goes_to_stderr_and_stdout_stays_clean(tmp_path, har_server, capsys):
+    assert main(["data", "fetch", "har", "--data-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "har.zip" in err and "100%" in err
+    assert "%" not in out and out.strip().endswith(f"use --data-dir {tmp_path}")
