@@ -190,6 +190,12 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
         "data",
         help="list the data sets, show where to get one, fetch one (data fetch NAME "
         "--data-dir DIR), or check a local copy",
+        usage="pflarena data [NAME] [--check --data-dir DIR ...]\n"
+        "       pflarena data fetch NAME --data-dir DIR [--quiet]",
+        description="Without NAME: every data set. With NAME: where to get it and its layout; "
+        "--check reads a local copy. `data fetch NAME --data-dir DIR` downloads it into DIR "
+        "(torchvision's data sets, har, tiny-imagenet; checksummed and resumable) or, for "
+        "LEAF's, prints the steps to build it.",
     )
     data.add_argument(
         "name", nargs="?", help="a data set name, or `fetch` to download one: data fetch NAME"
