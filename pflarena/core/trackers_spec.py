@@ -25,7 +25,10 @@ def sqlite_store_path(uri: str) -> Path | None:
     from the current directory); None for any other URI."""
     if not uri.startswith("sqlite:///"):
         return None
-    return Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
+    try:
+        return Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):  # ~nobody, a NUL byte: left to MLflow to refuse
+        return None
 
 
 def absolute_sqlite_uri(uri: str) -> str:
