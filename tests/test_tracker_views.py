@@ -194,3 +194,15 @@ def test_an_experiment_made_elsewhere_keeps_its_place_and_says_so(tmp_path, monk
     finally:
         FLOWER_LOGGER.propagate = False
     assert "keeps its artifacts in" in caplog.text and str(other) in caplog.text
+
+
+def test_a_relative_sqlite_store_in_mlflow_tracking_uri_is_made_absolute_where_set(
+    tmp_path, monkeypatch
+):
+    from pflarena.server.trackers import default_tracking_uri
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///db/mlflow.db")
+    assert default_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'db' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert default_tracking_uri() == "http://tracking.example:5000"

@@ -90,8 +90,8 @@ def default_tracking_uri(cwd: Path | None = None) -> str:
     current directory): the SQLite database ``mlruns/mlflow.db`` (MLflow's own local
     default since its file store went into maintenance; ``mlflow ui --backend-store-uri
     sqlite:///mlruns/mlflow.db`` shows it), artifacts in ``mlruns/artifacts``."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
+    if os.environ.get("MLFLOW_TRACKING_URI"):  # a relative sqlite:/// made absolute here
+        return absolute_sqlite_uri(os.environ["MLFLOW_TRACKING_URI"])
     root = ((cwd or Path.cwd()) / "mlruns").resolve()
     return f"sqlite:///{root / 'mlflow.db'}"
 
