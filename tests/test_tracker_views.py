@@ -97,6 +97,20 @@ def _wandb_records(path: Path):
             pending += chunk
 
 
+def _finished_wandb_run(out: Path) -> list:
+    """The records of the W&B run logged in ``out``; wandb's core process may still be
+    writing the file as finish() returns, so it is read once it ends with the exit record."""
+    run_id = json.loads((out / "trackers.json").read_text())["wandb_run_id"]
+    (run_file,) = (out / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        records = list(_wandb_records(run_file))
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        time.sleep(0.5)
+    return records
+
+
 def test_wandb_offline_logs_the_config_rounds_and_summary(tmp_path, monkeypatch):
     try:
         import wandb  # noqa: F401
@@ -105,16 +119,7 @@ def test_wandb_offline_logs_the_config_rounds_and_summary(tmp_path, monkeypatch)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = _log_a_run(_cfg(tmp_path, "wandb", **{"tracking-experiment": "arena-test"}))
-    run_id = json.loads((out / "trackers.json").read_text())["wandb_run_id"]
-    (run_file,) = (out / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
-    # wandb's core process may still be writing the file as finish() returns: read it once
-    # it ends with the run's exit record
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        records = list(_wandb_records(run_file))
-        if any(r.WhichOneof("record_type") == "exit" for r in records):
-            break
-        time.sleep(0.5)
+    records = _finished_wandb_run(out)
     runs, history, summary, exits = [], [], {}, []
     for record in records:
         kind = record.WhichOneof("record_type")
@@ -206,3 +211,23 @@ def test_a_relative_sqlite_store_in_mlflow_tracking_uri_is_made_absolute_where_s
     assert default_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'db' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert default_tracking_uri() == "http://tracking.example:5000"
+
+
+def test_a_sweep_s_wandb_runs_share_a_group_and_are_named_by_their_place(tmp_path, monkeypatch):
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        pytest.skip("wandb is not installed (pip install 'pflarena[wandb]')")
+    from pflarena.server.trackers import SweepGroup
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sweep = tmp_path / "my-sweep"
+    cfg = _cfg(tmp_path, "wandb", **{"output-dir": str(sweep / "all" / "ditto" / "seed-0")})
+    group = SweepGroup.open(cfg, sweep, planned=1)
+    member = group.member(cfg)
+    assert member.tracking_group == "sweep my-sweep" and not member.tracking_parent
+    out = _log_a_run(member)
+    (run,) = [r.run for r in _finished_wandb_run(out) if r.WhichOneof("record_type") == "run"]
+    assert run.run_group == "sweep my-sweep"
+    assert run.display_name == "all/ditto/seed-0"

@@ -94,7 +94,15 @@ Status = Literal["completed", "resume", "new"]
 #: Run-config keys that do not make a run what it is: where it is written, whether it
 #: resumed, and how it is tracked (a completed run is not run again for another tracker).
 NOT_SETTINGS = frozenset(
-    {"resume", "output-dir", "tracker", "tracking-uri", "tracking-experiment", "tracking-parent"}
+    {
+        "resume",
+        "output-dir",
+        "tracker",
+        "tracking-uri",
+        "tracking-experiment",
+        "tracking-parent",
+        "tracking-group",
+    }
 )
 
 

@@ -147,6 +147,9 @@ class RunConfig(FederationSpec):
     tracking_experiment: str = Field(
         "pflarena", description="MLflow experiment name (Weights & Biases: the project)"
     )
+    tracking_group: str = Field(
+        "", description="the sweep a run belongs to (set by pflarena sweep): W&B's run group"
+    )
     tracking_parent: str = Field(
         "", description="MLflow run id of the parent run (set by pflarena sweep)"
     )

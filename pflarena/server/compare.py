@@ -49,6 +49,7 @@ NOT_PARAMETERS = frozenset(
         "tracking-uri",
         "tracking-experiment",
         "tracking-parent",
+        "tracking-group",
         "strategy",
         "seed",
         "dataset",

@@ -237,8 +237,7 @@ class MLflowTracker:
             self.run_id = state["mlflow_run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        # a sweep's run is <setting>/<method>/seed-<s> under the sweep's directory
-        name = "/".join(output_dir.parts[-3:]) if cfg.tracking_parent else output_dir.name
+        name = _run_name(cfg, output_dir)
         tags = {
             MLFLOW_RUN_NAME: name,
             "pflarena.strategy": cfg.strategy,
@@ -372,10 +371,10 @@ class WandbTracker:
 
         state = _read_state(output_dir)
         resume = cfg.resume and state.get("wandb_run_id")
-        name = "/".join(output_dir.parts[-3:]) if cfg.tracking_parent else output_dir.name
         self.run = wandb.init(
             project=cfg.tracking_experiment,
-            name=name,
+            name=_run_name(cfg, output_dir),
+            group=cfg.tracking_group or None,
             dir=str(output_dir),
             config=_typed_params(config_record),
             tags=[cfg.strategy, cfg.data_name()],
@@ -479,13 +478,14 @@ class SweepGroup:
     every run of the sweep, each under its directory. A failure here only warns: the runs
     are run and tracked on their own."""
 
-    def __init__(self, client: Any = None, parent_id: str = "") -> None:
-        self.client, self.parent_id = client, parent_id
+    def __init__(self, client: Any = None, parent_id: str = "", group: str = "") -> None:
+        self.client, self.parent_id, self.group = client, parent_id, group
 
     @classmethod
     def open(cls, cfg: RunConfig, out: Path, planned: int) -> SweepGroup:
+        group = f"sweep {out.name}" if cfg.tracker else ""
         if "mlflow" not in tracker_names(cfg.tracker):
-            return cls()
+            return cls(group=group)
         try:
             from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
@@ -506,20 +506,22 @@ class SweepGroup:
                 out.mkdir(parents=True, exist_ok=True)
                 _write_state(out, {"mlflow_parent_run_id": parent_id})
                 client.log_param(parent_id, "planned_runs", str(planned))
-            return cls(client, parent_id)
+            return cls(client, parent_id, group)
         except Exception as exc:  # noqa: BLE001 (the sweep runs untracked as a group)
             print(
                 f"pflarena sweep: warning: the MLflow parent run could not be opened "
                 f"({type(exc).__name__}: {exc}); each run is tracked on its own",
                 file=sys.stderr,
             )
-            return cls()
+            return cls(group=group)
 
     def member(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` as a child of the sweep's parent run."""
-        if not self.parent_id:
-            return cfg
-        return cfg.model_copy(update={"tracking_parent": self.parent_id})
+        """``cfg`` as a member of the sweep: a child of its MLflow parent run, in its W&B
+        group."""
+        update = {"tracking_group": self.group} if self.group else {}
+        if self.parent_id:
+            update["tracking_parent"] = self.parent_id
+        return cfg.model_copy(update=update) if update else cfg
 
     def finish(self, files: list[Path], complete: bool) -> None:
         """The leaderboard's files as the parent run's artifacts; the parent run ended
@@ -536,6 +538,14 @@ class SweepGroup:
                 f"({type(exc).__name__}: {exc})",
                 file=sys.stderr,
             )
+
+
+def _run_name(cfg: RunConfig, output_dir: Path) -> str:
+    """A run's name in a tracker: a sweep's run is ``<setting>/<method>/seed-<s>`` under the
+    sweep's directory (its folder name alone, ``seed-0``, would not tell them apart)."""
+    if cfg.tracking_parent or cfg.tracking_group:
+        return "/".join(output_dir.parts[-3:])
+    return output_dir.name
 
 
 def _millis() -> int:
