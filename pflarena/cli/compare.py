@@ -7,13 +7,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pflarena.server.compare import comparable_runs, compare_plot, compare_table
+from pflarena.server.compare import (
+    RunArgumentError,
+    comparable_runs,
+    compare_plot,
+    compare_table,
+    expand_runs,
+)
 
 __all__ = ["add_parser", "command"]
 
 
 def command(args: argparse.Namespace) -> int:
-    dirs, skipped = comparable_runs([Path(d) for d in args.runs])
+    try:
+        named = expand_runs(args.runs)
+    except RunArgumentError as error:
+        print(f"pflarena compare: error: {error}", file=sys.stderr)
+        return 1
+    dirs, skipped = comparable_runs(named)
     for reason in skipped:
         print(f"pflarena compare: skipping a run: {reason}", file=sys.stderr)
     if not dirs:
@@ -31,7 +42,11 @@ def command(args: argparse.Namespace) -> int:
 def add_parser(sub: Any, full_help: bool = False) -> None:
     """``pflarena compare``."""
     compare = sub.add_parser("compare", help="a Markdown table and a plot of several runs")
-    compare.add_argument("runs", nargs="+", help="run output directories")
+    compare.add_argument(
+        "runs",
+        nargs="+",
+        help="run output directories, sweep folders (every run below them) or globs",
+    )
     compare.add_argument("--plot", default="compare.png", help="plot file (default compare.png)")
     compare.add_argument("--output", help="also write the table to this Markdown file")
     compare.set_defaults(func=command)

@@ -1,5 +1,6 @@
-"""``pflarena data`` (list the data sets, where to get one, check a local copy) and
-``pflarena shards`` (write one data file per client, or import another toolkit's partition)."""
+"""``pflarena data`` (list the data sets, where to get one, fetch one, check a local copy)
+and ``pflarena shards`` (write one data file per client, or import another toolkit's
+partition; ``--stats`` prints and draws what each client got)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,28 @@ from pflarena.core.importers import IMPORT_FORMATS
 __all__ = ["add_parser", "add_shards_parser", "data_command", "shards_command"]
 
 
+def fetch_command(args: argparse.Namespace) -> int:
+    """``pflarena data fetch NAME --data-dir DIR``."""
+    from pflarena.core.datasets import dataset_spec
+    from pflarena.core.datasets.fetch import fetch_dataset
+
+    if args.target is None:
+        raise ConfigError("pflarena data fetch needs a data set name: pflarena data fetch NAME")
+    dataset_spec(args.target)  # an unknown name: the registered ones listed
+    print(fetch_dataset(args.target, args.data_dir, progress=not args.quiet))
+    return 0
+
+
 def data_command(args: argparse.Namespace) -> int:
     from pflarena.core.datasets import DATASETS, dataset_spec
 
+    if args.name == "fetch":
+        return fetch_command(args)
+    if args.target is not None:
+        raise ConfigError(
+            f"pflarena data takes one data set name, got {args.name!r} and {args.target!r} "
+            "(to download one: pflarena data fetch NAME --data-dir DIR)"
+        )
     if args.name is None:
         print("| dataset | kind | classes | sample | default model | files |")
         print("|---|---|---|---|---|---|")
@@ -34,6 +54,7 @@ def data_command(args: argparse.Namespace) -> int:
             )
         print(
             "\n`pflarena data NAME` shows where to get a data set; "
+            "`pflarena data fetch NAME --data-dir DIR` downloads it; "
             "`pflarena data NAME --check --data-dir DIR` reads a local copy."
         )
         return 0
@@ -48,6 +69,7 @@ def data_command(args: argparse.Namespace) -> int:
             print("ships with pflarena: no files needed")
         else:
             print(f"layout under data-dir: {spec.layout}\nget it: {spec.source}")
+            print(f"or: pflarena data fetch {spec.name} --data-dir DIR")
         return 0
     return _check_data(spec, args)
 
@@ -129,25 +151,57 @@ def shards_import_command(args: argparse.Namespace) -> int:
 def shards_command(args: argparse.Namespace) -> int:
     from pflarena.core.federation import build_federation, write_shards
 
-    if not args.out:
-        raise ConfigError("pflarena shards needs --out DIR")
+    if not args.out and not args.stats:
+        raise ConfigError(
+            "pflarena shards needs --out DIR (or --stats, to only look at the partition)"
+        )
 
     overrides = collect_overrides(args, list(DATA_KEYS))
     cfg = parse_run_config(overrides)
     spec = cfg.federation_spec()
-    paths = write_shards(build_federation(spec), args.out, spec)
-    print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
-    example = paths[0].resolve()
-    print(f"start each SuperNode with its own file, e.g. --node-config 'data-path=\"{example}\"'")
+    federation = build_federation(spec)
+    if args.out:
+        paths = write_shards(federation, args.out, spec)
+        print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
+        example = paths[0].resolve()
+        print(
+            f"start each SuperNode with its own file, e.g. --node-config 'data-path=\"{example}\"'"
+        )
+    if args.stats:
+        from pflarena.core.partition_stats import (
+            format_partition_summary,
+            partition_summary,
+            plot_partition,
+        )
+        from pflarena.server.results import partition_text
+
+        summary = partition_summary(federation, partition_text(cfg.to_run_config()))
+        print(format_partition_summary(summary))
+        picture = Path(
+            args.plot or (Path(args.out) / "partition.png" if args.out else "partition.png")
+        )
+        print(f"partition picture: {plot_partition(summary, picture)}")
     return 0
 
 
 def add_parser(sub: Any, full_help: bool = False) -> None:
     """``pflarena data``."""
     data = sub.add_parser(
-        "data", help="list the data sets, show where to get one, or check a local copy"
+        "data",
+        help="list the data sets, show where to get one, fetch one (data fetch NAME "
+        "--data-dir DIR), or check a local copy",
+        usage="pflarena data [NAME] [--check --data-dir DIR ...]\n"
+        "       pflarena data fetch NAME --data-dir DIR [--quiet]",
+        description="Without NAME: every data set. With NAME: where to get it and its layout; "
+        "--check reads a local copy. `data fetch NAME --data-dir DIR` downloads it into DIR "
+        "(torchvision's data sets, har, tiny-imagenet; checksummed and resumable) or, for "
+        "LEAF's, prints the steps to build it.",
     )
-    data.add_argument("name", nargs="?", help="a data set name")
+    data.add_argument(
+        "name", nargs="?", help="a data set name, or `fetch` to download one: data fetch NAME"
+    )
+    data.add_argument("target", nargs="?", help=argparse.SUPPRESS)  # NAME of `data fetch NAME`
+    data.add_argument("--quiet", action="store_true", help="data fetch: no progress bar")
     data.add_argument(
         "--check", action="store_true", help="read the local copy in --data-dir and summarise it"
     )
@@ -173,7 +227,16 @@ def add_shards_parser(sub: Any, full_help: bool = False) -> None:
         "partition made by another toolkit",
     )
     add_config_flags(shards, DATA_KEYS)
-    shards.add_argument("--out", help="directory for the shard files (required)")
+    shards.add_argument(
+        "--out", help="directory for the shard files (required unless --stats is given)"
+    )
+    shards.add_argument(
+        "--stats",
+        action="store_true",
+        help="print each client's samples and label histogram and draw the partition "
+        "(clients x classes) to <out>/partition.png (or --plot)",
+    )
+    shards.add_argument("--plot", help="with --stats: the partition picture's file")
     shards.set_defaults(func=shards_command)
     shards_commands = shards.add_subparsers(dest="shards_command", metavar="{import}")
     imports = shards_commands.add_parser(

@@ -94,7 +94,15 @@ Status = Literal["completed", "resume", "new"]
 #: Run-config keys that do not make a run what it is: where it is written, whether it
 #: resumed, and how it is tracked (a completed run is not run again for another tracker).
 NOT_SETTINGS = frozenset(
-    {"resume", "output-dir", "tracker", "tracking-uri", "tracking-experiment", "tracking-parent"}
+    {
+        "resume",
+        "output-dir",
+        "tracker",
+        "tracking-uri",
+        "tracking-experiment",
+        "tracking-parent",
+        "tracking-group",
+    }
 )
 
 
@@ -468,7 +476,29 @@ def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def leaderboard_plot(rows: list[dict[str, Any]], path: Path) -> Path:
+def sweep_title(runs: list[PlannedRun], name: str) -> str:
+    """The leaderboard picture's title: the sweep, and the data set, partition, clients and
+    seeds its runs share (what differs is in each panel's setting)."""
+    from pflarena.server.results import partition_text
+
+    def shared(values: list[Any]) -> Any:
+        distinct = list(dict.fromkeys(json.dumps(v, sort_keys=True, default=str) for v in values))
+        return values[0] if len(distinct) == 1 else None
+
+    configs = [run.run_config for run in runs]
+    parts = [f"sweep {name}"]
+    if (dataset := shared([c.get("dataset") for c in configs])) is not None:
+        parts.append(str(dataset))
+    if (partition := shared([partition_text(c) for c in configs])) is not None:
+        parts.append(partition)
+    if (clients := shared([c.get("num-clients") for c in configs])) is not None:
+        parts.append(f"{clients} clients")
+    seeds = sorted({run.seed for run in runs})
+    parts.append(f"seed {seeds[0]}" if len(seeds) == 1 else f"mean ± std over seeds {seeds}")
+    return " · ".join(parts)
+
+
+def leaderboard_plot(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     """Bars of personalized and global accuracy (last round, ± std) per method and setting."""
     import matplotlib
 
@@ -499,7 +529,19 @@ def leaderboard_plot(rows: list[dict[str, Any]], path: Path) -> Path:
                 if name == LEADERBOARD_METRICS[0][0]
                 else label("global", "weighted"),
             )
+            for x, stat in zip(xs, stats, strict=True):
+                if not stat:  # no figure (a method without a global model): said, not blank
+                    ax.text(
+                        x + offset,
+                        0.02,
+                        "no global model",
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                    )
         ax.set_xticks(list(xs), [r["method"] for r in members], rotation=30, ha="right")
+        ax.set_xlim(-0.6, len(members) - 0.4)  # a missing last bar keeps its place
         ax.set_ylim(0, 1)
         ax.set_title(setting, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
@@ -507,6 +549,8 @@ def leaderboard_plot(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.axis("off")
     axes.flat[0].set_ylabel("test accuracy (last round)")
     axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -522,7 +566,8 @@ def write_leaderboard(runs: list[PlannedRun], out: Path) -> tuple[str, list[Path
     (out / "leaderboard.md").write_text(markdown)
     written = [out / "leaderboard.md", leaderboard_csv(rows, out / "leaderboard.csv")]
     if any(r["completed"] for r in rows):
-        written.append(leaderboard_plot(rows, out / "leaderboard.png"))
+        title = sweep_title(runs, out.name)
+        written.append(leaderboard_plot(rows, out / "leaderboard.png", title))
     return markdown, written
 
 

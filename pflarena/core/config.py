@@ -136,14 +136,20 @@ class RunConfig(FederationSpec):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where clients compute")
     tracker: str = Field(
         "",
-        description="experiment trackers the ServerApp logs to: mlflow, tensorboard, or both "
-        "(comma-separated); empty: none",
+        description="experiment trackers the ServerApp logs to: mlflow, tensorboard, wandb, "
+        "or several (comma-separated); empty: none",
     )
     tracking_uri: str = Field(
         "",
-        description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else ./mlruns",
+        description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else ./mlruns (a "
+        "relative sqlite:/// path is made absolute here, where the command runs)",
     )
-    tracking_experiment: str = Field("pflarena", description="MLflow experiment name")
+    tracking_experiment: str = Field(
+        "pflarena", description="MLflow experiment name (Weights & Biases: the project)"
+    )
+    tracking_group: str = Field(
+        "", description="the sweep a run belongs to (set by pflarena sweep): W&B's run group"
+    )
     tracking_parent: str = Field(
         "", description="MLflow run id of the parent run (set by pflarena sweep)"
     )
@@ -164,6 +170,16 @@ class RunConfig(FederationSpec):
     def milestones(self) -> tuple[int, ...]:
         """``lr-milestones`` as sorted rounds."""
         return parse_milestones(self.lr_milestones, "lr-milestones")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _absolute_sqlite_store(cls, value: str) -> str:
+        """A relative ``sqlite:///`` store resolved against the current directory now: the
+        ServerApp of a simulation runs in a scratch directory of its own, where the store
+        and its artifacts would be lost."""
+        from pflarena.core.trackers_spec import absolute_sqlite_uri
+
+        return absolute_sqlite_uri(value)
 
     @field_validator("tracker")
     @classmethod

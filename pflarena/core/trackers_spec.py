@@ -6,10 +6,35 @@ module only names them, so that the run config can be checked without importing 
 
 from __future__ import annotations
 
-__all__ = ["TRACKERS", "check_trackers", "tracker_names"]
+from pathlib import Path
+
+__all__ = [
+    "TRACKERS",
+    "absolute_sqlite_uri",
+    "check_trackers",
+    "sqlite_store_path",
+    "tracker_names",
+]
 
 #: Tracker name -> the optional dependency (pyproject extra) it needs.
-TRACKERS: dict[str, str] = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+TRACKERS: dict[str, str] = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def sqlite_store_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI, absolute (a relative one is taken
+    from the current directory); None for any other URI."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    try:
+        return Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):  # ~nobody, a NUL byte: left to MLflow to refuse
+        return None
+
+
+def absolute_sqlite_uri(uri: str) -> str:
+    """``uri`` with a relative ``sqlite:///`` path made absolute; other URIs unchanged."""
+    path = sqlite_store_path(uri)
+    return uri if path is None else f"sqlite:///{path}"
 
 
 def tracker_names(value: str) -> list[str]:

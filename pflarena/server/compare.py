@@ -12,6 +12,7 @@ as :mod:`pflarena.server.metrics` defines it.
 
 from __future__ import annotations
 
+import glob
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,14 @@ from typing import Any
 
 from pflarena.server.metrics import label, short_label
 
-__all__ = ["SUMMARY_FIELDS", "compare_plot", "compare_table", "comparable_runs", "load_run"]
+__all__ = [
+    "SUMMARY_FIELDS",
+    "compare_plot",
+    "compare_table",
+    "comparable_runs",
+    "expand_runs",
+    "load_run",
+]
 
 #: What ``compare`` reads of every run's ``summary.json``, and the types it needs.
 SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -41,6 +49,7 @@ NOT_PARAMETERS = frozenset(
         "tracking-uri",
         "tracking-experiment",
         "tracking-parent",
+        "tracking-group",
         "strategy",
         "seed",
         "dataset",
@@ -48,6 +57,96 @@ NOT_PARAMETERS = frozenset(
         "num-rounds",
     }
 )
+
+
+class RunArgumentError(ValueError):
+    """A ``compare`` argument that names no run: a missing path, a glob matching nothing, a
+    folder with no run below it."""
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a run's results (a summary, or a config with its rounds)."""
+    return (path / "summary.json").is_file() or (
+        (path / "config.json").is_file() and (path / "rounds.jsonl").is_file()
+    )
+
+
+def _runs_below(folder: Path) -> list[Path]:
+    """The run directories below ``folder`` (a sweep's ``<setting>/<method>/seed-<s>``),
+    sorted; a run's own subfolders (its TensorBoard files) are not searched."""
+    found: list[Path] = []
+    for path in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if is_run_dir(path):
+            found.append(path)
+        else:
+            found += _runs_below(path)
+    return found
+
+
+def expand_runs(arguments: list[str]) -> list[Path]:
+    """The run directories ``compare``'s arguments name, in order, each once: a run
+    directory itself; a sweep folder (or any folder) as the runs below it; a glob (``*``,
+    ``?``, ``[``; for a shell that passed it unexpanded) as the runs it matches, each
+    expanded the same way. :class:`RunArgumentError` for an argument that names no run."""
+    runs: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        if not path.exists() and any(ch in argument for ch in "*?["):
+            matches = [Path(m) for m in sorted(glob.glob(argument))]
+            if not matches:
+                raise RunArgumentError(f"{argument!r} matches no file or folder")
+            candidates = matches
+        elif not path.exists():
+            raise RunArgumentError(f"{argument} does not exist")
+        else:
+            candidates = [path]
+        for candidate in candidates:
+            if is_run_dir(candidate):
+                runs.append(candidate)
+            elif candidate.is_dir():
+                below = _runs_below(candidate)
+                if not below and len(candidates) == 1:
+                    raise RunArgumentError(
+                        f"{candidate} is not a run directory (no summary.json, nor config.json "
+                        "and rounds.jsonl) and holds no run below it"
+                    )
+                runs += below
+            elif len(candidates) == 1:
+                raise RunArgumentError(
+                    f"{candidate} is a file, not a run directory or a sweep folder"
+                )
+    seen: set[Path] = set()
+    unique = []
+    for run in runs:
+        key = run.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(run)
+    return unique
+
+
+def run_label(run_dir: Path, common: Path | None = None) -> str:
+    """A run's name in a table or legend: its path below the folder all compared runs share
+    (a sweep's ``<setting>/<method>/seed-<s>``), else its folder's name."""
+    if common is not None:
+        try:
+            relative = run_dir.resolve().relative_to(common)
+        except ValueError:
+            return run_dir.name
+        if str(relative) not in ("", "."):
+            return relative.as_posix()
+    return run_dir.name
+
+
+def _common_parent(run_dirs: list[Path]) -> Path | None:
+    import os
+
+    if len(run_dirs) < 2:
+        return None
+    try:
+        return Path(os.path.commonpath([str(p.resolve()) for p in run_dirs]))
+    except ValueError:
+        return None
 
 
 def _interrupted_summary(path: Path) -> dict[str, Any]:
@@ -147,22 +246,28 @@ def _parameters(path: Path) -> dict[str, Any]:
     run_config = config.get("run_config") or {}
     method = config.get("method") or run_config.get("strategy", "")
     params = {k: v for k, v in run_config.items() if "." not in k and k not in NOT_PARAMETERS}
+    if config.get("model"):  # the model the run resolved (an empty `model` key names none)
+        params["model"] = config["model"]
     params |= {f"{method}.{k}": v for k, v in (config.get("method_params") or {}).items()}
     return params
 
 
 def differing_parameters(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    """Per run, the parameters whose value differs between at least two of the runs that
-    have them (a key only one run has, another method's parameter, is not a difference:
-    the strategy column tells those apart)."""
+    """Per run, the settings that tell it apart from the others: a run-config key or a
+    method parameter whose value differs between the runs that have it, and a method
+    parameter only one run has (the settings of a method compared once with others, which
+    its strategy column alone does not show). A method parameter several runs share with
+    one value is left out."""
     params = [_parameters(path) for path in run_dirs]
     keys = sorted({k for p in params for k in p})
-    differing = [
-        key
-        for key in keys
-        if sum(key in p for p in params) >= 2
-        and len({json.dumps(p[key], sort_keys=True) for p in params if key in p}) > 1
-    ]
+    differing = []
+    for key in keys:
+        having = [p[key] for p in params if key in p]
+        if len(having) >= 2:
+            if len({json.dumps(v, sort_keys=True) for v in having}) > 1:
+                differing.append(key)
+        elif "." in key and len(params) > 1:  # one run's method parameter
+            differing.append(key)
     return [{k: p[k] for k in differing if k in p} for p in params]
 
 
@@ -198,6 +303,7 @@ def _seconds(summary: dict[str, Any]) -> tuple[str, str]:
 def compare_table(run_dirs: list[Path]) -> str:
     """A Markdown table of personalized and global accuracy (in %) of several runs."""
     summaries = [load_run(run_dir) for run_dir in run_dirs]
+    common = _common_parent(run_dirs)
     differences = differing_parameters(run_dirs) if len(run_dirs) > 1 else [{}] * len(run_dirs)
     shown_params = any(differences)
     header = (
@@ -225,7 +331,7 @@ def compare_table(run_dirs: list[Path]) -> str:
         best_txt = f"{_fmt(best.get('mean'))} ({best.get('round')})" if best else "—"
         startup, rounds_s = _seconds(s)
         rows.append(
-            f"| {run_dir.name} | {run_status(s)} | {s['strategy']} | {s['dataset']} "
+            f"| {run_label(run_dir, common)} | {run_status(s)} | {s['strategy']} | {s['dataset']} "
             f"| {s['num_clients']} | {rounds_done(s)}/{s['num_rounds']} | {s['seed']} "
             + (
                 "| " + (", ".join(f"{k}={v}" for k, v in diff.items()) or "—") + " "
@@ -249,8 +355,35 @@ def compare_table(run_dirs: list[Path]) -> str:
     return "\n".join(rows)
 
 
+def _common_setting(summaries: list[dict[str, Any]], run_dirs: list[Path]) -> str:
+    """What every compared run shares, for the plot's title (data, partition, clients)."""
+    from pflarena.server.results import partition_text
+
+    parts = []
+    datasets = {s["dataset"] for s in summaries}
+    if len(datasets) == 1:
+        parts.append(f"on {datasets.pop()}")
+    partitions = set()
+    for run_dir in run_dirs:
+        try:
+            config = json.loads((run_dir / "config.json").read_text())
+            partitions.add(partition_text(config.get("run_config") or {}))
+        except (OSError, ValueError, AttributeError):
+            partitions.add("?")
+    if len(partitions) == 1 and "?" not in partitions:
+        parts.append(partitions.pop())
+    clients = {s["num_clients"] for s in summaries}
+    if len(clients) == 1:
+        parts.append(f"{clients.pop()} clients")
+    seeds = {s["seed"] for s in summaries}
+    parts.append(f"seed {seeds.pop()}" if len(seeds) == 1 else f"seeds {sorted(seeds)}")
+    return " · ".join(parts)
+
+
 def compare_plot(run_dirs: list[Path], out: Path) -> Path:
-    """Each run's headline accuracies by round, personalized and global side by side."""
+    """Each run's headline accuracies by round, personalized and global side by side, a
+    legend in each panel; a run whose method has no global model is named in the global
+    panel's legend as such, not left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,9 +391,12 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
 
     from pflarena.server.results import integer_ticks, read_rounds
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    common = _common_parent(run_dirs)
+    summaries = []
     for index, run_dir in enumerate(run_dirs):
         s = load_run(run_dir)
+        summaries.append(s)
         try:
             rounds = [
                 (int(r["round"]), r["evaluation"])
@@ -273,8 +409,9 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
                 file=sys.stderr,
             )
             continue
-        same = run_dir.name == s["strategy"] or len(run_dirs) == 1
-        name = s["strategy"] if same else f"{s['strategy']} ({run_dir.name})"
+        where = run_label(run_dir, common)
+        same = where == s["strategy"] or len(run_dirs) == 1
+        name = s["strategy"] if same else f"{s['strategy']} ({where})"
         if s.get("status") != "completed":
             name += f" [{s.get('status')} at round {rounds_done(s)}/{s['num_rounds']}]"
         # One colour and line style per run, the same in both panels: past ten runs the
@@ -293,14 +430,24 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
                     color=color,
                     linestyle=style,
                 )
+            else:  # in the legend, greyed, so that its absence is seen
+                ax.plot(
+                    [],
+                    [],
+                    color=color,
+                    linestyle=style,
+                    alpha=0.4,
+                    label=f"{name}: no {scope} model",
+                )
     axes[0].set_title(label("personalized", "mean"))
     axes[1].set_title(label("global", "weighted"))
     for ax in axes:
         ax.set_xlabel("round")
         integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("test accuracy")
-    axes[0].legend(fontsize=8)
+    fig.suptitle("compared runs " + _common_setting(summaries, run_dirs))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -23,6 +23,7 @@ __all__ = [
     "read_rounds",
     "summarize_rounds",
     "plot_run",
+    "run_title",
     "RESULT_FILES",
     "archive_run",
 ]
@@ -298,20 +299,64 @@ def state_problems(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda e: (e["client"] is None, e["client"] or 0))
 
 
+def _run_config(out: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def partition_text(run_config: dict[str, Any]) -> str:
+    """The partition a run's data was split by, with its parameter (``dirichlet α=0.1``,
+    ``pathological 2 classes/client``, ``shards <dir>``)."""
+    if run_config.get("shards-dir"):
+        return f"shards {Path(str(run_config['shards-dir'])).name}"
+    partition = str(run_config.get("partition", "") or "")
+    if partition == "dirichlet" and "alpha" in run_config:
+        return f"dirichlet α={run_config['alpha']}"
+    if partition == "pathological" and "classes-per-client" in run_config:
+        return f"pathological {run_config['classes-per-client']} classes/client"
+    return partition or "default partition"
+
+
+def run_title(config: dict[str, Any]) -> str:
+    """One line naming a run for a plot's title: method, data, partition, clients, seed
+    (from its ``config.json``; what it lacks is left out)."""
+    run_config = config.get("run_config") or {}
+    method = config.get("method") or run_config.get("strategy") or "?"
+    parts = [f"{method} on {run_config.get('dataset', '?')}", partition_text(run_config)]
+    if "num-clients" in run_config:
+        parts.append(f"{run_config['num-clients']} clients")
+    if "seed" in run_config:
+        parts.append(f"seed {run_config['seed']}")
+    return " · ".join(parts)
+
+
 def plot_run(output_dir: str | Path) -> list[Path]:
-    """Accuracy per round and the per-client accuracy distribution, as PNG files."""
+    """A run's pictures, each titled with :func:`run_title`:
+
+    * ``accuracy.png``: the headline accuracies by round (left) and the training loss by
+      round (right: the clients' mean training loss, as the round lines show it);
+    * ``client_accuracy.png``: each client's personalized accuracy by round (a thin line per
+      client, their mean and the 10-90 % band between the clients' 10th and 90th
+      percentiles), and beside it the distribution over clients at the last evaluated round.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     out = Path(output_dir)
-    rounds = [r for r in read_rounds(out / "rounds.jsonl") if r.get("evaluation")]
+    records = read_rounds(out / "rounds.jsonl")
+    rounds = [r for r in records if r.get("evaluation")]
     if not rounds:
         return []
+    title = run_title(_run_config(out))
     written = []
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     xs = [r["round"] for r in rounds]
     for scope, style in (("personalized", "-"), ("global", "--")):
         # each model's headline figure (pflarena/server/metrics.py): personalized mean over
@@ -326,24 +371,90 @@ def plot_run(output_dir: str | Path) -> list[Path]:
                 ms=3,
                 label=label(scope),
             )
+        elif scope == "global":  # said, not silently missing
+            ax.plot([], [], style, label=f"{label(scope)}: none (no global model)")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
+    ax.set_title("test accuracy")
     integer_ticks(ax.xaxis)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
+    losses = [
+        (r["round"], (r.get("train") or {}).get("loss"))
+        for r in records
+        if isinstance((r.get("train") or {}).get("loss"), int | float)
+    ]
+    if losses:
+        loss_ax.plot(
+            [x for x, _ in losses],
+            [y for _, y in losses],
+            marker="o",
+            ms=3,
+            color="C3",
+            label="training loss (mean over the round's clients)",
+        )
+        loss_ax.legend(fontsize=8)
+    else:
+        loss_ax.text(
+            0.5, 0.5, "no training loss recorded", ha="center", transform=loss_ax.transAxes
+        )
+    loss_ax.set_xlabel("round")
+    loss_ax.set_ylabel("training loss")
+    loss_ax.set_title("training loss")
+    integer_ticks(loss_ax.xaxis)
+    loss_ax.grid(alpha=0.3)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out / "accuracy.png", dpi=120)
     plt.close(fig)
     written.append(out / "accuracy.png")
 
-    per_client = rounds[-1]["evaluation"].get("per_client") or {}
-    if per_client:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        accs = [v["personalized"] for v in per_client.values()]
-        ax.hist(accs, bins=min(20, max(5, len(accs))), range=(0, 1), edgecolor="black")
-        ax.set_xlabel(f"personalized test accuracy per client (round {rounds[-1]['round']})")
-        ax.set_ylabel("clients")
-        integer_ticks(ax.yaxis)
+    clients = sorted(
+        {c for r in rounds for c in (r["evaluation"].get("per_client") or {})},
+        key=lambda c: (not str(c).isdigit(), int(c) if str(c).isdigit() else 0, str(c)),
+    )
+    if clients:
+        matrix = np.full((len(rounds), len(clients)), np.nan)
+        for i, record in enumerate(rounds):
+            per_client = record["evaluation"].get("per_client") or {}
+            for j, client in enumerate(clients):
+                value = (per_client.get(client) or {}).get("personalized")
+                if isinstance(value, int | float):
+                    matrix[i, j] = value
+        fig, (ax, hist_ax) = plt.subplots(
+            1, 2, figsize=(11, 4.5), sharey=True, gridspec_kw={"width_ratios": [3, 1]}
+        )
+        for j in range(len(clients)):
+            ax.plot(xs, matrix[:, j], color="0.55", lw=0.6, alpha=0.5)
+        ax.plot([], [], color="0.55", lw=0.6, label=f"one client ({len(clients)})")
+        import warnings
+
+        with warnings.catch_warnings():  # a round no client evaluated in: NaN, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            low, high = np.nanpercentile(matrix, [10, 90], axis=1)
+            mean = np.nanmean(matrix, axis=1)
+        ax.fill_between(xs, low, high, color="C0", alpha=0.2, label="10-90 % of clients")
+        ax.plot(xs, mean, color="C0", lw=2.2, label="mean over clients")
+        ax.set_xlabel("round")
+        ax.set_ylabel("personalized test accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title("each client's personalized accuracy by round")
+        integer_ticks(ax.xaxis)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        last = matrix[-1][~np.isnan(matrix[-1])]
+        hist_ax.hist(
+            last,
+            bins=np.linspace(0, 1, 21),
+            orientation="horizontal",
+            color="C0",
+            edgecolor="black",
+        )
+        hist_ax.set_xlabel("clients")
+        hist_ax.set_title(f"round {rounds[-1]['round']}")
+        integer_ticks(hist_ax.xaxis)
+        hist_ax.grid(alpha=0.3)
+        fig.suptitle(title)
         fig.tight_layout()
         fig.savefig(out / "client_accuracy.png", dpi=120)
         plt.close(fig)

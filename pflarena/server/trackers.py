@@ -1,14 +1,16 @@
-"""Experiment trackers: a run logged to MLflow and/or TensorBoard from the ServerApp.
+"""Experiment trackers: a run logged to MLflow, TensorBoard and/or Weights & Biases from the
+ServerApp.
 
 The ServerApp records the rounds (:mod:`pflarena.server.loop`), so the trackers log from
 there, and a run logs the same way in a simulation and in a deployment (``flwr run . ...
---run-config "tracker='mlflow'"``). ``tracker`` names them (``mlflow``, ``tensorboard``, or
-both, comma-separated); each needs its optional dependency (``pip install
-'pflarena[mlflow]'``, ``'pflarena[tensorboard]'``).
+--run-config "tracker='mlflow'"``). ``tracker`` names them (``mlflow``, ``tensorboard``,
+``wandb``, or several, comma-separated); each needs its optional dependency (``pip install
+'pflarena[mlflow]'``, ``'pflarena[tensorboard]'``, ``'pflarena[wandb]'``).
 
 What is logged, per run:
 
-- the run config and the method's parameters (MLflow params; TensorBoard hparams text);
+- the run config and the method's parameters (MLflow params; TensorBoard's HParams view
+  and a text table; W&B's run config);
 - per round: the personalized accuracy (mean over clients, pooled, worst 10 %), the global
   model's accuracy (pooled and mean over clients), the bytes sent each way, the training
   loss, and the per-client personalized accuracies (MLflow: one metric per client,
@@ -18,11 +20,15 @@ What is logged, per run:
   summary's headline figures and the run's status.
 
 MLflow: ``tracking-uri`` (empty: ``$MLFLOW_TRACKING_URI``, else ``./mlruns`` of the current
-directory: a local file store), the experiment ``tracking-experiment``, and, for a sweep's
-runs, ``tracking-parent``: the sweep's parent run (``mlflow.parentRunId``). A resumed run
-continues its MLflow run (its id is kept in ``<output-dir>/trackers.json``). TensorBoard
-writes event files to ``<output-dir>/tensorboard`` (``tensorboard --logdir`` on a runs or
-sweep directory shows every run below it).
+directory: a local SQLite store), the experiment ``tracking-experiment``, and, for a sweep's
+runs, ``tracking-parent``: the sweep's parent run (``mlflow.parentRunId``). A local SQLite
+store keeps the artifacts beside its database (``<store>/artifacts``), whatever the current
+directory. A resumed run continues its MLflow run (its id is kept in
+``<output-dir>/trackers.json``). TensorBoard writes event files to
+``<output-dir>/tensorboard`` (``tensorboard --logdir`` on a runs or sweep directory shows
+every run below it). Weights & Biases: the project ``tracking-experiment``, its files under
+``<output-dir>/wandb``; ``WANDB_MODE=offline`` logs without an account (``wandb sync``
+uploads later), a resumed run continues its W&B run.
 
 A tracker never costs the run its own files: an error in a tracker is logged once as a
 warning and that tracker is dropped; the run goes on and writes its results as always.
@@ -40,7 +46,12 @@ from typing import Any
 from flwr.common.logger import log
 
 from pflarena.core.config import ConfigError, RunConfig
-from pflarena.core.trackers_spec import TRACKERS, tracker_names
+from pflarena.core.trackers_spec import (
+    TRACKERS,
+    absolute_sqlite_uri,
+    sqlite_store_path,
+    tracker_names,
+)
 from pflarena.server.metrics import definitions
 
 __all__ = [
@@ -48,7 +59,9 @@ __all__ = [
     "SweepGroup",
     "TensorBoardTracker",
     "TrackerSet",
+    "WandbTracker",
     "check_available",
+    "artifact_root",
     "default_tracking_uri",
     "open_trackers",
     "round_metrics",
@@ -61,7 +74,7 @@ STATE_FILE = "trackers.json"
 def check_available(names: list[str]) -> None:
     """Raise :class:`ConfigError` naming the extra to install for a tracker that cannot be
     imported (before a run starts, so that it does not fail later)."""
-    modules = {"mlflow": "mlflow", "tensorboard": "torch.utils.tensorboard"}
+    modules = {"mlflow": "mlflow", "tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}
     for name in names:
         try:
             __import__(modules[name])
@@ -77,8 +90,8 @@ def default_tracking_uri(cwd: Path | None = None) -> str:
     current directory): the SQLite database ``mlruns/mlflow.db`` (MLflow's own local
     default since its file store went into maintenance; ``mlflow ui --backend-store-uri
     sqlite:///mlruns/mlflow.db`` shows it), artifacts in ``mlruns/artifacts``."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
+    if os.environ.get("MLFLOW_TRACKING_URI"):  # a relative sqlite:/// made absolute here
+        return absolute_sqlite_uri(os.environ["MLFLOW_TRACKING_URI"])
     root = ((cwd or Path.cwd()) / "mlruns").resolve()
     return f"sqlite:///{root / 'mlflow.db'}"
 
@@ -86,21 +99,42 @@ def default_tracking_uri(cwd: Path | None = None) -> str:
 def _mlflow_client(uri: str) -> Any:
     import mlflow
 
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    uri = absolute_sqlite_uri(uri)
+    if (path := sqlite_store_path(uri)) is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def artifact_root(uri: str) -> Path | None:
+    """Where a local SQLite store keeps its runs' artifacts: ``artifacts/`` beside its
+    database; None for other stores (a ``file:`` store keeps them inside itself, a server
+    decides for itself)."""
+    path = sqlite_store_path(uri)
+    return None if path is None else path.parent / "artifacts"
 
 
 def _experiment_id(client: Any, name: str, uri: str) -> str:
     """The experiment ``name``, made when missing; with a local SQLite store its artifacts
     go beside the database (MLflow would put them under the current directory, which for a
-    simulation is a scratch directory removed at the end)."""
+    simulation is a scratch directory removed at the end). An experiment made by another
+    tool keeps the place it was given; if that is a local folder away from the store, it is
+    said once."""
+    root = artifact_root(uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        location = str(experiment.artifact_location or "")
+        local = location.removeprefix("file://")
+        if root is not None and local.startswith("/") and not Path(local).is_relative_to(root):
+            log(
+                WARNING,
+                "pflarena: the MLflow experiment %r keeps its artifacts in %s (set when it was "
+                "made); a new --tracking-experiment keeps them in %s",
+                name,
+                location,
+                root,
+            )
         return experiment.experiment_id
-    location = None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    location = None if root is None else root.as_uri()
     return client.create_experiment(name, artifact_location=location)
 
 
@@ -147,6 +181,28 @@ def _params(config_record: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in sorted(params.items())}
 
 
+def _typed_params(config_record: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_params` with each value's own type (numbers stay numbers)."""
+    run_config = dict(config_record.get("run_config", {}))
+    method = config_record.get("method", run_config.get("strategy", ""))
+    params = {k: v for k, v in run_config.items() if "." not in k}
+    params |= {f"{method}.{k}": v for k, v in (config_record.get("method_params") or {}).items()}
+    params["model"] = config_record.get("model", "")
+    return {
+        k: v if isinstance(v, bool | int | float | str) else json.dumps(v)
+        for k, v in sorted(params.items())
+    }
+
+
+#: The figures TensorBoard's HParams view shows against the parameters.
+HPARAM_METRICS = (
+    ("personalized", "mean"),
+    ("personalized", "pooled"),
+    ("personalized", "worst10"),
+    ("global", "pooled"),
+)
+
+
 def _summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     out = {}
     for scope in ("personalized", "global"):
@@ -173,7 +229,7 @@ class MLflowTracker:
     def __init__(self, cfg: RunConfig, output_dir: Path, config_record: dict[str, Any]) -> None:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-        uri = cfg.tracking_uri or default_tracking_uri()
+        uri = absolute_sqlite_uri(cfg.tracking_uri or default_tracking_uri())
         self.client = _mlflow_client(uri)
         experiment_id = _experiment_id(self.client, cfg.tracking_experiment, uri)
         state = _read_state(output_dir)
@@ -181,8 +237,7 @@ class MLflowTracker:
             self.run_id = state["mlflow_run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        # a sweep's run is <setting>/<method>/seed-<s> under the sweep's directory
-        name = "/".join(output_dir.parts[-3:]) if cfg.tracking_parent else output_dir.name
+        name = _run_name(cfg, output_dir)
         tags = {
             MLFLOW_RUN_NAME: name,
             "pflarena.strategy": cfg.strategy,
@@ -252,10 +307,26 @@ class TensorBoardTracker:
             f"| {k} | {v} |\n" for k, v in params.items()
         )
         self.writer.add_text("config", table, 0)
+        self._write_hparams(config_record)
         self.writer.add_text(
             "metric-definitions", json.dumps(definitions(), indent=2).replace("\n", "  \n"), 0
         )
         self.writer.flush()
+
+    def _write_hparams(self, config_record: dict[str, Any]) -> None:
+        """The run config and method parameters for TensorBoard's HParams view, written
+        into this run's own event file (``SummaryWriter.add_hparams`` would open a run
+        directory of its own, apart from the scalars), with the headline figures as its
+        metrics: the view reads their values from this run's scalars."""
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {
+            key: value if isinstance(value, bool | int | float | str) else str(value)
+            for key, value in _typed_params(config_record).items()
+        }
+        metrics = {f"{scope}/{name}": 0.0 for scope, name in HPARAM_METRICS}
+        for summary in hparams(values, metrics):
+            self.writer.file_writer.add_summary(summary)
 
     def log_round(self, record: dict[str, Any]) -> None:
         import numpy as np
@@ -286,7 +357,66 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-_CLASSES = {"mlflow": MLflowTracker, "tensorboard": TensorBoardTracker}
+class WandbTracker:
+    """One Weights & Biases run per pflarena run (``wandb.init`` with
+    ``reinit="create_new"`` and the run object's own methods, so several runs of one
+    process do not mix). Its files go to ``<output-dir>/wandb``; ``WANDB_MODE=offline``
+    logs without an account or network (``wandb sync <output-dir>/wandb/offline-run-*``
+    uploads later). A resumed run continues its W&B run (its id kept in ``trackers.json``)."""
+
+    name = "wandb"
+
+    def __init__(self, cfg: RunConfig, output_dir: Path, config_record: dict[str, Any]) -> None:
+        import wandb
+
+        state = _read_state(output_dir)
+        resume = cfg.resume and state.get("wandb_run_id")
+        self.run = wandb.init(
+            project=cfg.tracking_experiment,
+            name=_run_name(cfg, output_dir),
+            group=cfg.tracking_group or None,
+            dir=str(output_dir),
+            config=_typed_params(config_record),
+            tags=[cfg.strategy, cfg.data_name()],
+            id=state["wandb_run_id"] if resume else None,
+            resume="must" if resume else None,
+            reinit="create_new",
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        )
+        self.step = 0
+        if not resume:
+            _write_state(output_dir, {"wandb_run_id": self.run.id})
+        self.run.summary["metric_definitions"] = definitions()
+
+    def log_round(self, record: dict[str, Any]) -> None:
+        import wandb
+
+        values: dict[str, Any] = dict(round_metrics(record))
+        per_client = _per_client(record)
+        if per_client:
+            values["personalized/per_client"] = wandb.Histogram(
+                list(per_client.values()), num_bins=20
+            )
+        self.step = int(record["round"])
+        self.run.log(values, step=self.step)
+
+    def finish(self, summary: dict[str, Any], output_dir: Path, files: list[Path]) -> None:
+        import wandb
+
+        self.run.summary.update(_summary_metrics(summary))
+        self.run.summary["status"] = str(summary.get("status"))
+        images = {
+            f"plots/{path.stem}": wandb.Image(str(path)) for path in files if path.suffix == ".png"
+        }
+        if images:  # at the last round's step (W&B refuses a step that goes back)
+            self.run.log(images, step=self.step)
+        for path in files:
+            if path.suffix != ".png":
+                self.run.save(str(path), base_path=str(path.parent), policy="now")
+        self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+
+
+_CLASSES = {"mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandbTracker}
 
 
 class TrackerSet:
@@ -348,18 +478,20 @@ class SweepGroup:
     every run of the sweep, each under its directory. A failure here only warns: the runs
     are run and tracked on their own."""
 
-    def __init__(self, client: Any = None, parent_id: str = "") -> None:
-        self.client, self.parent_id = client, parent_id
+    def __init__(self, client: Any = None, parent_id: str = "", group: str = "") -> None:
+        self.client, self.parent_id, self.group = client, parent_id, group
 
     @classmethod
     def open(cls, cfg: RunConfig, out: Path, planned: int) -> SweepGroup:
+        group = f"sweep {out.name}" if cfg.tracker else ""
         if "mlflow" not in tracker_names(cfg.tracker):
-            return cls()
+            return cls(group=group)
         try:
             from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
-            client = _mlflow_client(cfg.tracking_uri)
-            experiment_id = _experiment_id(client, cfg.tracking_experiment, cfg.tracking_uri)
+            uri = absolute_sqlite_uri(cfg.tracking_uri or default_tracking_uri())
+            client = _mlflow_client(uri)
+            experiment_id = _experiment_id(client, cfg.tracking_experiment, uri)
             parent_id = _read_state(out).get("mlflow_parent_run_id", "")
             if parent_id:
                 client.update_run(parent_id, status="RUNNING")
@@ -374,20 +506,22 @@ class SweepGroup:
                 out.mkdir(parents=True, exist_ok=True)
                 _write_state(out, {"mlflow_parent_run_id": parent_id})
                 client.log_param(parent_id, "planned_runs", str(planned))
-            return cls(client, parent_id)
+            return cls(client, parent_id, group)
         except Exception as exc:  # noqa: BLE001 (the sweep runs untracked as a group)
             print(
                 f"pflarena sweep: warning: the MLflow parent run could not be opened "
                 f"({type(exc).__name__}: {exc}); each run is tracked on its own",
                 file=sys.stderr,
             )
-            return cls()
+            return cls(group=group)
 
     def member(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` as a child of the sweep's parent run."""
-        if not self.parent_id:
-            return cfg
-        return cfg.model_copy(update={"tracking_parent": self.parent_id})
+        """``cfg`` as a member of the sweep: a child of its MLflow parent run, in its W&B
+        group."""
+        update = {"tracking_group": self.group} if self.group else {}
+        if self.parent_id:
+            update["tracking_parent"] = self.parent_id
+        return cfg.model_copy(update=update) if update else cfg
 
     def finish(self, files: list[Path], complete: bool) -> None:
         """The leaderboard's files as the parent run's artifacts; the parent run ended
@@ -404,6 +538,14 @@ class SweepGroup:
                 f"({type(exc).__name__}: {exc})",
                 file=sys.stderr,
             )
+
+
+def _run_name(cfg: RunConfig, output_dir: Path) -> str:
+    """A run's name in a tracker: a sweep's run is ``<setting>/<method>/seed-<s>`` under the
+    sweep's directory (its folder name alone, ``seed-0``, would not tell them apart)."""
+    if cfg.tracking_parent or cfg.tracking_group:
+        return "/".join(output_dir.parts[-3:])
+    return output_dir.name
 
 
 def _millis() -> int:

@@ -756,7 +756,7 @@ class FedPG(MultiExchangeStrategy):
                 if (r, c) in marks:
                     ax.text(j, i, "×", ha="center", va="center", color="white", fontsize=8)
         ax.set_title(f"FedPG {title}\nby round (blank: not in the round)")
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        fig.colorbar(image, ax=ax, shrink=0.8, label=title)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)

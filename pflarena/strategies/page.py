@@ -718,7 +718,7 @@ class Page(PflStrategy):
             extent=extent,
         )
         axes[0].set_title("local epochs α_i(t)")
-        fig.colorbar(image, ax=axes[0], shrink=0.8)
+        fig.colorbar(image, ax=axes[0], shrink=0.8, label="local epochs α_i(t)")
         image = axes[1].imshow(
             lrs.T,
             aspect="auto",
@@ -728,7 +728,7 @@ class Page(PflStrategy):
             extent=extent,
         )
         axes[1].set_title("learning rate η_i(t)")
-        fig.colorbar(image, ax=axes[1], shrink=0.8)
+        fig.colorbar(image, ax=axes[1], shrink=0.8, label="learning rate η_i(t) (log scale)")
         for ax in axes:
             ax.set_xlabel("round")
             ax.set_ylabel("client id")

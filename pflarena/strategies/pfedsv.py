@@ -508,7 +508,7 @@ class PFedSV(MultiExchangeStrategy):
         ax.set_xlabel("peer (client id)")
         ax.set_ylabel("client id")
         ax.set_title(f"pFedSV relevance φ after round {self.server_round}")
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        fig.colorbar(image, ax=ax, shrink=0.8, label="relevance φ of the peer to the client")
         fig.tight_layout()
         png = output_dir / "relevance.png"
         fig.savefig(png, dpi=120)

@@ -861,7 +861,7 @@ def membership_picture(path: Path, history: dict[int, np.ndarray], panels: int =
     axes[0][0].set_ylabel("client id")
     fig.suptitle("PPFL memberships c_ik")
     if image is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
+        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="membership c_ik")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -29,6 +29,7 @@ __all__ = [
     "TORCHVISION_DATASETS",
     "TorchvisionSource",
     "check_torchvision_files",
+    "download_torchvision",
     "load_torchvision_pool",
 ]
 
@@ -139,6 +140,33 @@ def _read_torchvision(
     xs = [images_to_nchw(np.asarray(part.data)) for part in parts]
     ys = [np.asarray(part.targets, dtype=np.int64) for part in parts]
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def download_torchvision(name: str, data_dir: str | Path) -> None:
+    """Download a torchvision data set's train and test files into ``data_dir``, through
+    torchvision's own ``download=True`` (it checks each file's MD5 and lays them out where
+    :func:`load_torchvision_pool` reads them; its progress bar goes to stderr).
+
+    Raises
+    ------
+    DatasetError
+        Not a torchvision data set, or the download failed (the message says why).
+    """
+    import torchvision.datasets as tvd
+
+    source = _SOURCES.get(name)
+    if source is None:
+        raise DatasetError(
+            f"{name!r} is not a torchvision data set; those are {', '.join(_SOURCES)}"
+        )
+    dataset_class = getattr(tvd, source.class_name)
+    for train in (True, False):
+        try:
+            dataset_class(str(data_dir), train=train, download=True, **source.extra)
+        except (RuntimeError, OSError) as error:
+            raise DatasetError(
+                f"torchvision could not download {name} into {data_dir}: {error}"
+            ) from None
 
 
 def check_torchvision_files(name: str, source: TorchvisionSource, data_dir: Path) -> None:
