@@ -38,7 +38,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, mean_of
+from pflarena.strategies.arrays import as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 
 __all__ = ["FedDyn", "FedDynParams", "server_update"]
@@ -179,9 +179,9 @@ class FedDyn(PflStrategy):
             previous, self.state, models, alpha=self.alpha, num_clients=self.num_clients
         )
         new = {**previous, **stepped}
-        for name in previous:
-            if name not in stepped:  # buffers: the participants' mean
-                new[name] = mean_of(models, name).astype(previous[name].dtype)
+        buffers = [name for name in previous if name not in stepped]
+        if buffers:  # the participants' mean
+            new.update(weighted_mean(models, names=buffers))
         metrics = self.train_metrics(valid)
         assert metrics is not None
         metrics["state-norm"] = float(

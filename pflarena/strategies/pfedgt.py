@@ -38,7 +38,7 @@ from pydantic import Field, field_validator
 from pflarena.core import keys
 from pflarena.core.config import parse_float_list
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record
+from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import (
     Exchange,
     LocalTraining,
@@ -50,7 +50,7 @@ from pflarena.strategies.base import (
 )
 from pflarena.strategies.replies import delta_reply_problem
 
-__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays", "PAPER_LAMBDA"]
+__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "PAPER_LAMBDA"]
 
 #: λ in the paper's experiments (Eq. 5); used when ``lambda-rule=fixed``.
 PAPER_LAMBDA = 0.7
@@ -154,14 +154,6 @@ def tracked_update(
     return {
         name: (value + scale * np.sum([d[name] for d in deltas], axis=0)).astype(value.dtype)
         for name, value in current.items()
-    }
-
-
-def mean_arrays(records: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Element-wise unweighted mean of several name->array maps (same names and shapes)."""
-    return {
-        name: np.mean([r[name] for r in records], axis=0).astype(records[0][name].dtype)
-        for name in records[0]
     }
 
 
@@ -461,7 +453,7 @@ class PFedGT(PflStrategy):
         ]
         new_theta = {**theta, **tracked}
         if buffers:
-            new_theta.update(mean_arrays(buffers))
+            new_theta.update(weighted_mean(buffers))
         metrics = self.train_metrics(valid)
         assert metrics is not None
         metrics.update(self.state_metrics(new_theta))

@@ -39,7 +39,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, mean_of
+from pflarena.strategies.arrays import as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 from pflarena.strategies.replies import delta_reply_problem
 
@@ -248,8 +248,8 @@ class Scaffold(PflStrategy):
             for m in valid
             if keys.SCAFFOLD_BUFFERS in m.content.array_records
         ]
-        for name in buffers[0] if buffers else ():
-            new_x[name] = mean_of(buffers, name).astype(x[name].dtype)
+        if buffers:  # the participants' mean
+            new_x.update(weighted_mean(buffers))
         metrics = self.train_metrics(valid)
         assert metrics is not None
         steps = [float(m.content[keys.METRICS].get(keys.TRAIN_STEPS, np.nan)) for m in valid]
