@@ -145,6 +145,7 @@ class FedAMP(PflStrategy):
         params=FedAMPParams,
         global_model=False,
     )
+    checkpointed = {"attention": "fedamp/attention"}
 
     @classmethod
     def from_setup(cls, setup) -> FedAMP:
@@ -178,22 +179,6 @@ class FedAMP(PflStrategy):
         self._vectors: np.ndarray | None = None
         #: the latest ξ row of every client that was sent a cloud model (for the picture)
         self.attention = np.full((self.num_clients, self.num_clients), np.nan)
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        arrays["fedamp/attention"] = self.attention.copy()
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        attention = np.asarray(arrays["fedamp/attention"], dtype=np.float64)
-        if attention.shape != self.attention.shape:
-            raise ValueError(
-                f"the checkpoint's attention matrix is {attention.shape}, this run's "
-                f"{self.attention.shape}"
-            )
-        self.attention = attention.copy()
 
     # ------------------------------------------------------------------ messages
     def _latest_models(self, initial: ArrayRecord) -> list[ArrayRecord]:

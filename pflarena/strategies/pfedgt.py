@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from flwr.app import (
@@ -216,6 +216,7 @@ class PFedGT(PflStrategy):
         # presets, and a bare `pflarena run` compares pFedGT with the baselines at theirs.
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
+    checkpointed = {"message": "message/", "message_mean": "message-mean/"}
 
     def __init__(
         self,
@@ -294,20 +295,6 @@ class PFedGT(PflStrategy):
             start_buffers=params.start_buffers,
             **setup.common(cls.declaration),
         )
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        if self.message is not None and self.message_mean is not None:
-            arrays |= {f"message/{n}": v for n, v in self.message.items()}
-            arrays |= {f"message-mean/{n}": v for n, v in self.message_mean.items()}
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        if any(k.startswith("message/") for k in arrays):
-            self.message = {n: arrays[f"message/{n}"] for n in self.trainable}
-            self.message_mean = {n: arrays[f"message-mean/{n}"] for n in self.trainable}
 
     # ------------------------------------------------------------------ c⁰
     def train_round(

@@ -128,6 +128,7 @@ class Scaffold(PflStrategy):
             {"local-epochs", "batch-size", "lr", "weight-decay", "lr-milestones", "lr-gamma"}
         ),
     )
+    checkpointed = {"control": "control/"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Scaffold:
@@ -163,18 +164,6 @@ class Scaffold(PflStrategy):
         self._control_record: ArrayRecord | None = None
         self._trainable_reference: ArrayRecord | None = None
         self._buffer_reference: ArrayRecord | None = None
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        if self.control is not None:
-            arrays |= {f"control/{name}": value for name, value in self.control.items()}
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        if any(key.startswith("control/") for key in arrays):
-            self.control = {name: np.array(arrays[f"control/{name}"]) for name in self.trainable}
 
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:

@@ -129,6 +129,7 @@ class SplitGP(FedAvg):
         solver="pflarena.client.solvers.splitgp",
         params=SplitGPParams,
     )
+    checkpointed = {"aux": "splitgp-aux/"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> SplitGP:
@@ -311,15 +312,8 @@ class SplitGP(FedAvg):
         }
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        arrays = {**arrays, **{f"splitgp-aux/{name}": value for name, value in self.aux.items()}}
-        return arrays, meta
-
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        prefix = "splitgp-aux/"
-        self.aux = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+        super().restore_state(arrays, meta)  # κ̄: ``checkpointed``
         self._aux_record = None
 
     def run_summary(self) -> dict[str, Any]:
