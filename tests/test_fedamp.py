@@ -73,7 +73,7 @@ def test_identical_clients_get_fedavgs_model():
     reference = _fedavg(records)
     for own in range(4):
         weights = attention_weights(distances[own], own, alpha=1.0, sigma=1.0)
-        cloud = cloud_model(records, weights, own)
+        cloud = cloud_model(records, weights)
         for name in reference.keys():
             np.testing.assert_allclose(
                 cloud[name].numpy(), reference[name].numpy(), rtol=1e-6, atol=1e-7
@@ -91,7 +91,7 @@ def test_equal_attention_is_fedavg_of_distinct_models():
     for own in range(m):
         weights = attention_weights(distances[own], own, alpha=sigma / m, sigma=sigma)
         np.testing.assert_allclose(weights, np.full(m, 1.0 / m), rtol=1e-9)
-        cloud = cloud_model(records, weights, own)
+        cloud = cloud_model(records, weights)
         for name in reference.keys():
             np.testing.assert_allclose(cloud[name].numpy(), reference[name].numpy(), rtol=1e-5)
 
@@ -100,7 +100,7 @@ def test_the_cloud_model_is_the_weighted_sum():
     vectors = np.random.default_rng(3).normal(size=(3, 8))
     records = _records(vectors)
     weights = np.array([0.5, 0.3, 0.2])
-    cloud = cloud_model(records, weights, 0)
+    cloud = cloud_model(records, weights)
     expected = weights @ vectors
     # float32 entries, summed in float64
     np.testing.assert_allclose(cloud["weight"].numpy().ravel(), expected[:6], atol=1e-6)

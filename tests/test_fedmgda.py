@@ -13,8 +13,8 @@ from pflarena.core.config import ConfigError
 from pflarena.core.mgda import min_norm_weights
 from pflarena.server.app import initial_arrays
 from pflarena.server.registry import build_strategy, parse_config
+from pflarena.strategies.arrays import flatten
 from pflarena.strategies.fedmgda import FedMGDA, box_projection, min_norm_weights_box
-from pflarena.strategies.fedpg import flatten
 
 
 def _reference_projection(v, lo, hi):

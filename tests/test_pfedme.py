@@ -11,7 +11,8 @@ from helpers import config, run_local
 from pflarena.client.solvers.pfedme import local_copy_step, solve_personalized
 from pflarena.core.federation import build_federation
 from pflarena.core.models import build_model
-from pflarena.strategies.pfedme import average_records, beta_update
+from pflarena.strategies.arrays import weighted_mean
+from pflarena.strategies.pfedme import beta_update
 
 
 def _softmax_gradient(weight, bias, x, y):
@@ -97,9 +98,9 @@ def test_the_server_steps_with_beta_towards_the_average():
         ArrayRecord({"w": Array(np.array([3.0, 0.0], dtype=np.float32))}),
         ArrayRecord({"w": Array(np.array([5.0, 2.0], dtype=np.float32))}),
     ]
-    uniform = average_records(uploads)
+    uniform = weighted_mean(uploads, dtype=np.float64)
     np.testing.assert_allclose(uniform["w"], [4.0, 1.0])
-    np.testing.assert_allclose(average_records(uploads, [3, 1])["w"], [3.5, 0.5])
+    np.testing.assert_allclose(weighted_mean(uploads, [3, 1])["w"], [3.5, 0.5])
     np.testing.assert_allclose(beta_update(previous, uniform, 1.0)["w"].numpy(), [4.0, 1.0])
     # β = 2 (the paper's other setting) extrapolates past the average
     np.testing.assert_allclose(beta_update(previous, uniform, 2.0)["w"].numpy(), [7.0, 1.0])

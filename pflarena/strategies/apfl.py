@@ -44,8 +44,8 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import as_record, weighted_mean
 from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.pfedme import average_records, beta_update
 
 __all__ = ["APFL", "APFLParams"]
 
@@ -127,7 +127,7 @@ class APFL(FedAvg):
             [float(m[keys.NUM_EXAMPLES]) for m in metrics] if self.weighting == "examples" else None
         )
         uploads = [msg.content[keys.ARRAYS] for msg in valid]
-        average = beta_update(self._round_arrays, average_records(uploads, weights), 1.0)
+        average = as_record(weighted_mean(uploads, weights))
         out = self.train_metrics(valid)
         assert out is not None
         alphas = [float(m.get("alpha", float("nan"))) for m in metrics]

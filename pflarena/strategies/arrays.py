@@ -1,21 +1,54 @@
-"""Conversions between Flower's ArrayRecord and numpy for the strategies' server math."""
+"""The strategies' server math on Flower ArrayRecords: decoding, averaging, flattening.
+
+Every method that averages models, flattens them into vectors or decodes them does it here,
+so that one rule holds for all of them:
+
+* Decoding goes through :func:`pflarena.core.arrays.decode` (``Array.numpy()``'s values,
+  read without parsing the header each time).
+* :func:`weighted_mean` is ``Σ_i (w_i / Σ w) x_i`` entry by entry. Floating-point entries
+  are accumulated in float64 and returned in their own dtype, unless ``like_fedavg``:
+  then in their own dtype in Flower's order (``aggregate_arrayrecords``'s arithmetic, which
+  FedAvg, PPFL and FedEM keep bit for bit).
+* **Integer and boolean entries** (BatchNorm's ``num_batches_tracked``, the only ones
+  pflarena's models carry) get the same weighted mean, rounded to the nearest integer (half
+  to even), **in the entry's own dtype and shape**: a model's buffers load back into it
+  unchanged and a client's reply keeps the dtype the server sent. (Flower's averaging made
+  them float64, which the reply check then refused in the next round.) With BatchNorm's
+  momentum set, as in every pflarena model, the counter never changes a prediction.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-__all__ = ["as_numpy", "as_record", "mean_of"]
+from pflarena.core.arrays import decode
+
+__all__ = [
+    "as_numpy",
+    "as_record",
+    "flatten",
+    "float_names",
+    "mean_of",
+    "unflatten",
+    "weighted_average",
+    "weighted_mean",
+]
+
+Arrays = ArrayRecord | Mapping[str, np.ndarray]
 
 
-def as_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The record's arrays by name, in its order."""
-    return {name: array.numpy() for name, array in record.items()}
+def as_numpy(record: ArrayRecord, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The record's arrays by name (``names``, or all of them in the record's order), each
+    decoded by :func:`pflarena.core.arrays.decode` into memory of its own."""
+    if names is None:
+        return {name: decode(array) for name, array in record.items()}
+    return {name: decode(record[name]) for name in names}
 
 
-def as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+def as_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord of ``arrays``, in their order, each C-contiguous."""
     # np.require keeps 0-d arrays (BatchNorm's num_batches_tracked) 0-d; ascontiguousarray
     # would make them 1-d and the model's buffers would no longer load into it unchanged.
@@ -24,6 +57,96 @@ def as_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     )
 
 
-def mean_of(records: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray:
-    """The plain mean of array ``name`` over ``records``, in float64."""
+def _value(arrays: Arrays, name: str) -> np.ndarray:
+    value = arrays[name]
+    return decode(value) if isinstance(value, Array) else np.asarray(value)
+
+
+def _factors(count: int, weights: Sequence[float] | np.ndarray | None) -> list[float]:
+    if count == 0:
+        raise ValueError("no arrays to average")
+    if weights is None:
+        weights = [1.0] * count
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (count,) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"weights must be {count} non-negative values with a positive sum")
+    total = sum(float(x) for x in w)  # Python's sum, as Flower's aggregate_arrayrecords
+    return [float(x) / total for x in w]
+
+
+def weighted_mean(
+    records: Sequence[Arrays],
+    weights: Sequence[float] | np.ndarray | None = None,
+    names: Iterable[str] | None = None,
+    *,
+    dtype: np.dtype | type | None = None,
+    like_fedavg: bool = False,
+) -> dict[str, np.ndarray]:
+    """``Σ_i (w_i / Σ w) x_i`` of each named entry (all of the first record's by default).
+
+    ``records`` are ArrayRecords or name → numpy maps; ``weights`` non-negative with a
+    positive sum (``None``: equal). Floating-point entries are accumulated in float64, in
+    record order, and returned in their dtype, or in ``dtype`` if given (pFedMe keeps the
+    float64 mean for its β step). With ``like_fedavg`` they are accumulated in their own
+    dtype as Flower's ``aggregate_arrayrecords`` does (``x_0 f_0 + x_1 f_1 + ...``), so
+    that FedAvg and the methods that must reduce to it (PPFL with K = 1) agree bit for
+    bit. Integer and boolean entries: the weighted mean rounded half to even, in their own
+    dtype and shape (see the module's docstring).
+    """
+    factors = _factors(len(records), weights)
+    out: dict[str, np.ndarray] = {}
+    for name in records[0].keys() if names is None else names:
+        values = [_value(record, name) for record in records]
+        kind = values[0].dtype
+        if kind.kind == "f" and like_fedavg:
+            total = values[0] * factors[0]
+            for value, factor in zip(values[1:], factors[1:], strict=True):
+                total += value * factor
+            out[name] = np.asarray(total)
+            continue
+        total = np.zeros(values[0].shape, dtype=np.float64)
+        for value, factor in zip(values, factors, strict=True):
+            total += factor * value.astype(np.float64)
+        if kind.kind == "f":
+            out[name] = total.astype(kind if dtype is None else dtype)
+        elif kind.kind in "biu":
+            out[name] = np.rint(total).astype(kind)
+        else:
+            raise ValueError(f"array {name!r} has dtype {kind}, not a number to average")
+    return out
+
+
+def weighted_average(
+    records: Sequence[ArrayRecord], weights: Sequence[float] | np.ndarray
+) -> ArrayRecord:
+    """FedAvg's aggregate: :func:`weighted_mean` with ``like_fedavg`` as an ArrayRecord."""
+    return as_record(weighted_mean(records, weights, like_fedavg=True))
+
+
+def mean_of(records: Sequence[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
+    """The plain mean of array ``name`` over ``records``, in float64 (``np.mean``'s order):
+    the SCAFFOLD and FedDyn server states, which the caller keeps in their dtype."""
     return np.mean([r[name].astype(np.float64) for r in records], axis=0)
+
+
+def float_names(record: ArrayRecord) -> list[str]:
+    """The names of ``record``'s floating-point arrays (the model's values, not its integer
+    buffers), in its order."""
+    return [name for name, array in record.items() if np.dtype(array.dtype).kind == "f"]
+
+
+def flatten(record: Arrays, names: Sequence[str], dtype: type = np.float64) -> np.ndarray:
+    """The named arrays of ``record`` as one vector of ``dtype``, in ``names`` order."""
+    if not names:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([_value(record, n).astype(dtype, copy=False).ravel() for n in names])
+
+
+def unflatten(vector: np.ndarray, like: Arrays, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Undo :func:`flatten`: arrays shaped and typed like ``like``'s."""
+    out, offset = {}, 0
+    for name in names:
+        ref = _value(like, name)
+        out[name] = vector[offset : offset + ref.size].reshape(ref.shape).astype(ref.dtype)
+        offset += ref.size
+    return out

@@ -12,7 +12,7 @@ send-and-receive (an initialisation, a line search, a block schedule) overrides
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from logging import INFO, WARNING
@@ -270,6 +270,13 @@ class PflStrategy(Strategy):
     declaration: ClassVar[MethodDeclaration]
     #: Whether training replies carry an ArrayRecord that must be checked.
     expects_arrays: ClassVar[bool] = True
+    #: State of the method's own that checkpoints keep without code of its own: attribute
+    #: name → checkpoint key. An attribute holding an array is kept under the key; one
+    #: holding a name → array dict, under ``key + name`` for each entry (a key that ends
+    #: with ``/``). ``None`` or an empty dict keeps nothing, and a checkpoint without the key
+    #: leaves the attribute as the constructor set it. Values and counters that are not
+    #: arrays extend :meth:`checkpoint_state` and :meth:`restore_state` by hand.
+    checkpointed: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PflStrategy:
@@ -355,7 +362,19 @@ class PflStrategy(Strategy):
             "client_ids": {str(node): client for node, client in self.client_ids.items()},
             "accepted": {str(client): update for client, update in self.accepted.items()},
         }
-        return {}, meta
+        return self._declared_state(), meta
+
+    def _declared_state(self) -> dict[str, np.ndarray]:
+        arrays: dict[str, np.ndarray] = {}
+        for attribute, key in self.checkpointed.items():
+            value = getattr(self, attribute)
+            if value is None:
+                continue
+            if key.endswith("/"):
+                arrays |= {f"{key}{name}": np.array(v) for name, v in value.items()}
+            else:
+                arrays[key] = np.array(value)
+        return arrays
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Undo :meth:`checkpoint_state`."""
@@ -365,6 +384,23 @@ class PflStrategy(Strategy):
             self.pool(name).rollback(self.server_round)
         self.client_ids = {int(node): int(client) for node, client in meta["client_ids"].items()}
         self.accepted = {int(client): int(update) for client, update in meta["accepted"].items()}
+        for attribute, key in self.checkpointed.items():
+            if key.endswith("/"):
+                entries = {
+                    k[len(key) :]: np.array(v) for k, v in arrays.items() if k.startswith(key)
+                }
+                if entries:
+                    setattr(self, attribute, entries)
+            elif key in arrays:
+                current = getattr(self, attribute)
+                value = np.array(arrays[key])
+                if isinstance(current, np.ndarray):
+                    if value.shape != current.shape:
+                        raise ValueError(
+                            f"the checkpoint's {key!r} is {value.shape}, this run's {current.shape}"
+                        )
+                    value = value.astype(current.dtype)
+                setattr(self, attribute, value)
 
     def pool(self, name: str) -> ClientPool:
         """A per-client store of arrays on the server (pFedSV's models, FedPG's gradients).

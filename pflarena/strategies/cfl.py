@@ -37,7 +37,6 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -53,6 +52,7 @@ from scipy.spatial.distance import squareform
 from pflarena.core import keys
 from pflarena.core.canonical import copy_name, parse_stacked
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import as_numpy, as_record, flatten, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
 __all__ = [
@@ -298,10 +298,10 @@ class CFL(MultiExchangeStrategy):
         exchange = send("train", messages)
         replies = self.valid_replies(exchange, lambda c: array_problem(c, models[0], keys.ARRAYS))
         self.last_failed = exchange.failed
-        new = {n: stacked[n].numpy() for n in stacked.keys()}
+        new = as_numpy(stacked)
         if not replies:
             self.history[server_round] = dict(enumerate(self._assignment_list()))
-            return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in new.items()}), None
+            return as_record(new), None
         # the updates of each cluster's participants, in client-id order
         members: dict[int, list[int]] = {}
         updates: dict[int, dict[str, np.ndarray]] = {}
@@ -311,19 +311,14 @@ class CFL(MultiExchangeStrategy):
             client = self.client_ids[node]
             members.setdefault(sent_cluster[node], []).append(client)
             record = msg.content[keys.ARRAYS]
-            updates[client] = {n: record[n].numpy() for n in entries}
+            updates[client] = as_numpy(record, entries)
             examples[client] = float(msg.content[keys.METRICS].get(keys.NUM_EXAMPLES, 1))
         measured = [n for n in entries if n in set(self.trainable)] or list(entries)
         round_norms: dict[int, dict[str, float]] = {}
         groups: list[tuple[int, list[int]]] = []  # (cluster id, its participants) after splits
         for cluster in sorted(members):
             clients = members[cluster]
-            flat = np.stack(
-                [
-                    np.concatenate([updates[c][n].astype(np.float64).ravel() for n in measured])
-                    for c in clients
-                ]
-            )
+            flat = np.stack([flatten(updates[c], measured) for c in clients])
             weights = self._weights([examples[c] for c in clients])
             mean_norm = float(np.linalg.norm(weights @ flat))
             max_norm = float(np.linalg.norm(flat, axis=1).max())
@@ -369,14 +364,14 @@ class CFL(MultiExchangeStrategy):
             else:
                 groups.append((cluster, clients))
         for cluster, clients in groups:  # each cluster adds its own participants' mean update
-            weights = self._weights([examples[c] for c in clients])
+            step = weighted_mean(
+                [updates[c] for c in clients],
+                self._raw_weights([examples[c] for c in clients]),
+                dtype=np.float64,
+            )
             for name in entries:
                 key = copy_name(CLUSTER_PREFIX, cluster, name)
-                step = sum(
-                    w * updates[c][name].astype(np.float64)
-                    for w, c in zip(weights, clients, strict=True)
-                )
-                new[key] = (new[key] + step).astype(new[key].dtype)
+                new[key] = (new[key] + step[name]).astype(new[key].dtype)
         self.norms[server_round] = round_norms
         self.history[server_round] = dict(enumerate(self._assignment_list()))
         metrics = self.train_metrics(replies) or MetricRecord({})
@@ -387,13 +382,17 @@ class CFL(MultiExchangeStrategy):
         for cluster in range(count):
             for name in entries:
                 key = copy_name(CLUSTER_PREFIX, cluster, name)
-                ordered[key] = Array(np.ascontiguousarray(new[key]))
-        return ArrayRecord(ordered), metrics
+                ordered[key] = new[key]
+        return as_record(ordered), metrics
 
-    def _weights(self, examples: list[float]) -> np.ndarray:
+    def _raw_weights(self, examples: list[float]) -> np.ndarray:
         weights = np.asarray(examples, dtype=np.float64)
         if self.weighting == "uniform" or weights.sum() <= 0:
             weights = np.ones_like(weights)
+        return weights
+
+    def _weights(self, examples: list[float]) -> np.ndarray:
+        weights = self._raw_weights(examples)
         return weights / weights.sum()
 
     # ------------------------------------------------------------------ results

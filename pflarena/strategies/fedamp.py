@@ -31,8 +31,8 @@ every distance is 0 and u_i is their common value; with equal weights it is FedA
 Defaults: the paper does not fix α_k, λ, σ for all its experiments; these are PFLlib's
 (α_k = λ = σ = 1, a constant α_k). A client that has not uploaded yet counts with the run's
 initial model (W^0 = w^0 for all clients, as in the paper); distances cover the trainable
-parameters; floating-point buffers are combined with the same weights, integer buffers
-come from the client's own model. The client starts its proximal solve from u_i
+parameters; buffers are combined with the same weights (integer ones rounded: the rule of
+:mod:`pflarena.strategies.arrays`). The client starts its proximal solve from u_i
 (``fedamp.start=cloud``; ``own`` starts from its last w_i, as PFLlib does).
 
 The reading of the paper, decisions and measurements: docs/methods/fedamp.md.
@@ -45,12 +45,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import as_record, flatten, float_names, weighted_mean
 from pflarena.strategies.base import PflStrategy
 
 __all__ = [
@@ -115,21 +116,11 @@ def attention_weights(
     return weights
 
 
-def cloud_model(records: Sequence[ArrayRecord], weights: np.ndarray, own: int) -> ArrayRecord:
-    """u = Σ_j ξ_j w_j on floating-point entries (in float64, stored in their dtype); integer
-    entries (batch counters) are the own model's."""
-    out = {}
-    for name in records[own].keys():
-        own_value = records[own][name].numpy()
-        if not np.issubdtype(own_value.dtype, np.floating):
-            out[name] = Array(np.ascontiguousarray(own_value))
-            continue
-        total = np.zeros(own_value.shape, dtype=np.float64)
-        for weight, record in zip(weights, records, strict=True):
-            if weight != 0.0:
-                total += weight * record[name].numpy().astype(np.float64)
-        out[name] = Array(np.ascontiguousarray(total.astype(own_value.dtype)))
-    return ArrayRecord(out)
+def cloud_model(records: Sequence[ArrayRecord], weights: np.ndarray) -> ArrayRecord:
+    """u_i = Σ_j ξ_ij w_j for a row ξ_i of the attention matrix (summing to 1):
+    :func:`~pflarena.strategies.arrays.weighted_mean`, whose one rule integer entries
+    (batch counters) follow."""
+    return as_record(weighted_mean(records, weights))
 
 
 class FedAMP(PflStrategy):
@@ -154,6 +145,7 @@ class FedAMP(PflStrategy):
         params=FedAMPParams,
         global_model=False,
     )
+    checkpointed = {"attention": "fedamp/attention"}
 
     @classmethod
     def from_setup(cls, setup) -> FedAMP:
@@ -188,22 +180,6 @@ class FedAMP(PflStrategy):
         #: the latest ξ row of every client that was sent a cloud model (for the picture)
         self.attention = np.full((self.num_clients, self.num_clients), np.nan)
 
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        arrays["fedamp/attention"] = self.attention.copy()
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        attention = np.asarray(arrays["fedamp/attention"], dtype=np.float64)
-        if attention.shape != self.attention.shape:
-            raise ValueError(
-                f"the checkpoint's attention matrix is {attention.shape}, this run's "
-                f"{self.attention.shape}"
-            )
-        self.attention = attention.copy()
-
     # ------------------------------------------------------------------ messages
     def _latest_models(self, initial: ArrayRecord) -> list[ArrayRecord]:
         pool = self.pool(MODELS)
@@ -214,10 +190,8 @@ class FedAMP(PflStrategy):
         return models
 
     def _vector(self, record: ArrayRecord) -> np.ndarray:
-        names = self.trainable or tuple(
-            n for n in record.keys() if np.issubdtype(record[n].numpy().dtype, np.floating)
-        )
-        return np.concatenate([record[n].numpy().astype(np.float32).ravel() for n in names])
+        names = self.trainable or float_names(record)
+        return flatten(record, names, np.float32)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -235,7 +209,7 @@ class FedAMP(PflStrategy):
         weights = attention_weights(row, client, self.alpha, self.sigma)
         self.weights[client] = weights
         self.attention[client] = weights
-        return cloud_model(self._models, weights, client)
+        return cloud_model(self._models, weights)
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {

@@ -9,11 +9,11 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import weighted_average
 from pflarena.strategies.base import PflStrategy
 
 __all__ = ["PERSONAL_MODEL_HELP", "FedAvg", "FedAvgParams", "PersonalModel"]
@@ -82,5 +82,6 @@ class FedAvg(PflStrategy):
         valid = self.valid_train_replies(replies)
         if not valid:
             return None, None
-        contents = [msg.content for msg in valid]
-        return aggregate_arrayrecords(contents, keys.NUM_EXAMPLES), self.train_metrics(valid)
+        records = [msg.content[keys.ARRAYS] for msg in valid]
+        weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in valid]
+        return weighted_average(records, weights), self.train_metrics(valid)

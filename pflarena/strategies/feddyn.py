@@ -38,7 +38,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, mean_of
+from pflarena.strategies.arrays import as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 
 __all__ = ["FedDyn", "FedDynParams", "server_update"]
@@ -106,6 +106,7 @@ class FedDyn(PflStrategy):
         solver="pflarena.client.solvers.feddyn",
         params=FedDynParams,
     )
+    checkpointed = {"state": "h/"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedDyn:
@@ -134,18 +135,6 @@ class FedDyn(PflStrategy):
         self.alpha = alpha
         #: h, the server state over the trainable parameters (zeros until set)
         self.state: dict[str, np.ndarray] | None = None
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        if self.state is not None:
-            arrays |= {f"h/{name}": value for name, value in self.state.items()}
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        if any(key.startswith("h/") for key in arrays):
-            self.state = {name: np.array(arrays[f"h/{name}"]) for name in self.trainable}
 
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:
@@ -179,9 +168,9 @@ class FedDyn(PflStrategy):
             previous, self.state, models, alpha=self.alpha, num_clients=self.num_clients
         )
         new = {**previous, **stepped}
-        for name in previous:
-            if name not in stepped:  # buffers: the participants' mean
-                new[name] = mean_of(models, name).astype(previous[name].dtype)
+        buffers = [name for name in previous if name not in stepped]
+        if buffers:  # the participants' mean
+            new.update(weighted_mean(models, names=buffers))
         metrics = self.train_metrics(valid)
         assert metrics is not None
         metrics["state-norm"] = float(

@@ -44,8 +44,8 @@ from pflarena.core import keys
 from pflarena.core.canonical import initial_stacked_state
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import weighted_average
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
-from pflarena.strategies.ppfl import weighted_average
 
 __all__ = ["FedEM", "FedEMParams"]
 

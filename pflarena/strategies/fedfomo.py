@@ -192,6 +192,7 @@ class FedFomo(PflStrategy):
         global_model=False,
         needs_validation=True,
     )
+    checkpointed = {"affinity": "fedfomo/affinity"}
 
     def __init__(
         self,
@@ -230,20 +231,12 @@ class FedFomo(PflStrategy):
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        arrays["fedfomo/affinity"] = self.affinity.copy()
+        arrays, meta = super().checkpoint_state()  # the affinity matrix: ``checkpointed``
         meta["fedfomo"] = {"epsilon": self.epsilon}
         return arrays, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         super().restore_state(arrays, meta)
-        affinity = np.asarray(arrays["fedfomo/affinity"], dtype=np.float64)
-        if affinity.shape != self.affinity.shape:
-            raise ValueError(
-                f"the checkpoint's affinity matrix is {affinity.shape}, this run's "
-                f"{self.affinity.shape}"
-            )
-        self.affinity = affinity.copy()
         self.epsilon = float(meta["fedfomo"]["epsilon"])
 
     # ------------------------------------------------------------------ messages

@@ -34,15 +34,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.mgda import ZERO_GRAD_NORM, gram_matrix, min_norm_weights_from_gram
+from pflarena.strategies.arrays import as_numpy, as_record, flatten, float_names, unflatten
 from pflarena.strategies.base import PflStrategy, StrategySetup, array_problem
 from pflarena.strategies.fedavg import PERSONAL_MODEL_HELP, PersonalModel
-from pflarena.strategies.fedpg import flatten, unflatten
 
 __all__ = ["FedMGDA", "FedMGDAParams", "box_projection", "min_norm_weights_box"]
 
@@ -203,9 +203,7 @@ class FedMGDA(PflStrategy):
         }
 
     def _names_of(self, arrays: ArrayRecord) -> list[str]:
-        return self.trainable or [
-            n for n in arrays.keys() if np.issubdtype(arrays[n].numpy().dtype, np.floating)
-        ]
+        return self.trainable or float_names(arrays)
 
     def check_train_reply(self, content: RecordDict) -> str | None:
         arrays = self._round_arrays
@@ -232,7 +230,7 @@ class FedMGDA(PflStrategy):
         eta = self.server_lr * self.lr_decay ** (server_round - 1)
         reference = ArrayRecord({n: arrays[n] for n in names})
         step = unflatten(eta * direction, reference, names)
-        new = {n: arrays[n].numpy() for n in arrays.keys()}
+        new = as_numpy(arrays)
         for name in names:
             new[name] = (new[name] - step[name]).astype(new[name].dtype)
         clients = [
@@ -244,7 +242,7 @@ class FedMGDA(PflStrategy):
         metrics["direction-norm"] = float(np.linalg.norm(direction))
         metrics["min-weight"] = float(lam.min())
         metrics["max-weight"] = float(lam.max())
-        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in new.items()}), metrics
+        return as_record(new), metrics
 
     def run_summary(self) -> dict[str, Any]:
         return {

@@ -55,7 +55,6 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -76,6 +75,7 @@ from pflarena.core.mgda import (
     fair_objective,
     fairness_weights,
 )
+from pflarena.strategies.arrays import as_numpy, as_record, flatten, float_names, unflatten
 from pflarena.strategies.base import (
     Exchange,
     MultiExchangeStrategy,
@@ -89,10 +89,8 @@ __all__ = [
     "FedPGParams",
     "common_descent_direction",
     "drift_coefficient",
-    "flatten",
     "parse_gamma",
     "stale_window",
-    "unflatten",
 ]
 
 GRADIENT, DIRECTION = keys.FEDPG_GRADIENT, keys.FEDPG_DIRECTION
@@ -162,21 +160,6 @@ class FedPGParams(MethodParams):
     def _gamma(cls, value: Any) -> str:
         number = parse_gamma(value)
         return "adaptive" if number is None else (value if isinstance(value, str) else repr(value))
-
-
-def flatten(record: ArrayRecord, names: Sequence[str]) -> np.ndarray:
-    """The named arrays of ``record`` as one float64 vector, in ``names`` order."""
-    return np.concatenate([np.asarray(record[n].numpy(), dtype=np.float64).ravel() for n in names])
-
-
-def unflatten(vector: np.ndarray, like: ArrayRecord, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Undo :func:`flatten`: arrays shaped and typed like ``like``'s."""
-    out, offset = {}, 0
-    for name in names:
-        ref = like[name].numpy()
-        out[name] = vector[offset : offset + ref.size].reshape(ref.shape).astype(ref.dtype)
-        offset += ref.size
-    return out
 
 
 def stale_window(
@@ -376,9 +359,7 @@ class FedPG(MultiExchangeStrategy):
         self.server_round = server_round
         self._round_arrays = arrays
         self.last_sampled = nodes = self.sample_train_nodes(grid)
-        names = self.trainable or [
-            n for n in arrays.keys() if np.issubdtype(arrays[n].numpy().dtype, np.floating)
-        ]
+        names = self.trainable or float_names(arrays)
         reference = ArrayRecord({n: arrays[n] for n in names})
         config = self._config(server_round, keys.FEDPG_PHASE_GRADIENTS)
         first = send(
@@ -432,11 +413,11 @@ class FedPG(MultiExchangeStrategy):
 
         # the drift coefficients (eq. 8) and the global update
         gammas = self.drift(grads, direction, stale_grads) if self.personalize else None
-        new = {n: arrays[n].numpy() for n in arrays.keys()}
+        new = as_numpy(arrays)
         step = unflatten(eta * direction, reference, names)
         for name in names:
             new[name] = (new[name] - step[name]).astype(new[name].dtype)
-        new_arrays = ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in new.items()})
+        new_arrays = as_record(new)
 
         if gammas is not None:
             self.gammas[server_round] = dict(zip(clients, map(float, gammas), strict=True))
@@ -552,12 +533,7 @@ class FedPG(MultiExchangeStrategy):
         scale = 0.5**self.search_s
         lower = scale * eta * sigma if self.search_lower == "times-sigma" else scale * eta / sigma
         slopes = grads @ direction  # g_i·d ≥ 0: the first-order decrease per unit step
-        record = ArrayRecord(
-            {
-                n: Array(np.ascontiguousarray(v))
-                for n, v in unflatten(direction, arrays, names).items()
-            }
-        )
+        record = as_record(unflatten(direction, arrays, names))
         index = {node: i for i, node in enumerate(nodes)}
         active = list(nodes)
         trial = 2.0**self.search_s * eta
@@ -621,12 +597,7 @@ class FedPG(MultiExchangeStrategy):
         search: list[Exchange],
     ) -> None:
         """The ``personalize`` exchange: d (unless held), γ_i and η^t to each online client."""
-        record = ArrayRecord(
-            {
-                n: Array(np.ascontiguousarray(v))
-                for n, v in unflatten(direction, reference, names).items()
-            }
-        )
+        record = as_record(unflatten(direction, reference, names))
         holds = set()
         if search:  # the first trial carried d; those who answered it keep it
             holds = {search[0].node_of(m) for m in search[0].replies if not m.has_error()}

@@ -42,9 +42,11 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.arrays import decode
 from pflarena.core.canonical import copy_name, initial_stacked_state, parse_stacked
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
 __all__ = ["IFCA", "IFCAParams"]
@@ -203,22 +205,24 @@ class IFCA(MultiExchangeStrategy):
             chosen[cluster].append(msg.content[keys.ARRAYS])
             assignment[self.client_ids[exchange.node_of(msg)]] = cluster
         self.assignments[server_round] = assignment
-        new = {n: stacked[n].numpy() for n in stacked.keys()}
+        new = as_numpy(stacked)
         for cluster, records in chosen.items():
             if not records:
                 continue
-            for name in entries:
+            if self.averaging == "model":  # Option II: Σ s_ij θ̃_i / Σ s_ij
+                mean = weighted_mean(records, names=entries)
+                for name in entries:
+                    new[copy_name(CLUSTER_PREFIX, cluster, name)] = mean[name]
+                continue
+            for name in entries:  # Option I: θ_j − (γ/m) Σ s_ij g_i, m = the clients that answered
                 key = copy_name(CLUSTER_PREFIX, cluster, name)
-                values = [r[name].numpy() for r in records]
-                if self.averaging == "model":  # Option II: Σ s_ij θ̃_i / Σ s_ij
-                    new[key] = (sum(values) / len(values)).astype(new[key].dtype)
-                else:  # Option I: θ_j − (γ/m) Σ s_ij g_i, m = the clients that answered
-                    step = self.training.lr_at(server_round) / len(replies) * sum(values)
-                    new[key] = (new[key] - step).astype(new[key].dtype)
+                values = [decode(r[name]) for r in records]
+                step = self.training.lr_at(server_round) / len(replies) * sum(values)
+                new[key] = (new[key] - step).astype(new[key].dtype)
         metrics = self.train_metrics(replies) or MetricRecord({})
         for cluster in range(self.count):
             metrics[f"cluster-{cluster}-clients"] = len(chosen[cluster])
-        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in new.items()}), metrics
+        return as_record(new), metrics
 
     # ------------------------------------------------------------------ results
     def run_summary(self) -> dict[str, Any]:

@@ -18,43 +18,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from pflarena.core import keys
 from pflarena.core.split import ModelSplit, split_names
-from pflarena.strategies.arrays import as_record
+from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
 
-__all__ = ["PartialFedAvg", "average_uploads", "split_problem"]
+__all__ = ["PartialFedAvg", "split_problem"]
 
 Weighting = Literal["examples", "uniform"]
-
-
-def average_uploads(
-    records: Sequence[ArrayRecord], weights: Sequence[float]
-) -> dict[str, np.ndarray]:
-    """The weighted mean of each floating-point entry (computed in float64, returned in the
-    entry's dtype); integer entries (BatchNorm's batch counters) are the largest upload's."""
-    if not records:
-        raise ValueError("no uploads to average")
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(records),) or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"weights must be {len(records)} non-negative values with a positive sum")
-    w = w / w.sum()
-    out: dict[str, np.ndarray] = {}
-    for name in records[0].keys():
-        values = [record[name].numpy() for record in records]
-        if not np.issubdtype(values[0].dtype, np.floating):
-            out[name] = np.max(np.stack(values), axis=0).astype(values[0].dtype)
-            continue
-        total = np.zeros(values[0].shape, dtype=np.float64)
-        for weight, value in zip(w, values, strict=True):
-            total += weight * value.astype(np.float64)
-        out[name] = total.astype(values[0].dtype)
-    return out
 
 
 def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
@@ -164,8 +139,8 @@ class PartialFedAvg(FedAvg):
             weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in valid]
         else:
             weights = [1.0] * len(valid)
-        average = average_uploads(uploads, weights)
-        merged = {name: array.numpy() for name, array in self._full.items()}
+        average = weighted_mean(uploads, weights)
+        merged = as_numpy(self._full)
         merged.update(average)
         return as_record(merged), self.train_metrics(valid)
 

@@ -47,8 +47,8 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import as_record, weighted_mean
 from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.pfedme import average_records, beta_update
 
 __all__ = ["PerFedAvg", "PerFedAvgParams"]
 
@@ -152,7 +152,7 @@ class PerFedAvg(FedAvg):
             if self.weighting == "examples"
             else None
         )
-        average = beta_update(self._round_arrays, average_records(uploads, weights), 1.0)
+        average = as_record(weighted_mean(uploads, weights))
         return average, self.train_metrics(valid)
 
     def run_summary(self) -> dict[str, Any]:

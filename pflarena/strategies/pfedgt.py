@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from flwr.app import (
@@ -39,7 +39,7 @@ from pydantic import Field, field_validator
 from pflarena.core import keys
 from pflarena.core.config import parse_float_list
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record
+from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import (
     Exchange,
     LocalTraining,
@@ -51,7 +51,7 @@ from pflarena.strategies.base import (
 )
 from pflarena.strategies.replies import delta_reply_problem
 
-__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "mean_arrays", "PAPER_LAMBDA"]
+__all__ = ["PFedGT", "PFedGTParams", "tracked_update", "PAPER_LAMBDA"]
 
 #: λ in the paper's experiments (Eq. 5); used when ``lambda-rule=fixed``.
 PAPER_LAMBDA = 0.7
@@ -158,14 +158,6 @@ def tracked_update(
     }
 
 
-def mean_arrays(records: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Element-wise unweighted mean of several name->array maps (same names and shapes)."""
-    return {
-        name: np.mean([r[name] for r in records], axis=0).astype(records[0][name].dtype)
-        for name in records[0]
-    }
-
-
 def _copy(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: value.copy() for name, value in arrays.items()}
 
@@ -226,6 +218,7 @@ class PFedGT(PflStrategy):
         # presets, and a bare `pflarena run` compares pFedGT with the baselines at theirs.
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
+    checkpointed = {"message": "message/", "message_mean": "message-mean/"}
 
     def __init__(
         self,
@@ -304,20 +297,6 @@ class PFedGT(PflStrategy):
             start_buffers=params.start_buffers,
             **setup.common(cls.declaration),
         )
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        if self.message is not None and self.message_mean is not None:
-            arrays |= {f"message/{n}": v for n, v in self.message.items()}
-            arrays |= {f"message-mean/{n}": v for n, v in self.message_mean.items()}
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        if any(k.startswith("message/") for k in arrays):
-            self.message = {n: arrays[f"message/{n}"] for n in self.trainable}
-            self.message_mean = {n: arrays[f"message-mean/{n}"] for n in self.trainable}
 
     # ------------------------------------------------------------------ c⁰
     def train_round(
@@ -465,7 +444,7 @@ class PFedGT(PflStrategy):
         ]
         new_theta = {**theta, **tracked}
         if buffers:
-            new_theta.update(mean_arrays(buffers))
+            new_theta.update(weighted_mean(buffers))
         metrics = self.train_metrics(valid)
         assert metrics is not None
         metrics.update(self.state_metrics(new_theta))

@@ -45,18 +45,19 @@ The reading of the paper, decisions and measurements: docs/methods/pfedme.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.fedavg import FedAvg
 
-__all__ = ["PFedMe", "PFedMeParams", "average_records", "beta_update"]
+__all__ = ["PFedMe", "PFedMeParams", "beta_update"]
 
 
 class PFedMeParams(MethodParams):
@@ -86,42 +87,19 @@ class PFedMeParams(MethodParams):
     )
 
 
-def average_records(
-    records: Sequence[ArrayRecord], weights: Sequence[float] | None = None
-) -> dict[str, np.ndarray]:
-    """The weighted mean of each floating-point entry (float64); integer entries (batch
-    counters) are taken from the first record."""
-    if not records:
-        raise ValueError("no records to average")
-    w = np.ones(len(records)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(records),) or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"weights must be {len(records)} non-negative values with a positive sum")
-    w = w / w.sum()
-    out: dict[str, np.ndarray] = {}
-    for name in records[0].keys():
-        first = records[0][name].numpy()
-        if not np.issubdtype(first.dtype, np.floating):
-            out[name] = first.copy()
-            continue
-        total = np.zeros(first.shape, dtype=np.float64)
-        for weight, record in zip(w, records, strict=True):
-            total += weight * record[name].numpy().astype(np.float64)
-        out[name] = total
-    return out
-
-
 def beta_update(previous: ArrayRecord, average: dict[str, np.ndarray], beta: float) -> ArrayRecord:
     """Eq. 10: ``(1 − β) · previous + β · average`` on floating-point entries, in the
-    previous record's dtypes; integer entries are the average's (the newest counters)."""
+    previous record's dtypes (``average`` in float64: :func:`weighted_mean` with
+    ``dtype=np.float64``); integer entries are the average's (see
+    :mod:`pflarena.strategies.arrays`)."""
     out = {}
-    for name, array in previous.items():
-        old = array.numpy()
+    for name, old in as_numpy(previous).items():
         if np.issubdtype(old.dtype, np.floating):
             mixed = (1.0 - beta) * old.astype(np.float64) + beta * average[name]
-            out[name] = Array(np.ascontiguousarray(mixed.astype(old.dtype)))
+            out[name] = mixed.astype(old.dtype)
         else:
-            out[name] = Array(np.ascontiguousarray(average[name]))
-    return ArrayRecord(out)
+            out[name] = average[name]
+    return as_record(out)
 
 
 class PFedMe(FedAvg):
@@ -189,7 +167,8 @@ class PFedMe(FedAvg):
         weights = (
             [float(m[keys.NUM_EXAMPLES]) for m in metrics] if self.weighting == "examples" else None
         )
-        new = beta_update(self._round_arrays, average_records(uploads, weights), self.beta)
+        average = weighted_mean(uploads, weights, dtype=np.float64)
+        new = beta_update(self._round_arrays, average, self.beta)
         out = self.train_metrics(valid)
         assert out is not None
         for name in ("inner-grad-norm", "inner-steps-taken"):

@@ -32,7 +32,6 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -46,6 +45,7 @@ from pydantic import Field
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.split import layer_owners, split_names
+from pflarena.strategies.arrays import as_record, weighted_mean
 from pflarena.strategies.base import (
     MultiExchangeStrategy,
     Send,
@@ -353,7 +353,7 @@ class PFedSV(MultiExchangeStrategy):
         head: list[str] = []
         if self.variant == "D+C":
             head = split_head(list(arrays.keys()), self.trainable, self.head_layers)
-            self.features = _weighted_mean(
+            self.features = weighted_mean(
                 [m.content[keys.ARRAYS] for m in uploaded],
                 [float(m.content[keys.METRICS][keys.NUM_EXAMPLES]) for m in uploaded],
                 [n for n in arrays.keys() if n not in head],
@@ -426,9 +426,7 @@ class PFedSV(MultiExchangeStrategy):
                 model = ArrayRecord({n: model[n] for n in head})
             content[f"{PEER_PREFIX}{self.pids[peer]}"] = model
         if head and self.features is not None:
-            content[FEATURES] = ArrayRecord(
-                {n: Array(np.ascontiguousarray(v)) for n, v in self.features.items()}
-            )
+            content[FEATURES] = as_record(self.features)
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
     def _round_metrics(self, uploaded: list[Message], answers: list[Message]) -> MetricRecord:
@@ -514,19 +512,3 @@ class PFedSV(MultiExchangeStrategy):
         fig.savefig(png, dpi=120)
         plt.close(fig)
         return [csv, png]
-
-
-def _weighted_mean(
-    records: Sequence[ArrayRecord], weights: Sequence[float], names: Sequence[str]
-) -> dict[str, np.ndarray]:
-    """The ``weights``-weighted mean of the named arrays (integer entries: the first's)."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    out = {}
-    for name in names:
-        values = [r[name].numpy() for r in records]
-        if np.issubdtype(values[0].dtype, np.floating):
-            out[name] = np.tensordot(w, np.stack(values), axes=1).astype(values[0].dtype)
-        else:
-            out[name] = values[0].copy()
-    return out

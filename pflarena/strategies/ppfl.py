@@ -66,7 +66,6 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
-from pflarena.core.arrays import decode
 from pflarena.core.canonical import copied_entries, initial_stacked_state
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
@@ -79,6 +78,7 @@ from pflarena.core.population import (
     penalty_gradient,
     uniform_memberships,
 )
+from pflarena.strategies.arrays import weighted_average
 from pflarena.strategies.base import (
     Exchange,
     MultiExchangeStrategy,
@@ -88,7 +88,7 @@ from pflarena.strategies.base import (
     vector_problem,
 )
 
-__all__ = ["PPFL", "PPFLParams", "weighted_average"]
+__all__ = ["PPFL", "PPFLParams"]
 
 CANONICAL_PREFIX = "canonical"  # client/solvers/ppfl.py: PREFIX
 
@@ -188,21 +188,6 @@ def _canonical_problems(cfg: Any, layers: int, form: str) -> list[str]:
             "form=mix or canonical layers without normalization"
         ]
     return []
-
-
-def weighted_average(records: Sequence[ArrayRecord], weights: Sequence[float]) -> ArrayRecord:
-    """``Σ_i (w_i / Σ w) θ_i`` entry by entry (Eq. 12), in the arithmetic of Flower's
-    ``aggregate_arrayrecords``, so that PPFL with K = 1 aggregates exactly like FedAvg."""
-    total = sum(weights)
-    factors = [w / total for w in weights]
-    out: dict[str, np.ndarray] = {}
-    for record, factor in zip(records, factors, strict=True):
-        for name, value in record.items():
-            if name not in out:
-                out[name] = decode(value) * factor
-            else:
-                out[name] += decode(value) * factor
-    return ArrayRecord({n: Array(np.asarray(v)) for n, v in out.items()})
 
 
 def _vector_record(**vectors: np.ndarray) -> ArrayRecord:

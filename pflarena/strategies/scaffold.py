@@ -39,7 +39,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, mean_of
+from pflarena.strategies.arrays import as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 from pflarena.strategies.replies import delta_reply_problem
 
@@ -128,6 +128,7 @@ class Scaffold(PflStrategy):
             {"local-epochs", "batch-size", "lr", "weight-decay", "lr-milestones", "lr-gamma"}
         ),
     )
+    checkpointed = {"control": "control/"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Scaffold:
@@ -163,18 +164,6 @@ class Scaffold(PflStrategy):
         self._control_record: ArrayRecord | None = None
         self._trainable_reference: ArrayRecord | None = None
         self._buffer_reference: ArrayRecord | None = None
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        if self.control is not None:
-            arrays |= {f"control/{name}": value for name, value in self.control.items()}
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        if any(key.startswith("control/") for key in arrays):
-            self.control = {name: np.array(arrays[f"control/{name}"]) for name in self.trainable}
 
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:
@@ -248,8 +237,8 @@ class Scaffold(PflStrategy):
             for m in valid
             if keys.SCAFFOLD_BUFFERS in m.content.array_records
         ]
-        for name in buffers[0] if buffers else ():
-            new_x[name] = mean_of(buffers, name).astype(x[name].dtype)
+        if buffers:  # the participants' mean
+            new_x.update(weighted_mean(buffers))
         metrics = self.train_metrics(valid)
         assert metrics is not None
         steps = [float(m.content[keys.METRICS].get(keys.TRAIN_STEPS, np.nan)) for m in valid]

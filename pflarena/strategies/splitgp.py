@@ -52,10 +52,10 @@ from pflarena.core.heads import feature_size, first_head_layer
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
 from pflarena.core.split import ModelSplit, split_names
-from pflarena.strategies.arrays import as_record
+from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup, array_problem, record_nbytes
 from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.partial import average_uploads, split_problem
+from pflarena.strategies.partial import split_problem
 
 __all__ = ["SplitGP", "SplitGPParams", "initial_aux_classifier"]
 
@@ -129,6 +129,7 @@ class SplitGP(FedAvg):
         solver="pflarena.client.solvers.splitgp",
         params=SplitGPParams,
     )
+    checkpointed = {"aux": "splitgp-aux/"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> SplitGP:
@@ -260,12 +261,10 @@ class SplitGP(FedAvg):
         if not valid or self._full is None:
             return None, None
         weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in valid]
-        merged = {name: array.numpy() for name, array in self._full.items()}
-        merged.update(average_uploads([m.content[keys.ARRAYS] for m in valid], weights))
-        merged.update(
-            average_uploads([m.content[keys.SPLITGP_SERVER_SIDE] for m in valid], weights)
-        )
-        self.aux = average_uploads([m.content[keys.SPLITGP_AUX] for m in valid], weights)
+        merged = as_numpy(self._full)
+        merged.update(weighted_mean([m.content[keys.ARRAYS] for m in valid], weights))
+        merged.update(weighted_mean([m.content[keys.SPLITGP_SERVER_SIDE] for m in valid], weights))
+        self.aux = weighted_mean([m.content[keys.SPLITGP_AUX] for m in valid], weights)
         self._aux_record = None
         metrics = self.train_metrics(valid)
         assert metrics is not None
@@ -313,15 +312,8 @@ class SplitGP(FedAvg):
         }
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
-        arrays = {**arrays, **{f"splitgp-aux/{name}": value for name, value in self.aux.items()}}
-        return arrays, meta
-
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        prefix = "splitgp-aux/"
-        self.aux = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+        super().restore_state(arrays, meta)  # κ̄: ``checkpointed``
         self._aux_record = None
 
     def run_summary(self) -> dict[str, Any]:
