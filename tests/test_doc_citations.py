@@ -28,24 +28,14 @@ LINKS_LEFT: dict[str, set[str]] = {}
 
 #: "spec" citations left in the declarations' descriptions, which the generated blocks of the
 #: method pages and docs/methods.md are written from: exactly these strings are let through.
-SPEC_LEFT: dict[str, set[str]] = {
-    # fixed with pflarena/strategies/pfedgt.py's rewrite (its declaration, then `make generated`)
-    "pflarena/strategies/pfedgt.py": {"(spec §9.14, as PFLlib)"},
-    # fixed with pflarena/strategies/fedpg.py's rewrite (its declaration, then `make generated`)
-    "pflarena/strategies/fedpg.py": {"(spec A1)", "(spec A7)", "(spec A18)", "(spec A10)"},
-}
+SPEC_LEFT: dict[str, set[str]] = {}
 
 #: Files being rewritten elsewhere, whose "spec" citations go with that rewrite.
 SPEC_FILES_LEFT = {
     "pflarena/strategies/page.py",  # fixed with pflarena/strategies/page.py's rewrite
-    "pflarena/strategies/pfedsv.py",  # fixed with pflarena/strategies/pfedsv.py's rewrite
-    "pflarena/strategies/ppfl.py",  # fixed with pflarena/strategies/ppfl.py's rewrite
     "pflarena/client/solvers/page.py",  # fixed with pflarena/client/solvers/page.py's rewrite
     "pflarena/core/ddpg.py",  # fixed with pflarena/core/ddpg.py's rewrite
-    "pflarena/server/crosseval.py",  # fixed with pflarena/server/crosseval.py's rewrite
-    "docs/architecture.md",  # fixed with docs/architecture.md's rewrite
     "docs/methods/page.md",  # fixed with docs/methods/page.md's rewrite
-    "docs/methods.md",  # generated from the declarations: fixed with SPEC_LEFT's files
 }
 
 

@@ -23,18 +23,8 @@ CITATION = re.compile(
 #: Citations of sections that moved to docs/papers/<x>.md, left in files this change does not
 #: edit: (citing file, cited page, section). Each goes when its file is rewritten.
 MOVED_LEFT = {
-    # fixed with docs/architecture.md's rewrite
-    ("docs/architecture.md", "ppfl", "12.1"),
-    ("docs/architecture.md", "ppfl", "5.2"),
     # fixed with docs/methods/page.md's rewrite
     ("docs/methods/page.md", "ppfl", "12.1"),
-    # fixed with pflarena/strategies/pfedsv.py's rewrite
-    ("pflarena/strategies/pfedsv.py", "pfedsv", "11"),
-    # fixed with pflarena/strategies/pfedgt.py's rewrite: its declaration's descriptions, and the
-    # generated docs/methods.md and docs/methods/pfedgt.md written from them (`make generated`)
-    ("pflarena/strategies/pfedgt.py", "pfedgt", "11"),
-    ("docs/methods.md", "pfedgt", "11"),
-    ("docs/methods/pfedgt.md", "pfedgt", "11"),
 }
 
 

@@ -12,7 +12,7 @@ clients. At every evaluation of the run (round 0 included), after the protocol's
    and tests each on its own test split.
 
 From ``A[i, j]``, owner i's model on client j's test split, the FedPG paper's metrics
-(spec §5.4, A14), per owner and with equal weight per client:
+(docs/papers/fedpg.md §5.4, §9.14), per owner and with equal weight per client:
 
 - **local** ``A[i, i]``: the protocol's personalized accuracy of that client;
 - **synthetic** the mean of ``A[i, j]`` over ``{i} ∪ K_i``, ``K_i`` a seeded draw of

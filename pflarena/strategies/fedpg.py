@@ -127,7 +127,7 @@ class FedPGParams(MethodParams):
     )
     grad_mode: Literal["full", "pseudo"] = Field(
         "full",
-        description="g_i: 'full' training-set gradient at θ^t (spec A1), or 'pseudo' "
+        description="g_i: 'full' training-set gradient at θ^t (docs/papers/fedpg.md §9.1), or 'pseudo' "
         "(θ^t − θ_E)/lr after local-epochs of SGD",
     )
     fairness: bool = Field(True, description="the fair column ∇F' in the QP (false: ablation M2)")
@@ -142,17 +142,18 @@ class FedPGParams(MethodParams):
     )
     rescale: Literal["scaled-mean", "raw-mean", "none"] = Field(
         "scaled-mean",
-        description="‖d‖ = ‖mean of norm-equalized g̃_i‖ (spec A7), of raw g_i, or no rescaling",
+        description="‖d‖ = ‖mean of norm-equalized g̃_i‖ (docs/papers/fedpg.md §9.7), of raw g_i, or no rescaling",
     )
     drift_absent: bool = Field(
-        False, description="the drift also protects the stale absent gradients (spec A18)"
+        False,
+        description="the drift also protects the stale absent gradients (docs/papers/fedpg.md §9.18)",
     )
     line_search: bool = Field(False, description="S-FedPG: Armijo line search on η^t (§3.3)")
     line_search_s: int = Field(5, ge=0, le=20, description="S-FedPG: first trial η = 2^s η^t")
     line_search_beta: float = Field(1e-4, gt=0, lt=1, description="S-FedPG: Armijo constant β")
     line_search_lower: Literal["times-sigma", "over-sigma"] = Field(
         "times-sigma",
-        description="S-FedPG: lower bound (1/2)^s η σ (paper) or (1/2)^s η / σ (spec A10)",
+        description="S-FedPG: lower bound (1/2)^s η σ (paper) or (1/2)^s η / σ (docs/papers/fedpg.md §9.10)",
     )
 
     @field_validator("gamma", mode="before")

@@ -79,7 +79,7 @@ class PFedGTParams(MethodParams):
         "tracking",
         description="'tracking': λ = |S^t|/m each round (S^t: the clients whose update was "
         "used), which keeps c the exact mean of the stored messages (Lemma 1) and kept θ and c "
-        "bounded on CIFAR-10 where the paper's 0.7 did not (docs/methods/pfedgt.md §11); 'fixed': "
+        "bounded on CIFAR-10 where the paper's 0.7 did not (docs/papers/pfedgt.md §11); 'fixed': "
         "λ = pfedgt.lambda",
     )
     server_lr: float = Field(1.0, gt=0, description="step size η_s of the server model θ")
@@ -100,12 +100,12 @@ class PFedGTParams(MethodParams):
     delta_ref: Literal["theta", "personal"] = Field(
         "theta",
         description="Δw is w_new − θ (default; stable with η_s=1 under partial "
-        "participation) or w_new − w_i (Eq. 6 read literally; see docs/methods/pfedgt.md §11)",
+        "participation) or w_new − w_i (Eq. 6 read literally; see docs/papers/pfedgt.md §11)",
     )
     start_buffers: Literal["personal", "theta"] = Field(
         "personal",
         description="BatchNorm running statistics local training starts from: the client's "
-        "own (spec §9.14, as PFLlib) or θ's, the mean of the last participants'",
+        "own (docs/papers/pfedgt.md §9.14, as PFLlib) or θ's, the mean of the last participants'",
     )
 
     @field_validator("gammas")

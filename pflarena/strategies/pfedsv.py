@@ -19,7 +19,7 @@ the private variant each upload is ``r + clip(θ − r, C) + N(0, σ²C²)`` on 
 reference r (the client's previous upload, θ⁰ at first), the client asks for every peer
 and chooses among them locally, its replies carry no other data-dependent field, and the run
 reports the (ε, δ) of all its uploads under replace adjacency (sensitivity 2C) from opacus'
-RDP accountant (docs/methods/pfedsv.md §11).
+RDP accountant (docs/papers/pfedsv.md §11).
 
 The reading of the paper, decisions and measurements: docs/methods/pfedsv.md.
 """
@@ -62,7 +62,7 @@ FEATURES, PEER_PREFIX = keys.PFEDSV_FEATURES, keys.PFEDSV_PEER_PREFIX
 
 
 class PFedSVParams(MethodParams):
-    """pFedSV's parameters; defaults are the paper's settings and the spec's resolutions."""
+    """pFedSV's parameters; defaults are the paper's settings and the resolutions of docs/papers/pfedsv.md §9."""
 
     initial_k: int = Field(5, ge=1, description="k₀: peers downloaded while exploring")
     max_k: int = Field(
@@ -70,8 +70,8 @@ class PFedSVParams(MethodParams):
     )
     top_k_rule: Literal["explore", "literal"] = Field(
         "explore",
-        description="'explore': keep ≥1 exploration slot until every peer was valued (spec "
-        "§3.4); 'literal': top-k of the relevance, k = #positive",
+        description="'explore': keep ≥1 exploration slot until every peer was valued "
+        "(docs/papers/pfedsv.md §3.4); 'literal': top-k of the relevance, k = #positive",
     )
     alpha: float = Field(0.5, ge=0, lt=1, description="moving-average factor α of Eq. 5")
     permutations_per_player: int = Field(
@@ -82,8 +82,8 @@ class PFedSVParams(MethodParams):
     )
     distance_ref: Literal["round-start", "current-self-median", "none"] = Field(
         "round-start",
-        description="Eq. 6's distances: from the client's model at the round's start (spec "
-        "§9.1); current-self-median: the peers' from the own trained model, the own model's "
+        description="Eq. 6's distances: from the client's model at the round's start "
+        "(docs/papers/pfedsv.md §9.1); current-self-median: the peers' from the own trained model, the own model's "
         "the median of those; or none (weights ∝ SV)",
     )
     validation_subsample: int = Field(

@@ -10,7 +10,7 @@ mixed, Eq. 7; PPFL2: their parameters interpolated, Eq. 8). Training minimizes (
 
 The server holds θ (a stacked state, :mod:`pflarena.core.canonical`: the trunk, then
 ``canonical.<k>.<name>``), every c_i (the rows of C), each client's n_i, and the affinity W;
-the math is :mod:`pflarena.core.population`. Three schedules (``schedule``, spec §3.6):
+the math is :mod:`pflarena.core.population`. Three schedules (``schedule``, docs/papers/ppfl.md §3.6):
 
 ``rbcd`` (Algorithm 1, the paper's main algorithm)
     Each round the server draws one block: θ with probability ``theta-probability`` (ρ_1),
@@ -32,7 +32,7 @@ the math is :mod:`pflarena.core.population`. Three schedules (``schedule``, spec
 ``scaling=normalized`` (default) uses ``G_i = ∇_c f_i + π_i / p_i`` (Eq. 14 divided by p_i,
 the scale of the code's step sizes, A3); ``paper`` the printed ``p_i ∇_c f_i + π_i``; ``code``
 the authors' ``∇_c f_i + π_i``. ``penalty=degree-only`` reproduces the code's
-``λ D C`` (A4). W is the cosine similarity of the clients' label histograms
+``λ D C`` (docs/papers/ppfl.md §9.4). W is the cosine similarity of the clients' label histograms
 (``affinity=labels``; ``centered-labels`` for the code's Dirichlet variant), which clients
 send once, in an ``affinity`` exchange at the start, only when the run asks for it: the
 histograms reveal each client's label distribution to the server. ``affinity=complete``
@@ -94,7 +94,7 @@ CANONICAL_PREFIX = "canonical"  # client/solvers/ppfl.py: PREFIX
 
 
 class PPFLParams(MethodParams):
-    """PPFL's parameters; defaults are the paper's settings and the spec's resolutions."""
+    """PPFL's parameters; defaults are the paper's settings and the resolutions of docs/papers/ppfl.md §9."""
 
     num_canonical: int = Field(3, ge=1, le=64, description="K, the number of canonical models")
     form: Literal["interpolate", "mix"] = Field(
@@ -105,7 +105,7 @@ class PPFLParams(MethodParams):
     mix: Literal["prob", "logit", "loss"] = Field(
         "prob",
         description="PPFL1's mixture: of class probabilities (Eq. 7), of logits, or of the "
-        "models' losses (Appendix O3.4, spec A1-A2)",
+        "models' losses (Appendix O3.4; docs/papers/ppfl.md §9.1-§9.2)",
     )
     canonical_layers: int = Field(
         0,
@@ -211,7 +211,7 @@ class PPFL(MultiExchangeStrategy):
     ----------
     model_name, input_shape, num_classes
         The run's architecture, to build the K canonical models (copy 0 is the run's initial
-        model, copy k a fresh seeded initialisation: spec B7).
+        model, copy k a fresh seeded initialisation: docs/papers/ppfl.md §9.13).
     Others
         See :class:`PPFLParams`.
     """
