@@ -182,11 +182,15 @@ def _start_arm64_build() -> None:
     ):
         return
 
+    # The tag is fixed now: the digest of the tree as the build reads it (a file changed
+    # during the build must not send the fixture looking for another tag).
+    _arm64_build["tag"] = tag = _arm64_own_tag()
+
     def build() -> None:
         t0 = time.monotonic()
         try:
             _arm64_build["times"] = build_images(
-                local_base=True, tags=[_arm64_own_tag()], targets=["edge"], platform=ARM64
+                local_base=True, tags=[tag], targets=["edge"], platform=ARM64
             )
         except BaseException as exc:  # reported by the fixture that waits for it
             _arm64_build["error"] = exc
@@ -214,7 +218,7 @@ def arm64_edge(image_tag: str) -> str:
         if "error" in _arm64_build:
             raise _arm64_build["error"]
         print(f"arm64 edge image built in {_arm64_build['seconds']:.0f} s: {_arm64_build['times']}")
-    built = image_name("edge", own, platform=ARM64)
+    built = image_name("edge", _arm64_build.get("tag", own), platform=ARM64)
     subprocess.run(["docker", "tag", built, name], check=True)
     arch = subprocess.run(
         ["docker", "image", "inspect", "-f", "{{.Architecture}}", name],
