@@ -30,6 +30,19 @@ loss floor, r = k_g / max(F, f_min), f_min = ``loss-floor`` = 0.01 (rewards ≤ 
 so the reward stays finite). The paper's form is ``server-reward=client-loss loss-floor=0``.
 Clients bound theirs the same way, r_i = k_l / max(f_i, f_min).
 
+**The server's learner** (docs/methods/page.md §12.5). ``server-optimizer=sgd`` (default):
+Algorithm 1's plain gradient step at Table 7's rates. ``adam``, the earlier default, drives
+p onto one client within about 30 rounds on ``page-synthetic``: its critic's ∂Q/∂p is
+uninformed (cosine about 0 with the reward's true gradient), Adam takes full-size steps
+along it whatever its size, and a saturated softmax is never left; plain SGD scales the
+same step by μ_i ≈ 1/N, so p stays near uniform (Eq. 1: p_i in (0, 1); Appendix A: no
+client selection). ``client-optimizer=adam`` (default) keeps the clients' agents learning
+their (α, η). Options for the server's agent: ``server-exploration=dirichlet``,
+``logit-bound`` B > 0 (every p_i >= 1/(1 + (N−1) e^{2B})), ``critic-action=log-ratio``.
+``critic-check`` logs per round ``critic-cosine``: the cosine, on the simplex's tangent
+space, between the critic's ∂Q/∂p at the executed p and the reward's true gradient in p
+(autograd through W = Σ p_i ŵ_i on D_CS, or the reported losses f_i for ``client-loss``).
+
 **The server's data.** ``server-data=held-out`` (default) is the run's server-held split
 (``server-fraction`` > 0), disjoint from every client's data. ``client-test`` is the paper's
 choice, the global test set, here the union of the clients' test splits: the agent then
