@@ -163,8 +163,36 @@ def write_report(runs_dir: Path, out: Path, rounds: int, seed: int, command: str
             + " | ".join(cells)
             + f" | {s['wall_time_s']:.0f} |"
         )
-    if missing:
-        lines += ["", "Not run (or not completed): " + ", ".join(f"`{m}`" for m in missing) + "."]
+    partial = []
+    for label in missing:
+        path = run_dir(runs_dir, label, rounds, seed) / "rounds.jsonl"
+        if not path.exists():
+            continue
+        records = [r for r in read_rounds(path) if r.get("train")]
+        evaluated = [r for r in records if r.get("evaluation")]
+        if not records:
+            continue
+        text = f"- `{label}`: stopped after round {records[-1]['round']} of {rounds}"
+        if evaluated:
+            e = evaluated[-1]["evaluation"]
+            g = (e.get("global") or {}).get("weighted")
+            text += (
+                f"; at round {evaluated[-1]['round']} global {_pct(g)}, local "
+                f"{_pct(e['personalized']['mean'])}"
+            )
+        f = server_figures(path)
+        if f:
+            text += (
+                f"; so far max weight {f['max_weight']:.4f}, min entropy / log N "
+                f"{f['min_entropy']:.4f}, critic cosine {f['cosine']:+.3f}"
+            )
+        partial.append(text + ".")
+    if partial:
+        lines += ["", "Runs begun and not completed (the same command resumes them):", ""]
+        lines += partial
+    never = [m for m in missing if not run_dir(runs_dir, m, rounds, seed).exists()]
+    if never:
+        lines += ["", "Not run: " + ", ".join(f"`{m}`" for m in never) + "."]
     out.write_text("\n".join(lines) + "\n")
 
 
