@@ -197,20 +197,6 @@ class DDPGConfig:
         new actor outputs the middle of the box or the uniform simplex point.
     min_transitions
         Updates wait until the buffer holds this many transitions.
-    exploration
-        Simplex only: ``"gaussian"`` adds ``N(0, σ²)`` to the logits; ``"dirichlet"``
-        draws the action from ``Dirichlet(κ d μ(s))``, noise measured in the simplex
-        itself (each weight's relative spread about ``1/sqrt(κ)``, whatever μ's logits are).
-    dirichlet_concentration
-        κ of the Dirichlet exploration, per dimension.
-    logit_bound
-        Simplex only: ``B > 0`` bounds the logits to ``B tanh(y / B)``, so no weight can
-        exceed ``e^{2B}`` times another: every weight stays at least
-        ``1 / (1 + (d − 1) e^{2B})`` and the vertices are out of reach; 0: unbounded.
-    critic_action
-        Simplex only: what the critic reads of an action: ``"raw"`` weights, or their
-        centred log-ratio ``log(a + δ) − mean log(a + δ)`` (δ = 1e-6), in which a move from
-        0.010 to 0.011 is as large as one from 0.1 to 0.11.
     """
 
     state_dim: int
@@ -233,10 +219,6 @@ class DDPGConfig:
     noise_min: float = 0.01
     final_layer_init: float = 3e-3
     min_transitions: int = 1
-    exploration: Literal["gaussian", "dirichlet"] = "gaussian"
-    dirichlet_concentration: float = 10.0
-    logit_bound: float = 0.0
-    critic_action: Literal["raw", "log-ratio"] = "raw"
 
     def __post_init__(self) -> None:
         problems = []
@@ -268,27 +250,6 @@ class DDPGConfig:
             problems.append("grad_clip, noise_sigma and noise_min must be >= 0")
         if not 0 < self.noise_decay <= 1:
             problems.append(f"noise_decay must be in (0, 1], got {self.noise_decay}")
-        if self.exploration not in ("gaussian", "dirichlet"):
-            problems.append(
-                f"exploration must be 'gaussian' or 'dirichlet', got {self.exploration!r}"
-            )
-        if not self.dirichlet_concentration > 0:
-            problems.append(
-                f"dirichlet_concentration must be > 0, got {self.dirichlet_concentration}"
-            )
-        if not (math.isfinite(self.logit_bound) and self.logit_bound >= 0):
-            problems.append(f"logit_bound must be finite and >= 0, got {self.logit_bound}")
-        if self.critic_action not in ("raw", "log-ratio"):
-            problems.append(
-                f"critic_action must be 'raw' or 'log-ratio', got {self.critic_action!r}"
-            )
-        simplex_only = (
-            self.exploration != "gaussian" or self.logit_bound > 0 or self.critic_action != "raw"
-        )
-        if simplex_only and self.action_space != "simplex":
-            problems.append(
-                "exploration, logit_bound and critic_action apply to a simplex action only"
-            )
         if problems:
             raise ValueError("invalid DDPG config: " + "; ".join(problems))
 
@@ -354,16 +315,12 @@ class Actor(nn.Module):
             generator,
         )
 
-        self.bound = config.logit_bound
-
     def logits(self, state: torch.Tensor) -> torch.Tensor:
-        """The pre-activation output (the simplex's logits, bounded to ``B tanh(y / B)``
-        when ``logit_bound`` B > 0)."""
-        z = self.body(state)
-        return self.bound * torch.tanh(z / self.bound) if self.bound > 0 else z
+        """The pre-activation output (the simplex's logits)."""
+        return self.body(state)
 
     def forward(self, state: torch.Tensor) -> torch.Tensor:
-        z = self.logits(state)
+        z = self.body(state)
         return torch.sigmoid(z) if self.space == "box" else torch.softmax(z, dim=-1)
 
 
@@ -380,31 +337,8 @@ class Critic(nn.Module):
             generator,
         )
 
-        self.log_ratio = config.critic_action == "log-ratio"
-
     def forward(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        if self.log_ratio:
-            action = log_ratio(action)
         return self.body(torch.cat([state, action], dim=-1)).squeeze(-1)
-
-
-#: δ of the critic's log-ratio input log(a + δ) − mean log(a + δ) (a weight of 0 stays finite)
-LOG_RATIO_DELTA = 1e-6
-
-
-def log_ratio(action):
-    """The centred log-ratio of simplex weights (torch or numpy, along the last axis)."""
-    if isinstance(action, torch.Tensor):
-        logs = torch.log(action + LOG_RATIO_DELTA)
-        return logs - logs.mean(dim=-1, keepdim=True)
-    logs = np.log(action + np.float32(LOG_RATIO_DELTA))
-    return logs - logs.mean(axis=-1, keepdims=True)
-
-
-def log_ratio_backward(action: np.ndarray, grad: np.ndarray) -> np.ndarray:
-    """The gradient in the weights ``a`` of a function whose gradient in ``log_ratio(a)``
-    is ``grad``: ``(g_i − mean g) / (a_i + δ)``."""
-    return (grad - grad.mean(axis=-1, keepdims=True)) / (action + np.float32(LOG_RATIO_DELTA))
 
 
 @torch.no_grad()
@@ -599,24 +533,23 @@ class DDPGAgent:
     def policy(self, state) -> np.ndarray:
         """``μ(s)`` without noise, in action units (the box or the simplex)."""
         state = _vector(state, self.config.state_dim, "state")
-        return self._from_logits(self._bound(self._logits(state)))
+        return self._from_logits(self._logits(state))
 
     def _logits(self, state: np.ndarray) -> np.ndarray:
-        """The actor's network output for one state before any logit bound, in float64
-        (computed in float32, as the network is)."""
+        """The actor's pre-activation output for one state, in float64 (computed in
+        float32, as the network is)."""
         if self.engine == "numpy":
             z, _ = _forward(self._np["actor"], state.astype(np.float32)[None])
             return z[0].astype(np.float64)
         with torch.no_grad():
-            z = self.actor.body(torch.as_tensor(state, dtype=torch.float32)[None])[0]
+            z = self.actor.logits(torch.as_tensor(state, dtype=torch.float32)[None])[0]
         return z.double().numpy()
 
-    def _bound(self, z: np.ndarray) -> np.ndarray:
-        """``B tanh(z / B)`` with ``logit_bound`` B > 0; ``z`` itself otherwise."""
-        bound = self.config.logit_bound
-        if bound > 0:
-            return (bound * np.tanh(z / bound)).astype(z.dtype, copy=False)
-        return z
+    def _from_logits(self, z: np.ndarray) -> np.ndarray:
+        if self.config.action_space == "simplex":
+            e = np.exp(z - z.max())  # in float64, so the weights sum to 1 to 1e-15
+            return e / e.sum()
+        return self._to_action(_sigmoid(z))
 
     def action_gradient(self, state, action) -> np.ndarray:
         """``∂Q(s, a)/∂a`` of the critic at one state and action (action units; a simplex
@@ -627,12 +560,6 @@ class DDPGAgent:
         (grad,) = torch.autograd.grad(q, a)
         return grad.double().numpy()
 
-    def _from_logits(self, z: np.ndarray) -> np.ndarray:
-        if self.config.action_space == "simplex":
-            e = np.exp(z - z.max())  # in float64, so the weights sum to 1 to 1e-15
-            return e / e.sum()
-        return self._to_action(_sigmoid(z))
-
     def act(self, state, rng: np.random.Generator, *, explore: bool = True) -> np.ndarray:
         """The action for ``state``: ``μ(s)`` plus Gaussian exploration noise (on the box
         coordinates ``u``, clipped to ``[0, 1]``; on the simplex's logits)."""
@@ -640,16 +567,8 @@ class DDPGAgent:
         z = self._logits(state)
         sigma = self.noise_scale if explore else 0.0
         self.steps += 1 if explore else 0
-        c = self.config
-        if c.action_space == "simplex":
-            if c.exploration == "dirichlet":
-                mu = self._from_logits(self._bound(z))
-                if not explore:
-                    return mu
-                # a concentration below 1e-3 lets numpy's sampler return NaN
-                alpha = np.maximum(c.dirichlet_concentration * c.action_dim * mu, 1e-3)
-                return rng.dirichlet(alpha)
-            return self._from_logits(self._bound(z + sigma * rng.standard_normal(z.shape)))
+        if self.config.action_space == "simplex":
+            return self._from_logits(z + sigma * rng.standard_normal(z.shape))
         u = _sigmoid(z)
         return self._to_action(np.clip(u + sigma * rng.standard_normal(u.shape), 0.0, 1.0))
 
@@ -748,11 +667,10 @@ class DDPGAgent:
         actor, critic = self._np["actor"], self._np["critic"]
 
         z2, _ = _forward(self._np["target-actor"], s2)
-        a2 = self._critic_input(self._activate(self._bound(z2)))
-        q2, _ = _forward(self._np["target-critic"], np.concatenate([s2, a2], 1))
+        q2, _ = _forward(self._np["target-critic"], np.concatenate([s2, self._activate(z2)], 1))
         target = r + np.float32(c.gamma) * q2[:, 0]
 
-        q, inputs = _forward(critic, np.concatenate([s, self._critic_input(a)], 1))
+        q, inputs = _forward(critic, np.concatenate([s, a], 1))
         error = target - q[:, 0]
         critic_loss = float(np.mean(error**2, dtype=np.float32))
         grads, _ = _backward(critic, inputs, (np.float32(-2.0 / n) * error)[:, None])
@@ -760,21 +678,17 @@ class DDPGAgent:
 
         # the actor's step moves the actor only: dQ/da through the (updated) critic
         z, actor_inputs = _forward(actor, s)
-        mu = self._activate(self._bound(z))
-        q, inputs = _forward(critic, np.concatenate([s, self._critic_input(mu)], 1))
+        mu = self._activate(z)
+        q, inputs = _forward(critic, np.concatenate([s, mu], 1))
         objective = float(np.mean(q[:, 0], dtype=np.float32))
         _, grad_in = _backward(
             critic, inputs, np.full((n, 1), -1.0 / n, np.float32), need_input=True
         )
         g = grad_in[:, c.state_dim :]
-        if c.critic_action == "log-ratio":
-            g = log_ratio_backward(mu, g)
         if c.action_space == "box":
             g = g * mu * (1.0 - mu)
         else:
             g = mu * (g - (g * mu).sum(axis=-1, keepdims=True))
-        if c.logit_bound > 0:
-            g = g * (np.float32(1.0) - np.tanh(z / np.float32(c.logit_bound)) ** 2)
         grads, _ = _backward(actor, actor_inputs, g)
         self._apply(actor, grads, self.actor_optimizer, self._parameters["actor"])
 
@@ -785,12 +699,6 @@ class DDPGAgent:
                     t *= keep
                     t += take * v
         return UpdateStats(critic_loss, objective, n)
-
-    def _critic_input(self, action: np.ndarray) -> np.ndarray:
-        """What the critic reads of (normalized) actions: themselves or their log-ratio."""
-        if self.config.critic_action == "log-ratio":
-            return log_ratio(action).astype(np.float32, copy=False)
-        return action
 
     def _apply(self, layers, grads, optimizer: torch.optim.Optimizer, params) -> None:
         """Clip ``grads`` to the norm ``grad_clip`` (as torch's clip_grad_norm_) and take

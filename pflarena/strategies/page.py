@@ -37,8 +37,7 @@ uninformed (cosine about 0 with the reward's true gradient), Adam takes full-siz
 along it whatever its size, and a saturated softmax is never left; plain SGD scales the
 same step by μ_i ≈ 1/N, so p stays near uniform (Eq. 1: p_i in (0, 1); Appendix A: no
 client selection). ``client-optimizer=adam`` (default) keeps the clients' agents learning
-their (α, η). Options for the server's agent: ``server-exploration=dirichlet``,
-``logit-bound`` B > 0 (every p_i >= 1/(1 + (N−1) e^{2B})), ``critic-action=log-ratio``.
+their (α, η).
 ``critic-check`` logs per round ``critic-cosine``: the cosine, on the simplex's tangent
 space, between the critic's ∂Q/∂p at the executed p and the reward's true gradient in p
 (autograd through W = Σ p_i ŵ_i on D_CS, or the reported losses f_i for ``client-loss``).
@@ -154,25 +153,6 @@ class PageParams(MethodParams):
         "adam",
         description="the clients' agents' optimizer: 'adam' (learns their (α, η) at Table "
         "7's rates) or 'sgd', Algorithm 2's plain gradient step",
-    )
-    server_exploration: Literal["gaussian", "dirichlet"] = Field(
-        "gaussian",
-        description="the server's exploration: N(0, σ²) on the actor's logits, or "
-        "p ~ Dirichlet(κ N μ(s)), noise measured in the simplex",
-    )
-    dirichlet_concentration: float = Field(
-        10.0, gt=0, description="κ of server-exploration=dirichlet (relative spread 1/√κ)"
-    )
-    logit_bound: float = Field(
-        0.0,
-        ge=0,
-        description="B > 0 bounds the server actor's logits to B tanh(y/B): every p_i >= "
-        "1/(1 + (N−1) e^{2B}); 0: unbounded (the paper's softmax)",
-    )
-    critic_action: Literal["weights", "log-ratio"] = Field(
-        "weights",
-        description="what the server's critic reads of p: the weights, or their centred "
-        "log-ratio log p − mean log p",
     )
     critic_check: bool = Field(
         True,
@@ -395,10 +375,6 @@ class Page(PflStrategy):
         rl_buffer: int = 10_000,
         server_optimizer: str = "sgd",
         client_optimizer: str = "adam",
-        server_exploration: str = "gaussian",
-        dirichlet_concentration: float = 10.0,
-        logit_bound: float = 0.0,
-        critic_action: str = "weights",
         critic_check: bool = True,
         noise_sigma: float = 0.1,
         noise_decay: float = 0.995,
@@ -433,10 +409,6 @@ class Page(PflStrategy):
             rl_buffer=rl_buffer,
             server_optimizer=server_optimizer,
             client_optimizer=client_optimizer,
-            server_exploration=server_exploration,
-            dirichlet_concentration=dirichlet_concentration,
-            logit_bound=logit_bound,
-            critic_action=critic_action,
             critic_check=critic_check,
             noise_sigma=noise_sigma,
             noise_decay=noise_decay,
@@ -490,10 +462,6 @@ class Page(PflStrategy):
             noise_sigma=p.noise_sigma,
             noise_decay=p.noise_decay,
             noise_min=p.noise_min,
-            exploration=p.server_exploration,
-            dirichlet_concentration=p.dirichlet_concentration,
-            logit_bound=p.logit_bound,
-            critic_action="raw" if p.critic_action == "weights" else "log-ratio",
         )
 
     # ------------------------------------------------------------------ messages
