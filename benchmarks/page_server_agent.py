@@ -198,12 +198,20 @@ def write_report(runs_dir: Path, out: Path, rounds: int, seed: int, command: str
         if f:
             text += (
                 f"; so far max weight {f['max_weight']:.4f}, min entropy / log N "
-                f"{f['min_entropy']:.4f}, critic cosine {f['cosine']:+.3f}"
+                f"{f['min_entropy']:.4f}"
             )
+            if not math.isnan(f["cosine"]):
+                text += f", critic cosine {f['cosine']:+.3f}"
         partial.append(text + ".")
     if partial:
         lines += ["", "Runs begun and not completed (the same command resumes them):", ""]
         lines += partial
+    lines += [
+        "",
+        "The same preset and seed at 120 rounds on earlier code, for the runs not completed "
+        "here ([page_shared_variants.md](page_shared_variants.md)): `page-data-weights` "
+        "77.21 / 86.00, the server on Adam (then the default, `page` there) 23.66 / 80.04.",
+    ]
     never = [m for m in missing if not run_dir(runs_dir, m, rounds, seed).exists()]
     never = [m for m in never if m in RUNS] + [f"{m} (removed)" for m in never if m in REMOVED]
     if never:
