@@ -651,9 +651,7 @@ MAX_WEIGHT = 0.1
 
 @pytest.mark.slow
 @pytest.mark.parametrize("server_optimizer", ["default", "adam"])
-def test_with_the_defaults_every_weight_stays_well_inside_the_simplex(
-    server_optimizer, tmp_path
-):
+def test_with_the_defaults_every_weight_stays_well_inside_the_simplex(server_optimizer, tmp_path):
     """Eq. 1 has p_i in (0, 1) and Appendix A says PAGE never selects clients. With every
     default (the server agent on Algorithm 1's plain SGD at Table 7's rates) no weight
     exceeds 0.1 (twice the uniform 0.05) in any round after the first, and the entropy

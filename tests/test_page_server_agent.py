@@ -11,8 +11,6 @@ the weights inside the simplex, and the per-round check of what its critic knows
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -90,7 +88,9 @@ def test_the_critics_action_gradient_is_its_derivative():
         up[i] += eps
         down[i] -= eps
         with torch.no_grad():
-            q = [float(critic(torch.tensor(state[None]), torch.tensor(a[None]))) for a in (up, down)]
+            q = [
+                float(critic(torch.tensor(state[None]), torch.tensor(a[None]))) for a in (up, down)
+            ]
         assert grad[i] == pytest.approx((q[0] - q[1]) / (2 * eps), rel=1e-3, abs=1e-7)
 
 

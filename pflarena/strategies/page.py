@@ -661,9 +661,7 @@ class Page(PflStrategy):
     def loss_gradient(self, records: list[ArrayRecord], weights: np.ndarray) -> np.ndarray:
         """``∂F/∂p``: the gradient in the weights of the mean cross-entropy on D_CS of the
         aggregate ``Σ_i p_i ŵ_i`` (Eq. 5), by autograd through the aggregation."""
-        return aggregate_loss_gradient(
-            self._model, records, weights, self.server_x, self.server_y
-        )
+        return aggregate_loss_gradient(self._model, records, weights, self.server_x, self.server_y)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
