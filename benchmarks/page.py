@@ -72,7 +72,7 @@ VARIANTS = {
     # the same run with Table 7's literal learner (plain SGD, both agents), with the
     # server's weights held at the data sizes (the clients' agents still learning), and
     # with half of every weight vector uniform (docs/methods/page.md §9.12's floor)
-    "page-sgd": ("page", {"page.rl-optimizer": "sgd"}),
+    "page-sgd": ("page", {"page.server-optimizer": "sgd", "page.client-optimizer": "sgd"}),
     "page-data-weights": ("page", {"page.tune-weights": False}),
     "page-floor": ("page", {"page.weight-floor": 0.5}),
     # FedAvg at the action PAGE's untrained client actors play (the middle of the box:
@@ -106,7 +106,7 @@ PAPER = {
 }
 
 #: The degenerate-optimum study: label -> overrides of a 10-client, 25-round run.
-FAST = {"page.rl-optimizer": "adam", "page.actor-lr": 0.01}
+FAST = {"page.server-optimizer": "adam", "page.actor-lr": 0.01}
 PAPER_REWARD = {"page.server-reward": "client-loss", "page.loss-floor": 0.0}
 DEGENERATE = {
     "bounded-sgd": {},
@@ -249,7 +249,8 @@ DEVIATIONS = [
     "batch 32, §4.2); FedAvg, FedProx, Ditto, SCAFFOLD and FedDyn run at it, with "
     "pflarena's defaults for their own parameters (FedProx μ, Ditto λ, FedDyn α), which "
     "the paper does not report.",
-    "- **PAGE's agents**: Adam at Table 7's rates and the bounded reward (loss floor 0.01), "
+    "- **PAGE's agents**: Table 7's rates, the server's agent on Algorithm 1's plain SGD and "
+    "the clients' on Adam, and the bounded reward (loss floor 0.01), "
     "pflarena's readings where the paper is silent or unbounded (docs/methods/page.md §9).",
 ]
 

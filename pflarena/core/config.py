@@ -42,6 +42,7 @@ RENAMED_KEYS: dict[str, str] = {
     "personal-epochs": "ditto.personal-epochs or fedavg-ft.finetune-epochs",
     "ppfl.lr-milestones": "lr-milestones (every method's schedule)",
     "ppfl.lr-decay": "lr-gamma (every method's schedule)",
+    "page.rl-optimizer": "page.server-optimizer and page.client-optimizer",
 }
 
 

@@ -551,6 +551,15 @@ class DDPGAgent:
             return e / e.sum()
         return self._to_action(_sigmoid(z))
 
+    def action_gradient(self, state, action) -> np.ndarray:
+        """``∂Q(s, a)/∂a`` of the critic at one state and action (action units; a simplex
+        action is its weights): the direction the critic tells the actor to move."""
+        s = torch.as_tensor(_vector(state, self.config.state_dim, "state"), dtype=torch.float32)
+        a = torch.as_tensor(self._normalized(action), dtype=torch.float32).requires_grad_(True)
+        q = self.critic(s[None], a[None]).sum()
+        (grad,) = torch.autograd.grad(q, a)
+        return grad.double().numpy()
+
     def act(self, state, rng: np.random.Generator, *, explore: bool = True) -> np.ndarray:
         """The action for ``state``: ``μ(s)`` plus Gaussian exploration noise (on the box
         coordinates ``u``, clipped to ``[0, 1]``; on the simplex's logits)."""

@@ -30,6 +30,18 @@ loss floor, r = k_g / max(F, f_min), f_min = ``loss-floor`` = 0.01 (rewards ≤ 
 so the reward stays finite). The paper's form is ``server-reward=client-loss loss-floor=0``.
 Clients bound theirs the same way, r_i = k_l / max(f_i, f_min).
 
+**The server's learner** (docs/methods/page.md §12.5). ``server-optimizer=sgd`` (default):
+Algorithm 1's plain gradient step at Table 7's rates. ``adam``, the earlier default, drives
+p onto one client within about 30 rounds on ``page-synthetic``: its critic's ∂Q/∂p is
+uninformed (cosine about 0 with the reward's true gradient), Adam takes full-size steps
+along it whatever its size, and a saturated softmax is never left; plain SGD scales the
+same step by μ_i ≈ 1/N, so p stays near uniform (Eq. 1: p_i in (0, 1); Appendix A: no
+client selection). ``client-optimizer=adam`` (default) keeps the clients' agents learning
+their (α, η).
+``critic-check`` logs per round ``critic-cosine``: the cosine, on the simplex's tangent
+space, between the critic's ∂Q/∂p at the executed p and the reward's true gradient in p
+(autograd through W = Σ p_i ŵ_i on D_CS, or the reported losses f_i for ``client-loss``).
+
 **The server's data.** ``server-data=held-out`` (default) is the run's server-held split
 (``server-fraction`` > 0), disjoint from every client's data. ``client-test`` is the paper's
 choice, the global test set, here the union of the clients' test splits: the agent then
@@ -85,7 +97,9 @@ __all__ = [
     "Page",
     "PageParams",
     "aggregate",
+    "aggregate_loss_gradient",
     "data_size_weights",
+    "tangent_cosine",
     "weight_entropy",
 ]
 
@@ -129,10 +143,21 @@ class PageParams(MethodParams):
     gamma: float = Field(0.99, ge=0, lt=1, description="discount factor γ")
     rl_batch_size: int = Field(32, ge=1, description="the DDPG minibatch size (the paper's B)")
     rl_buffer: int = Field(10_000, ge=1, description="replay-buffer capacity (FIFO)")
-    rl_optimizer: Literal["sgd", "adam"] = Field(
+    server_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd",
+        description="the server agent's optimizer: 'sgd', Algorithm 1's plain gradient step "
+        "at Table 7's rates (the weights stay spread), or 'adam' (the earlier default; "
+        "drives the weights onto one client, docs/methods/page.md §12.3)",
+    )
+    client_optimizer: Literal["sgd", "adam"] = Field(
         "adam",
-        description="'adam' (DDPG's own; learns at Table 7's rates), or 'sgd', Algorithm 1's "
-        "plain gradient step (does not learn a bandit in 1,000 rounds at the Synthetic rates)",
+        description="the clients' agents' optimizer: 'adam' (learns their (α, η) at Table "
+        "7's rates) or 'sgd', Algorithm 2's plain gradient step",
+    )
+    critic_check: bool = Field(
+        True,
+        description="log per round the cosine between the server critic's ∂Q/∂p and the "
+        "reward's true gradient in p (autograd through W = Σ p_i ŵ_i on D_CS)",
     )
     noise_sigma: float = Field(0.1, ge=0, description="exploration σ₀ (server: on the logits)")
     noise_decay: float = Field(0.995, gt=0, le=1, description="σ multiplied by this per action")
@@ -188,6 +213,56 @@ def aggregate(records: list[ArrayRecord], weights: np.ndarray) -> ArrayRecord:
         else:
             out[name] = Array(np.ascontiguousarray(heaviest[name].numpy()))
     return ArrayRecord(out)
+
+
+def tangent_cosine(a: np.ndarray, b: np.ndarray) -> float | None:
+    """The cosine of two gradients in the weights after projecting each onto the
+    simplex's tangent space (the mean removed: only moves that keep Σ p = 1 count);
+    None when either projection is zero."""
+    a = np.asarray(a, dtype=np.float64) - np.mean(a)
+    b = np.asarray(b, dtype=np.float64) - np.mean(b)
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    if not norms > 0 or not math.isfinite(norms):
+        return None
+    return float(a @ b / norms)
+
+
+def aggregate_loss_gradient(
+    model: nn.Module,
+    records: list[ArrayRecord],
+    weights: np.ndarray,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 2048,
+) -> np.ndarray:
+    """``∂F/∂p`` at ``p = weights``, F the mean cross-entropy on ``(x, y)`` of the model
+    whose floating-point arrays are ``Σ_i p_i`` of the records' (non-float arrays from the
+    most-weighted record, as :func:`aggregate`); ``model`` gives the architecture and is
+    run in eval mode."""
+    if len(records) != len(weights) or not records:
+        raise ValueError(f"{len(records)} models and {len(weights)} weights")
+    heaviest = records[int(np.argmax(weights))]
+    stacked, fixed = {}, {}
+    for name in records[0].keys():
+        first = records[0][name].numpy()
+        if np.issubdtype(first.dtype, np.floating):
+            stacked[name] = torch.from_numpy(
+                np.stack([r[name].numpy() for r in records]).astype(np.float32)
+            )
+        else:
+            fixed[name] = torch.from_numpy(np.array(heaviest[name].numpy()))
+    p = torch.tensor(np.asarray(weights, dtype=np.float32), requires_grad=True)
+    model.eval()
+    total = torch.zeros(len(weights), dtype=torch.float32)
+    for start in range(0, len(y), batch_size):
+        arrays = {k: torch.tensordot(p, v, dims=1) for k, v in stacked.items()} | fixed
+        logits = torch.func.functional_call(model, arrays, (x[start : start + batch_size],))
+        loss = nn.functional.cross_entropy(
+            logits, y[start : start + batch_size], reduction="sum"
+        ) / len(y)
+        (grad,) = torch.autograd.grad(loss, p)
+        total += grad
+    return total.double().numpy()
 
 
 @contextlib.contextmanager
@@ -298,7 +373,9 @@ class Page(PflStrategy):
         gamma: float = 0.99,
         rl_batch_size: int = 32,
         rl_buffer: int = 10_000,
-        rl_optimizer: str = "adam",
+        server_optimizer: str = "sgd",
+        client_optimizer: str = "adam",
+        critic_check: bool = True,
         noise_sigma: float = 0.1,
         noise_decay: float = 0.995,
         noise_min: float = 0.01,
@@ -330,7 +407,9 @@ class Page(PflStrategy):
             gamma=gamma,
             rl_batch_size=rl_batch_size,
             rl_buffer=rl_buffer,
-            rl_optimizer=rl_optimizer,
+            server_optimizer=server_optimizer,
+            client_optimizer=client_optimizer,
+            critic_check=critic_check,
             noise_sigma=noise_sigma,
             noise_decay=noise_decay,
             noise_min=noise_min,
@@ -379,7 +458,7 @@ class Page(PflStrategy):
             gamma=p.gamma,
             batch_size=p.rl_batch_size,
             buffer_capacity=p.rl_buffer,
-            optimizer=p.rl_optimizer,
+            optimizer=p.server_optimizer,
             noise_sigma=p.noise_sigma,
             noise_decay=p.noise_decay,
             noise_min=p.noise_min,
@@ -404,7 +483,7 @@ class Page(PflStrategy):
             "gamma": p.gamma,
             "rl-batch-size": p.rl_batch_size,
             "rl-buffer": p.rl_buffer,
-            "rl-optimizer": p.rl_optimizer,
+            "rl-optimizer": p.client_optimizer,
             "noise-sigma": p.noise_sigma,
             "noise-decay": p.noise_decay,
             "noise-min": p.noise_min,
@@ -545,6 +624,18 @@ class Page(PflStrategy):
         if stats is not None:
             server["critic-loss"] = stats.critic_loss
             server["actor-objective"] = stats.actor_objective
+            if p.critic_check:
+                started = time.perf_counter()
+                if p.server_reward == "global-loss":
+                    loss_gradient = self.loss_gradient(models, chosen)
+                else:
+                    loss_gradient = losses.copy()  # ∂(Σ p_i f_i)/∂p_i = f_i
+                critic = self.agent.action_gradient(state, executed)[clients]
+                # the reward k/max(F, f_min) falls as F rises; flat where the floor holds
+                cosine = None if clamped else tangent_cosine(critic, -loss_gradient)
+                if cosine is not None:
+                    server["critic-cosine"] = cosine
+                server["critic-check-time-s"] = time.perf_counter() - started
         self.history["round"].append(np.array([server_round], dtype=np.float64))
         self.history["weights"].append(executed)
         self.history["epochs"].append(epochs)
@@ -566,6 +657,11 @@ class Page(PflStrategy):
         assert out is not None
         out.update(server)
         return new_arrays, out
+
+    def loss_gradient(self, records: list[ArrayRecord], weights: np.ndarray) -> np.ndarray:
+        """``∂F/∂p``: the gradient in the weights of the mean cross-entropy on D_CS of the
+        aggregate ``Σ_i p_i ŵ_i`` (Eq. 5), by autograd through the aggregation."""
+        return aggregate_loss_gradient(self._model, records, weights, self.server_x, self.server_y)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
