@@ -77,7 +77,11 @@ def method_details(name: str) -> str:
     """A method's declaration and parameters, as Markdown."""
     methods = declarations()
     if name not in methods:
-        raise ValueError(f"unknown method {name!r}; methods: {', '.join(methods)}")
+        from pflarena.core.suggest import did_you_mean
+
+        raise ValueError(
+            f"unknown method {name!r}{did_you_mean(name, methods)}; methods: {', '.join(methods)}"
+        )
     d = methods[name]
     needs = [
         text

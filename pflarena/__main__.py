@@ -1,0 +1,7 @@
+"""``python -m pflarena``: the ``pflarena`` command."""
+
+import sys
+
+from pflarena.cli import main
+
+sys.exit(main())
