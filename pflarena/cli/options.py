@@ -11,7 +11,7 @@ from typing import Any
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
-from pflarena.runtime.launch import ENGINES
+from pflarena.runtime.engines import ENGINES
 
 __all__ = [
     "DATA_KEYS",
@@ -31,9 +31,16 @@ DATA_KEYS: tuple[str, ...] = tuple(
 
 
 ENGINE_HELP = (
-    "ray: Flower's simulation engine, clients in parallel Ray actors (default); inprocess: "
-    "the same ServerApp and ClientApp in one process without Ray, one client after another "
-    "(machines without Ray, debugging)"
+    "inprocess (default): the ServerApp and ClientApp without Ray, the clients of a round in "
+    "worker processes forked after the imports (--workers); ray: Flower's Ray simulation "
+    "engine, clients in Ray actors (a Ray cluster, GPUs per client; chosen by itself with "
+    "--ray-address or --gpus-per-client). The first line of output names the engine"
+)
+
+WORKERS_HELP = (
+    "in-process engine: clients run at once, each in a worker process (default: one per "
+    "--cpus-per-client of this machine's cores; 1: one after another in the run's process, "
+    "for a debugger)"
 )
 
 
@@ -77,6 +84,16 @@ RUN_EPILOG = (
 )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet_help: str) -> None:
     """How the runs are executed (not what they compute): the flags ``run`` and ``sweep``
     share. Their own wording for ``--check`` and ``--quiet``, which differ in what they
@@ -85,7 +102,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet
         "--cpus-per-client",
         type=float,
         default=1.0,
-        help="CPUs Flower reserves per simulated client (default 1)",
+        help="CPUs per simulated client: Ray reserves them per actor; in-process, the "
+        "workers are the cores divided by it (default 1)",
     )
     parser.add_argument(
         "--gpus-per-client",
@@ -94,7 +112,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet
         help="GPU fraction per simulated client (default 0)",
     )
     parser.add_argument("--check", action="store_true", help=check_help)
-    parser.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    parser.add_argument("--engine", choices=ENGINES, default=None, help=ENGINE_HELP)
+    parser.add_argument("--workers", type=_positive_int, metavar="N", help=WORKERS_HELP)
     parser.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     parser.add_argument("--quiet", action="store_true", help=quiet_help)
     parser.add_argument("--verbose", action="store_true", help="stream the whole Flower log")

@@ -586,6 +586,7 @@ def command(args: argparse.Namespace) -> int:
                 engine=args.engine,
                 ray_address=args.ray_address,
                 progress=Progress(len(todo), verbosity=verbosity, quiet=args.quiet),
+                workers=args.workers,
             )
         except KeyboardInterrupt:
             print(

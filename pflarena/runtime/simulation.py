@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_address=spec.get("ray_address"),
     )
     app = runtime.app
-    in_process = spec.get("engine", "ray") == "inprocess"
+    in_process = spec.get("engine", "inprocess") == "inprocess"
     modules = [module_of(app.server_app_attr), module_of(app.client_app_attr)]
     if not in_process:
         modules = ["flwr.supercore", "pflarena.runtime.ray_backend", *modules]
@@ -408,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
             INFO,
             "pflarena: start-up: runtime ready in %.1fs (%s)",
             time.monotonic() - begin,
-            "in-process engine, no Ray" if in_process else "Ray engine",
+            f"in-process engine, {int(spec.get('workers', 1))} worker(s), no Ray"
+            if in_process
+            else "Ray engine",
         )
 
         from pflarena.runtime.inprocess import run_inprocess
@@ -417,7 +419,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if in_process:
                     run_inprocess(
-                        app, item["run_config"], int(item["num_supernodes"]), scratch / f"{index}"
+                        app,
+                        item["run_config"],
+                        int(item["num_supernodes"]),
+                        scratch / f"{index}",
+                        workers=int(spec.get("workers", 1)),
                     )
                     continue
                 runtime.run(item["run_config"], int(item["num_supernodes"]), scratch / f"{index}")
