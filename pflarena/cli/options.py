@@ -197,15 +197,18 @@ def default_output_dir(values: dict[str, Any]) -> str:
     return str((root / name).resolve())
 
 
-def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
-    """The run's keys: the preset's (if any), then flags and ``--set`` on top."""
+def run_overrides(
+    args: argparse.Namespace, keys: list[str], base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The run's keys: the preset's (if any), then ``base`` (a ``--config`` file's), then
+    flags and ``--set`` on top."""
     from pflarena.core.presets import load_preset
 
-    given = collect_overrides(args, keys)
-    values = given
+    explicit = dict(base or {}) | collect_overrides(args, keys)
+    values = explicit
     if getattr(args, "preset", None):
-        values = load_preset(args.preset).overrides(given.get("strategy")) | given
-    return with_shard_clients(values, given)
+        values = load_preset(args.preset).overrides(explicit.get("strategy")) | explicit
+    return with_shard_clients(values, explicit)
 
 
 def with_shard_clients(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

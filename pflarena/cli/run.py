@@ -4,6 +4,7 @@ continues a run, ``--check`` validates its config and runs nothing."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,6 @@ from pflarena.cli.options import (
     with_tracking,
 )
 from pflarena.core.config import ConfigError, RunConfig, toml_value
-from pflarena.core.datasets import check_files
 from pflarena.runtime.launch import resume_config, simulate
 from pflarena.server.compare import compare_table
 from pflarena.server.progress import Progress
@@ -53,6 +53,12 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
             "start a new run in a new --output-dir"
         )
     run_config = resume_config(run_dir)
+    stopped = _clients_failed(run_dir)
+    if stopped:
+        raise ConfigError(
+            f"the run in {run_dir} stopped because {stopped}; resuming it would fail the same "
+            "way (start a new run with settings its clients can run)"
+        )
     recorded = int(run_config.get("num-rounds", 0))
     rounds = int(given.get("num-rounds", recorded))
     if rounds < recorded:
@@ -63,24 +69,86 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
     if rounds == recorded and completed_summary(run_dir) is not None:
         print(
             f"pflarena run: the run in {run_dir} is complete ({recorded} rounds); nothing to "
-            "resume (--num-rounds N with more rounds extends it)"
+            "resume (--num-rounds N with more rounds extends it)",
+            file=sys.stderr,
         )
         return None
     return parse_config(run_config | {"num-rounds": rounds})
 
 
+def _clients_failed(run_dir: Path) -> str | None:
+    """The line a run stopped with when every client failed alike (``ClientsFailed``), if so."""
+    import json
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    error = str(summary.get("error") or "")
+    marker = "every client failed in "
+    if summary.get("status") == "completed" or marker not in error:
+        return None
+    return error[error.index(marker) :]
+
+
+def load_run_file(path: str) -> dict[str, Any]:
+    """The run-config keys of a ``--config`` TOML file (tables flattened to ``a.b`` keys, as
+    a ``[ditto]`` table gives ``ditto.lambda``); a :class:`ConfigError` naming the file."""
+    import tomllib
+
+    from pflarena.core.presets import flatten_table
+
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text())
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path}: not valid TOML ({error})") from None
+    values = flatten_table(data)
+    if "resume" in values:
+        raise ConfigError(f"--config {path}: resume is not a key of a new run (--resume DIR)")
+    return values
+
+
+def _with_strategy(values: dict[str, Any], preset_name: str | None) -> dict[str, Any]:
+    """``values`` with the preset's strategy when none was given and the preset names one;
+    a :class:`ConfigError` when the preset compares several and none was chosen."""
+    if not preset_name or values.get("strategy"):
+        return values
+    from pflarena.core.presets import load_preset
+
+    preset = load_preset(preset_name)
+    if len(preset.strategies) == 1:
+        return values | {"strategy": preset.strategies[0]}
+    raise ConfigError(
+        f"preset {preset_name} compares {len(preset.strategies)} strategies "
+        f"({', '.join(preset.strategies)}); name one with --strategy (e.g. --strategy "
+        f"{preset.strategies[-1]}), or run them all with `pflarena sweep --preset {preset_name}`"
+    )
+
+
 def command(args: argparse.Namespace) -> int:
+    from pflarena.runtime.precheck import check_data
     from pflarena.server.registry import parse_config
     from pflarena.server.results import check_output_dir
 
     keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys
     if args.resume:
+        if args.config:
+            raise ConfigError(
+                "--resume continues the run in its directory with that run's own settings; "
+                "leave out --config"
+            )
         cfg = resume_run_config(args, keys)
         if cfg is None:  # complete: nothing to run, nothing rewritten
-            print(compare_table([Path(args.resume)]))
+            print(console_table(Path(args.resume)))
             return 0
     else:
-        cfg = parse_config(run_overrides(args, keys))
+        file_values = load_run_file(args.config) if args.config else {}
+        cfg = parse_config(
+            _with_strategy(run_overrides(args, keys, base=file_values), args.preset)
+        )
         if not cfg.output_dir:
             cfg = cfg.model_copy(update={"output_dir": default_output_dir(cfg.to_run_config())})
         try:
@@ -88,39 +156,97 @@ def command(args: argparse.Namespace) -> int:
         except OSError as error:
             raise ConfigError(f"output-dir {cfg.output_dir!r} cannot be used: {error}") from None
         check_output_dir(output_dir)
+    # Before the simulation's start-up: files that are not there, and settings the data
+    # cannot satisfy (more clients than samples, a partition that leaves a client without
+    # its minimum), fail the run now, in one line with the numbers.
+    check_data(cfg)
     if args.check:
         print("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
     args.run_dir = str(Path(cfg.output_dir).resolve())  # named if the run is interrupted
-    # Before the simulation's start-up: files that are not there fail the run now, with
-    # the path looked at, the layout expected and where to get them.
-    check_files(cfg.dataset, cfg.data_dir)
     cfg = with_tracking(cfg)
-    verbosity = 0 if args.quiet else 2 if args.verbose else 1
-    summary = simulate(
-        cfg,
+    from pflarena.runtime.engines import plan_engine
+
+    plan = plan_engine(
+        args.engine,
+        workers=args.workers,
         cpus_per_client=args.cpus_per_client,
         gpus_per_client=args.gpus_per_client,
-        verbosity=verbosity,
-        superlink=args.superlink,
-        engine=args.engine,
         ray_address=args.ray_address,
-        progress=Progress(1, verbosity=verbosity, quiet=args.quiet),
+        device=cfg.device,
+        num_clients=cfg.num_clients,
     )
-    print()
-    print(compare_table([Path(cfg.output_dir)]))
-    print(f"\nresults: {cfg.output_dir}  ({_times(summary)})")
+    verbosity = 0 if args.quiet else 2 if args.verbose else 1
+    if not args.quiet:
+        print(
+            f"pflarena run: {cfg.strategy} on {cfg.dataset}, {cfg.num_clients} clients, "
+            f"{cfg.num_rounds} rounds; {'--superlink, ' if args.superlink else ''}"
+            f"{plan.describe()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        summary = simulate(
+            cfg,
+            cpus_per_client=args.cpus_per_client,
+            gpus_per_client=args.gpus_per_client,
+            verbosity=verbosity,
+            superlink=args.superlink,
+            engine=args.engine,
+            ray_address=args.ray_address,
+            progress=Progress(1, verbosity=verbosity, quiet=args.quiet),
+            workers=args.workers,
+        )
+    finally:
+        if args.config and Path(args.run_dir).is_dir():
+            import shutil
+
+            shutil.copyfile(args.config, Path(args.run_dir) / RUN_FILE_COPY)
+    run_dir = Path(cfg.output_dir)
+    (run_dir / TABLE_FILE).write_text(compare_table([run_dir]) + "\n")
+    print(console_table(run_dir))
+    print(f"\nresults: {cfg.output_dir}  ({_times(summary)}; full table: {TABLE_FILE})")
     return 0
 
 
-def _times(summary: dict[str, Any]) -> str:
-    """``start-up 9.1s, rounds 3.4s``: a run's wall time, its start-up apart."""
-    if isinstance(summary.get("startup_s"), int | float):
-        return (
-            f"start-up {summary['startup_s']:.1f}s (clients' start and data, round 0), "
-            f"rounds {summary['rounds_time_s']:.1f}s"
-        )
-    return f"wall time {summary['wall_time_s']:.1f}s"
+#: The ``--config`` file's copy in the run directory.
+RUN_FILE_COPY = "run.toml"
+#: The run's full results table (every column of ``pflarena compare``).
+TABLE_FILE = "results.md"
+#: The console table's width limit.
+CONSOLE_WIDTH = 100
+
+
+def console_table(run_dir: Path) -> str:
+    """A run's headline figures in a table at most :data:`CONSOLE_WIDTH` characters wide,
+    accuracies in percent (as in every table of pflarena); the full table is
+    :data:`TABLE_FILE`'s (``pflarena compare``)."""
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    def pct(block: Any, key: str) -> str:
+        value = ((block or {}).get("last") or {}).get(key)
+        return f"{100 * value:.2f}" if isinstance(value, int | float) else "—"
+
+    done = summary.get("rounds_completed", summary.get("num_rounds"))
+    rows = [
+        ("strategy", str(summary.get("strategy", "?"))),
+        ("data", f"{summary.get('dataset', '?')}, {summary.get('num_clients', '?')} clients"),
+        ("rounds", f"{done}/{summary.get('num_rounds', '?')}"),
+        ("status", str(summary.get("status", "?"))),
+        ("pers. acc % (mean)", pct(summary.get("personalized"), "mean")),
+        ("pers. acc % (worst 10%)", pct(summary.get("personalized"), "worst10")),
+        ("global acc % (pooled)", pct(summary.get("global"), "weighted")),
+    ]
+    header = "| " + " | ".join(name for name, _ in rows) + " |"
+    if len(header) > CONSOLE_WIDTH:
+        rows = rows[:2] + rows[4:]
+    widths = [max(len(name), len(value)) for name, value in rows]
+    head = "| " + " | ".join(n.ljust(w) for (n, _), w in zip(rows, widths, strict=True)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = "| " + " | ".join(v.ljust(w) for (_, v), w in zip(rows, widths, strict=True)) + " |"
+    return "\n".join(line[:CONSOLE_WIDTH] for line in (head, rule, body))
 
 
 def add_parser(sub: Any, full_help: bool = False) -> None:
@@ -142,7 +268,15 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
     run.add_argument(
         "--preset",
         metavar="NAME",
-        help="start from an experiment preset (`pflarena presets`); flags override it",
+        help="start from an experiment preset (`pflarena presets`); flags override it. A "
+        "preset that compares several strategies needs --strategy",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML file of run-config keys (`[ditto]` tables for method parameters; see "
+        "examples/run.toml); flags override it, a preset is beneath it; copied into the run "
+        "directory as run.toml",
     )
     add_config_flags(run, full_help=full_help)
     from pflarena.strategies import declarations

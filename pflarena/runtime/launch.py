@@ -170,8 +170,8 @@ def _stream(
             if progress is not None:
                 progress.feed(line)
             elif verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
-                sys.stdout.write(line)
-                sys.stdout.flush()
+                sys.stderr.write(line)
+                sys.stderr.flush()
     finally:
         if progress is not None:
             progress.close()
@@ -327,8 +327,10 @@ def run_simulations(
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             terminate.restore()
+        from pflarena.server.runlock import remove_lock
+
         for lock in locks:
-            lock.close()
+            remove_lock(lock)  # no .lock left in the run directory
         if log_handle:
             log_handle.close()
         shutil.rmtree(scratch, ignore_errors=True)
