@@ -76,6 +76,12 @@ COMMON_FLAGS: tuple[str, ...] = (
 
 HELP_ALL = "--help-all"
 
+#: Defaults of a plain run that the main job (``make run``, ``--preset digits-main``) sets
+#: otherwise, said in ``--help``.
+DEFAULTS_THAT_DIFFER: dict[str, str] = {
+    "alpha": "the main job, make run and --preset digits-main, uses 0.1",
+}
+
 
 RUN_EPILOG = (
     "Common flags only: `pflarena run --help-all` lists every run-config key and every "
@@ -135,14 +141,14 @@ def add_config_flags(
         if (only is not None and alias not in only) or alias in ("resume", *skip):
             continue  # --resume DIR is a flag of its own
         shown = full_help or alias in COMMON_FLAGS
+        text = f"{field.description or ''} (default: {field.default!r}"
+        text += f"; {DEFAULTS_THAT_DIFFER[alias]})" if alias in DEFAULTS_THAT_DIFFER else ")"
         group.add_argument(
             f"--{alias}",
             dest=alias,
             default=None,
             metavar="VALUE",
-            help=f"{field.description or ''} (default: {field.default!r})".strip()
-            if shown
-            else argparse.SUPPRESS,
+            help=text.strip().replace("%", "%%") if shown else argparse.SUPPRESS,
         )
 
 

@@ -209,6 +209,16 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _times(summary: dict[str, Any]) -> str:
+    """``start-up 9.1s, rounds 3.4s``: a run's wall time, its start-up apart."""
+    if isinstance(summary.get("startup_s"), int | float):
+        return (
+            f"start-up {summary['startup_s']:.1f}s (clients' start and data, round 0), "
+            f"rounds {summary['rounds_time_s']:.1f}s"
+        )
+    return f"wall time {summary['wall_time_s']:.1f}s"
+
+
 #: The ``--config`` file's copy in the run directory.
 RUN_FILE_COPY = "run.toml"
 #: The run's full results table (every column of ``pflarena compare``).
