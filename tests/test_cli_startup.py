@@ -144,11 +144,38 @@ def test_the_examples_run_and_the_run_file_is_kept(tmp_path) -> None:
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
     assert not (out / ".lock").exists()
     # results on stdout, progress on stderr: the first line names the engine
-    assert result.stderr.splitlines()[0].startswith("pflarena run: ditto on digits")
-    assert "engine: inprocess" in result.stderr.splitlines()[0]
-    assert "round" not in result.stdout and "%" in result.stdout
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("pflarena run: engine: inprocess"), first
+    assert "pflarena run: ditto on digits, 4 clients, 1 rounds" in result.stderr
+    assert "pflarena [" not in result.stdout and "pflarena [" in result.stderr
+    assert "acc %" in result.stdout
     assert all(len(line) <= 100 for line in result.stdout.splitlines())
     assert (out / "results.md").exists()
     sweep = _pflarena("sweep", "examples/sweep.toml", "--out", str(tmp_path / "sweep"), "--quiet")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert (tmp_path / "sweep" / "leaderboard.md").exists()
+
+
+def test_the_first_line_comes_before_the_heavy_imports() -> None:
+    """Catches the engine line printed only after torch and Flower are imported (seconds):
+    it is printed before the parser that needs them is built."""
+    code = (
+        "import sys\n"
+        "import pflarena.cli.command as command\n"
+        "def stop(*a, **k):\n"
+        "    print('heavy:', ','.join(m for m in ('torch', 'flwr') if m in sys.modules),"
+        " file=sys.stderr)\n"
+        "    raise SystemExit(0)\n"
+        "command.build_parser = stop\n"
+        "command.main(['run', '--dataset', 'digits'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("pflarena run: engine: inprocess"), result.stderr
+    assert lines[1] == "heavy: ", result.stderr

@@ -206,12 +206,21 @@ def main(argv: list[str] | None = None) -> int:
 
         superlink_main(argv[1:])
         return 0
+    early = None
+    if argv[:1] == ["run"]:
+        # The first line at once, before the imports the whole parser needs (seconds).
+        from pflarena.cli.run import early_plan
+
+        early = early_plan(argv[1:])
+        if early is not None:
+            print(f"pflarena run: {early.describe()}", file=sys.stderr, flush=True)
     parser = build_parser(command=_command_of(argv) or "")
     args, extras = parser.parse_known_args(argv)
     if extras:
         # said by the subcommand's parser: its usage, its flags to suggest from
         subparser = parser.subparsers.choices.get(args.command, parser)  # type: ignore[attr-defined]
         subparser.error(f"unrecognized arguments: {' '.join(extras)}")
+    args.early_plan = early
     terminated: list[int] = []
 
     def _terminate(signum: int, frame: Any) -> None:

@@ -76,6 +76,38 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
     return parse_config(run_config | {"num-rounds": rounds})
 
 
+def early_plan(argv: list[str]) -> Any:
+    """The engine ``pflarena run argv`` will use, from its runtime flags alone: decided
+    before the imports that parsing the whole command line needs (torch, Flower: seconds),
+    so that the command's first line can say it at once. None when nothing will run
+    (``--help``, ``--check``) or nothing is to be shown (``--quiet``)."""
+    import argparse as _argparse
+
+    from pflarena.runtime.engines import ENGINES, plan_engine
+
+    if {"-h", "--help", HELP_ALL, "--check", "--quiet"} & set(argv):
+        return None
+    parser = _argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--engine", choices=ENGINES)
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--cpus-per-client", type=float, default=1.0)
+    parser.add_argument("--gpus-per-client", type=float, default=0.0)
+    parser.add_argument("--ray-address")
+    parser.add_argument("--device", default="auto")
+    try:
+        known, _ = parser.parse_known_args(argv)
+        return plan_engine(
+            known.engine,
+            workers=known.workers,
+            cpus_per_client=known.cpus_per_client,
+            gpus_per_client=known.gpus_per_client,
+            ray_address=known.ray_address,
+            device=known.device,
+        )
+    except (SystemExit, ValueError):
+        return None  # the whole parser says what is wrong
+
+
 def _clients_failed(run_dir: Path) -> str | None:
     """The line a run stopped with when every client failed alike (``ClientsFailed``), if so."""
     import json
@@ -178,10 +210,13 @@ def command(args: argparse.Namespace) -> int:
     )
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
     if not args.quiet:
+        # the engine was said on the first line (early_plan); again only where the run's
+        # settings (its device, its number of clients) changed it
+        early = getattr(args, "early_plan", None)
+        engine = "" if early == plan else f"; {plan.describe()}"
         print(
             f"pflarena run: {cfg.strategy} on {cfg.dataset}, {cfg.num_clients} clients, "
-            f"{cfg.num_rounds} rounds; {'--superlink, ' if args.superlink else ''}"
-            f"{plan.describe()}",
+            f"{cfg.num_rounds} rounds{'; --superlink' if args.superlink else ''}{engine}",
             file=sys.stderr,
             flush=True,
         )
