@@ -28,12 +28,14 @@ def _pflarena(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
     )
 
 
-def test_help_and_version_import_neither_torch_nor_flower() -> None:
-    """Catches ``pflarena --help`` importing every subcommand (torch, Flower: seconds)."""
+def test_help_version_and_methods_import_neither_torch_nor_flower() -> None:
+    """Catches ``pflarena --help`` importing every subcommand, and ``pflarena methods``
+    importing the strategies (torch, Flower: seconds)."""
     code = (
         "import sys, contextlib, io\n"
         "from pflarena.cli import main\n"
-        "for argv in (['--help'], ['--version']):\n"
+        "for argv in (['--help'], ['--version'], ['methods'], ['methods', 'ditto'],"
+        " ['presets'], ['compare', '--help']):\n"
         "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
         "        main(argv)\n"
         "heavy = sorted(m for m in ('torch', 'flwr', 'ray') if m in sys.modules)\n"
@@ -48,6 +50,22 @@ def test_help_and_version_import_neither_torch_nor_flower() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "none"
+
+
+def test_the_methods_catalog_is_what_the_declarations_say(monkeypatch) -> None:
+    """Catches a catalog (what ``pflarena methods`` lists without importing the strategies)
+    left behind by a change to a declaration: ``make generated`` rewrites it."""
+    from pflarena.cli import methods as methods_cli
+
+    monkeypatch.delenv("PFLARENA_PLUGINS", raising=False)
+    live = methods_cli.builtin_declarations()
+    assert json.loads(methods_cli.CATALOG.read_text()) == json.loads(
+        json.dumps(methods_cli.catalog_entries(live))
+    )
+    listed = methods_cli.listed_declarations()
+    assert methods_cli.methods_table(listed) == methods_cli.methods_table(live)
+    for name in live:
+        assert methods_cli.method_details(name, listed) == methods_cli.method_details(name, live)
 
 
 def test_version() -> None:
