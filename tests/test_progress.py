@@ -97,7 +97,9 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
     assert "\r" not in text and "\x1b" not in text  # no terminal control in a log
     assert "pflarena [   12s] start-up: runtime ready in 11.9s" in text
     # one clock: the command's, not the run's elapsed time as well
-    assert "pflarena [   12s] round 0/3 | " in text and "pflarena [   12s] round 3/3 | ETA 0s" in text
+    assert (
+        "pflarena [   12s] round 0/3 | " in text and "pflarena [   12s] round 3/3 | ETA 0s" in text
+    )
     assert "pflarena [   12s] round 2/3 | ETA 2s" in text
     assert "[round" not in text and "5.0s" not in text
     assert "chatter" not in text

@@ -102,6 +102,7 @@ def listed_declarations() -> dict[str, Any]:
         for entry in entries
     }
 
+
 __all__ = [
     "write_generated",
     "flower_config",

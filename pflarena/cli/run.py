@@ -178,9 +178,7 @@ def command(args: argparse.Namespace) -> int:
             return 0
     else:
         file_values = load_run_file(args.config) if args.config else {}
-        cfg = parse_config(
-            _with_strategy(run_overrides(args, keys, base=file_values), args.preset)
-        )
+        cfg = parse_config(_with_strategy(run_overrides(args, keys, base=file_values), args.preset))
         if not cfg.output_dir:
             cfg = cfg.model_copy(update={"output_dir": default_output_dir(cfg.to_run_config())})
         try:

@@ -51,7 +51,9 @@ class EnginePlan:
     def describe(self) -> str:
         """One line: which engine runs, with how many clients at once and why."""
         if self.engine == "ray":
-            return f"engine: ray (Flower's Ray simulation engine{', ' + self.why if self.why else ''})"
+            return (
+                f"engine: ray (Flower's Ray simulation engine{', ' + self.why if self.why else ''})"
+            )
         if self.workers == 1:
             how = "clients one after another in the run's process"
         else:

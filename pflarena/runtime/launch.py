@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 
-
 def project_root() -> Path:
     """The Flower App directory (``pyproject.toml`` and the code): the source tree when the
     package runs from one, else one laid out from the installed package
