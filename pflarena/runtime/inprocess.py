@@ -7,9 +7,9 @@ by Flower from ``[tool.flwr.app.config]`` and the overrides, one ``Context`` per
 Grid hands each message to the ClientApp itself instead of a SuperLink.
 
 **Workers.** With ``workers`` above 1 the clients of a round run side by side in that many
-worker processes, forked once the ServerApp's and ClientApp's imports are done (torch,
-Flower and the app are imported once, as the warm executor does,
-:mod:`pflarena.deploy.executor`): each worker gets a message and its node's ``Context``,
+worker processes, forked at the first message, once the imports and the ServerApp's set-up are
+done (torch, Flower, the app and the federation's data are imported and built once, as the
+warm executor does its imports, :mod:`pflarena.deploy.executor`): each worker gets a message and its node's ``Context``,
 runs the ClientApp and sends back the reply and the node's updated ``Context``. torch runs
 at one thread in the parent while it forks, each worker at ``cores // workers`` threads.
 With ``workers=1`` the clients run one after another in the process itself (a plain
@@ -251,9 +251,10 @@ class InProcessGrid(Grid):
 
     # -- worker processes -----------------------------------------------------------
     def start_workers(self) -> None:
-        """Fork the worker processes now (they inherit everything imported so far). torch
-        runs at one thread in this process while it forks (a thread pool does not survive
-        a fork), each worker at this machine's threads shared among the workers."""
+        """Fork the worker processes now (they inherit everything imported and built so
+        far; :meth:`push_messages` calls this at the first message). torch runs at one
+        thread in this process while it forks, each worker at this machine's threads
+        shared among the workers."""
         if self.workers <= 1 or self._pool is not None or self._pool_broken:
             return
         import torch
@@ -261,6 +262,7 @@ class InProcessGrid(Grid):
         threads = torch.get_num_threads()
         per_worker = max(1, threads // self.workers)
         _WORKER_APP["app"] = self.client_app
+        gc.freeze()  # what the workers inherit stays shared: no collection touches it
         torch.set_num_threads(1)
         try:
             pool = ProcessPoolExecutor(
@@ -413,11 +415,12 @@ def run_inprocess(
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     # Everything imported so far (torch, Flower, half a million objects) lives as long as
     # the process: out of the collector's sight, a full collection no longer walks it
-    # (about 0.2 s each, which fell inside some rounds and doubled them). The workers
-    # forked next share those pages with this process.
+    # (about 0.2 s each, which fell inside some rounds and doubled them).
     gc.freeze()
     _warm_torch()
-    grid.start_workers()
+    # The workers are forked at the first message (start_workers), once the ServerApp has
+    # set up: they inherit what it built (the federation's data, imports), as the clients
+    # calling in this process would find it.
     try:
         server_app(grid, context)
     finally:
