@@ -31,17 +31,11 @@ DATA_KEYS: tuple[str, ...] = tuple(
 
 
 ENGINE_HELP = (
-    "inprocess (default): the ServerApp and ClientApp without Ray, the clients of a round in "
-    "worker processes forked after the imports (--workers); ray: Flower's Ray simulation "
-    "engine, clients in Ray actors (a Ray cluster, GPUs per client; chosen by itself with "
-    "--ray-address or --gpus-per-client). The first line of output names the engine"
+    "inprocess (default): no Ray, clients in forked worker processes; ray: Flower's Ray "
+    "engine (chosen with --ray-address or --gpus-per-client)"
 )
 
-WORKERS_HELP = (
-    "in-process engine: clients run at once, each in a worker process (default: one per "
-    "--cpus-per-client of this machine's cores; 1: one after another in the run's process, "
-    "for a debugger)"
-)
+WORKERS_HELP = "in-process clients at once (default: cores / --cpus-per-client; 1: one by one)"
 
 
 RAY_ADDRESS_HELP = (
@@ -79,7 +73,7 @@ HELP_ALL = "--help-all"
 #: Defaults of a plain run that the main job (``make run``, ``--preset digits-main``) sets
 #: otherwise, said in ``--help``.
 DEFAULTS_THAT_DIFFER: dict[str, str] = {
-    "alpha": "the main job, make run and --preset digits-main, uses 0.1",
+    "alpha": "the main job, --preset digits-main, uses 0.1",
 }
 
 
@@ -108,13 +102,14 @@ def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet
         "--cpus-per-client",
         type=float,
         default=1.0,
-        help="CPUs per simulated client: Ray reserves them per actor; in-process, the "
-        "workers are the cores divided by it (default 1)",
+        metavar="N",
+        help="CPUs per simulated client (default 1)",
     )
     parser.add_argument(
         "--gpus-per-client",
         type=float,
         default=0.0,
+        metavar="N",
         help="GPU fraction per simulated client (default 0)",
     )
     parser.add_argument("--check", action="store_true", help=check_help)

@@ -311,15 +311,12 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
     run.add_argument(
         "--preset",
         metavar="NAME",
-        help="start from an experiment preset (`pflarena presets`); flags override it. A "
-        "preset that compares several strategies needs --strategy",
+        help="start from an experiment preset (`pflarena presets`); flags override it",
     )
     run.add_argument(
         "--config",
         metavar="FILE",
-        help="a TOML file of run-config keys (`[ditto]` tables for method parameters; see "
-        "examples/run.toml); flags override it, a preset is beneath it; copied into the run "
-        "directory as run.toml",
+        help="run-config keys from a TOML file (examples/run.toml); flags override it",
     )
     add_config_flags(run, full_help=full_help)
     from pflarena.strategies import declarations
