@@ -166,7 +166,7 @@ def test_the_examples_run_and_the_run_file_is_kept(tmp_path) -> None:
     assert first.startswith("pflarena run: engine: inprocess"), first
     assert "pflarena run: ditto on digits, 4 clients, 1 rounds" in result.stderr
     assert "pflarena [" not in result.stdout and "pflarena [" in result.stderr
-    assert "acc %" in result.stdout
+    assert "personalized accuracy (mean over clients), %" in result.stdout
     assert all(len(line) <= 100 for line in result.stdout.splitlines())
     assert (out / "results.md").exists()
     sweep = _pflarena("sweep", "examples/sweep.toml", "--out", str(tmp_path / "sweep"), "--quiet")

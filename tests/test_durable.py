@@ -179,7 +179,10 @@ def test_resuming_a_completed_run_starts_nothing_and_rewrites_nothing(
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     monkeypatch.setattr(run_command, "simulate", lambda *a, **k: pytest.fail("a run was started"))
     assert main(["run", "--resume", str(run)]) == 0
-    assert "is complete (3 rounds); nothing to resume" in capsys.readouterr().out
+    # said on stderr, with the progress; the run's table on stdout
+    captured = capsys.readouterr()
+    assert "is complete (3 rounds); nothing to resume" in captured.err
+    assert "completed, 3/3 rounds" in captured.out
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     # fewer rounds than recorded cannot be had
     assert main(["run", "--resume", str(run), "--num-rounds", "2"]) == 2

@@ -261,10 +261,12 @@ CONSOLE_WIDTH = 100
 
 
 def console_table(run_dir: Path) -> str:
-    """A run's headline figures in a table at most :data:`CONSOLE_WIDTH` characters wide,
-    accuracies in percent (as in every table of pflarena); the full table is
-    :data:`TABLE_FILE`'s (``pflarena compare``)."""
+    """A run's headline figures, one per line (so that it fits :data:`CONSOLE_WIDTH`
+    columns), accuracies in percent as in every table of pflarena; the full table, with
+    every column of ``pflarena compare``, is :data:`TABLE_FILE`'s."""
     import json
+
+    from pflarena.server.metrics import label
 
     summary = json.loads((run_dir / "summary.json").read_text())
 
@@ -274,22 +276,21 @@ def console_table(run_dir: Path) -> str:
 
     done = summary.get("rounds_completed", summary.get("num_rounds"))
     rows = [
-        ("strategy", str(summary.get("strategy", "?"))),
-        ("data", f"{summary.get('dataset', '?')}, {summary.get('num_clients', '?')} clients"),
-        ("rounds", f"{done}/{summary.get('num_rounds', '?')}"),
-        ("status", str(summary.get("status", "?"))),
-        ("pers. acc % (mean)", pct(summary.get("personalized"), "mean")),
-        ("pers. acc % (worst 10%)", pct(summary.get("personalized"), "worst10")),
-        ("global acc % (pooled)", pct(summary.get("global"), "weighted")),
+        ("run", f"{summary.get('strategy', '?')} on {summary.get('dataset', '?')}, "
+                f"{summary.get('num_clients', '?')} clients, seed {summary.get('seed', '?')}"),
+        ("status", f"{summary.get('status', '?')}, {done}/{summary.get('num_rounds', '?')} rounds"),
+        (f"{label('personalized', 'mean')}, %", pct(summary.get("personalized"), "mean")),
+        (f"{label('personalized', 'worst10')}, %", pct(summary.get("personalized"), "worst10")),
+        (f"{label('global', 'weighted')}, %", pct(summary.get("global"), "weighted")),
+    ]  # fmt: skip
+    left = max(len(name) for name, _ in rows)
+    right = max(len("last round"), *(len(value) for _, value in rows))
+    lines = [
+        f"| {'':{left}} | {'last round':{right}} |",
+        f"|{'-' * (left + 2)}|{'-' * (right + 2)}|",
     ]
-    header = "| " + " | ".join(name for name, _ in rows) + " |"
-    if len(header) > CONSOLE_WIDTH:
-        rows = rows[:2] + rows[4:]
-    widths = [max(len(name), len(value)) for name, value in rows]
-    head = "| " + " | ".join(n.ljust(w) for (n, _), w in zip(rows, widths, strict=True)) + " |"
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = "| " + " | ".join(v.ljust(w) for (_, v), w in zip(rows, widths, strict=True)) + " |"
-    return "\n".join(line[:CONSOLE_WIDTH] for line in (head, rule, body))
+    lines += [f"| {name:{left}} | {value:{right}} |" for name, value in rows]
+    return "\n".join(line[:CONSOLE_WIDTH] for line in lines)
 
 
 def add_parser(sub: Any, full_help: bool = False) -> None:
