@@ -99,3 +99,30 @@ def test_a_worker_that_dies_costs_its_replies_and_the_rest_run_in_the_process() 
         assert [r.content["a"]["n"] for r in replies] == [1, 1, 1]
     finally:
         grid.close()
+
+
+@app.query("whoami")
+def _whoami(msg: Message, context) -> Message:
+    import os
+
+    return Message(RecordDict({"a": MetricRecord({"pid": os.getpid()})}), reply_to=msg)
+
+
+def test_the_workers_are_forked_once_the_clients_are_worth_it() -> None:
+    """Catches a fork for clients too quick to gain from one (a round of digits), and
+    workers never forked for clients that keep the process busy."""
+    import os
+
+    grid = InProcessGrid(app, {}, 4, workers=2)
+    try:
+        whoami = [grid.create_message(RecordDict(), "query.whoami", n, "1") for n in grid.node_ids]
+        replies = list(grid.send_and_receive(whoami))
+        assert {r.content["a"]["pid"] for r in replies} == {os.getpid()}  # quick: no fork
+        assert grid._pool is None
+        grid.fork_after_s = 0.0  # from now on, any call is worth it
+        whoami = [grid.create_message(RecordDict(), "query.whoami", n, "1") for n in grid.node_ids]
+        pids = [r.content["a"]["pid"] for r in grid.send_and_receive(whoami)]
+        assert pids[0] == os.getpid() and os.getpid() not in pids[1:]
+        assert grid._pool is not None
+    finally:
+        grid.close()

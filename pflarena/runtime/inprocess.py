@@ -7,11 +7,14 @@ by Flower from ``[tool.flwr.app.config]`` and the overrides, one ``Context`` per
 Grid hands each message to the ClientApp itself instead of a SuperLink.
 
 **Workers.** With ``workers`` above 1 the clients of a round run side by side in that many
-worker processes, forked at the first message, once the imports and the ServerApp's set-up are
-done (torch, Flower, the app and the federation's data are imported and built once, as the
-warm executor does its imports, :mod:`pflarena.deploy.executor`): each worker gets a message and its node's ``Context``,
-runs the ClientApp and sends back the reply and the node's updated ``Context``. torch runs
-at one thread in the parent while it forks, each worker at ``cores // workers`` threads.
+worker processes, forked once the clients' calls have kept the run's process busy for
+:data:`FORK_AFTER_S` in one push (clients that take less, a round of digits, are not worth a
+fork), after the imports, the ServerApp's set-up and the first clients' data: torch, Flower,
+the app and the federation's data are imported and built once and inherited, as the warm
+executor does its imports (:mod:`pflarena.deploy.executor`). Each worker gets a message and
+its node's ``Context``, runs the ClientApp and sends back the reply and the node's updated
+``Context``. torch runs at one thread in the parent until it has forked (a thread pool does
+not survive a fork), each worker at ``threads // workers``.
 With ``workers=1`` the clients run one after another in the process itself (a plain
 debugger sees them). Results do not depend on the number of workers: a ClientApp seeds
 torch per message and derives its data from the run config (``tests/test_inprocess.py``).
@@ -56,6 +59,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["InProcessGrid", "run_inprocess"]
 
+#: Seconds one push of messages may keep the run's process busy before the workers are
+#: forked: clients that take less (a round of digits: half a second) are not worth a fork.
+FORK_AFTER_S = 1.0
 #: The ClientApp a forked worker calls (set in the parent before it forks).
 _WORKER_APP: dict[str, ClientApp] = {}
 #: ``prctl`` option: a signal for this process when its parent exits (Linux).
@@ -136,6 +142,16 @@ class InProcessGrid(Grid):
         self.workers = max(1, int(workers))
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
+        #: the workers are forked once one push has kept this process busy this long
+        self.fork_after_s = FORK_AFTER_S
+        self._threads = 0  # torch's threads in this process before the workers were forked
+        if self.workers > 1:
+            import torch
+
+            # No torch thread pool in this process before it forks (one does not survive a
+            # fork: a child using it can hang); each worker gets its share of these threads.
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
         self.node_ids = [node_id_base * (i + 7) % 2**61 for i in range(num_nodes)]
         configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
@@ -259,11 +275,10 @@ class InProcessGrid(Grid):
             return
         import torch
 
-        threads = torch.get_num_threads()
+        threads = self._threads or torch.get_num_threads()
         per_worker = max(1, threads // self.workers)
         _WORKER_APP["app"] = self.client_app
         gc.freeze()  # what the workers inherit stays shared: no collection touches it
-        torch.set_num_threads(1)
         try:
             pool = ProcessPoolExecutor(
                 self.workers,
@@ -275,11 +290,18 @@ class InProcessGrid(Grid):
             # executor's own thread: all of them are forked here.
             list(pool.map(_worker_ready, range(self.workers)))
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(threads)  # the forks are done: this process's own again
+            self._threads = 0
         self._pool = pool
 
     def close(self) -> None:
-        """End the worker processes (calls still running are abandoned)."""
+        """End the worker processes (calls still running are abandoned), and give this
+        process its torch threads back."""
+        if self._threads:
+            import torch
+
+            torch.set_num_threads(self._threads)
+            self._threads = 0
         if self._pool is not None:
             pool, self._pool = self._pool, None
             processes = list(getattr(pool, "_processes", {}).values())
@@ -291,9 +313,10 @@ class InProcessGrid(Grid):
     def _push_parallel(self, messages: list[Message]) -> list[str]:
         """:meth:`push_messages` with each node's call in a worker process; a node given two
         messages gets the second once the first has been answered (its context goes with
-        each call)."""
-        if self._pool is None:
-            self.start_workers()
+        each call). Until the workers are forked, the calls run in this process, one by one;
+        once they have taken :attr:`fork_after_s` seconds the workers are forked (they
+        inherit the data those calls built) and take the rest."""
+        began = time.monotonic()
         ids: list[str] = []
         pending: list[tuple[Message, int, Future, float]] = []
         for msg in messages:
@@ -305,10 +328,12 @@ class InProcessGrid(Grid):
             ids.append(msg.metadata.message_id)
             if received is None:
                 continue
-            if self._pool is None:  # the workers died: the rest run here, one by one
+            if self._pool is None:  # not forked (yet), or the workers died: run it here
                 reply = self._call(_over_the_wire(msg), msg, node_id)
                 if reply is not None:
                     self._replies[msg.metadata.message_id] = self._finish(reply, node_id)
+                if time.monotonic() - began > self.fork_after_s:
+                    self.start_workers()
                 continue
             future = self._pool.submit(_worker_call, _wire(msg), self.contexts[node_id])
             pending.append((msg, node_id, future, time.monotonic()))
@@ -418,9 +443,9 @@ def run_inprocess(
     # (about 0.2 s each, which fell inside some rounds and doubled them).
     gc.freeze()
     _warm_torch()
-    # The workers are forked at the first message (start_workers), once the ServerApp has
-    # set up: they inherit what it built (the federation's data, imports), as the clients
-    # calling in this process would find it.
+    # The workers are forked once the clients are worth it (InProcessGrid._push_parallel),
+    # after the ServerApp has set up: they inherit what was built (the federation's data),
+    # as the clients calling in this process would find it.
     try:
         server_app(grid, context)
     finally:
