@@ -127,7 +127,7 @@ def test_a_preset_comparing_several_strategies_needs_one(tmp_path, capsys) -> No
         (
             ["--partition", "label-groups", "--label-groups", "12", "--num-clients", "24"],
             ["12 groups", "10 classes"],
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_settings_the_data_cannot_satisfy_are_refused_in_one_line(tmp_path, capsys, flags, numbers):
