@@ -172,7 +172,8 @@ def test_the_examples_run_and_the_run_file_is_kept(tmp_path) -> None:
     assert "pflarena run: ditto on digits, 4 clients, 1 rounds" in result.stderr
     assert "pflarena [" not in result.stdout and "pflarena [" in result.stderr
     assert "personalized accuracy (mean over clients), %" in result.stdout
-    assert all(len(line) <= 100 for line in result.stdout.splitlines())
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert len(table) >= 5 and all(len(line) <= 100 for line in table), result.stdout
     assert (out / "results.md").exists()
     sweep = _pflarena("sweep", "examples/sweep.toml", "--out", str(tmp_path / "sweep"), "--quiet")
     assert sweep.returncode == 0, sweep.stderr[-3000:]

@@ -238,7 +238,7 @@ def command(args: argparse.Namespace) -> int:
     run_dir = Path(cfg.output_dir)
     (run_dir / TABLE_FILE).write_text(compare_table([run_dir]) + "\n")
     print(console_table(run_dir))
-    print(f"\nresults: {cfg.output_dir}  ({_times(summary)}; full table: {TABLE_FILE})")
+    print(f"\nresults: {cfg.output_dir}\n({_times(summary)}; full table: {TABLE_FILE})")
     return 0
 
 
