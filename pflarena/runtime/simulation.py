@@ -373,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
     it ended).
     """
-    parser = argparse.ArgumentParser(prog="python -m pflarena.runtime.simulation")
+    parser = argparse.ArgumentParser(
+        prog="python -m pflarena.runtime.simulation", allow_abbrev=False
+    )
     parser.add_argument("spec", help="JSON file describing the runs")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
