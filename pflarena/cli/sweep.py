@@ -424,8 +424,8 @@ def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard")
     lines = [
         f"# {title}",
         "",
-        "Per setting and method: mean ± standard deviation over seeds (population std) of "
-        f"each run's `summary.json`: {label('personalized', 'mean')} and "
+        "Per setting and method: mean ± standard deviation over seeds (population std), in "
+        f"percent, of each run's `summary.json`: {label('personalized', 'mean')} and "
         f"{label('global', 'weighted')}: the global model on the union of the clients' test "
         "splits, at the last round and at the best round (the round whose mean over clients "
         "is best, so `at best` can be below `last`). `rounds s`: the rounds' own time "
