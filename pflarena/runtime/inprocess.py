@@ -62,6 +62,8 @@ __all__ = ["InProcessGrid", "run_inprocess"]
 #: Seconds one push of messages may keep the run's process busy before the workers are
 #: forked: clients that take less (a round of digits: half a second) are not worth a fork.
 FORK_AFTER_S = 1.0
+#: Environment: another :data:`FORK_AFTER_S` (0: fork at the first message; tests).
+FORK_AFTER_ENV = "PFLARENA_FORK_AFTER_S"
 #: The ClientApp a forked worker calls (set in the parent before it forks).
 _WORKER_APP: dict[str, ClientApp] = {}
 #: ``prctl`` option: a signal for this process when its parent exits (Linux).
@@ -151,7 +153,7 @@ class InProcessGrid(Grid):
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         #: the workers are forked once one push has kept this process busy this long
-        self.fork_after_s = FORK_AFTER_S
+        self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
         self._threads = 0  # torch's threads in this process before the workers were forked
         if self.workers > 1:
             import torch
