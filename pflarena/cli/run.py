@@ -189,8 +189,10 @@ def command(args: argparse.Namespace) -> int:
     # Before the simulation's start-up: files that are not there, and settings the data
     # cannot satisfy (more clients than samples, a partition that leaves a client without
     # its minimum), fail the run now, in one line with the numbers.
-    check_data(cfg)
+    unchecked = check_data(cfg, files_required=not args.check)
     if args.check:
+        if unchecked:
+            print(f"pflarena run: {' '.join(unchecked.split())}", file=sys.stderr)
         print("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
     args.run_dir = str(Path(cfg.output_dir).resolve())  # named if the run is interrupted

@@ -19,17 +19,24 @@ from pflarena.core.config import ConfigError, RunConfig
 __all__ = ["check_data"]
 
 
-def check_data(cfg: RunConfig) -> None:
+def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
     """Raise :class:`ConfigError` (one line, with the numbers) when ``cfg``'s data cannot
-    give every client what the run needs; return quietly otherwise."""
+    give every client what the run needs; return None otherwise.
+
+    Files that are not there raise :func:`~pflarena.core.datasets.check_files`'s
+    ``DatasetError`` (naming the path and the layout); with ``files_required=False``
+    (``--check``) they are not an error: what is returned says why the numbers were not
+    checked."""
     from pflarena.core.datasets import DatasetError, check_files
 
     if cfg.shards_dir:
-        return  # the shard set is checked against the run by the config's validation
+        return None  # the shard set is checked against the run by the config's validation
     try:
         check_files(cfg.dataset, cfg.data_dir)
     except DatasetError as error:
-        raise ConfigError(str(error)) from None
+        if files_required:
+            raise
+        return f"the data's numbers were not checked: {error}"
     from pflarena.core.federation import client_sizes
 
     try:
@@ -53,3 +60,4 @@ def check_data(cfg: RunConfig) -> None:
             f"{len(no_test)} client(s) would get no test samples (client {no_test[0]} "
             "first); use fewer clients or a larger test-fraction"
         )
+    return None
