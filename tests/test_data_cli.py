@@ -50,7 +50,10 @@ def test_every_file_dataset_has_a_preset_and_each_preset_resolves() -> None:
         assert name in covered
     for name in FILE_PRESETS:
         assert name in presets and presets[name].source
-        code, out, err = cli("run", "--preset", name, "--check", "--output-dir", "/tmp/x")
+        strategy = ["--strategy", presets[name].strategies[-1]]  # a preset compares several
+        code, out, err = cli(
+            "run", "--preset", name, *strategy, "--check", "--output-dir", "/tmp/x"
+        )
         assert code == 0, err
         assert f'dataset = "{presets[name].config["dataset"]}"' in out
 
@@ -62,10 +65,13 @@ def test_a_preset_without_its_data_fails_naming_path_and_layout(
     empty = tmp_path / "no-data"
     empty.mkdir()
     dataset = load_preset(preset).config["dataset"]
+    strategy = ["--strategy", load_preset(preset).strategies[-1]]  # a preset compares several
     code, out, err = cli(
-        "run", "--preset", preset, "--data-dir", str(empty), "--output-dir", str(tmp_path / "run")
-    )
-    assert code == 1 and err.startswith("pflarena run: error:"), err
+        "run", "--preset", preset, *strategy, "--data-dir", str(empty),
+        "--output-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    # the error is the last line (the first names the engine the run would have used)
+    assert code == 1 and err.strip().splitlines()[-1].startswith("pflarena run: error:"), err
     assert str(empty) in err
     layout_word = {
         "shakespeare": "all_data/*.json",
@@ -78,7 +84,7 @@ def test_a_preset_without_its_data_fails_naming_path_and_layout(
     assert layout_word in err
     assert not (tmp_path / "run" / "summary.json").exists()  # nothing started
     # No data-dir at all: the message says a folder is needed and what it must hold.
-    code, _, err = cli("run", "--preset", preset, "--output-dir", str(tmp_path / "run2"))
+    code, _, err = cli("run", "--preset", preset, *strategy, "--output-dir", str(tmp_path / "run2"))
     assert code == 1 and "needs data-dir" in err and layout_word in err
 
 
@@ -91,6 +97,8 @@ def test_the_command_itself_fails_with_the_message(tmp_path: Path) -> None:
             "run",
             "--preset",
             "page-shakespeare",
+            "--strategy",
+            "page",
             "--data-dir",
             str(tmp_path),
             "--output-dir",

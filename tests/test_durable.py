@@ -179,7 +179,10 @@ def test_resuming_a_completed_run_starts_nothing_and_rewrites_nothing(
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     monkeypatch.setattr(run_command, "simulate", lambda *a, **k: pytest.fail("a run was started"))
     assert main(["run", "--resume", str(run)]) == 0
-    assert "is complete (3 rounds); nothing to resume" in capsys.readouterr().out
+    # said on stderr, with the progress; the run's table on stdout
+    captured = capsys.readouterr()
+    assert "is complete (3 rounds); nothing to resume" in captured.err
+    assert "completed, 3/3 rounds" in captured.out
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     # fewer rounds than recorded cannot be had
     assert main(["run", "--resume", str(run), "--num-rounds", "2"]) == 2
@@ -193,7 +196,7 @@ def test_resume_with_more_rounds_asks_for_them(finished_run, tmp_path, monkeypat
         run_command, "simulate", lambda cfg, **k: started.append(cfg) or {"wall_time_s": 0.0}
     )
     monkeypatch.setattr(run_command, "compare_table", lambda dirs: "")
-    monkeypatch.setattr(run_command, "check_files", lambda *a: None)
+    monkeypatch.setattr("pflarena.runtime.precheck.check_data", lambda cfg: None)
     main(["run", "--resume", str(run), "--num-rounds", "5"])
     assert [(c.num_rounds, c.resume, c.output_dir) for c in started] == [
         (5, True, str(run.resolve()))

@@ -107,15 +107,24 @@ def _interrupt(command: list[str], rounds_file: Path, cwd: Path, how: str = "ctr
 
 @pytest.mark.parametrize(("how", "code", "said"), [("ctrl-c", 130, "interrupted"),
                                                    ("sigterm", 143, "terminated")])  # fmt: skip
-def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(tmp_path, how, code, said):
+@pytest.mark.parametrize("engine", ["ray", "inprocess"])
+def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(
+    tmp_path, monkeypatch, how, code, said, engine
+):
     """SIGTERM to the command alone takes the same way out (before, the simulation process
-    was left running, orphaned)."""
+    was left running, orphaned). On the in-process engine the workers, forked at the first
+    message here and each in a session of its own, are ended too."""
     out = tmp_path / "run"
+    monkeypatch.setenv("PFLARENA_FORK_AFTER_S", "0")
     cli = [sys.executable, "-m", "pflarena.cli", "run"]
+    workers = ["--workers", "2"] if engine == "inprocess" else []
     command = [*cli, "--strategy", "fedavg", "--num-clients", "4", "--num-rounds", "200",
-               "--output-dir", str(out), "--quiet"]  # fmt: skip
+               "--engine", engine, *workers, "--output-dir", str(out), "--quiet"]  # fmt: skip
     proc, stdout, stderr, below, names = _interrupt(command, out / "rounds.jsonl", tmp_path, how)
-    assert "raylet" in names and "gcs_server" in names  # Ray was running below it
+    if engine == "ray":
+        assert "raylet" in names and "gcs_server" in names  # Ray was running below it
+    else:  # the simulation process and its two workers
+        assert names.count("pflarena.runtime.simulation") >= 3, names
     assert proc.returncode == code, stderr
     assert stderr.strip().splitlines() == [
         f"pflarena run: {said}; `pflarena run --resume {out}` continues it"

@@ -309,7 +309,8 @@ PLUGIN_SIMULATED = ("toy-avg", "line-search")
 
 @pytest.fixture(scope="module")
 def plugin_runs(tmp_path_factory):
-    """Both plug-in methods in one Flower simulation process (Ray and its actors start once),
+    """Both plug-in methods in one simulation process (the default engine: plug-ins loaded
+    in the parent, inherited by the forked workers),
     with the plug-ins named to the ServerApp and every ClientApp through the environment."""
     from pflarena.runtime.launch import run_simulations
 

@@ -71,7 +71,8 @@ def test_the_round_line_names_each_figure_and_its_eta():
     line = _progress(record, 20, 68.0)
     assert line.startswith("[round 3/20] 12.5s | ETA 1m08s | ")
     # the console shows the figures with the names every other output uses
-    assert f"{label('personalized')} 0.5000" in line and f"{label('global')} 0.6000" in line
+    # in percent, as every table shows accuracies
+    assert f"{label('personalized')} 50.00%" in line and f"{label('global')} 60.00%" in line
     assert label("personalized") == "personalized accuracy (mean over clients)"
     assert label("global") == "global accuracy (pooled)"
 
@@ -95,8 +96,12 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
     text = out.getvalue()
     assert "\r" not in text and "\x1b" not in text  # no terminal control in a log
     assert "pflarena [   12s] start-up: runtime ready in 11.9s" in text
-    assert "[round 0/3] 1.0s" in text and "[round 3/3] 7.0s | ETA 0s" in text
-    assert "[round 2/3] 5.0s | ETA 2s" in text
+    # one clock: the command's, not the run's elapsed time as well
+    assert (
+        "pflarena [   12s] round 0/3 | " in text and "pflarena [   12s] round 3/3 | ETA 0s" in text
+    )
+    assert "pflarena [   12s] round 2/3 | ETA 2s" in text
+    assert "[round" not in text and "5.0s" not in text
     assert "chatter" not in text
 
 
@@ -112,11 +117,11 @@ def test_a_live_bar_on_a_terminal(tmp_path):
         progress.feed(line)
     progress.close()
     text = out.getvalue()
-    assert "\r\x1b[K[#############.......] round 2/3 5s ETA 2s" in text
-    assert f"{label('personalized')} 0.5000" in text
+    assert "\r\x1b[Kpflarena [    0s] [#############.......] round 2/3 ETA 2s" in text
+    assert f"{label('personalized')} 50.00%" in text
     assert "[round 2/3]" not in text  # drawn in place, not printed line by line
     # the last round's bar stays on the screen
-    assert "round 3/3 7s ETA 0s " + f"{label('personalized')} 0.5000\n" in text
+    assert "round 3/3 ETA 0s " + f"{label('personalized')} 50.00%\n" in text
     # a problem is printed on a line of its own, the bar cleared first
     assert "\r\x1b[KERROR: something broke\n" in text
 
@@ -139,7 +144,7 @@ def test_a_sweep_says_run_k_of_n_with_an_eta(tmp_path):
     assert "(sweep ETA 20s)" in text  # 10 s per run so far, two runs left
     assert "(sweep ETA 15s)" in text  # (10 + 20) / 2 for the last one
     assert (
-        f"run 3 of 3 fedavg on digits: completed in 30s (start-up 7s), {label('personalized')} 0.8200"
+        f"run 3 of 3 fedavg on digits: completed in 30s (start-up 7s), {label('personalized')} 82.00%"
         in text
     )
 
@@ -163,3 +168,24 @@ def test_verbose_passes_every_line(tmp_path):
     progress = Progress(1, verbosity=2, stream=out, tty=False, clock=Clock())
     progress.feed(_flower("some Flower chatter"))
     assert "some Flower chatter" in out.getvalue()
+
+
+def test_many_clients_failing_alike_show_one_line_and_a_count(tmp_path):
+    """Catches a run of 2,000 clients printing 2,000 tracebacks: a problem line like one
+    already shown (other pids and numbers) is counted, not shown again."""
+    out = io.StringIO()
+    progress = Progress(1, stream=out, tty=False, clock=Clock())
+    for pid in range(2000):
+        progress.feed(f"(ClientAppActor pid={1000 + pid}) ERROR: client {pid} failed: boom\n")
+        progress.feed(f"(ClientAppActor pid={1000 + pid}) Traceback (most recent call last):\n")
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert "3998 more line(s) like those above not shown" in lines[-1]
+
+
+def test_progress_goes_to_stderr_by_default(capsys):
+    progress = Progress(1, tty=False, clock=Clock())
+    progress.feed(_flower("pflarena: start-up: runtime ready in 1.0s (in-process engine)"))
+    captured = capsys.readouterr()
+    assert captured.out == "" and "runtime ready" in captured.err

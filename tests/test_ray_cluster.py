@@ -163,7 +163,7 @@ def test_a_sweep_on_a_two_node_ray_cluster_runs_clients_on_both_and_gives_the_pr
         parse_config(SETTINGS | {"strategy": name, "output-dir": str(tmp_path / "private" / name)})
         for name in STRATEGIES
     ]
-    code, tail = run_simulations(configs, verbosity=0)
+    code, tail = run_simulations(configs, verbosity=0, engine="ray")
     assert code == 0, "".join(tail)
     for name in STRATEGIES:
         (path,) = (tmp_path / "cluster").glob(f"**/{name}/seed-0/rounds.jsonl")

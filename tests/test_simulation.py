@@ -81,7 +81,8 @@ def _learning_config(strategy: str, output_dir: Path):
 @pytest.fixture(scope="module")
 def learning_runs(tmp_path_factory):
     """Every method's run, one after another in one simulation process (as `pflarena sweep`
-    runs them: Ray and the ClientApp actors start once); a run that fails leaves no completed
+    runs them, on the default engine: the clients in worker processes forked once per run,
+    each node's context travelling with its calls); a run that fails leaves no completed
     summary and fails its own test only."""
     root = tmp_path_factory.mktemp("learning")
     configs = {strategy: _learning_config(strategy, root / strategy) for strategy in LEARNERS}

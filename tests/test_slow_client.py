@@ -47,11 +47,13 @@ def test_in_process_a_client_past_the_round_timeout_costs_only_itself(tmp_path, 
 
 
 @pytest.mark.slow
-def test_on_ray_a_client_past_the_round_timeout_does_not_make_others_time_out(tmp_path):
+@pytest.mark.parametrize("engine", ["ray", "inprocess"])
+def test_on_ray_a_client_past_the_round_timeout_does_not_make_others_time_out(tmp_path, engine):
     """Two actors, four clients; client 0 sleeps 300 s a round with round-timeout=120 (more
     than round 0 takes on a loaded machine, where the actors load the ClientApp). Before,
     its actor stayed busy after the timeout, the next round's slow message took the other
-    actor too, and the three honest clients timed out behind them: the run failed."""
+    actor too, and the three honest clients timed out behind them: the run failed. The same
+    holds for the in-process engine's worker processes (the default engine)."""
     env = {
         **__import__("os").environ,
         "PFLARENA_PLUGINS": PLUGIN,
@@ -78,6 +80,8 @@ def test_on_ray_a_client_past_the_round_timeout_does_not_make_others_time_out(tm
             "--output-dir",
             str(out),
             "--quiet",
+            "--engine",
+            engine,
         ],  # fmt: skip
         capture_output=True,
         text=True,

@@ -23,7 +23,7 @@ CONFIGS = {
 
 def test_runs_on_one_runtime_and_in_process_give_the_rounds_of_flwr_run_on_a_superlink(tmp_path):
     """Catches a runtime (pflarena's start-up of Flower's Ray engine, or the in-process
-    engine without Ray) that changes what a run computes: a different fused run config,
+    engine without Ray, one by one or in worker processes) that changes what a run computes: a different fused run config,
     node config or client state, or a ClientApp changing the server's records in place.
     The first two are both on Ray, whose two actors finish the clients of a round in
     varying order: equal rounds also mean the order does not matter."""
@@ -34,15 +34,22 @@ def test_runs_on_one_runtime_and_in_process_give_the_rounds_of_flwr_run_on_a_sup
     for name in CONFIGS:
         simulate(cfg(name, "superlink"), verbosity=0, superlink=True)
     # both runs in one simulation process: the second one on the first one's actors
-    code, tail = run_simulations([cfg(name, "runtime") for name in CONFIGS], verbosity=0)
+    code, tail = run_simulations(
+        [cfg(name, "runtime") for name in CONFIGS], verbosity=0, engine="ray"
+    )
+    assert code == 0, "".join(tail)
+    # in-process, one by one and in worker processes (the default)
+    code, tail = run_simulations(
+        [cfg(name, "inprocess") for name in CONFIGS], verbosity=0, engine="inprocess", workers=1
+    )
     assert code == 0, "".join(tail)
     code, tail = run_simulations(
-        [cfg(name, "inprocess") for name in CONFIGS], verbosity=0, engine="inprocess"
+        [cfg(name, "workers") for name in CONFIGS], verbosity=0, engine="inprocess", workers=3
     )
     assert code == 0, "".join(tail)
     for name in CONFIGS:
         before = read_rounds(tmp_path / "superlink" / name / "rounds.jsonl")
-        for where in ("runtime", "inprocess"):
+        for where in ("runtime", "inprocess", "workers"):
             after = read_rounds(tmp_path / where / name / "rounds.jsonl")
             assert len(after) == CONFIGS[name]["num-rounds"] + 1
             assert comparable(after) == comparable(before), (name, where)

@@ -11,12 +11,97 @@ hand-written part (:func:`write_generated` rewrites all of these: ``make generat
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import RunConfig, toml_value
-from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration
-from pflarena.strategies import declarations
+from pflarena.core.methods import PLUGINS_ENV, TRAINING_SETTINGS, MethodDeclaration
+
+
+def declarations() -> dict[str, MethodDeclaration]:
+    """Every declared method (:func:`pflarena.strategies.declarations`: imports torch and
+    Flower with the strategies)."""
+    from pflarena.strategies import declarations as live
+
+    return live()
+
+
+#: What ``pflarena methods`` and ``pflarena methods NAME`` show of the built-in methods,
+#: written from their declarations by ``make generated`` (:func:`write_generated`), so that
+#: listing them imports neither torch nor Flower; a test keeps it equal to the declarations.
+CATALOG = Path(__file__).resolve().parents[1] / "strategies" / "catalog.json"
+
+
+class _Shown:
+    """A parameter's default as the catalog keeps it: its ``repr``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A method's declaration as :data:`CATALOG` holds it (what the listing shows)."""
+
+    name: str
+    kind: str
+    reference: str
+    summary: str
+    solver: str
+    global_model: bool
+    default_fraction_train: float
+    honours: tuple[str, ...]
+    needs_validation: bool
+    needs_server_data: bool
+    params: tuple[tuple[str, str, str, str], ...]
+
+    def param_docs(self) -> list[tuple[str, Any, str, str]]:
+        return [(key, _Shown(default), kind, text) for key, default, kind, text in self.params]
+
+
+def catalog_entries(methods: dict[str, MethodDeclaration]) -> list[dict[str, Any]]:
+    """The catalog's entries for ``methods`` (JSON-ready)."""
+    return [
+        {
+            "name": d.name,
+            "kind": d.kind,
+            "reference": d.reference,
+            "summary": d.summary,
+            "solver": d.solver,
+            "global_model": d.global_model,
+            "default_fraction_train": d.default_fraction_train,
+            "honours": [s for s in TRAINING_SETTINGS if s in d.honours],
+            "needs_validation": d.needs_validation,
+            "needs_server_data": d.needs_server_data,
+            "params": [[k, repr(v), t, text] for k, v, t, text in d.param_docs()],
+        }
+        for d in methods.values()
+    ]
+
+
+def listed_declarations() -> dict[str, Any]:
+    """What ``pflarena methods`` lists: :data:`CATALOG`'s entries, or the declarations
+    themselves where plug-ins are loaded (``PFLARENA_PLUGINS``) or there is no catalog."""
+    if os.environ.get(PLUGINS_ENV) or not CATALOG.is_file():
+        return declarations()
+    entries = json.loads(CATALOG.read_text())
+    return {
+        entry["name"]: CatalogEntry(
+            **entry
+            | {
+                "honours": tuple(entry["honours"]),
+                "params": tuple(tuple(row) for row in entry["params"]),
+            }
+        )
+        for entry in entries
+    }
+
 
 __all__ = [
     "write_generated",
@@ -60,11 +145,12 @@ def _participation(declaration: MethodDeclaration) -> str:
     return f"{declaration.default_fraction_train:g}"
 
 
-def methods_table() -> str:
-    """One row per method: name, kind, global model, default participation, reference."""
+def methods_table(methods: dict[str, Any] | None = None) -> str:
+    """One row per method: name, kind, global model, default participation, reference
+    (``methods``: :func:`listed_declarations` unless given)."""
     header = "| method | kind | global model | default participation | reference |"
     rows = [header, "|---|---|---|---|---|"]
-    for declaration in declarations().values():
+    for declaration in (methods or listed_declarations()).values():
         rows.append(
             f"| {declaration.name} | {KIND_LABEL[declaration.kind]} "
             f"| {'yes' if declaration.global_model else 'no'} | {_participation(declaration)} "
@@ -73,11 +159,15 @@ def methods_table() -> str:
     return "\n".join(rows)
 
 
-def method_details(name: str) -> str:
+def method_details(name: str, methods: dict[str, Any] | None = None) -> str:
     """A method's declaration and parameters, as Markdown."""
-    methods = declarations()
+    methods = methods or listed_declarations()
     if name not in methods:
-        raise ValueError(f"unknown method {name!r}; methods: {', '.join(methods)}")
+        from pflarena.core.suggest import did_you_mean
+
+        raise ValueError(
+            f"unknown method {name!r}{did_you_mean(name, methods)}; methods: {', '.join(methods)}"
+        )
     d = methods[name]
     needs = [
         text
@@ -114,7 +204,7 @@ def method_details(name: str) -> str:
 
 def methods_table_linked() -> str:
     """:func:`methods_table` with each method's name linked to its page (for docs/methods.md)."""
-    rows = methods_table().split("\n")
+    rows = methods_table(declarations()).split("\n")
     for i, name in enumerate(declarations(), start=2):
         rest = rows[i].split(" | ", 1)[1]
         rows[i] = f"| [{name}](methods/{name}.md) | {rest}"
@@ -134,7 +224,7 @@ def methods_markdown() -> str:
         methods_table_linked(),
     ]
     for name in declarations():
-        parts += ["", method_details(name)]
+        parts += ["", method_details(name, declarations())]
     return "\n".join(parts) + "\n"
 
 
@@ -166,7 +256,7 @@ def presets_using(name: str) -> list[str]:
 def method_page_block(name: str) -> str:
     """The generated part of a method's page, markers included: :func:`method_details`
     under a heading of its own, the solver's module path and the presets using the method."""
-    details = method_details(name).split("\n", 2)[2]  # without its "## <name>" heading
+    details = method_details(name, declarations()).split("\n", 2)[2]  # without its heading
     presets = presets_using(name)
     lines = [
         PAGE_BEGIN,
@@ -225,6 +315,14 @@ def write_generated(root: Path) -> None:
     pyproject.write_text(text[:start] + flower_config_toml() + "\n" + text[end:])
     (root / "docs" / "methods.md").write_text(methods_markdown())
     write_method_pages(root)
+    CATALOG.write_text(json.dumps(catalog_entries(builtin_declarations()), indent=1) + "\n")
+
+
+def builtin_declarations() -> dict[str, MethodDeclaration]:
+    """The built-in methods' declarations (no plug-ins): what :data:`CATALOG` holds."""
+    from pflarena.strategies import BUILTIN_STRATEGIES
+
+    return {cls.declaration.name: cls.declaration for cls in BUILTIN_STRATEGIES}
 
 
 def command(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
-from pflarena.runtime.launch import ENGINES
+from pflarena.runtime.engines import ENGINES
 
 __all__ = [
     "DATA_KEYS",
@@ -31,10 +31,11 @@ DATA_KEYS: tuple[str, ...] = tuple(
 
 
 ENGINE_HELP = (
-    "ray: Flower's simulation engine, clients in parallel Ray actors (default); inprocess: "
-    "the same ServerApp and ClientApp in one process without Ray, one client after another "
-    "(machines without Ray, debugging)"
+    "inprocess (default): no Ray, clients in forked worker processes; ray: Flower's Ray "
+    "engine (chosen with --ray-address or --gpus-per-client)"
 )
+
+WORKERS_HELP = "in-process clients at once (default: cores / --cpus-per-client; 1: one by one)"
 
 
 RAY_ADDRESS_HELP = (
@@ -69,12 +70,28 @@ COMMON_FLAGS: tuple[str, ...] = (
 
 HELP_ALL = "--help-all"
 
+#: Defaults of a plain run that the main job (``make run``, ``--preset digits-main``) sets
+#: otherwise, said in ``--help``.
+DEFAULTS_THAT_DIFFER: dict[str, str] = {
+    "alpha": "the main job, --preset digits-main, uses 0.1",
+}
+
 
 RUN_EPILOG = (
     "Common flags only: `pflarena run --help-all` lists every run-config key and every "
     "method's parameters (--<method>.<param>, e.g. --ditto.lambda 0.5), `pflarena methods "
     "NAME` one method's parameters; any key also works as --set KEY=VALUE."
 )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet_help: str) -> None:
@@ -85,16 +102,19 @@ def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet
         "--cpus-per-client",
         type=float,
         default=1.0,
-        help="CPUs Flower reserves per simulated client (default 1)",
+        metavar="N",
+        help="CPUs per simulated client (default 1)",
     )
     parser.add_argument(
         "--gpus-per-client",
         type=float,
         default=0.0,
+        metavar="N",
         help="GPU fraction per simulated client (default 0)",
     )
     parser.add_argument("--check", action="store_true", help=check_help)
-    parser.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
+    parser.add_argument("--engine", choices=ENGINES, default=None, help=ENGINE_HELP)
+    parser.add_argument("--workers", type=_positive_int, metavar="N", help=WORKERS_HELP)
     parser.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     parser.add_argument("--quiet", action="store_true", help=quiet_help)
     parser.add_argument("--verbose", action="store_true", help="stream the whole Flower log")
@@ -116,14 +136,14 @@ def add_config_flags(
         if (only is not None and alias not in only) or alias in ("resume", *skip):
             continue  # --resume DIR is a flag of its own
         shown = full_help or alias in COMMON_FLAGS
+        text = f"{field.description or ''} (default: {field.default!r}"
+        text += f"; {DEFAULTS_THAT_DIFFER[alias]})" if alias in DEFAULTS_THAT_DIFFER else ")"
         group.add_argument(
             f"--{alias}",
             dest=alias,
             default=None,
             metavar="VALUE",
-            help=f"{field.description or ''} (default: {field.default!r})".strip()
-            if shown
-            else argparse.SUPPRESS,
+            help=text.strip().replace("%", "%%") if shown else argparse.SUPPRESS,
         )
 
 
@@ -178,15 +198,18 @@ def default_output_dir(values: dict[str, Any]) -> str:
     return str((root / name).resolve())
 
 
-def run_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
-    """The run's keys: the preset's (if any), then flags and ``--set`` on top."""
+def run_overrides(
+    args: argparse.Namespace, keys: list[str], base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The run's keys: the preset's (if any), then ``base`` (a ``--config`` file's), then
+    flags and ``--set`` on top."""
     from pflarena.core.presets import load_preset
 
-    given = collect_overrides(args, keys)
-    values = given
+    explicit = dict(base or {}) | collect_overrides(args, keys)
+    values = explicit
     if getattr(args, "preset", None):
-        values = load_preset(args.preset).overrides(given.get("strategy")) | given
-    return with_shard_clients(values, given)
+        values = load_preset(args.preset).overrides(explicit.get("strategy")) | explicit
+    return with_shard_clients(values, explicit)
 
 
 def with_shard_clients(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ continues a run, ``--check`` validates its config and runs nothing."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,6 @@ from pflarena.cli.options import (
     with_tracking,
 )
 from pflarena.core.config import ConfigError, RunConfig, toml_value
-from pflarena.core.datasets import check_files
 from pflarena.runtime.launch import resume_config, simulate
 from pflarena.server.compare import compare_table
 from pflarena.server.progress import Progress
@@ -53,6 +53,12 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
             "start a new run in a new --output-dir"
         )
     run_config = resume_config(run_dir)
+    stopped = _clients_failed(run_dir)
+    if stopped:
+        raise ConfigError(
+            f"the run in {run_dir} stopped because {stopped}; resuming it would fail the same "
+            "way (start a new run with settings its clients can run)"
+        )
     recorded = int(run_config.get("num-rounds", 0))
     rounds = int(given.get("num-rounds", recorded))
     if rounds < recorded:
@@ -63,24 +69,116 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
     if rounds == recorded and completed_summary(run_dir) is not None:
         print(
             f"pflarena run: the run in {run_dir} is complete ({recorded} rounds); nothing to "
-            "resume (--num-rounds N with more rounds extends it)"
+            "resume (--num-rounds N with more rounds extends it)",
+            file=sys.stderr,
         )
         return None
     return parse_config(run_config | {"num-rounds": rounds})
 
 
+def early_plan(argv: list[str]) -> Any:
+    """The engine ``pflarena run argv`` will use, from its runtime flags alone: decided
+    before the imports that parsing the whole command line needs (torch, Flower: seconds),
+    so that the command's first line can say it at once. None when nothing will run
+    (``--help``, ``--check``) or nothing is to be shown (``--quiet``)."""
+    import argparse as _argparse
+
+    from pflarena.runtime.engines import ENGINES, plan_engine
+
+    if {"-h", "--help", HELP_ALL, "--check", "--quiet"} & set(argv):
+        return None
+    parser = _argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--engine", choices=ENGINES)
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--cpus-per-client", type=float, default=1.0)
+    parser.add_argument("--gpus-per-client", type=float, default=0.0)
+    parser.add_argument("--ray-address")
+    parser.add_argument("--device", default="auto")
+    try:
+        known, _ = parser.parse_known_args(argv)
+        return plan_engine(
+            known.engine,
+            workers=known.workers,
+            cpus_per_client=known.cpus_per_client,
+            gpus_per_client=known.gpus_per_client,
+            ray_address=known.ray_address,
+            device=known.device,
+        )
+    except (SystemExit, ValueError):
+        return None  # the whole parser says what is wrong
+
+
+def _clients_failed(run_dir: Path) -> str | None:
+    """The line a run stopped with when every client failed alike (``ClientsFailed``), if so."""
+    import json
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    error = str(summary.get("error") or "")
+    marker = "every client failed in "
+    if summary.get("status") == "completed" or marker not in error:
+        return None
+    return error[error.index(marker) :]
+
+
+def load_run_file(path: str) -> dict[str, Any]:
+    """The run-config keys of a ``--config`` TOML file (tables flattened to ``a.b`` keys, as
+    a ``[ditto]`` table gives ``ditto.lambda``); a :class:`ConfigError` naming the file."""
+    import tomllib
+
+    from pflarena.core.presets import flatten_table
+
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text())
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path}: not valid TOML ({error})") from None
+    values = flatten_table(data)
+    if "resume" in values:
+        raise ConfigError(f"--config {path}: resume is not a key of a new run (--resume DIR)")
+    return values
+
+
+def _with_strategy(values: dict[str, Any], preset_name: str | None) -> dict[str, Any]:
+    """``values`` with the preset's strategy when none was given and the preset names one;
+    a :class:`ConfigError` when the preset compares several and none was chosen."""
+    if not preset_name or values.get("strategy"):
+        return values
+    from pflarena.core.presets import load_preset
+
+    preset = load_preset(preset_name)
+    if len(preset.strategies) == 1:
+        return values | {"strategy": preset.strategies[0]}
+    raise ConfigError(
+        f"preset {preset_name} compares {len(preset.strategies)} strategies "
+        f"({', '.join(preset.strategies)}); name one with --strategy (e.g. --strategy "
+        f"{preset.strategies[-1]}), or run them all with `pflarena sweep --preset {preset_name}`"
+    )
+
+
 def command(args: argparse.Namespace) -> int:
+    from pflarena.runtime.precheck import check_data
     from pflarena.server.registry import parse_config
     from pflarena.server.results import check_output_dir
 
     keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys
     if args.resume:
+        if args.config:
+            raise ConfigError(
+                "--resume continues the run in its directory with that run's own settings; "
+                "leave out --config"
+            )
         cfg = resume_run_config(args, keys)
         if cfg is None:  # complete: nothing to run, nothing rewritten
-            print(compare_table([Path(args.resume)]))
+            print(console_table(Path(args.resume)))
             return 0
     else:
-        cfg = parse_config(run_overrides(args, keys))
+        file_values = load_run_file(args.config) if args.config else {}
+        cfg = parse_config(_with_strategy(run_overrides(args, keys, base=file_values), args.preset))
         if not cfg.output_dir:
             cfg = cfg.model_copy(update={"output_dir": default_output_dir(cfg.to_run_config())})
         try:
@@ -88,28 +186,61 @@ def command(args: argparse.Namespace) -> int:
         except OSError as error:
             raise ConfigError(f"output-dir {cfg.output_dir!r} cannot be used: {error}") from None
         check_output_dir(output_dir)
+    # Before the simulation's start-up: files that are not there, and settings the data
+    # cannot satisfy (more clients than samples, a partition that leaves a client without
+    # its minimum), fail the run now, in one line with the numbers.
+    unchecked = check_data(cfg, files_required=not args.check)
     if args.check:
+        if unchecked:
+            print(f"pflarena run: {' '.join(unchecked.split())}", file=sys.stderr)
         print("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
     args.run_dir = str(Path(cfg.output_dir).resolve())  # named if the run is interrupted
-    # Before the simulation's start-up: files that are not there fail the run now, with
-    # the path looked at, the layout expected and where to get them.
-    check_files(cfg.dataset, cfg.data_dir)
     cfg = with_tracking(cfg)
-    verbosity = 0 if args.quiet else 2 if args.verbose else 1
-    summary = simulate(
-        cfg,
+    from pflarena.runtime.engines import plan_engine
+
+    plan = plan_engine(
+        args.engine,
+        workers=args.workers,
         cpus_per_client=args.cpus_per_client,
         gpus_per_client=args.gpus_per_client,
-        verbosity=verbosity,
-        superlink=args.superlink,
-        engine=args.engine,
         ray_address=args.ray_address,
-        progress=Progress(1, verbosity=verbosity, quiet=args.quiet),
+        device=cfg.device,
+        num_clients=cfg.num_clients,
     )
-    print()
-    print(compare_table([Path(cfg.output_dir)]))
-    print(f"\nresults: {cfg.output_dir}  ({_times(summary)})")
+    verbosity = 0 if args.quiet else 2 if args.verbose else 1
+    if not args.quiet:
+        # the engine was said on the first line (early_plan); again only where the run's
+        # settings (its device, its number of clients) changed it
+        early = getattr(args, "early_plan", None)
+        engine = "" if early == plan else f"; {plan.describe()}"
+        print(
+            f"pflarena run: {cfg.strategy} on {cfg.dataset}, {cfg.num_clients} clients, "
+            f"{cfg.num_rounds} rounds{'; --superlink' if args.superlink else ''}{engine}",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        summary = simulate(
+            cfg,
+            cpus_per_client=args.cpus_per_client,
+            gpus_per_client=args.gpus_per_client,
+            verbosity=verbosity,
+            superlink=args.superlink,
+            engine=args.engine,
+            ray_address=args.ray_address,
+            progress=Progress(1, verbosity=verbosity, quiet=args.quiet),
+            workers=args.workers,
+        )
+    finally:
+        if args.config and Path(args.run_dir).is_dir():
+            import shutil
+
+            shutil.copyfile(args.config, Path(args.run_dir) / RUN_FILE_COPY)
+    run_dir = Path(cfg.output_dir)
+    (run_dir / TABLE_FILE).write_text(compare_table([run_dir]) + "\n")
+    print(console_table(run_dir))
+    print(f"\nresults: {cfg.output_dir}\n({_times(summary)}; full table: {TABLE_FILE})")
     return 0
 
 
@@ -121,6 +252,47 @@ def _times(summary: dict[str, Any]) -> str:
             f"rounds {summary['rounds_time_s']:.1f}s"
         )
     return f"wall time {summary['wall_time_s']:.1f}s"
+
+
+#: The ``--config`` file's copy in the run directory.
+RUN_FILE_COPY = "run.toml"
+#: The run's full results table (every column of ``pflarena compare``).
+TABLE_FILE = "results.md"
+#: The console table's width limit.
+CONSOLE_WIDTH = 100
+
+
+def console_table(run_dir: Path) -> str:
+    """A run's headline figures, one per line (so that it fits :data:`CONSOLE_WIDTH`
+    columns), accuracies in percent as in every table of pflarena; the full table, with
+    every column of ``pflarena compare``, is :data:`TABLE_FILE`'s."""
+    import json
+
+    from pflarena.server.metrics import label
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    def pct(block: Any, key: str) -> str:
+        value = ((block or {}).get("last") or {}).get(key)
+        return f"{100 * value:.2f}" if isinstance(value, int | float) else "—"
+
+    done = summary.get("rounds_completed", summary.get("num_rounds"))
+    rows = [
+        ("run", f"{summary.get('strategy', '?')} on {summary.get('dataset', '?')}, "
+                f"{summary.get('num_clients', '?')} clients, seed {summary.get('seed', '?')}"),
+        ("status", f"{summary.get('status', '?')}, {done}/{summary.get('num_rounds', '?')} rounds"),
+        (f"{label('personalized', 'mean')}, %", pct(summary.get("personalized"), "mean")),
+        (f"{label('personalized', 'worst10')}, %", pct(summary.get("personalized"), "worst10")),
+        (f"{label('global', 'weighted')}, %", pct(summary.get("global"), "weighted")),
+    ]  # fmt: skip
+    left = max(len(name) for name, _ in rows)
+    right = max(len("last round"), *(len(value) for _, value in rows))
+    lines = [
+        f"| {'':{left}} | {'last round':{right}} |",
+        f"|{'-' * (left + 2)}|{'-' * (right + 2)}|",
+    ]
+    lines += [f"| {name:{left}} | {value:{right}} |" for name, value in rows]
+    return "\n".join(line[:CONSOLE_WIDTH] for line in lines)
 
 
 def add_parser(sub: Any, full_help: bool = False) -> None:
@@ -143,6 +315,11 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
         "--preset",
         metavar="NAME",
         help="start from an experiment preset (`pflarena presets`); flags override it",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="run-config keys from a TOML file (examples/run.toml); flags override it",
     )
     add_config_flags(run, full_help=full_help)
     from pflarena.strategies import declarations

@@ -432,8 +432,8 @@ def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard")
     lines = [
         f"# {title}",
         "",
-        "Per setting and method: mean ± standard deviation over seeds (population std) of "
-        f"each run's `summary.json`: {label('personalized', 'mean')} and "
+        "Per setting and method: mean ± standard deviation over seeds (population std), in "
+        f"percent, of each run's `summary.json`: {label('personalized', 'mean')} and "
         f"{label('global', 'weighted')}: the global model on the union of the clients' test "
         "splits, at the last round and at the best round (the round whose mean over clients "
         "is best, so `at best` can be below `last`). `rounds s`: the rounds' own time "
@@ -619,8 +619,11 @@ def command(args: argparse.Namespace) -> int:
         group = SweepGroup.open(todo[0], plan_of.out.resolve(), len(plan))
         todo = [group.member(cfg) for cfg in todo]
     if todo:
+        from pflarena.runtime.precheck import check_data
+
         for cfg in todo:
             check_flower_keys(cfg)
+            check_data(cfg)  # before any start-up: settings the data cannot satisfy
         verbosity = 0 if args.quiet else 2 if args.verbose else 1
         try:
             code, tail = run_simulations(
@@ -631,6 +634,7 @@ def command(args: argparse.Namespace) -> int:
                 engine=args.engine,
                 ray_address=args.ray_address,
                 progress=Progress(len(todo), verbosity=verbosity, quiet=args.quiet),
+                workers=args.workers,
             )
         except KeyboardInterrupt:
             print(

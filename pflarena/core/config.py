@@ -351,7 +351,12 @@ def _method_problems(
                     f"{name} parameters would be ignored"
                 )
     if cfg.strategy not in methods:
-        problems.append(f"unknown strategy {cfg.strategy!r}; allowed: {', '.join(methods)}")
+        from pflarena.core.suggest import did_you_mean
+
+        problems.append(
+            f"unknown strategy {cfg.strategy!r}{did_you_mean(cfg.strategy, methods)}; "
+            f"allowed: {', '.join(methods)}"
+        )
         return problems, normalized
     declaration = methods[cfg.strategy]
     with contextlib.suppress(ValidationError):  # invalid values are already reported

@@ -60,7 +60,12 @@ def load_preset(name: str) -> Preset:
     """The preset ``name``; raise :class:`ConfigError` naming the problem."""
     path = PRESETS_DIR / f"{name}.toml"
     if not path.is_file():
-        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+        from pflarena.core.suggest import did_you_mean
+
+        raise ConfigError(
+            f"unknown preset {name!r}{did_you_mean(name, preset_names())}; available: "
+            f"{', '.join(preset_names())}"
+        )
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:

@@ -689,7 +689,7 @@ def _become_expendable(task_memory_mb: int | None) -> None:
 
 # --------------------------------------------------------------------------- the command
 def _own_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--preload", action="append", metavar="MODULE")
     parser.add_argument("--task-timeout", type=float, default=None)
     parser.add_argument("--task-memory-mb", type=int, default=None)

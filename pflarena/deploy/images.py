@@ -627,7 +627,7 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pflarena.deploy.images")
+    parser = argparse.ArgumentParser(prog="python -m pflarena.deploy.images", allow_abbrev=False)
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["images", *(argv if argv is not None else sys.argv[1:])])
     try:

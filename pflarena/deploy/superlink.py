@@ -228,14 +228,14 @@ def install_guard(token_sha256: str) -> None:
 
 
 def _own_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--operator-token-hash", metavar="FILE")
     return parser.parse_known_args(list(argv))
 
 
 def _flower_flags(rest: Sequence[str]) -> argparse.Namespace:
     """The flower-superlink flags the guard depends on."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--insecure", action="store_true")
     parser.add_argument("--isolation", default="subprocess")
     parser.add_argument("--superexec-auth-secret-file")

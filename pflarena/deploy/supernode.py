@@ -209,7 +209,7 @@ def require_approved_apps(public_key_files: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """``pflarena supernode [--active-poll A] [--idle-poll I] [--active-window W]
     [--app-signing-public-key KEY.pub ...] <flower-supernode flags>``."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--idle-poll", type=float, default=None)
     parser.add_argument("--active-poll", type=float, default=None)
     parser.add_argument("--active-window", type=float, default=30.0)

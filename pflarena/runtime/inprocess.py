@@ -1,14 +1,23 @@
-"""The in-process engine: the real ServerApp and ClientApp in one process, without Ray.
+"""The in-process engine (the default): the real ServerApp and ClientApp without Ray.
 
-``pflarena run --engine inprocess`` runs a run with the same components as a Flower
+``pflarena run`` (``--engine inprocess``) runs a run with the same components as a Flower
 simulation (the ServerApp and ClientApp that ``pyproject.toml`` names, the run config fused
 by Flower from ``[tool.flwr.app.config]`` and the overrides, one ``Context`` per node with
 ``partition-id`` and ``num-partitions`` in its node config and its own ``state``), but the
-Grid hands each message to the ClientApp in the same process, one node after another. It
-is for machines without Ray (a GPU box whose Python has no Ray wheel, an edge device), for
-debugging with a plain debugger, and for runs whose clients are too heavy to run several at
-once anyway. It is sequential: a round takes the sum of its clients' times, where the Ray
-engine overlaps as many clients as it has actors.
+Grid hands each message to the ClientApp itself instead of a SuperLink.
+
+**Workers.** With ``workers`` above 1 the clients of a round run side by side in that many
+worker processes, forked once the clients' calls have kept the run's process busy for
+:data:`FORK_AFTER_S` in one push (clients that take less, a round of digits, are not worth a
+fork), after the imports, the ServerApp's set-up and the first clients' data: torch, Flower,
+the app and the federation's data are imported and built once and inherited, as the warm
+executor does its imports (:mod:`pflarena.deploy.executor`). Each worker gets a message and
+its node's ``Context``, runs the ClientApp and sends back the reply and the node's updated
+``Context``. torch runs at one thread in the parent until it has forked (a thread pool does
+not survive a fork), each worker at ``threads // workers``.
+With ``workers=1`` the clients run one after another in the process itself (a plain
+debugger sees them). Results do not depend on the number of workers: a ClientApp seeds
+torch per message and derives its data from the run config (``tests/test_inprocess.py``).
 
 Every message and every reply crosses the Grid as Flower's wire format (``message_to_proto``
 and back), as it does between a SuperLink and a SuperNode, so a ClientApp can never change
@@ -16,19 +25,26 @@ the server's copy of a record in place, and the run's ``rounds.jsonl`` is the on
 engine gives (``tests/test_startup.py``).
 
 A slow client costs only itself: each ClientApp call gets its message's time to live (the
-run loop sets it to ``round-timeout``) from the moment it starts, in a thread of its own.
-A call still running then is abandoned: the message gets no reply (the server records no
-reply within the round timeout), the next client runs, and the node gets no further
-message until that call has ended (a SuperNode works one message at a time). Python cannot
-stop a thread, so an abandoned call runs on in the background until it returns.
+run loop sets it to ``round-timeout``). A call still running then is abandoned: the message
+gets no reply (the server records no reply within the round timeout), and the node gets no
+further message until that call has ended (a SuperNode works one message at a time). A
+worker that dies (a crash, the kernel's OOM killer) costs the replies it owed: they become
+error replies, and a fresh set of workers is forked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import multiprocessing
+import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -42,6 +58,65 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["InProcessGrid", "run_inprocess"]
+
+#: Seconds one push of messages may keep the run's process busy before the workers are
+#: forked: clients that take less (a round of digits: half a second) are not worth a fork.
+FORK_AFTER_S = 1.0
+#: Environment: another :data:`FORK_AFTER_S` (0: fork at the first message; tests).
+FORK_AFTER_ENV = "PFLARENA_FORK_AFTER_S"
+#: The ClientApp a forked worker calls (set in the parent before it forks).
+_WORKER_APP: dict[str, ClientApp] = {}
+#: ``prctl`` option: a signal for this process when its parent exits (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def _worker_init(threads: int) -> None:
+    """A forked worker's start: a session of its own, Ctrl-C and SIGTERM its parent's to
+    handle (the parent ends its workers), its own torch thread count, and it exits with its
+    parent.
+
+    A session of its own because Linux's autogroup scheduling (on by default on many
+    distributions) shares one fair share of the CPUs among all the processes of a session:
+    two workers in the run's session took 5.8 s for what one process does in 2.2 s twice
+    over, on a machine other sessions kept busy; in sessions of their own, 3.5 s."""
+    with contextlib.suppress(OSError):
+        os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _worker_ready(_: int = 0) -> int:
+    return os.getpid()
+
+
+def _worker_call(payload: bytes, context: Context) -> tuple[bytes | None, str | None, Context]:
+    """Run one message (Flower's wire format) through the ClientApp in a worker: the reply
+    (wire format) or the exception's text, and the node's context as the call left it."""
+    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
+
+    received = message_from_proto(ProtoMessage.FromString(payload))
+    try:
+        reply = _WORKER_APP["app"](received, context)
+    except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
+        return None, f"{type(exc).__name__}: {exc}", context
+    return message_to_proto(reply).SerializeToString(), None, context
+
+
+def _wire(message: Message) -> bytes:
+    return message_to_proto(message).SerializeToString()
+
+
+def _unwire(payload: bytes) -> Message:
+    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
+
+    return message_from_proto(ProtoMessage.FromString(payload))
 
 
 def _over_the_wire(message: Message) -> Message:
@@ -70,8 +145,23 @@ class InProcessGrid(Grid):
         run_id: int = 1,
         keep_sent: bool = False,
         wire: bool = True,
+        workers: int = 1,
     ) -> None:
         self.client_app = client_app
+        #: ClientApp calls run at once, each in a forked worker process (1: in this process)
+        self.workers = max(1, int(workers))
+        self._pool: ProcessPoolExecutor | None = None
+        self._pool_broken = False
+        #: the workers are forked once one push has kept this process busy this long
+        self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
+        self._threads = 0  # torch's threads in this process before the workers were forked
+        if self.workers > 1:
+            import torch
+
+            # No torch thread pool in this process before it forks (one does not survive a
+            # fork: a child using it can hang); each worker gets its share of these threads.
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
         self.node_ids = [node_id_base * (i + 7) % 2**61 for i in range(num_nodes)]
         configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
@@ -91,7 +181,7 @@ class InProcessGrid(Grid):
         self.wire = wire
         self.sent: list[Message] = []
         #: nodes whose last call ran past its message's time to live and still runs
-        self.busy: dict[int, threading.Thread] = {}
+        self.busy: dict[int, threading.Thread | Future] = {}
         self.reply_filter: Callable[[Message], Message] | None = None
         self._replies: dict[str, Message] = {}  # pushed, not yet pulled
         self._run = Run.create_empty(run_id=run_id)
@@ -121,8 +211,12 @@ class InProcessGrid(Grid):
         return [n for n in self.node_ids if n not in self.offline]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Deliver each message to its node's ClientApp now; the replies wait for
-        :meth:`pull_messages`. Returns the messages' ids."""
+        """Deliver each message to its node's ClientApp now (side by side in the worker
+        processes, if any); the replies wait for :meth:`pull_messages`. Returns the
+        messages' ids."""
+        messages = list(messages)
+        if self.workers > 1 and not self._pool_broken and len(messages) > 1:
+            return self._push_parallel(messages)
         ids = []
         for msg in messages:
             reply = self._deliver(msg)
@@ -140,8 +234,9 @@ class InProcessGrid(Grid):
     ) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
 
-    def _deliver(self, msg: Message) -> Message | None:
-        """Run ``msg`` through its node's ClientApp; its reply (None from an offline node)."""
+    def _receive(self, msg: Message) -> Message | None:
+        """Stamp ``msg`` as sent; the message its node's ClientApp is to get, or None when
+        the node is offline or still busy with an earlier message."""
         msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
         msg.metadata.__dict__["_src_node_id"] = 0
         msg.metadata.__dict__["_run_id"] = self._run.run_id
@@ -151,19 +246,149 @@ class InProcessGrid(Grid):
         if node_id in self.offline:
             return None  # no reply, as for a node that died
         if node_id in self.busy:
-            if self.busy[node_id].is_alive():
+            running = self.busy[node_id]
+            if isinstance(running, threading.Thread):
+                alive = running.is_alive()
+            else:
+                alive = not running.done()
+            if alive:
                 return None  # still on a message it ran too long on
             del self.busy[node_id]
-        received = _over_the_wire(msg) if self.wire else msg
-        reply = self._call(received, msg, node_id)
-        if reply is None:
-            return None
+        return msg
+
+    def _finish(self, reply: Message, node_id: int) -> Message:
         reply.metadata.__dict__["_src_node_id"] = node_id
         if self.wire:
             reply = _over_the_wire(reply)
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply
+
+    def _deliver(self, msg: Message) -> Message | None:
+        """Run ``msg`` through its node's ClientApp; its reply (None from an offline node)."""
+        if self._receive(msg) is None:
+            return None
+        node_id = msg.metadata.dst_node_id
+        received = _over_the_wire(msg) if self.wire else msg
+        reply = self._call(received, msg, node_id)
+        if reply is None:
+            return None
+        return self._finish(reply, node_id)
+
+    # -- worker processes -----------------------------------------------------------
+    def start_workers(self) -> None:
+        """Fork the worker processes now (they inherit everything imported and built so
+        far; :meth:`push_messages` calls this at the first message). torch runs at one
+        thread in this process while it forks, each worker at this machine's threads
+        shared among the workers."""
+        if self.workers <= 1 or self._pool is not None or self._pool_broken:
+            return
+        import torch
+
+        threads = self._threads or torch.get_num_threads()
+        per_worker = max(1, threads // self.workers)
+        _WORKER_APP["app"] = self.client_app
+        gc.freeze()  # what the workers inherit stays shared: no collection touches it
+        try:
+            pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=_worker_init,
+                initargs=(per_worker,),
+            )
+            # With fork, every worker is started at the first submission, before the
+            # executor's own thread: all of them are forked here.
+            list(pool.map(_worker_ready, range(self.workers)))
+        finally:
+            torch.set_num_threads(threads)  # the forks are done: this process's own again
+            self._threads = 0
+        self._pool = pool
+
+    def close(self) -> None:
+        """End the worker processes (calls still running are abandoned), and give this
+        process its torch threads back."""
+        if self._threads:
+            import torch
+
+            torch.set_num_threads(self._threads)
+            self._threads = 0
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            processes = list(getattr(pool, "_processes", {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                with contextlib.suppress(Exception):
+                    process.kill()
+
+    def _push_parallel(self, messages: list[Message]) -> list[str]:
+        """:meth:`push_messages` with each node's call in a worker process; a node given two
+        messages gets the second once the first has been answered (its context goes with
+        each call). Until the workers are forked, the calls run in this process, one by one;
+        once they have taken :attr:`fork_after_s` seconds the workers are forked (they
+        inherit the data those calls built) and take the rest."""
+        began = time.monotonic()
+        ids: list[str] = []
+        pending: list[tuple[Message, int, Future, float]] = []
+        for msg in messages:
+            node_id = msg.metadata.dst_node_id
+            if any(node == node_id for _, node, _, _ in pending):
+                self._collect(pending)
+                pending = []
+            received = self._receive(msg)
+            ids.append(msg.metadata.message_id)
+            if received is None:
+                continue
+            if self._pool is None:  # not forked (yet), or the workers died: run it here
+                reply = self._call(_over_the_wire(msg), msg, node_id)
+                if reply is not None:
+                    self._replies[msg.metadata.message_id] = self._finish(reply, node_id)
+                if time.monotonic() - began > self.fork_after_s:
+                    self.start_workers()
+                continue
+            future = self._pool.submit(_worker_call, _wire(msg), self.contexts[node_id])
+            pending.append((msg, node_id, future, time.monotonic()))
+        self._collect(pending)
+        return ids
+
+    def _collect(self, pending: list[tuple[Message, int, Future, float]]) -> None:
+        """Wait for the calls ``pending``, each for its message's time to live from its
+        submission, and keep their replies and contexts."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        for msg, node_id, future, submitted in pending:
+            ttl = msg.metadata.ttl
+            remaining = None if not ttl else max(0.0, ttl - (time.monotonic() - submitted))
+            try:
+                payload, problem, context = future.result(timeout=remaining)
+            except FutureTimeout:
+                self.busy[node_id] = future
+                log(
+                    WARNING,
+                    "pflarena: node %d's ClientApp ran past the round timeout (%.0fs); "
+                    "no reply, the next client runs",
+                    node_id,
+                    ttl,
+                )
+                continue
+            except BrokenProcessPool as exc:
+                if not self._pool_broken:
+                    log(
+                        WARNING,
+                        "pflarena: a worker process died (%s); its clients' messages get "
+                        "error replies, the next ones run in the run's process",
+                        exc,
+                    )
+                self._pool_broken = True
+                self.close()
+                reason = f"WorkerDied: the worker process running this client died ({exc})"
+                reply = Message(Error(code=0, reason=reason), reply_to=msg)
+            else:
+                self.contexts[node_id] = context
+                if payload is None:
+                    reply = Message(Error(code=0, reason=str(problem)), reply_to=msg)
+                else:
+                    reply = _unwire(payload)
+            self._replies[msg.metadata.message_id] = self._finish(reply, node_id)
 
     def _call(self, received: Message, msg: Message, node_id: int) -> Message | None:
         """The ClientApp's reply to ``received`` (an error reply if it raised), or None
@@ -197,8 +422,11 @@ class InProcessGrid(Grid):
         return outcome["reply"]
 
 
-def run_inprocess(app: Any, run_config: dict[str, Any], num_supernodes: int, scratch: Path) -> None:
-    """One run of ``app`` (a :class:`~pflarena.runtime.simulation.FlowerApp`) in this process.
+def run_inprocess(
+    app: Any, run_config: dict[str, Any], num_supernodes: int, scratch: Path, workers: int = 1
+) -> None:
+    """One run of ``app`` (a :class:`~pflarena.runtime.simulation.FlowerApp`) in this process,
+    its clients in ``workers`` forked worker processes (1: in this process, one by one).
 
     ``run_config`` holds the overrides, fused with the app's defaults by Flower's own
     parser as for a simulation. Raises the ServerApp's exception if it raised (the app
@@ -216,10 +444,41 @@ def run_inprocess(app: Any, run_config: dict[str, Any], num_supernodes: int, scr
     overrides = flower_overrides(run_config, scratch)
     fused = get_fused_config_from_dir(app.root, overrides)
     server_app = load_app(app.server_app_attr, ValueError, str(app.root))
-    grid = InProcessGrid(load_client_app(app), fused, num_supernodes)
+    grid = InProcessGrid(
+        load_client_app(app), fused, num_supernodes, workers=min(workers, num_supernodes)
+    )
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     # Everything imported so far (torch, Flower, half a million objects) lives as long as
     # the process: out of the collector's sight, a full collection no longer walks it
     # (about 0.2 s each, which fell inside some rounds and doubled them).
     gc.freeze()
-    server_app(grid, context)
+    _warm_torch()
+    # The workers are forked once the clients are worth it (InProcessGrid._push_parallel),
+    # after the ServerApp has set up: they inherit what was built (the federation's data),
+    # as the clients calling in this process would find it.
+    try:
+        server_app(grid, context)
+    finally:
+        grid.close()
+
+
+def _warm_torch() -> None:
+    """Import what a ClientApp's first ``torch.optim`` call imports lazily
+    (``torch._dynamo``, ~1.5 s) once, before the workers are forked
+    (:func:`pflarena.deploy.executor.warm_up` does the same)."""
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        parameter = torch.nn.Parameter(torch.zeros(1))
+        parameter.grad = torch.zeros(1)
+        for optimizer in (
+            torch.optim.SGD([parameter], lr=0.1, momentum=0.9),
+            torch.optim.Adam([parameter]),
+        ):
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)

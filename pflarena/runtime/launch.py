@@ -1,9 +1,10 @@
 """Start runs on this machine: ``pflarena run`` and ``pflarena sweep`` call in here.
 
-By default Flower's simulation runtime runs in a process of its own
-(:mod:`pflarena.runtime.simulation`), started with the runtime dependency installation off,
-and keeps its Ray instance from one run to the next (:func:`run_simulations`);
-``engine="inprocess"`` runs without Ray (:mod:`pflarena.runtime.inprocess`). ``superlink=True``
+Runs run in a simulation process of their own (:mod:`pflarena.runtime.simulation`), started
+with the runtime dependency installation off (:func:`run_simulations`). By default that
+process runs the clients in worker processes it forks after its imports
+(:mod:`pflarena.runtime.inprocess`); ``engine="ray"`` runs Flower's Ray engine there and keeps
+its Ray instance from one run to the next (:mod:`pflarena.runtime.engines` decides). ``superlink=True``
 takes ``flwr run``'s way instead: a private simulation SuperLink on a free loopback port, the
 app submitted with ``flwr run`` and its log streamed, the SuperLink stopped (by PID) at the end
 (``flwr run`` itself exits 0 when the ServerApp raises).
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, own_method_keys, toml_value
+from pflarena.runtime.engines import ENGINES
 from pflarena.runtime.processes import flower_env, free_port, stop, stop_group, wait_healthy
 from pflarena.server.progress import Progress
 
@@ -34,9 +36,6 @@ __all__ = [
     "simulate_resuming",
     "with_absolute_paths",
 ]
-
-#: How a run's clients are executed: Flower's Ray simulation engine, or in this process.
-ENGINES: tuple[str, ...] = ("ray", "inprocess")
 
 
 def project_root() -> Path:
@@ -96,9 +95,10 @@ def simulate(
     log_file: Path | None = None,
     verbosity: int = 1,
     superlink: bool = False,
-    engine: str = "ray",
+    engine: str | None = None,
     ray_address: str | None = None,
     progress: Progress | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
@@ -108,15 +108,17 @@ def simulate(
     By default Flower's simulation runtime runs in a process of its own
     (:mod:`pflarena.runtime.simulation`); ``superlink=True`` submits the app with ``flwr run``
     to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
-    longer start-up). ``engine="inprocess"`` runs the ServerApp and the ClientApps in that
-    process without Ray, one client after another (:mod:`pflarena.runtime.inprocess`).
-    ``ray_address`` joins that Ray cluster instead of starting a private Ray instance.
+    longer start-up). The engine is :func:`pflarena.runtime.engines.plan_engine`'s: by
+    default ``inprocess``, the ServerApp in that process and the ClientApps in ``workers``
+    forked worker processes (:mod:`pflarena.runtime.inprocess`); ``engine="ray"`` runs them
+    on Flower's Ray engine, and ``ray_address`` joins that Ray cluster instead of starting a
+    private Ray instance.
     Raises ``RuntimeError`` when the run did not complete.
     """
     output_dir = Path(cfg.output_dir).resolve()
     cfg = with_absolute_paths(cfg.model_copy(update={"output_dir": str(output_dir)}))
     check_flower_keys(cfg)
-    if superlink and engine != "ray":
+    if superlink and engine not in (None, "ray"):
         raise ConfigError(f"--superlink runs on Flower's Ray engine; --engine {engine} cannot")
     if superlink and ray_address:
         raise ConfigError("--ray-address applies to pflarena's runtime, not to --superlink")
@@ -135,6 +137,7 @@ def simulate(
             engine=engine,
             ray_address=ray_address,
             progress=progress,
+            workers=workers,
         )
         what = "the simulation"
     summary_path = output_dir / "summary.json"
@@ -166,8 +169,8 @@ def _stream(
             if progress is not None:
                 progress.feed(line)
             elif verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
-                sys.stdout.write(line)
-                sys.stdout.flush()
+                sys.stderr.write(line)
+                sys.stderr.flush()
     finally:
         if progress is not None:
             progress.close()
@@ -215,9 +218,10 @@ def run_simulations(
     gpus_per_client: float = 0.0,
     log_file: Path | None = None,
     verbosity: int = 1,
-    engine: str = "ray",
+    engine: str | None = None,
     ray_address: str | None = None,
     progress: Progress | None = None,
+    workers: int | None = None,
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
@@ -225,27 +229,43 @@ def run_simulations(
     and keeps its Ray instance and actors from one run to the next. Each run writes its own
     results; returns the process's exit code (0 when every run completed) and its last
     lines of output. Interrupting this call stops the process and its children.
-    ``engine="inprocess"`` runs them without Ray (:mod:`pflarena.runtime.inprocess`).
+    The engine is :func:`pflarena.runtime.engines.plan_engine`'s for ``engine``, ``workers``
+    and the resources asked for (by default in-process, :mod:`pflarena.runtime.inprocess`).
     ``ray_address`` (``auto`` or ``HOST:PORT``) runs them on that Ray cluster, the app's
     code shipped to its workers (:func:`pflarena.runtime.simulation._start_ray`).
     """
-    if engine not in ENGINES:
+    if engine is not None and engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if ray_address is not None:
         from pflarena.runtime.simulation import check_ray_address
 
-        if engine != "ray":
+        if engine not in (None, "ray"):
             raise ConfigError(f"--ray-address needs the Ray engine, not --engine {engine}")
         try:
             check_ray_address(ray_address)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+    from pflarena.runtime.engines import plan_engine
+
+    try:
+        plan = plan_engine(
+            engine,
+            workers=workers,
+            cpus_per_client=cpus_per_client,
+            gpus_per_client=gpus_per_client,
+            ray_address=ray_address,
+            device=configs[0].device if configs else "auto",
+            num_clients=max((cfg.num_clients for cfg in configs), default=None),
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     scratch = Path(tempfile.mkdtemp(prefix="pflarena-sim-"))
     spec = {
         "app_dir": str(project_root()),
         "cpus_per_client": cpus_per_client,
         "gpus_per_client": gpus_per_client,
-        "engine": engine,
+        "engine": plan.engine,
+        "workers": plan.workers,
         "ray_address": ray_address,
         "runs": [
             {
@@ -306,8 +326,10 @@ def run_simulations(
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             terminate.restore()
+        from pflarena.server.runlock import remove_lock
+
         for lock in locks:
-            lock.close()
+            remove_lock(lock)  # no .lock left in the run directory
         if log_handle:
             log_handle.close()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -373,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
     it ended).
     """
-    parser = argparse.ArgumentParser(prog="python -m pflarena.runtime.simulation")
+    parser = argparse.ArgumentParser(
+        prog="python -m pflarena.runtime.simulation", allow_abbrev=False
+    )
     parser.add_argument("spec", help="JSON file describing the runs")
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.spec).read_text())
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_address=spec.get("ray_address"),
     )
     app = runtime.app
-    in_process = spec.get("engine", "ray") == "inprocess"
+    in_process = spec.get("engine", "inprocess") == "inprocess"
     modules = [module_of(app.server_app_attr), module_of(app.client_app_attr)]
     if not in_process:
         modules = ["flwr.supercore", "pflarena.runtime.ray_backend", *modules]
@@ -408,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             INFO,
             "pflarena: start-up: runtime ready in %.1fs (%s)",
             time.monotonic() - begin,
-            "in-process engine, no Ray" if in_process else "Ray engine",
+            f"in-process engine, {int(spec.get('workers', 1))} worker(s), no Ray"
+            if in_process
+            else "Ray engine",
         )
 
         from pflarena.runtime.inprocess import run_inprocess
@@ -417,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if in_process:
                     run_inprocess(
-                        app, item["run_config"], int(item["num_supernodes"]), scratch / f"{index}"
+                        app,
+                        item["run_config"],
+                        int(item["num_supernodes"]),
+                        scratch / f"{index}",
+                        workers=int(spec.get("workers", 1)),
                     )
                     continue
                 runtime.run(item["run_config"], int(item["num_supernodes"]), scratch / f"{index}")

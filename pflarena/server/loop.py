@@ -126,6 +126,33 @@ def screen_state(
     return screened, lost
 
 
+class ClientsFailed(RuntimeError):
+    """Every client of an exchange replied with an error: the run stops (its next round
+    would fail the same way). The message is one line per distinct error with its count."""
+
+
+def report_client_errors(name: str, messages: list[Message], replies: list[Message]) -> None:
+    """Log each distinct error the clients of an exchange replied with once, with the
+    number of clients that hit it (not once per client: a run of 2,000 clients failing
+    alike gives one line); raise :class:`ClientsFailed` when every client failed so."""
+    counts: dict[str, int] = {}
+    for reply in replies:
+        if reply.has_error():
+            reason = " ".join(str(reply.error.reason).split())
+            counts[reason] = counts.get(reason, 0) + 1
+    if not counts:
+        return
+    total = len(messages)
+    lines = [f"{count} of {total} clients: {reason}" for reason, count in counts.items()]
+    shown = lines[:10]
+    if len(lines) > 10:
+        shown.append(f"... and {len(lines) - 10} other errors")
+    for line in shown:
+        log(WARNING, "pflarena: %s failed on %s", name, line)
+    if sum(counts.values()) == total and total > 0:
+        raise ClientsFailed(f"every client failed in {name}: " + "; ".join(shown))
+
+
 def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 1.0) -> list[int]:
     """Block until ``count`` nodes are connected; raise after ``timeout`` seconds."""
     start = time.monotonic()
@@ -155,6 +182,7 @@ def _send(
 ) -> tuple[list[Message], int, int]:
     down = sum(record_nbytes(m.content) for m in messages)
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    report_client_errors("evaluate", messages, replies)
     replies, found = screen_state(strategy, messages, replies)
     if lost is not None:
         lost.extend(found)
@@ -329,6 +357,7 @@ class RoundExchanges:
         replies = (
             list(self.grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
         )
+        report_client_errors(name, messages, replies)
         replies, lost = screen_state(self.strategy, messages, replies)
         self.state_problems += [entry | {"exchange": name} for entry in lost]
         exchange = Exchange(name, messages, replies, update_id=update_id)
@@ -405,9 +434,9 @@ def _progress(record: dict[str, Any], num_rounds: int, eta_s: float | None = Non
         text += f" | ETA {format_duration(eta_s)}"
     evaluation = record.get("evaluation")
     if evaluation:
-        text += f" | {label('personalized')} {evaluation['personalized']['mean']:.4f}"
+        text += f" | {label('personalized')} {100 * evaluation['personalized']['mean']:.2f}%"
         if evaluation.get("global"):
-            text += f" | {label('global')} {evaluation['global']['weighted']:.4f}"
+            text += f" | {label('global')} {100 * evaluation['global']['weighted']:.2f}%"
     train = record.get("train")
     if train and train.get("loss") is not None:
         text += f" | train loss {train['loss']:.4f} ({train['clients']} clients"

@@ -39,6 +39,8 @@ _END = re.compile(r"pflarena: results in (.+)$")
 _STARTUP = re.compile(r"pflarena: start-up: (.*)$")
 _PROBLEM_MARKERS = ("ERROR", "Traceback", "Error", "failed", "rejected")
 _PROGRESS_MARKERS = ("pflarena", "[round ")
+_PID = re.compile(r"\((?:pid=|\w+ pid=)\d+[^)]*\)")
+_DIGITS = re.compile(r"\d+")
 
 
 def format_duration(seconds: float) -> str:
@@ -95,7 +97,7 @@ class Progress:
         self.total = max(1, total_runs)
         self.verbosity = verbosity
         self.quiet = quiet
-        self.stream = stream or sys.stdout
+        self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.clock = clock
         self.begin = clock()
@@ -106,6 +108,8 @@ class Progress:
         self.durations: list[float] = []
         self.startup_done = False
         self._live = ""  # the bar drawn in place, to clear before another line
+        self._seen: set[str] = set()  # problem lines shown, as compared (_write_once)
+        self.repeated = 0  # problem lines like one shown, not shown
 
     # ------------------------------------------------------------------ output
     def _write(self, text: str) -> None:
@@ -148,9 +152,25 @@ class Progress:
         elif is_problem(text) or (
             any(marker in text for marker in _PROGRESS_MARKERS) and "FutureWarning" not in text
         ):
-            self._write(text)
+            self._write_once(text)
+
+    def _write_once(self, text: str) -> None:
+        """A problem line, unless one like it (the same but for process ids and numbers:
+        each of many clients' tracebacks) was shown already; those are counted."""
+        key = _DIGITS.sub("#", _PID.sub("", text))
+        if key in self._seen:
+            self.repeated += 1
+            return
+        self._seen.add(key)
+        self._write(text)
 
     def close(self) -> None:
+        if self.repeated and self.verbosity == 1:
+            self._write(
+                f"pflarena {self._elapsed()} {self.repeated} more line(s) like those above "
+                "not shown (--verbose shows every line)"
+            )
+            self.repeated = 0
         if self._live:
             self.stream.write("\n")
             self._live = ""
@@ -188,12 +208,15 @@ class Progress:
         return text
 
     def _round(self, match: re.Match) -> tuple[str, str]:
-        number, total, elapsed, eta, rest = match.groups()
+        number, total, _run_elapsed, eta, rest = match.groups()
         number, total = int(number), int(total)
         if number == 0 and not self.startup_done:
             self.startup_done = True
         if not self.tty:
-            return "line", match.group(0)
+            line = f"pflarena {self._elapsed()} round {number}/{total}"
+            if eta:
+                line += f" | ETA {eta}"
+            return "line", line + rest
         width = 20
         filled = round(width * number / max(total, 1))
         bar = "#" * filled + "." * (width - filled)
@@ -203,7 +226,7 @@ class Progress:
             field = field.strip()
             if field.startswith(label("personalized", HEADLINE["personalized"])):
                 accuracy = " " + field
-        text = f"{head}[{bar}] round {number}/{total} {float(elapsed):.0f}s"
+        text = f"pflarena {self._elapsed()} {head}[{bar}] round {number}/{total}"
         if eta:
             text += f" ETA {eta}"
         return ("last bar" if number == total else "bar"), text + accuracy
@@ -224,9 +247,9 @@ class Progress:
         if isinstance(summary.get("startup_s"), int | float):
             text += f" (start-up {summary['startup_s']:.0f}s)"
         if isinstance(pers, int | float):
-            text += f", {label('personalized')} {pers:.4f}"
+            text += f", {label('personalized')} {100 * pers:.2f}%"
         if isinstance(glob, int | float):
-            text += f", {label('global')} {glob:.4f}"
+            text += f", {label('global')} {100 * glob:.2f}%"
         epsilon = (((summary.get("method") or {}).get("dp")) or {}).get("epsilon")
         if isinstance(epsilon, int | float):
             text += f", DP ε {epsilon:.3g}"

@@ -4,7 +4,8 @@ The ServerApp holds the lock of its output directory for the whole run, so two r
 one directory (or a run started into a directory another run is writing) cannot both train:
 the second stops at once, naming the process that holds it, and changes nothing. The lock is
 the kernel's (``flock``): it goes with the process that holds it, however that process ends,
-so a killed run never leaves a stale lock behind.
+so a killed run never leaves a stale lock behind. Whoever took the lock removes the file as it
+lets go (:func:`remove_lock`), so a finished run's directory holds no ``.lock``.
 
 ``pflarena run`` and ``pflarena sweep`` take the locks of their runs' directories themselves
 before starting the simulation process (so a second command is refused before any start-up)
@@ -22,7 +23,14 @@ import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["HELD_ENV", "LOCK_NAME", "RunDirectoryInUse", "held_locks", "lock_run_dir"]
+__all__ = [
+    "HELD_ENV",
+    "LOCK_NAME",
+    "RunDirectoryInUse",
+    "held_locks",
+    "lock_run_dir",
+    "remove_lock",
+]
 
 LOCK_NAME = ".lock"
 #: Environment variable of a process started by a holder of run locks: a JSON object
@@ -60,7 +68,12 @@ def lock_run_dir(directory: Path, wait_s: float = 0.0) -> IO[str]:
     while True:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            if _same_file(handle, path):
+                break
+            # its holder removed the file as it let go (remove_lock): lock the new one
+            handle.close()
+            handle = open(path, "a+")  # noqa: SIM115
+            continue
         except BlockingIOError:
             if time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -77,6 +90,28 @@ def lock_run_dir(directory: Path, wait_s: float = 0.0) -> IO[str]:
     return handle
 
 
+def _same_file(handle: IO[str], path: Path) -> bool:
+    """Whether ``path`` still names the file ``handle`` has open."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except OSError:
+        return False
+
+
+def remove_lock(handle: IO[str] | None) -> None:
+    """Give the lock up and remove its file, so that a finished run's directory holds no
+    ``.lock``. The file is removed while still locked: a process waiting for it finds,
+    once it has the lock, that the file it locked is gone, and takes a new one
+    (:func:`lock_run_dir`)."""
+    if handle is None or handle.closed:
+        return
+    if isinstance(handle.name, str):
+        with contextlib.suppress(OSError):
+            if _same_file(handle, Path(handle.name)):
+                os.unlink(handle.name)
+    handle.close()
+
+
 def held_locks() -> dict[str, int]:
     """The run locks this process inherited (:data:`HELD_ENV`)."""
     with contextlib.suppress(ValueError, TypeError):
@@ -91,4 +126,4 @@ def release(handle: IO[str] | None) -> None:
     if handle is not None and not handle.closed:
         inherited = handle.fileno() in held_locks().values()
         if not inherited:
-            handle.close()
+            remove_lock(handle)

@@ -193,7 +193,12 @@ def check_dataset_name(name: str) -> None:
         Data set name to check.
     """
     if name not in _REGISTRY:
-        raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(_REGISTRY)}")
+        from pflarena.core.suggest import did_you_mean
+
+        raise DatasetError(
+            f"unknown dataset {name!r}{did_you_mean(name, _REGISTRY)}; allowed: "
+            f"{', '.join(_REGISTRY)}"
+        )
 
 
 def dataset_spec(name: str) -> DatasetSpec:

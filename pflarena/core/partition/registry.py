@@ -143,7 +143,12 @@ def check_partition_name(partition: str) -> None:
         Partition name to check.
     """
     if partition not in _REGISTRY:
-        raise DatasetError(f"unknown partition {partition!r}; allowed: {', '.join(_REGISTRY)}")
+        from pflarena.core.suggest import did_you_mean
+
+        raise DatasetError(
+            f"unknown partition {partition!r}{did_you_mean(partition, _REGISTRY)}; allowed: "
+            f"{', '.join(_REGISTRY)}"
+        )
 
 
 def partition_spec(partition: str) -> PartitionSpec:

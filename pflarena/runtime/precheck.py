@@ -1,0 +1,63 @@
+"""What the data can give a run, checked before any simulation starts.
+
+:func:`check_data` builds the run's federation the way its clients will (the same seeded
+partition and splits, :func:`pflarena.core.federation.client_sizes`) and raises a
+:class:`~pflarena.core.config.ConfigError` with one line naming the numbers when the data
+cannot satisfy the settings: more clients than samples, a partition that cannot give every
+client its minimum, label groups that the classes cannot fill, shard files that do not
+match the run (the run config's validation checks the shard directory's manifest). Without
+it such a run would fail inside every client, once per client.
+
+Files that are not there are :func:`~pflarena.core.datasets.check_files`'s to report (the
+path looked at, the layout expected and where to get them).
+"""
+
+from __future__ import annotations
+
+from pflarena.core.config import ConfigError, RunConfig
+
+__all__ = ["check_data"]
+
+
+def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
+    """Raise :class:`ConfigError` (one line, with the numbers) when ``cfg``'s data cannot
+    give every client what the run needs; return None otherwise.
+
+    Files that are not there raise :func:`~pflarena.core.datasets.check_files`'s
+    ``DatasetError`` (naming the path and the layout); with ``files_required=False``
+    (``--check``) they are not an error: what is returned says why the numbers were not
+    checked."""
+    from pflarena.core.datasets import DatasetError, check_files
+
+    if cfg.shards_dir:
+        return None  # the shard set is checked against the run by the config's validation
+    try:
+        check_files(cfg.dataset, cfg.data_dir)
+    except DatasetError as error:
+        if files_required:
+            raise
+        return f"the data's numbers were not checked: {error}"
+    from pflarena.core.federation import client_sizes
+
+    try:
+        train, _val, test = client_sizes(cfg.federation_spec())
+    except (DatasetError, ValueError) as error:
+        text = " ".join(str(error).split())
+        raise ConfigError(
+            f"the data cannot satisfy this run ({cfg.dataset}, {cfg.num_clients} clients, "
+            f"partition {cfg.partition}): {text}"
+        ) from None
+    empty = [i for i, n in enumerate(train) if n == 0]
+    if empty:
+        raise ConfigError(
+            f"the data cannot satisfy this run ({cfg.dataset}, {cfg.num_clients} clients, "
+            f"partition {cfg.partition}): {len(empty)} client(s) would get no training "
+            f"samples (client {empty[0]} first); use fewer clients or a larger alpha"
+        )
+    if cfg.test_fraction > 0 and (no_test := [i for i, n in enumerate(test) if n == 0]):
+        raise ConfigError(
+            f"the data cannot satisfy this run ({cfg.dataset}, {cfg.num_clients} clients): "
+            f"{len(no_test)} client(s) would get no test samples (client {no_test[0]} "
+            "first); use fewer clients or a larger test-fraction"
+        )
+    return None

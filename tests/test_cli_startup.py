@@ -1,0 +1,205 @@
+"""The command line before anything runs: light start-up, flags, presets, data checks,
+``--config`` files and the examples in ``examples/``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pflarena.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pflarena(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "pflarena", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd or ROOT,
+        timeout=600,
+    )
+
+
+def test_help_version_and_methods_import_neither_torch_nor_flower() -> None:
+    """Catches ``pflarena --help`` importing every subcommand, and ``pflarena methods``
+    importing the strategies (torch, Flower: seconds)."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from pflarena.cli import main\n"
+        "for argv in (['--help'], ['--version'], ['methods'], ['methods', 'ditto'],"
+        " ['presets'], ['compare', '--help']):\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        main(argv)\n"
+        "heavy = sorted(m for m in ('torch', 'flwr', 'ray') if m in sys.modules)\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "none"
+
+
+def test_the_methods_catalog_is_what_the_declarations_say(monkeypatch) -> None:
+    """Catches a catalog (what ``pflarena methods`` lists without importing the strategies)
+    left behind by a change to a declaration: ``make generated`` rewrites it."""
+    from pflarena.cli import methods as methods_cli
+
+    monkeypatch.delenv("PFLARENA_PLUGINS", raising=False)
+    live = methods_cli.builtin_declarations()
+    assert json.loads(methods_cli.CATALOG.read_text()) == json.loads(
+        json.dumps(methods_cli.catalog_entries(live))
+    )
+    listed = methods_cli.listed_declarations()
+    assert methods_cli.methods_table(listed) == methods_cli.methods_table(live)
+    for name in live:
+        assert methods_cli.method_details(name, listed) == methods_cli.method_details(name, live)
+
+
+def test_version() -> None:
+    from pflarena import __version__
+
+    result = _pflarena("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"pflarena {__version__}"
+
+
+def test_the_help_lines_listed_are_the_subcommands_own() -> None:
+    """The stubs ``pflarena --help`` lists without importing the modules say what the
+    modules' own parsers say."""
+    from pflarena.cli.command import COMMANDS, build_parser
+
+    full = build_parser()
+    lines = {a.dest: a.help for a in full.subparsers._choices_actions}
+    assert lines == {name: help_line for name, (_, _, help_line) in COMMANDS.items()}
+
+
+def test_an_abbreviated_flag_is_refused_with_the_flag_it_resembles(capsys) -> None:
+    """Catches ``--num-round 1`` silently taken as ``--num-rounds 1``, and the top-level
+    usage shown for a subcommand's misspelt flag."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--num-round", "1", "--check"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: pflarena run" in err
+    assert "--num-round: did you mean --num-rounds?" in err
+
+
+def test_a_misspelt_command_strategy_preset_and_dataset_get_a_suggestion(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["rnu"])
+    assert "did you mean 'run'?" in capsys.readouterr().err
+    out = str(tmp_path / "x")
+    assert main(["run", "--check", "--strategy", "fedavgg", "--output-dir", out]) == 2
+    assert "did you mean 'fedavg'" in capsys.readouterr().err
+    assert main(["run", "--check", "--preset", "pfedsv-digit", "--output-dir", out]) == 2
+    assert "did you mean 'pfedsv-digits'" in capsys.readouterr().err
+    assert main(["run", "--check", "--dataset", "digit", "--output-dir", out]) == 2
+    assert "did you mean 'digits'" in capsys.readouterr().err
+
+
+def test_a_preset_comparing_several_strategies_needs_one(tmp_path, capsys) -> None:
+    """Catches ``--preset pfedsv-digits`` without ``--strategy`` silently running FedAvg."""
+    out = str(tmp_path / "x")
+    assert main(["run", "--check", "--preset", "pfedsv-digits", "--output-dir", out]) == 2
+    err = capsys.readouterr().err
+    assert "name one with --strategy" in err and "pfedsv" in err
+    assert main(["run", "--check", "--preset", "pfedsv-digits", "--strategy", "pfedsv",
+                 "--output-dir", out]) == 0  # fmt: skip
+    assert 'strategy = "pfedsv"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, numbers",
+    [
+        (["--num-clients", "2000"], ["1797 samples", "2000 clients"]),
+        (
+            ["--partition", "label-groups", "--label-groups", "12", "--num-clients", "24"],
+            ["12 groups", "10 classes"],
+        ),
+    ],
+)
+def test_settings_the_data_cannot_satisfy_are_refused_in_one_line(tmp_path, capsys, flags, numbers):
+    """Catches ``--check`` passing a run that then fails inside every client."""
+    out = tmp_path / "x"
+    for check in (["--check"], []):
+        code = main(["run", *check, "--dataset", "digits", *flags, "--output-dir", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        # one line (the engine's line before it when a run was to start)
+        lines = [line for line in err.strip().splitlines() if "run: engine:" not in line]
+        assert len(lines) == 1 and "error: the data cannot satisfy this run" in lines[0], err
+        assert all(number in err for number in numbers), err
+        assert not out.exists()
+
+
+def test_a_config_file_is_read_flags_override_it_and_errors_name_it(tmp_path, capsys) -> None:
+    file = tmp_path / "run.toml"
+    file.write_text('strategy = "ditto"\nnum-clients = 4\n[ditto]\nlambda = 0.25\n')
+    out = str(tmp_path / "x")
+    assert main(["run", "--check", "--config", str(file), "--num-clients", "5",
+                 "--output-dir", out]) == 0  # fmt: skip
+    resolved = capsys.readouterr().out
+    assert 'strategy = "ditto"' in resolved and "num-clients = 5" in resolved
+    assert "ditto.lambda = 0.25" in resolved
+    file.write_text("num-clients = [")
+    assert main(["run", "--check", "--config", str(file), "--output-dir", out]) == 2
+    assert f"--config {file}: not valid TOML" in capsys.readouterr().err
+
+
+def test_the_examples_run_and_the_run_file_is_kept(tmp_path) -> None:
+    """examples/run.toml and examples/sweep.toml, as docs/guide.md shows them."""
+    out = tmp_path / "run"
+    result = _pflarena("run", "--config", "examples/run.toml", "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "run.toml").read_text() == (ROOT / "examples" / "run.toml").read_text()
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    assert not (out / ".lock").exists()
+    # results on stdout, progress on stderr: the first line names the engine
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("pflarena run: engine: inprocess"), first
+    assert "pflarena run: ditto on digits, 4 clients, 1 rounds" in result.stderr
+    assert "pflarena [" not in result.stdout and "pflarena [" in result.stderr
+    assert "personalized accuracy (mean over clients), %" in result.stdout
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert len(table) >= 5 and all(len(line) <= 100 for line in table), result.stdout
+    assert (out / "results.md").exists()
+    sweep = _pflarena("sweep", "examples/sweep.toml", "--out", str(tmp_path / "sweep"), "--quiet")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert (tmp_path / "sweep" / "leaderboard.md").exists()
+
+
+def test_the_first_line_comes_before_the_heavy_imports() -> None:
+    """Catches the engine line printed only after torch and Flower are imported (seconds):
+    it is printed before the parser that needs them is built."""
+    code = (
+        "import sys\n"
+        "import pflarena.cli.command as command\n"
+        "def stop(*a, **k):\n"
+        "    print('heavy:', ','.join(m for m in ('torch', 'flwr') if m in sys.modules),"
+        " file=sys.stderr)\n"
+        "    raise SystemExit(0)\n"
+        "command.build_parser = stop\n"
+        "command.main(['run', '--dataset', 'digits'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("pflarena run: engine: inprocess"), result.stderr
+    assert lines[1] == "heavy: ", result.stderr
