@@ -43,7 +43,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "data": (
         "data",
         "add_parser",
-        "list the data sets, show where to get one, or check a local copy",
+        "list the data sets, show where to get one, fetch one (data fetch NAME --data-dir DIR), "
+        "or check a local copy",
     ),
     "shards": (
         "data",
@@ -79,7 +80,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "images": (
         "deploy",
         "add_parsers",
-        "build the container images (superlink, supernode, app, edge)",
+        "build the container images (superlink, supernode, edge, app)",
     ),
     "executor": (
         "deploy",

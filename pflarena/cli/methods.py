@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import RunConfig, toml_value
-from pflarena.core.methods import PLUGINS_ENV, TRAINING_SETTINGS, MethodDeclaration
+from pflarena.core.methods import (
+    PLUGINS_ENV,
+    TRAINING_SETTINGS,
+    MethodDeclaration,
+    plugin_entry_points,
+)
 
 
 def declarations() -> dict[str, MethodDeclaration]:
@@ -87,8 +92,10 @@ def catalog_entries(methods: dict[str, MethodDeclaration]) -> list[dict[str, Any
 
 def listed_declarations() -> dict[str, Any]:
     """What ``pflarena methods`` lists: :data:`CATALOG`'s entries, or the declarations
-    themselves where plug-ins are loaded (``PFLARENA_PLUGINS``) or there is no catalog."""
-    if os.environ.get(PLUGINS_ENV) or not CATALOG.is_file():
+    themselves where plug-ins are loaded (``PFLARENA_PLUGINS``, or an installed package's
+    ``pflarena.methods`` entry points: reading the metadata imports nothing) or there is no
+    catalog."""
+    if os.environ.get(PLUGINS_ENV) or plugin_entry_points() or not CATALOG.is_file():
         return declarations()
     entries = json.loads(CATALOG.read_text())
     return {
