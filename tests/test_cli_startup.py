@@ -94,6 +94,9 @@ def test_an_abbreviated_flag_is_refused_with_the_flag_it_resembles(capsys) -> No
     err = capsys.readouterr().err
     assert "usage: pflarena run" in err
     assert "--num-round: did you mean --num-rounds?" in err
+    with pytest.raises(SystemExit):
+        main(["run", "--out", "x", "--check"])
+    assert "--out: did you mean --output-dir?" in capsys.readouterr().err
 
 
 def test_a_misspelt_command_strategy_preset_and_dataset_get_a_suggestion(tmp_path, capsys):

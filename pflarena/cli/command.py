@@ -117,9 +117,14 @@ class PflArgumentParser(argparse.ArgumentParser):
             for word in message.split(":", 1)[1].split():
                 if word.startswith("--"):
                     flag = word.split("=", 1)[0]
-                    close = difflib.get_close_matches(flag, self.option_names(), n=1)
+                    # What an abbreviation abbreviates first (`--out` is `--output-dir`, not
+                    # the spelling closest to it), then the closest spelling.
+                    names = self.option_names()
+                    close = [n for n in names if n.startswith(flag)][:3] or (
+                        difflib.get_close_matches(flag, names, n=1)
+                    )
                     if close:
-                        hints.append(f"{flag}: did you mean {close[0]}?")
+                        hints.append(f"{flag}: did you mean {' or '.join(close)}?")
             if hints:
                 message += " (" + "; ".join(hints) + ")"
         elif "invalid choice:" in message:
