@@ -206,3 +206,18 @@ def test_the_first_line_comes_before_the_heavy_imports() -> None:
     lines = result.stderr.splitlines()
     assert lines[0].startswith("pflarena run: engine: inprocess"), result.stderr
     assert lines[1] == "heavy: ", result.stderr
+
+
+def test_check_prints_each_clients_samples_and_labels_on_stderr(tmp_path, capsys) -> None:
+    """``run --check`` shows the partition it would run (as ``shards --stats`` does) on
+    stderr; stdout stays the resolved config, readable as TOML."""
+    import tomllib
+
+    out = str(tmp_path / "x")
+    argv = ["run", "--check", "--dataset", "digits", "--num-clients", "4", "--output-dir", out]
+    assert main([*argv, "--partition", "dirichlet", "--alpha", "0.1"]) == 0
+    captured = capsys.readouterr()
+    assert "partition of digits (dirichlet" in captured.err
+    assert all(f"client {i}:" in captured.err for i in range(4))
+    assert "samples per client: min" in captured.err
+    assert tomllib.loads(captured.out)["num-clients"] == 4
