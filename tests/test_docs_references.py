@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_doc_citations import _has_section as has_section
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT / "docs" / "methods"
@@ -49,17 +50,7 @@ def _has_section(page, section, item):
     """``§N`` is the page's ``## N.`` heading; ``§N.M`` its ``### N.M`` heading or, in a section
     without subsections (the ambiguities of §9), its item ``M.``."""
     text = (PAGES / f"{page}.md").read_text(encoding="utf-8")
-    if item is None:
-        return re.search(rf"^## {section}\. ", text, re.M) is not None
-    if re.search(rf"^### {section}\.{item} ", text, re.M):
-        return True
-    body = re.split(rf"^## {section}\. .*$", text, maxsplit=1, flags=re.M)
-    if len(body) < 2:
-        return False
-    body = re.split(r"^## ", body[1], maxsplit=1, flags=re.M)[0]
-    if re.search(r"^### ", body, re.M):
-        return False
-    return re.search(rf"^(?:- )?\**{item}\. ", body, re.M) is not None
+    return has_section(text, section, item)
 
 
 def test_citations_are_found():

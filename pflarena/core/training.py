@@ -37,6 +37,24 @@ GradHook = Callable[[nn.Module], None]
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def warm_optimizers() -> None:
+    """One SGD-with-momentum and one Adam step (with a state round trip) on a scalar: what a
+    process's first ``torch.optim`` call imports lazily (``torch._dynamo``, ~1.5 s) is then
+    imported. A parent that forks ClientApp children (the warm executor, the in-process
+    engine's workers) calls it once, so that no child pays it."""
+    import torch._dynamo  # noqa: F401 - imported lazily by the first torch.optim call
+
+    parameter = nn.Parameter(torch.zeros(1))
+    parameter.grad = torch.zeros(1)
+    for optimizer in (
+        torch.optim.SGD([parameter], lr=0.1, momentum=0.9),
+        torch.optim.Adam([parameter]),
+    ):
+        optimizer.step()
+        optimizer.zero_grad()
+        optimizer.load_state_dict(optimizer.state_dict())
+
+
 def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``model`` on ``(x, y)``: the training loss of every solver."""
     return F.cross_entropy(model(x), y)

@@ -261,15 +261,9 @@ def warm_up(preload: Sequence[str] = (DEFAULT_PRELOAD,)) -> list[Preloaded]:
 
     _warm_state["threads"] = torch.get_num_threads()
     torch.set_num_threads(1)
-    parameter = torch.nn.Parameter(torch.zeros(1))
-    parameter.grad = torch.zeros(1)
-    for optimizer in (
-        torch.optim.SGD([parameter], lr=0.1, momentum=0.9),
-        torch.optim.Adam([parameter]),
-    ):
-        optimizer.step()
-        optimizer.zero_grad()
-        optimizer.load_state_dict(optimizer.state_dict())
+    from pflarena.core.training import warm_optimizers
+
+    warm_optimizers()
     loaded = [Preloaded.load(module) for module in preload]
     if torch.cuda.is_initialized():
         raise RuntimeError(

@@ -472,13 +472,8 @@ def _warm_torch() -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        parameter = torch.nn.Parameter(torch.zeros(1))
-        parameter.grad = torch.zeros(1)
-        for optimizer in (
-            torch.optim.SGD([parameter], lr=0.1, momentum=0.9),
-            torch.optim.Adam([parameter]),
-        ):
-            optimizer.step()
-            optimizer.zero_grad()
+        from pflarena.core.training import warm_optimizers
+
+        warm_optimizers()
     finally:
         torch.set_num_threads(threads)
