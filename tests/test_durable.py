@@ -196,7 +196,7 @@ def test_resume_with_more_rounds_asks_for_them(finished_run, tmp_path, monkeypat
         run_command, "simulate", lambda cfg, **k: started.append(cfg) or {"wall_time_s": 0.0}
     )
     monkeypatch.setattr(run_command, "compare_table", lambda dirs: "")
-    monkeypatch.setattr("pflarena.runtime.precheck.check_data", lambda cfg: None)
+    monkeypatch.setattr("pflarena.runtime.precheck.check_data", lambda cfg, **k: None)
     main(["run", "--resume", str(run), "--num-rounds", "5"])
     assert [(c.num_rounds, c.resume, c.output_dir) for c in started] == [
         (5, True, str(run.resolve()))

@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"core", "strategies", "server"},
     "deploy": {"core", "runtime"},
     "cli": {"core", "strategies", "server", "runtime", "deploy"},
+    "__main__": {"cli"},  # `python -m pflarena`: the command
 }
 
 

@@ -123,7 +123,7 @@ def test_a_sweep_on_a_two_node_ray_cluster_runs_clients_on_both_and_gives_the_pr
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert f"joined the Ray cluster at {ray_cluster.address} (2 nodes, 2.0 CPUs)" in result.stdout
+    assert f"joined the Ray cluster at {ray_cluster.address} (2 nodes, 2.0 CPUs)" in result.stderr
 
     nodes = {node["NodeID"] for node in ray_cluster.global_state.node_table() if node["Alive"]}
     per_node = _client_tasks_per_node(ray_cluster)

@@ -130,8 +130,10 @@ def test_cli_run_prints_table_and_exits_zero(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "| completed | fedavg-ft | digits | 3 | 2/2 |" in result.stdout
-    assert "[round 2/2]" in result.stdout  # progress is shown while the run goes
+    # The results on stdout, one figure per line; the progress on stderr while the run goes.
+    assert "| fedavg-ft on digits, 3 clients, seed 0" in result.stdout
+    assert "| completed, 2/2 rounds" in result.stdout
+    assert "round 2/2" in result.stderr and "round 2/2" not in result.stdout
     summary = json.loads((out / "summary.json").read_text())
     first = json.loads((out / "rounds.jsonl").read_text().splitlines()[0])
     assert (
@@ -154,10 +156,9 @@ def test_cli_run_prints_table_and_exits_zero(tmp_path):
     assert set(summary["personalized"]["best"]) == {"mean", "weighted", "std", "worst10", "round"}
 
 
-def test_cli_run_fails_when_the_server_app_fails(tmp_path):
-    # The MNIST file is there (so the check before the start passes) but damaged: the
-    # ServerApp fails to load it, and the run must fail, say why, and exit non-zero (flwr
-    # run itself exits 0 here).
+def test_cli_run_fails_when_the_data_is_damaged(tmp_path):
+    # The MNIST file is there but damaged: the data check before the start-up loads it and
+    # the run is refused there, saying why, exit code 2, before anything is started or written.
     damaged = tmp_path / "data" / "mnist" / "mnist-70k.npz"
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(b"not an npz archive")
@@ -177,6 +178,6 @@ def test_cli_run_fails_when_the_server_app_fails(tmp_path):
         "--quiet",
         cwd=tmp_path,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2, result.stdout + result.stderr
     assert "mnist" in result.stderr.lower()
-    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+    assert not (out / "summary.json").exists()

@@ -291,7 +291,7 @@ def test_a_real_run_logs_from_the_server_app_and_survives_a_broken_tracker(tmp_p
     assert code == 0
     assert json.loads((broken / "summary.json").read_text())["status"] == "completed"
     assert (broken / "accuracy.png").exists() and (broken / "rounds.jsonl").exists()
-    assert "tracker mlflow failed" in capsys.readouterr().out
+    assert "tracker mlflow failed" in capsys.readouterr().err
 
 
 def _png() -> bytes:

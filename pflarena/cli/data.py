@@ -171,9 +171,9 @@ def shards_command(args: argparse.Namespace) -> int:
         from pflarena.core.partition_stats import (
             format_partition_summary,
             partition_summary,
+            partition_text,
             plot_partition,
         )
-        from pflarena.server.results import partition_text
 
         summary = partition_summary(federation, partition_text(cfg.to_run_config()))
         print(format_partition_summary(summary))

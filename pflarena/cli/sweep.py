@@ -479,7 +479,7 @@ def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 def sweep_title(runs: list[PlannedRun], name: str) -> str:
     """The leaderboard picture's title: the sweep, and the data set, partition, clients and
     seeds its runs share (what differs is in each panel's setting)."""
-    from pflarena.server.results import partition_text
+    from pflarena.core.partition_stats import partition_text
 
     def shared(values: list[Any]) -> Any:
         distinct = list(dict.fromkeys(json.dumps(v, sort_keys=True, default=str) for v in values))

@@ -78,6 +78,19 @@ class PartitionSummary:
         }
 
 
+def partition_text(run_config: dict[str, Any]) -> str:
+    """The partition a run's data was split by, with its parameter (``dirichlet α=0.1``,
+    ``pathological 2 classes/client``, ``shards <dir>``)."""
+    if run_config.get("shards-dir"):
+        return f"shards {Path(str(run_config['shards-dir'])).name}"
+    partition = str(run_config.get("partition", "") or "")
+    if partition == "dirichlet" and "alpha" in run_config:
+        return f"dirichlet α={run_config['alpha']}"
+    if partition == "pathological" and "classes-per-client" in run_config:
+        return f"pathological {run_config['classes-per-client']} classes/client"
+    return partition or "default partition"
+
+
 def partition_summary(federation: Any, title: str = "") -> PartitionSummary:
     """The summary of a federation's clients.
 
@@ -196,10 +209,10 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
             vmax=peak,
             interpolation="nearest",
         )
-    from pflarena.server.results import integer_ticks
+    from matplotlib.ticker import MaxNLocator  # whole-number ticks: clients and classes
 
-    integer_ticks(ax.xaxis)
-    integer_ticks(ax.yaxis)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if classes <= 40:  # every class and client named
         ax.set_xticks(range(classes))
     if clients <= 40:
@@ -235,7 +248,6 @@ def print_partition_summary(
     import sys
 
     from pflarena.core.federation import build_federation
-    from pflarena.server.results import partition_text
 
     summary = partition_summary(
         build_federation(spec), partition_text(spec.model_dump(by_alias=True))

@@ -357,7 +357,7 @@ def compare_table(run_dirs: list[Path]) -> str:
 
 def _common_setting(summaries: list[dict[str, Any]], run_dirs: list[Path]) -> str:
     """What every compared run shares, for the plot's title (data, partition, clients)."""
-    from pflarena.server.results import partition_text
+    from pflarena.core.partition_stats import partition_text
 
     parts = []
     datasets = {s["dataset"] for s in summaries}

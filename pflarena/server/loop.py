@@ -131,10 +131,13 @@ class ClientsFailed(RuntimeError):
     would fail the same way). The message is one line per distinct error with its count."""
 
 
-def report_client_errors(name: str, messages: list[Message], replies: list[Message]) -> None:
+def report_client_errors(
+    name: str, messages: list[Message], replies: list[Message], stop: bool = True
+) -> None:
     """Log each distinct error the clients of an exchange replied with once, with the
     number of clients that hit it (not once per client: a run of 2,000 clients failing
-    alike gives one line); raise :class:`ClientsFailed` when every client failed so."""
+    alike gives one line); with ``stop`` (unless ``max-failure-fraction=1``, which lets a run
+    go on whatever fails), raise :class:`ClientsFailed` when every client failed so."""
     counts: dict[str, int] = {}
     for reply in replies:
         if reply.has_error():
@@ -149,7 +152,7 @@ def report_client_errors(name: str, messages: list[Message], replies: list[Messa
         shown.append(f"... and {len(lines) - 10} other errors")
     for line in shown:
         log(WARNING, "pflarena: %s failed on %s", name, line)
-    if sum(counts.values()) == total and total > 0:
+    if stop and sum(counts.values()) == total and total > 0:
         raise ClientsFailed(f"every client failed in {name}: " + "; ".join(shown))
 
 
@@ -179,10 +182,11 @@ def _send(
     messages: list[Message],
     timeout: float,
     lost: list[dict[str, Any]] | None = None,
+    stop: bool = True,
 ) -> tuple[list[Message], int, int]:
     down = sum(record_nbytes(m.content) for m in messages)
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-    report_client_errors("evaluate", messages, replies)
+    report_client_errors("evaluate", messages, replies, stop)
     replies, found = screen_state(strategy, messages, replies)
     if lost is not None:
         lost.extend(found)
@@ -208,7 +212,12 @@ def _evaluate(
     messages = list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
     lost: list[dict[str, Any]] = []
     replies, down, _ = _send(
-        grid, strategy, with_sync(strategy, messages, None, sync), timeout, lost
+        grid,
+        strategy,
+        with_sync(strategy, messages, None, sync),
+        timeout,
+        lost,
+        stop=cfg.max_failure_fraction < 1,
     )
     traffic: dict[str, Any] = {"eval_bytes_down": down}
     if server_round == 0 and (data_s := _client_time(replies, keys.DATA_TIME, max)):
@@ -341,8 +350,10 @@ class RoundExchanges:
         server_round: int,
         timeout: float,
         sync: ClientSync | None = None,
+        stop: bool = True,
     ):
         self.grid, self.strategy, self.timeout = grid, strategy, timeout
+        self.stop = stop  # every client failing an exchange stops the run (ClientsFailed)
         self.server_round = server_round
         self.sync = sync
         self.exchanges: list[Exchange] = []
@@ -357,7 +368,7 @@ class RoundExchanges:
         replies = (
             list(self.grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
         )
-        report_client_errors(name, messages, replies)
+        report_client_errors(name, messages, replies, self.stop)
         replies, lost = screen_state(self.strategy, messages, replies)
         self.state_problems += [entry | {"exchange": name} for entry in lost]
         exchange = Exchange(name, messages, replies, update_id=update_id)
@@ -557,7 +568,9 @@ def run_rounds(
     for server_round in range(first_round, cfg.num_rounds + 1):
         round_start = time.monotonic()
         strategy.server_round = server_round
-        send = RoundExchanges(grid, strategy, server_round, cfg.round_timeout, sync)
+        send = RoundExchanges(
+            grid, strategy, server_round, cfg.round_timeout, sync, stop=cfg.max_failure_fraction < 1
+        )
         new_arrays, metrics = strategy.train_round(server_round, outcome.arrays, grid, send)
         if new_arrays is not None:
             outcome.arrays = new_arrays

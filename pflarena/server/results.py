@@ -307,22 +307,11 @@ def _run_config(out: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def partition_text(run_config: dict[str, Any]) -> str:
-    """The partition a run's data was split by, with its parameter (``dirichlet α=0.1``,
-    ``pathological 2 classes/client``, ``shards <dir>``)."""
-    if run_config.get("shards-dir"):
-        return f"shards {Path(str(run_config['shards-dir'])).name}"
-    partition = str(run_config.get("partition", "") or "")
-    if partition == "dirichlet" and "alpha" in run_config:
-        return f"dirichlet α={run_config['alpha']}"
-    if partition == "pathological" and "classes-per-client" in run_config:
-        return f"pathological {run_config['classes-per-client']} classes/client"
-    return partition or "default partition"
-
-
 def run_title(config: dict[str, Any]) -> str:
     """One line naming a run for a plot's title: method, data, partition, clients, seed
     (from its ``config.json``; what it lacks is left out)."""
+    from pflarena.core.partition_stats import partition_text
+
     run_config = config.get("run_config") or {}
     method = config.get("method") or run_config.get("strategy") or "?"
     parts = [f"{method} on {run_config.get('dataset', '?')}", partition_text(run_config)]
