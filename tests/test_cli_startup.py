@@ -28,6 +28,14 @@ def _pflarena(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
     )
 
 
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``python -c code`` with this source tree first on the path."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
 def test_help_version_and_methods_import_neither_torch_nor_flower() -> None:
     """Catches ``pflarena --help`` importing every subcommand, and ``pflarena methods``
     importing the strategies (torch, Flower: seconds)."""
@@ -41,13 +49,7 @@ def test_help_version_and_methods_import_neither_torch_nor_flower() -> None:
         "heavy = sorted(m for m in ('torch', 'flwr', 'ray') if m in sys.modules)\n"
         "print(','.join(heavy) or 'none')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    result = _python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "none"
 
@@ -196,13 +198,7 @@ def test_the_first_line_comes_before_the_heavy_imports() -> None:
         "command.build_parser = stop\n"
         "command.main(['run', '--dataset', 'digits'])\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    result = _python(code)
     lines = result.stderr.splitlines()
     assert lines[0].startswith("pflarena run: engine: inprocess"), result.stderr
     assert lines[1] == "heavy: ", result.stderr
