@@ -140,7 +140,7 @@ def test_declarations_are_checked():
 # --------------------------------------------------------------------------- validation
 def test_method_parameters_are_namespaced_and_validated():
     cfg = parse_config({"strategy": "ditto", "ditto.lambda": 0.5})
-    assert build_strategy(cfg).ditto_lambda == 0.5
+    assert build_strategy(cfg).params.lambda_ == 0.5
     with pytest.raises(ConfigError, match=r"ditto\.lambda.*greater than or equal to 0"):
         parse_config({"strategy": "ditto", "ditto.lambda": -1})
     with pytest.raises(ConfigError, match=r"ditto\.lamda.*did you mean ditto\.lambda"):

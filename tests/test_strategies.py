@@ -112,7 +112,7 @@ def test_sampled_clients_reproducible_across_runs(tmp_path):
 def test_fedprox_and_ditto_send_their_weights():
     for strategy, key, value in (
         ("fedprox", keys.PROXIMAL_MU, 0.3),
-        ("ditto", keys.DITTO_LAMBDA, 0.7),
+        ("ditto", "ditto.lambda", 0.7),  # a method's setting travels under its run-config key
     ):
         param = {"fedprox": "fedprox.mu", "ditto": "ditto.lambda"}[strategy]
         cfg = config(strategy=strategy, **{param: value})

@@ -282,8 +282,8 @@ class PflStrategy(Strategy):
     def from_setup(cls, setup: StrategySetup) -> PflStrategy:
         """Build the strategy for a run.
 
-        The default passes the common arguments and every method parameter by its field
-        name; override when the constructor needs more (pFedGT: the model's layout).
+        The default passes the method's validated parameters and the common arguments;
+        override when the constructor needs more (pFedGT: the model's layout).
         """
         return cls(**setup.common(cls.declaration), **dict(setup.params))
 
@@ -299,6 +299,7 @@ class PflStrategy(Strategy):
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
         training: LocalTraining | None = None,
         fraction_train: float | None = None,
@@ -306,7 +307,25 @@ class PflStrategy(Strategy):
         seed: int = 0,
         num_clients: int | None = None,
         state_dir: Path | None = None,
+        **method_params: Any,
     ) -> None:
+        declared = self.declaration.params
+        if params is None:
+            # keyword form, ``Ditto(lambda_=0.5)``: the declaration's model validates the
+            # values and supplies every default (defaults are written only there)
+            params = declared(**method_params)
+        elif method_params:
+            raise TypeError(
+                f"{type(self).__name__}: pass the method's parameters either as a "
+                f"{declared.__name__} or as keywords, not both "
+                f"(got {sorted(method_params)} beside params)"
+            )
+        elif not isinstance(params, declared):
+            raise TypeError(
+                f"{type(self).__name__} takes {declared.__name__}, got {type(params).__name__}"
+            )
+        #: the method's parameters (the declaration's pydantic model: validated, frozen)
+        self.params = params
         if fraction_train is None:
             fraction_train = self.declaration.default_fraction_train
         if not 0.0 < fraction_train <= 1.0:
@@ -470,6 +489,13 @@ class PflStrategy(Strategy):
         shared key constants.
         """
         return {f"{self.method}.{key}": value for key, value in values.items()}
+
+    def params_config(self, *, exclude: Iterable[str] = ()) -> dict[str, Any]:
+        """The method's parameters for a message, by their declared keys (``method_config``).
+
+        ``exclude`` names fields the solver does not need (server-side settings).
+        """
+        return self.method_config(**self.params.model_dump(by_alias=True, exclude=set(exclude)))
 
     def train_content(
         self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict

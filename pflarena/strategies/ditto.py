@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg
 
 __all__ = ["Ditto", "DittoParams"]
@@ -43,23 +41,5 @@ class Ditto(FedAvg):
         params=DittoParams,
     )
 
-    def __init__(
-        self,
-        *,
-        lambda_: float = 0.1,
-        personal_epochs: int = 1,
-        training: LocalTraining | None = None,
-        **kwargs,
-    ) -> None:
-        super().__init__(training=training, **kwargs)
-        if lambda_ < 0:
-            raise ValueError(f"lambda_ must be >= 0, got {lambda_}")
-        self.ditto_lambda = lambda_
-        self.personal_epochs = personal_epochs
-
     def train_config(self, server_round: int, node_id: int) -> dict:
-        return {
-            **super().train_config(server_round, node_id),
-            keys.DITTO_LAMBDA: self.ditto_lambda,
-            keys.PERSONAL_EPOCHS: self.personal_epochs,
-        }
+        return super().train_config(server_round, node_id) | self.params_config()

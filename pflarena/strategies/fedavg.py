@@ -55,10 +55,11 @@ class FedAvg(PflStrategy):
         params=FedAvgParams,
     )
 
-    def __init__(self, *, personal_model: PersonalModel = "global", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        FedAvgParams(personal_model=personal_model)  # the allowed values, checked once
-        self.personal_model = personal_model
+    @property
+    def personal_model(self) -> PersonalModel:
+        """``fedavg.personal-model``; a method built on FedAvg without that setting (Ditto,
+        FedProx…) has a personalized model of its own or the global one, never this switch."""
+        return getattr(self.params, "personal_model", "global")
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         """The base config; ``<method>.personal-model`` when it is not the global model."""

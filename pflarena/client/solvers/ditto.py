@@ -26,14 +26,14 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     received = job.global_model()
     personal = job.state_model_or_initial(PERSONAL_KEY)
     kwargs = job.train_kwargs()
-    personal_epochs = int(job.config.get(keys.PERSONAL_EPOCHS, kwargs["epochs"]))
+    personal_epochs = int(job.param("personal-epochs"))
     if personal_epochs > 0:
         train_epochs(
             personal,
             job.data.x_train,
             job.data.y_train,
             generator=job.generator("personal"),
-            grad_hook=prox_hook(received, float(job.config[keys.DITTO_LAMBDA])),
+            grad_hook=prox_hook(received, float(job.param("lambda"))),
             **(kwargs | {"epochs": personal_epochs}),
         )
     job.save_state_model(PERSONAL_KEY, personal)
