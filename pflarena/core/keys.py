@@ -63,8 +63,6 @@ GLOBAL_LOSS_SUM = "global-loss-sum"
 
 # Method-specific configuration sent in messages.
 PROXIMAL_MU = "proximal-mu"  # FedProx
-DITTO_LAMBDA = "ditto-lambda"  # Ditto
-PERSONAL_EPOCHS = "personal-epochs"  # Ditto personal model, FedAvg-FT fine-tuning
 
 # pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py).
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase

@@ -6,7 +6,7 @@ The reading of the paper, decisions and measurements: docs/methods/fedavg.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from pydantic import Field

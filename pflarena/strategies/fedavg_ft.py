@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg
@@ -51,5 +50,5 @@ class FedAvgFT(FedAvg):
         return {
             **super().evaluate_config(server_round),
             **self.training.to_config(server_round),
-            keys.PERSONAL_EPOCHS: self.finetune_epochs,
+            **self.method_config(**{"finetune-epochs": self.finetune_epochs}),
         }

@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.partial import PartialFedAvg, split_problem
 
@@ -76,7 +75,7 @@ class FedBABU(PartialFedAvg):
         return {
             **super().evaluate_config(server_round),
             **self.training.to_config(server_round),
-            keys.PERSONAL_EPOCHS: self.finetune_epochs,
+            **self.method_config(**{"finetune-epochs": self.finetune_epochs}),
         }
 
     def run_summary(self) -> dict[str, Any]:

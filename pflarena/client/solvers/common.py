@@ -66,10 +66,10 @@ def eval_metrics(job: ClientJob, personalized: EvalResult, global_: EvalResult |
 
 
 def fine_tuned(job: ClientJob, model: nn.Module, default_epochs: int) -> nn.Module:
-    """``model`` fine-tuned whole, in place, on the local training split for the run's
-    personal epochs (``default_epochs`` when the run sets none; 0: unchanged), with the same
+    """``model`` fine-tuned whole, in place, on the local training split for the method's
+    ``finetune-epochs`` (``default_epochs`` when the message has none; 0: unchanged), with the same
     batches for every call of a round (the generator is seeded by the round); returned."""
-    epochs = int(job.config.get(keys.PERSONAL_EPOCHS, default_epochs))
+    epochs = int(job.config.get(f"{job.method}.finetune-epochs", default_epochs))
     if epochs > 0:
         train_epochs(
             model,
