@@ -3,7 +3,8 @@
 * Every Markdown link of ``docs/`` and ``README.md`` to a local file names a file that exists
   and, with ``#anchor``, a heading of that file with GitHub's slug for it.
 * Every ``docs/papers/<name>.md §N`` citation (in ``pflarena/``, ``docs/``, ``benchmarks/`` and
-  ``tests/``) names a page of ``docs/papers/`` and a section of it that exists.
+  ``tests/``) names a page of ``docs/papers/`` and a section of it that exists; every
+  ``docs/methods/<name>.md §N`` citation names a section of that method page the same way.
 * Nothing cites "the spec" or its item labels ("spec §3.2", "spec A9", "§B7"): the readings of
   the papers are ``docs/papers/<name>.md`` and ``docs/methods/<name>.md``, cited by section.
 """
@@ -32,10 +33,55 @@ SPEC_LEFT: dict[str, set[str]] = {}
 
 #: Files being rewritten elsewhere, whose "spec" citations go with that rewrite.
 SPEC_FILES_LEFT = {
-    "pflarena/strategies/page.py",  # fixed with pflarena/strategies/page.py's rewrite
-    "pflarena/client/solvers/page.py",  # fixed with pflarena/client/solvers/page.py's rewrite
     "pflarena/core/ddpg.py",  # fixed with pflarena/core/ddpg.py's rewrite
-    "docs/methods/page.md",  # fixed with docs/methods/page.md's rewrite
+}
+
+#: ``docs/methods/<name>.md §N`` citations whose section moved to ``docs/papers/<name>.md §N``
+#: (the same number), left in files this change does not edit: (citing file, page, section).
+#: Each becomes ``docs/papers/<name>.md §N`` when its file is next edited.
+METHOD_SECTIONS_LEFT: set[tuple[str, str, str]] = {
+    ("benchmarks/baselines3.py", "page", "4.2"),
+    ("benchmarks/page.py", "page", "10"),
+    ("benchmarks/page.py", "page", "12.2"),
+    ("benchmarks/page.py", "page", "4.2"),
+    ("benchmarks/page.py", "page", "9"),
+    ("benchmarks/page.py", "page", "9.12"),
+    ("benchmarks/page_server_agent.py", "page", "12.3"),
+    ("benchmarks/results/page.md", "page", "10"),
+    ("benchmarks/results/page.md", "page", "5.1"),
+    ("benchmarks/results/page_shared.md", "page", "10"),
+    ("benchmarks/results/page_shared.md", "page", "5.1"),
+    ("benchmarks/results/page_shared.md", "page", "9"),
+    ("benchmarks/results/page_shared_900.md", "page", "11"),
+    ("benchmarks/results/page_shared_900.md", "page", "5.1"),
+    ("benchmarks/results/page_shared_900.md", "page", "9"),
+    ("benchmarks/results/page_shared_900_rest.md", "page", "10"),
+    ("benchmarks/results/page_shared_900_rest.md", "page", "11"),
+    ("benchmarks/results/page_shared_900_rest.md", "page", "5.1"),
+    ("benchmarks/results/page_shared_900_rest.md", "page", "9"),
+    ("benchmarks/results/page_shared_variants.md", "page", "10"),
+    ("benchmarks/results/page_shared_variants.md", "page", "11"),
+    ("benchmarks/results/page_shared_variants.md", "page", "5.1"),
+    ("benchmarks/results/page_shared_variants.md", "page", "9"),
+    ("docs/methods.md", "page", "12.3"),  # generated from pflarena/strategies/page.py
+    ("docs/methods/page.md", "page", "12.3"),  # generated from pflarena/strategies/page.py
+    ("pflarena/client/solvers/page.py", "page", "3.4"),
+    ("pflarena/core/ddpg.py", "page", "11"),
+    ("pflarena/core/ddpg.py", "page", "3.2"),
+    ("pflarena/core/partition/inner_dirichlet.py", "page", "5.1"),
+    ("pflarena/core/partition/inner_dirichlet.py", "page", "9.19"),
+    ("pflarena/presets/page-cifar100.toml", "page", "5.1"),
+    ("pflarena/presets/page-shakespeare.toml", "page", "4.2"),
+    ("pflarena/presets/page-shakespeare.toml", "page", "5.1"),
+    ("pflarena/presets/page-synthetic.toml", "page", "11"),
+    ("pflarena/presets/page-synthetic.toml", "page", "5.1"),
+    ("pflarena/presets/page-tiny-imagenet.toml", "page", "5.1"),
+    ("pflarena/strategies/page.py", "page", "12.3"),
+    ("pflarena/strategies/page.py", "page", "12.5"),
+    ("tests/test_ddpg.py", "page", "11"),
+    ("tests/test_inner_dirichlet.py", "page", "9.19"),
+    ("tests/test_page.py", "page", "9.12"),
+    ("tests/test_page.py", "page", "9.15"),
 }
 
 
@@ -129,6 +175,22 @@ def _has_section(text: str, section: str, item: str | None) -> bool:
     return re.search(rf"^(?:- )?\**{item}\. ", body, re.M) is not None
 
 
+#: ``docs/methods/x.md §9.8``, written the same ways as a paper citation.
+METHOD_CITATION = re.compile(PAPER_CITATION.pattern.replace("docs/papers/", "docs/methods/"))
+
+
+#: files whose citations are examples (their docstrings), not citations
+EXAMPLES = {Path(__file__).resolve(), ROOT / "tests" / "test_docs_references.py"}
+
+
+def _citations(pattern):
+    for path, text in _files(CITING):
+        if path in EXAMPLES:
+            continue
+        for match in pattern.finditer(text):
+            yield str(path.relative_to(ROOT)), match.group(1), match.group(2), match.group(3)
+
+
 def _paper_citations():
     for path, text in _files(CITING):
         if path == Path(__file__).resolve():
@@ -141,6 +203,23 @@ def test_paper_citations_are_found():
     """The scan sees the citations, so the check below cannot pass on an empty list."""
     cited = {page for _, page, section, _ in _paper_citations() if section}
     assert {"pfedgt", "pfedsv", "ppfl", "fedpg"} <= cited
+
+
+def test_method_citations_name_existing_sections():
+    """``docs/methods/<name>.md §N`` resolves as a paper citation does, in the method page."""
+    wrong = []
+    for path, page, section, item in _citations(METHOD_CITATION):
+        cited = f"{section}{'.' + item if item else ''}"
+        file = ROOT / "docs" / "methods" / f"{page}.md"
+        if not file.is_file():
+            wrong.append(f"{path}: docs/methods/{page}.md (no such page)")
+        elif (
+            section
+            and (path, page, cited) not in METHOD_SECTIONS_LEFT
+            and not _has_section(file.read_text(encoding="utf-8"), section, item)
+        ):
+            wrong.append(f"{path}: docs/methods/{page}.md §{cited}")
+    assert not wrong, "citations of missing pages or sections:\n" + "\n".join(sorted(set(wrong)))
 
 
 def test_paper_citations_name_existing_sections():
@@ -192,4 +271,10 @@ def test_what_is_left_is_still_there():
         for target in targets
         if f"]({target})" not in (ROOT / name).read_text(encoding="utf-8")
     ]
+    cited = {
+        (path, page, f"{section}{'.' + item if item else ''}")
+        for path, page, section, item in _citations(METHOD_CITATION)
+        if section
+    }
+    gone += [f"{entry}" for entry in sorted(METHOD_SECTIONS_LEFT - cited)]
     assert not gone, "fixed; take them off the list:\n" + "\n".join(gone)

@@ -4,14 +4,14 @@
 (docs/methods/page.md). The clients (leaders) choose their local epochs α_i(t) and learning rates
 η_i(t); the server (follower) chooses the aggregation weights p(t) on the simplex; each side
 learns its choice with DDPG (:mod:`pflarena.core.ddpg`). This module is the server's side,
-Algorithm 1 as the spec reconstructs it (§3.3); the clients' side is
+Algorithm 1 as docs/papers/page.md §3.3 reconstructs it; the clients' side is
 :mod:`pflarena.client.solvers.page`.
 
 One round (one exchange, §3.5):
 
 1. every client gets W(t), runs its own agent (state: the accuracy of W(t) on its training
    split; action: α_i, η_i), trains ŵ_i(t) = Train(η_i, α_i; W(t)) (Eq. 4) and uploads it
-   with the loss f_i(ŵ_i(t)) (spec A5);
+   with the loss f_i(ŵ_i(t)) (docs/papers/page.md §9.5);
 2. the server's state is s_CS(t) = [acc(ŵ_i(t); D_CS)]_i (§2.4), computed by the server on
    its own data; the pending transition of the previous round gets it as its next state;
 3. round 1 (``warmup-rounds``): p(t) ~ Dirichlet(1_N), "DDPG models cannot update without
@@ -19,7 +19,7 @@ One round (one exchange, §3.5):
 4. W(t+1) = Σ_i p_i(t) ŵ_i(t) (Eq. 5), no data-size factor;
 5. the reward r_CS(t) (below) waits in the pending transition for s_CS(t+1).
 
-**Reward, bounded by default (spec A11, A12).** Definition 1 gives u_CS(t) = 1/F(W(t+1))
+**Reward, bounded by default (docs/papers/page.md §9.11, §9.12).** Definition 1: u_CS = 1/F(W(t+1))
 and then identifies F(W(t+1)) with Σ_i p_i f_i(ŵ_i(t)), the weighted clients' own losses.
 That identification has a degenerate myopic optimum: all weight on the client with the
 smallest training loss. The default ``server-reward=global-loss`` computes F(W(t+1))
@@ -106,7 +106,7 @@ __all__ = [
 
 class PageParams(MethodParams):
     """PAGE's parameters: the paper's Synthetic settings (Table 7) where it gives them, the
-    spec's resolutions (§4.2, §9) where it does not."""
+    resolutions of docs/papers/page.md §4.2 and §9 where it does not."""
 
     agents: Literal["ddpg", "random"] = Field(
         "ddpg", description="'ddpg' agents, or 'random' actions every round (the control)"
@@ -191,7 +191,7 @@ def weight_entropy(weights: np.ndarray) -> float:
 
 
 def data_size_weights(examples: np.ndarray) -> np.ndarray:
-    """FedAvg's n_i / Σ n_j (the untuned p of the ablation, spec A25)."""
+    """FedAvg's n_i / Σ n_j (the untuned p of the ablation, docs/papers/page.md §9.25)."""
     n = np.asarray(examples, dtype=np.float64)
     return n / n.sum()
 
@@ -284,7 +284,7 @@ def torch_threads() -> Iterator[None]:
 
 # --------------------------------------------------------------------------- the strategy
 class Page(PflStrategy):
-    """The server side of PAGE (Algorithm 1, reconstructed in spec §3.3).
+    """The server side of PAGE (Algorithm 1, reconstructed in docs/papers/page.md §3.3).
 
     Parameters
     ----------
@@ -426,7 +426,7 @@ class Page(PflStrategy):
         if len(server_y) == 0:
             raise ValueError("page needs a non-empty server dataset D_CS")
         self.server_x, self.server_y = server_x, server_y
-        if 0 < state_samples < len(server_y):  # a fixed seeded subsample (spec §10)
+        if 0 < state_samples < len(server_y):  # seeded subsample (docs/papers/page.md §10)
             rng = np.random.default_rng(derive_seed(self.seed, "page-state-samples"))
             pick = torch.from_numpy(np.sort(rng.choice(len(server_y), state_samples, False)))
             self.state_x, self.state_y = server_x[pick], server_y[pick]
@@ -576,7 +576,7 @@ class Page(PflStrategy):
         executed[clients] = chosen
         new_arrays = aggregate(models, chosen)
 
-        # 5. the reward, bounded (A11); the global model on D_CS is also the paper's
+        # 5. the reward, bounded (docs/papers/page.md §9.11); W on D_CS is also the paper's
         # global accuracy when D_CS is the global test set
         started = time.perf_counter()
         global_eval = self.evaluate_record(new_arrays, self.server_x, self.server_y)

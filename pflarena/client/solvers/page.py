@@ -1,20 +1,20 @@
 """Local solver for PAGE (docs/methods/page.md §3.4): each client's own DDPG agent picks α and η.
 
-Algorithm 2 as the spec reconstructs it, once per train message:
+Algorithm 2 as the reading, docs/papers/page.md §3.4, reconstructs it, once per train message:
 
-1. ``w_i(t) ← W(t)``; the state ``s_i(t) = acc(W(t); D_i^train)`` (§2.5, spec A4: the
+1. ``w_i(t) ← W(t)``; the state ``s_i(t) = acc(W(t); D_i^train)`` (§2.5, §9.4 of the reading: the
    training split, never the test split);
 2. the agent's pending transition of the client's previous round gets ``s_i(t)`` as its
    next state;
 3. the first ``warmup-rounds`` actions are uniform in the box (the paper: round 1); later,
    one minibatch update, then ``a = clip(μ(s) + N(0, σ²))``;
 4. the box is ``[α_min, α_max] × [ln η_min, ln η_max]``: ``α_i = round(a_0)``,
-   ``η_i = exp(a_1)`` (log-scale, spec A8; the agent stores ``a`` before rounding);
+   ``η_i = exp(a_1)`` (log-scale, §9.8 of the reading; the agent stores ``a`` before rounding);
 5. ``ŵ_i(t)``: α_i epochs of plain SGD at η_i from W(t) (Eq. 4; no proximal term, P0);
-6. ``f_i = f_i(ŵ_i(t))``, the mean cross-entropy on the training split in eval mode (A3);
-   the reward ``r_i = k_l / max(f_i, f_min)`` (Definition 1's u_i = 1/f_i, bounded, A11);
+6. ``f_i = f_i(ŵ_i(t))``, the mean cross-entropy on the training split in eval mode (§9.3);
+   the reward ``r_i = k_l / max(f_i, f_min)`` (Definition 1's u_i = 1/f_i, bounded, §9.11);
 7. ``(s_i(t), a, r_i)`` waits for the next state;
-8. ŵ_i(t) is the client's personalized model (A17) until its next round; it and the
+8. ŵ_i(t) is the client's personalized model (§9.17) until its next round; it and the
    agent are kept in the client's versioned state, never sent anywhere but ŵ_i(t) itself.
    The agent object also stays in the process's memory for the client's next message
    (:func:`~pflarena.client.solvers.common.open_agent`): rebuilding it from the stored
