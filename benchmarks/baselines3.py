@@ -3,7 +3,7 @@
 The preset ``page-synthetic`` (``pflarena presets page-synthetic``): FedProx Synthetic(0.5,
 0.5) with 30 features and 30 classes, 100 clients, logistic regression, full
 participation, 1 local epoch, batch 32, SGD lr 0.1 (the non-RL setting of
-docs/methods/page.md §4.2), a fifth of each client's samples held by the server (used by none of
+docs/papers/page.md §4.2), a fifth of each client's samples held by the server (used by none of
 these methods; taken so the clients' data is PAGE's), the rest split 7:3 into train and test. The
 four methods run beside ``fedavg``, ``fedprox`` and ``ditto`` on the same data and seed, each
 with its own parameters at their defaults (``docs/methods.md``) but Dap-FL's action box
@@ -51,7 +51,7 @@ PAPER = {
 
 
 #: Dap-FL's action box set to PAGE's Synthetic one (1-5 epochs, lr 1e-3 to 1e-1, log-scale;
-#: docs/methods/page.md §4.2), as PAGE's Table 1 runs the two side by side. The authors' code's box
+#: docs/papers/page.md §4.2), as PAGE's Table 1 runs the two side by side. The authors' code's box
 #: (up to 40 epochs, lr 1e-4 to 1e-2) would make a Dap-FL round about 20 FedAvg rounds of
 #: computation.
 METHOD_SETTINGS = {

@@ -13,7 +13,7 @@ Runs (labels):
 * ``page-random``: the control, random actions on both sides every round, no learning;
 * ``page-10-1`` / ``page-1-10``: the biased variants, reward scales k_g:k_l = 10:1 / 1:10;
 * ``page-paper-reward``: Algorithm 1's reward, 1/Σ p_i f_i, unbounded;
-* ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the non-RL setting of docs/methods/page.md §4.2
+* ``fedavg``, ``fedprox``, ``ditto``, ``local`` at the non-RL setting of docs/papers/page.md §4.2
   (1 epoch, lr 0.1, batch 32);
 * ``fedavg-page-mid``: FedAvg at the middle of PAGE's action box (3 epochs, lr 0.01), the
   action PAGE's untrained client actors play;
@@ -68,10 +68,10 @@ VARIANTS = {
     "page-10-1": ("page", {"page.server-reward-scale": 10.0}),
     "page-1-10": ("page", {"page.client-reward-scale": 10.0}),
     "page-paper-reward": ("page", {"page.server-reward": "client-loss", "page.loss-floor": 0.0}),
-    # what the server agent's collapse onto one client costs (docs/methods/page.md §12.2):
+    # what the server agent's collapse onto one client costs (docs/papers/page.md §12.2):
     # the same run with Table 7's literal learner (plain SGD, both agents), with the
     # server's weights held at the data sizes (the clients' agents still learning), and
-    # with half of every weight vector uniform (docs/methods/page.md §9.12's floor)
+    # with half of every weight vector uniform (docs/papers/page.md §9.12's floor)
     "page-sgd": ("page", {"page.server-optimizer": "sgd", "page.client-optimizer": "sgd"}),
     "page-data-weights": ("page", {"page.tune-weights": False}),
     "page-floor": ("page", {"page.weight-floor": 0.5}),
@@ -241,7 +241,7 @@ DEVIATIONS = [
     "of 3 runs after about 900 rounds (its Table 2: PAGE converges at round 891).",
     "- **Data**: the paper says only that its generator is 'similar to' FedProx's with "
     "FedDyn's model; the preset reads it as one labelling model shared by all clients, "
-    "on which a centralised logistic fit reaches about 96 % (docs/methods/page.md §9, "
+    "on which a centralised logistic fit reaches about 96 % (docs/papers/page.md §9, "
     "§12.2).",
     "- **Global accuracy** here is the global model on the union of the clients' test "
     "splits; the paper's is on a held-out set from the same generators.",
@@ -251,7 +251,7 @@ DEVIATIONS = [
     "the paper does not report.",
     "- **PAGE's agents**: Table 7's rates, the server's agent on Algorithm 1's plain SGD and "
     "the clients' on Adam, and the bounded reward (loss floor 0.01), "
-    "pflarena's readings where the paper is silent or unbounded (docs/methods/page.md §9).",
+    "pflarena's readings where the paper is silent or unbounded (docs/papers/page.md §9).",
 ]
 
 
@@ -331,7 +331,7 @@ def write_report(
             "split (the state and the reward), against at most 5 epochs of a 930-parameter "
             "model on about 170 samples, so local training is unusually cheap here. The "
             f"largest RL part is the {max((k for k in costs if 'SGD' not in k), key=costs.get)}"
-            " (docs/methods/page.md §10 expects the server's evaluation of the N uploads to dominate "
+            " (docs/papers/page.md §10 expects the server's evaluation of the N uploads to dominate "
             "for large models).",
         ]
         lines += correlations(runs["page"])

@@ -6,7 +6,7 @@ Runs (labels), all on the preset ``page-synthetic`` (100 clients, seed 0, in-pro
 * ``page``: PAGE's defaults (server agent on plain SGD at Table 7's rates, Algorithm 1;
   clients' agents on Adam);
 * ``page-server-adam``: the server agent on Adam (the earlier default), which drives the
-  weights onto one client (docs/methods/page.md §12.3);
+  weights onto one client (docs/papers/page.md §12.3);
 * ``page-adam-dirichlet``, ``page-adam-bounded``, ``page-adam-log-ratio`` (reported only:
   the options were removed after commit cd85d78, none having beaten data-size weighting's
   global accuracy): the server agent on Adam with one of the options meant to keep it

@@ -258,7 +258,7 @@ def test_the_default_learner_learns_a_bandit_within_a_page_length_run(seed):
     """Tolerance 0.1 of the box per coordinate after 1,000 rounds (measured: at most 0.04
     over seeds 0-3). The untrained actor sits at the box's middle, more than 0.15 away from
     u* here; plain SGD at the same rates (Algorithm 1 read literally) ends 0.14 to 0.30
-    away for these seeds, which is why the default is Adam (docs/methods/page.md §11)."""
+    away for these seeds, which is why the default is Adam (docs/papers/page.md §11)."""
     error = _play_reciprocal_loss_bandit(_page_client_config(), seed)
     assert error < 0.1, error
     best = np.random.default_rng(100 + seed).uniform(0.15, 0.85, 2)

@@ -27,7 +27,7 @@ def labels() -> np.ndarray:
 def fedlab_redraw_loop(
     labels: np.ndarray, priors: np.ndarray, sizes: list[int], rng: np.random.Generator
 ) -> np.ndarray:
-    """FedLab's client_inner_dirichlet_partition loop as docs/methods/page.md §9.19 describes it:
+    """FedLab's client_inner_dirichlet_partition loop as docs/papers/page.md §9.19 describes it:
     pick a client at random (again if it is full), draw a class from its cumulative prior by a
     uniform number (again while that class is empty), pop a sample. Returns the client x
     class counts."""

@@ -1,6 +1,6 @@
 """DDPG (Lillicrap et al., 2016) for agents that a federated round drives one step at a time.
 
-PAGE (docs/methods/page.md §3.2) puts one DDPG agent on the server (state: the accuracies of the
+PAGE (docs/papers/page.md §3.2) puts one DDPG agent on the server (state: the accuracies of the
 uploaded models; action: aggregation weights on the simplex) and one on every client
 (state: the accuracy of the received global model; action: local epochs and learning rate
 in a box). Both are :class:`DDPGAgent` with a different :class:`DDPGConfig`.
@@ -164,7 +164,7 @@ class DDPGConfig:
     optimizer of DDPG itself: at Table 7's Synthetic rates and γ = 0.99, plain SGD (the
     literal reading of Algorithm 1's gradient steps) leaves a contextual bandit unlearned
     after 1,000 steps, a PAGE-length run, where Adam reaches its best action
-    (``tests/test_ddpg.py``, docs/methods/page.md §11).
+    (``tests/test_ddpg.py``, docs/papers/page.md §11).
 
     Parameters
     ----------

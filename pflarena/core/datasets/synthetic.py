@@ -37,7 +37,7 @@ __all__ = [
     "synthetic_sizes",
 ]
 
-#: Synthetic(α, β) of PAGE (page.md §5.1): 30 features, 30 classes.
+#: Synthetic(α, β) of PAGE (docs/papers/page.md §5.1): 30 features, 30 classes.
 SYNTHETIC_DIMENSION = 30
 SYNTHETIC_NUM_CLASSES = 30
 SYNTHETIC_MEAN_SIZE = 300.0
@@ -80,7 +80,7 @@ def generate_synthetic(
     model: str = "per-client",
     samples: int = 0,
 ) -> NaturalDataset:
-    """FedProx Synthetic(α, β) with PAGE's sizes (page.md §5.1), or its shared-model
+    """FedProx Synthetic(α, β) with PAGE's sizes (docs/papers/page.md §5.1), or its shared-model
     reading.
 
     Per client k, following FedProx's ``generate_synthetic`` (``α`` and ``β`` are used as

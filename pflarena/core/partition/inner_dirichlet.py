@@ -1,7 +1,7 @@
 """``inner-dirichlet``: clients of set sizes whose class mix follows a Dirichlet prior.
 
 The partition the PAGE paper describes for CIFAR-100 and Tiny-ImageNet ("divided
-uniformly into 100 parts ... the class proportions follow Dir(0.3)", docs/methods/page.md §5.1),
+uniformly into 100 parts ... the class proportions follow Dir(0.3)", docs/papers/page.md §5.1),
 which is FedLab's ``client_inner_dirichlet_partition`` (the toolkit PAGE cites):
 
 1. Client sizes: equal parts of ``floor(N / m)`` samples (the ``N mod m`` left over stay
@@ -15,7 +15,7 @@ which is FedLab's ``client_inner_dirichlet_partition`` (the toolkit PAGE cites):
 
 FedLab redraws the class when its pool is empty, which can spin for a long time with a
 small ``alpha``. Here the class is drawn from ``q_i`` restricted to the classes that
-still have samples and renormalised (the fallback of docs/methods/page.md §9.19). That is exactly
+still have samples and renormalised (the fallback of docs/papers/page.md §9.19). That is exactly
 the distribution of FedLab's redraw loop (rejection sampling from ``q_i`` until a non-empty
 class comes up), reached in one draw; a client whose prior has no mass left on any
 non-empty class takes a class uniformly among them. Drawing a client among those that
