@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pflarena.cli import main
-from pflarena.core.federation import load_shard
+from pflarena.core.shard_format import load_shard
 from pflarena.server.compare import compare_table
 
 

@@ -17,16 +17,12 @@ import pytest
 from pflarena.core import federation as fed
 from pflarena.core.datasets import load_natural, load_pooled
 from pflarena.core.federation import (
-    SHARD_ARRAYS,
     ClientData,
     DatasetError,
     FederationSpec,
     ServerData,
-    ShardError,
     build_federation,
     load_server_data,
-    load_shard,
-    write_shards,
 )
 from pflarena.core.partition import (
     server_indices,
@@ -34,6 +30,12 @@ from pflarena.core.partition import (
     train_test_indices,
     validation_indices,
     validation_seed,
+)
+from pflarena.core.shard_format import (
+    SHARD_ARRAYS,
+    ShardError,
+    load_shard,
+    write_shards,
 )
 
 POOLED = {"dataset": "digits", "num_clients": 6, "partition": "dirichlet", "alpha": 0.5}

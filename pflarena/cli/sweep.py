@@ -294,7 +294,7 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
     Raises :class:`ConfigError` naming the first run whose config is invalid, or a
     directory that holds a run of another config.
     """
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.shard_format import read_shard_set
     from pflarena.server.registry import parse_config
 
     common_grid = {k: v for k, v in sweep.grid.items() if "." not in k}
