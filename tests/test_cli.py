@@ -6,7 +6,7 @@ import pytest
 
 from pflarena.cli import main
 from pflarena.core.shard_format import load_shard
-from pflarena.server.compare import compare_table
+from pflarena.reporting.compare import compare_table
 
 
 def test_bad_config_stops_before_anything_starts(tmp_path, capsys):
@@ -118,7 +118,7 @@ def test_compare_plot_tells_more_than_ten_runs_apart(tmp_path, monkeypatch):
     """Catches runs 1 and 11 drawn in the same colour and style (matplotlib's cycle has 10)."""
     from matplotlib.figure import Figure
 
-    from pflarena.server.compare import compare_plot
+    from pflarena.reporting.plots import compare_plot
 
     figures = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))

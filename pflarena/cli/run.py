@@ -20,8 +20,8 @@ from pflarena.cli.options import (
     with_tracking,
 )
 from pflarena.core.config import ConfigError, RunConfig, toml_value
+from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import resume_config, simulate
-from pflarena.server.compare import compare_table
 from pflarena.server.progress import Progress
 
 __all__ = ["add_parser", "command", "resume_run_config"]
