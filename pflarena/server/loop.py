@@ -25,13 +25,8 @@ from pflarena.server.crosseval import run_cross_evaluation
 from pflarena.server.metrics import definitions, label
 from pflarena.server.progress import format_duration
 from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
-from pflarena.strategies.base import (
-    NO_REPLY,
-    Exchange,
-    PflStrategy,
-    evaluation_stats,
-    record_nbytes,
-)
+from pflarena.strategies.base import PflStrategy, evaluation_stats
+from pflarena.strategies.exchange import NO_REPLY, Exchange, record_nbytes
 
 __all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
 
