@@ -350,7 +350,7 @@ def test_a_run_gives_clients_their_validation_split():
     import torch
 
     from pflarena.client.job import load_node_data
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     cfg = parse_config({"dataset": "digits", "num-clients": 4, "validation-fraction": 0.2})
     data = load_node_data(cfg, {"partition-id": 1, "num-partitions": 4}, torch.device("cpu"))
@@ -379,7 +379,7 @@ def test_the_server_app_loads_server_data_and_records_it(tmp_path):
     from helpers import grid_for
 
     from pflarena.server.app import main
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     cfg = parse_config(
         {

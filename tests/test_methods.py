@@ -22,7 +22,7 @@ from pflarena.core import keys
 from pflarena.core.config import ConfigError, parse_run_config
 from pflarena.core.presets import load_preset, preset_names
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy, parse_config
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES, declarations, strategy_classes
 from pflarena.strategies.exchange import direct_send
 

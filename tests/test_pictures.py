@@ -217,7 +217,7 @@ def test_shards_needs_out_or_stats(capsys):
 
 def test_a_config_check_can_print_the_partition_of_its_run(tmp_path, capsys):
     from pflarena.core.partition_stats import print_partition_summary
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     cfg = parse_config({"num-clients": 4, "partition": "pathological", "classes-per-client": 2})
     summary = print_partition_summary(cfg.federation_spec(), plot=tmp_path / "p.png")

@@ -16,9 +16,9 @@ from pflarena.cli import sweep as sweep_command
 from pflarena.cli.command import build_parser
 from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import project_root
+from pflarena.server.build import parse_config
 from pflarena.server.loop import summary_record
 from pflarena.server.metrics import HEADLINE, definitions, label
-from pflarena.server.registry import parse_config
 from pflarena.server.results import plot_run
 
 

@@ -242,7 +242,7 @@ def _combinations(grid: Mapping[str, list[Any]]) -> list[tuple[tuple[str, Any], 
 def _comparable_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The settings that make a run what it is: the common keys (but where it is written
     and whether it resumed) and its own method's parameters, defaults filled in."""
-    from pflarena.server.registry import declaration_of, parse_config
+    from pflarena.server.build import declaration_of, parse_config
 
     cfg = parse_config(run_config)
     common = {
@@ -281,7 +281,7 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
     directory that holds a run of another config.
     """
     from pflarena.core.shard_format import read_shard_set
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     common_grid = {k: v for k, v in sweep.grid.items() if "." not in k}
     runs: list[PlannedRun] = []
@@ -325,7 +325,7 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
 
 def configs_to_run(runs: list[PlannedRun]) -> list[RunConfig]:
     """The configs of the runs still to do: new ones, and unfinished ones set to resume."""
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     todo = []
     for run in runs:

@@ -13,7 +13,7 @@ from torch import nn
 
 from pflarena.client.state import ClientState
 from pflarena.core import keys
-from pflarena.core.arrays import torch_state
+from pflarena.core.array_decoding import torch_state
 from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
 from pflarena.core.federation import ClientData, load_client

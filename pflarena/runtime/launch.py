@@ -431,7 +431,7 @@ def simulate_resuming(
     there without a checkpoint are refused (``OutputDirError``), never overwritten. For long
     benchmark runs, where a round lost to a slow or overloaded machine should not cost the
     rounds before it. Raises the last ``RuntimeError`` when every attempt failed."""
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
     from pflarena.server.results import check_output_dir
 
     out = Path(run_config["output-dir"])

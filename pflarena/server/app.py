@@ -25,10 +25,10 @@ from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
 from pflarena.core.partition import label_permutations, permutation_group_of
 from pflarena.core.versions import run_key
+from pflarena.server.build import build_strategy, declaration_of, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.polling import PromptGrid, prompt_grid
-from pflarena.server.registry import build_strategy, declaration_of, parse_config
 from pflarena.server.results import (
     ResultsWriter,
     check_output_dir,
