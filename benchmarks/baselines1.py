@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pflarena.core.presets import load_preset
 from pflarena.runtime.launch import simulate
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "digits-main"

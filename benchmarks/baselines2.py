@@ -44,7 +44,7 @@ from pathlib import Path
 from pflarena.core.methods import TRAINING_SETTINGS
 from pflarena.core.presets import load_preset
 from pflarena.runtime.launch import simulate
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import completed_summary
 from pflarena.strategies import declarations
 

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exchange_phases import phase_table, read_timeline  # noqa: E402
 
 from pflarena.core.config import toml_value
-from pflarena.core.federation import FederationSpec, build_federation, write_shards
+from pflarena.core.federation import FederationSpec, build_federation
+from pflarena.core.shard_format import write_shards
 from pflarena.deploy.compose import compose_files
 from pflarena.deploy.images import TARGETS, image_name
 from pflarena.runtime.appdir import flwr_run_dir

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exchange_phases import phase_table, read_timeline  # noqa: E402
 
 from pflarena.core.config import parse_run_config, toml_value  # noqa: E402
-from pflarena.core.federation import build_federation, write_shards  # noqa: E402
+from pflarena.core.federation import build_federation  # noqa: E402
+from pflarena.core.shard_format import write_shards  # noqa: E402
 from pflarena.deploy.executor import ACTIVE_POLL_ENV  # noqa: E402
 from pflarena.deploy.local import CONNECTION, LocalDeployment  # noqa: E402
 from pflarena.deploy.waits import TRACE_REPORT_S  # noqa: E402

@@ -33,7 +33,7 @@ from pflarena.core.federation import build_federation
 from pflarena.core.models import build_model
 from pflarena.core.training import train_epochs
 from pflarena.runtime.launch import simulate
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

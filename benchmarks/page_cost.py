@@ -49,7 +49,7 @@ from pflarena.core.presets import load_preset
 from pflarena.core.training import evaluate, train_epochs
 from pflarena.core.versions import DiskVersions
 from pflarena.runtime.launch import simulate
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ import json
 from pathlib import Path
 
 from pflarena.core.presets import load_preset
+from pflarena.reporting.plots import compare_plot
 from pflarena.runtime.launch import simulate_resuming
-from pflarena.server.compare import compare_plot
 from pflarena.server.results import archive_run, completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

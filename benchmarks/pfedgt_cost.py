@@ -22,7 +22,7 @@ import torch
 
 from pflarena.core.federation import build_federation
 from pflarena.runtime.launch import simulate
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

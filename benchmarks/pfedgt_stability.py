@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pfedgt_cifar10 import ROOT, completed_summary, run_config, run_name
 
+from pflarena.reporting.plots import compare_plot
 from pflarena.runtime.launch import simulate
-from pflarena.server.compare import compare_plot
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 
 PAPER_LAMBDA = "0.7"
 TRACKING = "tracking"

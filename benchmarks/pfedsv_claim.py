@@ -105,7 +105,7 @@ def client_rows(preset: str, runs: dict[str, sweep.PlannedRun]) -> list[dict]:
     peers never valued) splits over the peers that hold the client's most frequent
     training label ("related") and those that do not."""
     from pflarena.core.federation import load_client
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     pf = runs["pfedsv"]
     spec = parse_config(pf.run_config).federation_spec()

@@ -49,7 +49,7 @@ from pflarena.core.models import build_model
 from pflarena.core.presets import load_preset
 from pflarena.core.shapley import shapley_values
 from pflarena.core.training import train_epochs
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

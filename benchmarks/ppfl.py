@@ -52,9 +52,9 @@ import numpy as np
 
 from pflarena.core.config import own_method_keys
 from pflarena.core.presets import load_preset
+from pflarena.reporting.plots import compare_plot
 from pflarena.runtime.launch import simulate, simulate_resuming
-from pflarena.server.compare import compare_plot
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import completed_summary, read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,8 +32,8 @@ from pflarena.client.state import ClientState, run_key
 from pflarena.core import keys
 from pflarena.core.config import parse_run_config
 from pflarena.core.versions import DiskVersions
+from pflarena.server.build import build_strategy
 from pflarena.server.checkpoint import load_checkpoint
-from pflarena.server.registry import build_strategy
 from pflarena.strategies.arrays import as_record
 
 

@@ -37,7 +37,8 @@ import pytest
 from processes import cmdline, descendants, proc_state
 
 from pflarena.core.config import RunConfig, toml_value
-from pflarena.core.federation import FederationSpec, build_federation, write_shards
+from pflarena.core.federation import FederationSpec, build_federation
+from pflarena.core.shard_format import write_shards
 from pflarena.deploy.local import DEFAULT_ACTIVE_POLL_S, executor_cmd
 from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.runtime.launch import simulation_env

@@ -10,9 +10,9 @@ from pflarena.client.app import app as client_app
 from pflarena.client.state import ClientState, MemoryVersions
 from pflarena.core.config import RunConfig
 from pflarena.server.app import initial_arrays
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import RunOutcome, run_rounds
-from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter, comparable_rounds
 from pflarena.strategies.base import PflStrategy
 

@@ -10,7 +10,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 
-from pflarena.core.arrays import decode, torch_state
+from pflarena.core.array_decoding import decode, torch_state
 
 
 @pytest.mark.parametrize(

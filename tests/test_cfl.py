@@ -14,7 +14,7 @@ from scipy.spatial.distance import squareform
 
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 from pflarena.server.results import read_rounds
 from pflarena.strategies.cfl import (
     cosine_similarities,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import config
 
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 from pflarena.strategies.base import PflStrategy
 
 

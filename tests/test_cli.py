@@ -5,8 +5,8 @@ import json
 import pytest
 
 from pflarena.cli import main
-from pflarena.core.federation import load_shard
-from pflarena.server.compare import compare_table
+from pflarena.core.shard_format import load_shard
+from pflarena.reporting.compare import compare_table
 
 
 def test_bad_config_stops_before_anything_starts(tmp_path, capsys):
@@ -118,7 +118,7 @@ def test_compare_plot_tells_more_than_ten_runs_apart(tmp_path, monkeypatch):
     """Catches runs 1 and 11 drawn in the same colour and style (matplotlib's cycle has 10)."""
     from matplotlib.figure import Figure
 
-    from pflarena.server.compare import compare_plot
+    from pflarena.reporting.plots import compare_plot
 
     figures = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
@@ -178,7 +178,7 @@ def test_a_run_stored_before_another_methods_default_changed_still_resumes(tmp_p
     pFedGT's parameters, which a fresh run config refuses."""
     from pflarena.core.config import ConfigError
     from pflarena.runtime.launch import resume_config
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     stored = parse_config({"strategy": "ppfl", "ppfl.num-canonical": 2}).to_run_config()
     stored |= {"pfedgt.lambda-rule": "fixed", "ditto.lambda": 0.5}
@@ -197,7 +197,7 @@ def test_simulate_resuming_continues_a_failed_run_from_its_checkpoint(tmp_path, 
     """A run that fails after its first checkpoint is resumed (not restarted) on the next
     attempt; one that fails before any checkpoint starts again; the last failure is raised."""
     from pflarena.runtime import launch
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
     from pflarena.server.results import OutputDirError
 
     out = tmp_path / "run"
@@ -237,7 +237,7 @@ def test_relative_shard_and_data_paths_reach_the_runtime_absolute(tmp_path, monk
     whose process runs in a scratch directory (``--shards-dir shards`` then found no
     manifest there)."""
     from pflarena.runtime.launch import with_absolute_paths
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     monkeypatch.chdir(tmp_path)
     args = ["shards", "--dataset", "digits", "--partition", "iid", "--num-clients", "3"]

@@ -5,7 +5,7 @@ import tomllib
 
 from pflarena.cli.methods import flower_config
 from pflarena.core.config import ConfigError
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.strategies import declarations
 
 ROOT = Path(__file__).resolve().parents[1]

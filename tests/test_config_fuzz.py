@@ -14,7 +14,7 @@ from pflarena.cli import main
 from pflarena.cli.methods import flower_config
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.methods import TRAINING_SETTINGS
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.strategies import declarations
 
 KNOWN = list(flower_config())

@@ -59,7 +59,7 @@ from pflarena.deploy.images import (
 )
 from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.runtime.launch import resume_config, simulation_env
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import read_rounds
 
 RUN_TIMEOUT_S = 600.0

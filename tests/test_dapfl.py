@@ -26,7 +26,7 @@ from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed
 from pflarena.core.federation import load_client
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.strategies.dapfl import DapFL, contribution_weights
 
 ROUNDS = 4

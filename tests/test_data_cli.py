@@ -135,7 +135,7 @@ def test_a_preset_starts_on_a_copy_in_the_real_layout(preset: str, tmp_path: Pat
     from pflarena.core.datasets import check_files
     from pflarena.core.federation import load_server_data
     from pflarena.server.app import initial_arrays
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     values = load_preset(preset).overrides("fedavg")
     write, fit = FAKES[values["dataset"]]

@@ -17,16 +17,12 @@ import pytest
 from pflarena.core import federation as fed
 from pflarena.core.datasets import load_natural, load_pooled
 from pflarena.core.federation import (
-    SHARD_ARRAYS,
     ClientData,
     DatasetError,
     FederationSpec,
     ServerData,
-    ShardError,
     build_federation,
     load_server_data,
-    load_shard,
-    write_shards,
 )
 from pflarena.core.partition import (
     server_indices,
@@ -34,6 +30,12 @@ from pflarena.core.partition import (
     train_test_indices,
     validation_indices,
     validation_seed,
+)
+from pflarena.core.shard_format import (
+    SHARD_ARRAYS,
+    ShardError,
+    load_shard,
+    write_shards,
 )
 
 POOLED = {"dataset": "digits", "num_clients": 6, "partition": "dirichlet", "alpha": 0.5}
@@ -348,7 +350,7 @@ def test_a_run_gives_clients_their_validation_split():
     import torch
 
     from pflarena.client.job import load_node_data
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     cfg = parse_config({"dataset": "digits", "num-clients": 4, "validation-fraction": 0.2})
     data = load_node_data(cfg, {"partition-id": 1, "num-partitions": 4}, torch.device("cpu"))
@@ -377,7 +379,7 @@ def test_the_server_app_loads_server_data_and_records_it(tmp_path):
     from helpers import grid_for
 
     from pflarena.server.app import main
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     cfg = parse_config(
         {

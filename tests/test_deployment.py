@@ -28,7 +28,7 @@ from deployment_harness import (
 )
 from helpers import grid_for, run_local
 
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 
 pytestmark = pytest.mark.slow
 

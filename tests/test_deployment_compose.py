@@ -767,7 +767,7 @@ def test_a_node_builds_its_model_from_its_own_shard_without_the_servers_shard_di
     from pflarena.client.job import ClientJob, load_node_data
     from pflarena.core.config import RunConfig
     from pflarena.core.models import build_model
-    from pflarena.core.shards import ShardError
+    from pflarena.core.shard_format import ShardError
 
     shards = write_test_shards(tmp_path, num_nodes=2)
     cfg = RunConfig(dataset="digits", num_clients=2, shards_dir=str(tmp_path / "not-here"))

@@ -35,7 +35,7 @@ from helpers import grid_for, run_local
 from processes import cmdline, descendants
 
 from pflarena.runtime.launch import resume_config
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 
 pytestmark = pytest.mark.slow
 

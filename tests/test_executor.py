@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from pflarena.core.config import parse_run_config, toml_value
-from pflarena.core.federation import build_federation, write_shards
+from pflarena.core.federation import build_federation
+from pflarena.core.shard_format import write_shards
 from pflarena.deploy import executor as warm
 from pflarena.deploy import supernode
 from pflarena.deploy.local import CONNECTION, LocalDeployment

@@ -9,7 +9,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from helpers import config, run_local
 
 from pflarena.core import keys
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 from pflarena.strategies.fedamp import attention_weights, cloud_model, squared_distances
 
 

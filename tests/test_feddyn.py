@@ -18,7 +18,7 @@ from quadratics import (
 )
 
 from pflarena.client.solvers.feddyn import GRADIENT_KEY, gradient_state
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 from pflarena.strategies.feddyn import server_update
 
 LR, STEPS = 0.1, 50  # 50 full-batch gradient steps a round (8 dummy samples, batch 8)

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 
 
 def _recording(strategy):

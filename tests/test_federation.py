@@ -15,21 +15,24 @@ import pytest
 from pydantic import ValidationError
 
 from pflarena.core import federation as fed
+from pflarena.core import shard_format
 from pflarena.core.datasets import DATASETS, MIXTURE_LABEL_MODES, DatasetInfo
 from pflarena.core.federation import (
-    SHARD_ARRAYS,
     ClientData,
     DatasetError,
     Federation,
     FederationSpec,
-    ShardError,
     build_federation,
     load_client,
-    load_shard,
     synthetic_mixture_truth,
-    write_shards,
 )
 from pflarena.core.partition import PARTITIONS
+from pflarena.core.shard_format import (
+    SHARD_ARRAYS,
+    ShardError,
+    load_shard,
+    write_shards,
+)
 
 DIGITS = FederationSpec(dataset="digits", num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
 
@@ -342,7 +345,7 @@ def test_shard_round_trip(tmp_path: Path, source: str) -> None:
     assert manifest["num_clients"] == len(federation.clients)
     assert [entry["file"] for entry in manifest["shards"]] == [p.name for p in paths]
     assert manifest["spec"] == (None if spec is None else spec.model_dump())
-    assert manifest["version"] == fed.SHARD_FORMAT_VERSION == 3
+    assert manifest["version"] == shard_format.SHARD_FORMAT_VERSION == 3
     assert [entry["num_val"] for entry in manifest["shards"]] == [
         len(c.y_val) for c in federation.clients
     ]
@@ -407,7 +410,7 @@ def test_failed_write_leaves_the_previous_shard_intact(
         stream.write(b"PK\x03\x04 half a shard")
         raise OSError("disk full")
 
-    monkeypatch.setattr(fed.np, "savez", crash)
+    monkeypatch.setattr(shard_format.np, "savez", crash)
     with pytest.raises(OSError, match="disk full"):
         write_shards(federation, tmp_path)
     monkeypatch.undo()
@@ -474,7 +477,7 @@ def test_whole_float_labels_load_as_integers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["../elsewhere/client_0001.npz", "/etc/hostname", "a/../../x"])
 def test_a_manifest_naming_files_outside_its_directory_is_refused(tmp_path: Path, name) -> None:
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.shard_format import read_shard_set
 
     shards = tmp_path / "shards"
     write_shards(_float_federation(), shards)
@@ -488,7 +491,7 @@ def test_a_manifest_naming_files_outside_its_directory_is_refused(tmp_path: Path
 
 
 def test_a_shard_whose_sizes_differ_from_the_manifest_is_refused(tmp_path: Path) -> None:
-    from pflarena.core.shards import load_shard_client
+    from pflarena.core.shard_format import load_shard_client
 
     paths = write_shards(_float_federation(), tmp_path)
     load_shard_client(tmp_path, 1)
@@ -530,7 +533,8 @@ def test_shard_files_get_the_permissions_open_would_give(tmp_path) -> None:
     import os
 
     from pflarena.core.config import parse_run_config
-    from pflarena.core.federation import build_federation, write_shards
+    from pflarena.core.federation import build_federation
+    from pflarena.core.shard_format import write_shards
 
     spec = parse_run_config({"num-clients": "2"}).federation_spec()
     old = os.umask(0o022)

@@ -22,7 +22,7 @@ from pflarena.client.solvers.fedfomo import (
 )
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy, parse_config
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.results import read_rounds
 from pflarena.strategies.fedfomo import PEER_PREFIX, epsilon_at, select_peers
 

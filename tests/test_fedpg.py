@@ -23,7 +23,7 @@ from pflarena.core.federation import load_client
 from pflarena.core.mgda import fair_objective, fairness_weights
 from pflarena.core.models import build_model
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy, parse_config
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.results import read_rounds
 from pflarena.strategies.arrays import flatten, unflatten
 from pflarena.strategies.fedpg import (

@@ -17,8 +17,8 @@ from pflarena.client.solvers.fedrod import (
 )
 from pflarena.core import keys
 from pflarena.core.heads import feature_size, first_head_layer, head_forward, head_input
+from pflarena.core.model_split import split_state
 from pflarena.core.models import build_model
-from pflarena.core.split import split_state
 from pflarena.server.app import initial_arrays
 
 

@@ -18,7 +18,7 @@ from helpers import build_strategy, grid_for, run_local
 
 from pflarena.core import keys
 from pflarena.core.federation import load_server_data
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES
 
 METHODS = sorted(cls.declaration.name for cls in BUILTIN_STRATEGIES) + sorted(

@@ -13,7 +13,7 @@ from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 
 
 def _literal(stacked, cluster, x, y):

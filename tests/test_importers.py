@@ -16,7 +16,6 @@ from helpers import config, grid_for, run_local
 from pflarena.cli import main
 from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
-from pflarena.core.federation import load_shard
 from pflarena.core.importers import (
     LEAF_LETTERS,
     ImportFormatError,
@@ -24,7 +23,7 @@ from pflarena.core.importers import (
     import_pfllib,
     read_pfllib_npz,
 )
-from pflarena.core.shards import read_shard_set
+from pflarena.core.shard_format import load_shard, read_shard_set
 
 SIZES = [(20 + 3 * i, 7 + 2 * i) for i in range(4)]  # (train, test) per client: all differ
 

@@ -188,7 +188,7 @@ def test_sigterm_to_a_script_calling_simulate_leaves_no_process(tmp_path):
     out = tmp_path / "run"
     script = (
         "from pflarena.runtime.launch import simulate\n"
-        "from pflarena.server.registry import parse_config\n"
+        "from pflarena.server.build import parse_config\n"
         f"cfg = parse_config({{'strategy': 'fedavg', 'num-clients': 4, 'num-rounds': 200, "
         f"'output-dir': {str(out)!r}}})\n"
         "simulate(cfg, engine='inprocess', verbosity=0)\n"

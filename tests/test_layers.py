@@ -21,7 +21,8 @@ ALLOWED: dict[str, set[str]] = {
     "server": {"core", "strategies"},
     "runtime": {"core", "strategies", "server"},
     "deploy": {"core", "runtime"},
-    "cli": {"core", "strategies", "server", "runtime", "deploy"},
+    "reporting": {"core", "server"},  # reads runs' results files; nothing below imports it
+    "cli": {"core", "strategies", "server", "runtime", "deploy", "reporting"},
     "__main__": {"cli"},  # `python -m pflarena`: the command
 }
 

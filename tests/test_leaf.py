@@ -35,9 +35,11 @@ from pflarena.core.datasets import (
 )
 from pflarena.core.federation import (
     FederationSpec,
-    ShardError,
     build_federation,
     load_server_data,
+)
+from pflarena.core.shard_format import (
+    ShardError,
     load_shard,
     write_shards,
 )

@@ -14,7 +14,7 @@ from helpers import config, grid_for, run_local
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.presets import load_preset
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES
 from pflarena.strategies.base import LocalTraining
 

@@ -22,9 +22,9 @@ from pflarena.core import keys
 from pflarena.core.config import ConfigError, parse_run_config
 from pflarena.core.presets import load_preset, preset_names
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy, parse_config
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.strategies import BUILTIN_STRATEGIES, declarations, strategy_classes
-from pflarena.strategies.base import direct_send
+from pflarena.strategies.exchange import direct_send
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -37,9 +37,9 @@ from pflarena.core.config import ConfigError
 from pflarena.core.ddpg import DDPGAgent, derive_seed
 from pflarena.core.federation import load_client, load_server_data
 from pflarena.server.app import initial_arrays
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
-from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
 from pflarena.strategies.page import Page, aggregate, data_size_weights, weight_entropy
 

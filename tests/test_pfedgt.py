@@ -17,8 +17,8 @@ from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
-from pflarena.strategies.base import direct_send
+from pflarena.server.build import build_strategy
+from pflarena.strategies.exchange import direct_send
 from pflarena.strategies.pfedgt import tracked_update
 
 F64 = torch.float64

@@ -12,7 +12,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from pflarena.core.models import build_model
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 from pflarena.strategies.pfedhn import HyperNetwork, hypernetwork_gradients
 
 

@@ -26,8 +26,8 @@ from pflarena.core import keys
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
 from pflarena.server.app import initial_arrays
+from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.loop import run_rounds
-from pflarena.server.registry import build_strategy, parse_config
 from pflarena.server.results import ResultsWriter
 from pflarena.strategies.pfedsv import PFedSVParams, dp_epsilon, split_head
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from pflarena.cli import main
-from pflarena.server.compare import (
+from pflarena.reporting.compare import (
     RunArgumentError,
-    compare_plot,
     compare_table,
     expand_runs,
 )
+from pflarena.reporting.plots import compare_plot
 from pflarena.server.results import plot_run, run_title
 
 
@@ -217,7 +217,7 @@ def test_shards_needs_out_or_stats(capsys):
 
 def test_a_config_check_can_print_the_partition_of_its_run(tmp_path, capsys):
     from pflarena.core.partition_stats import print_partition_summary
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     cfg = parse_config({"num-clients": 4, "partition": "pathological", "classes-per-client": 2})
     summary = print_partition_summary(cfg.federation_spec(), plot=tmp_path / "p.png")
@@ -230,7 +230,8 @@ def test_a_config_check_can_print_the_partition_of_its_run(tmp_path, capsys):
 def test_the_leaderboard_picture_is_titled_with_what_the_sweep_s_runs_share(tmp_path, figures):
     from types import SimpleNamespace
 
-    from pflarena.cli.sweep import leaderboard_plot, sweep_title
+    from pflarena.reporting.leaderboard import sweep_title
+    from pflarena.reporting.plots import leaderboard_plot
 
     runs = [
         SimpleNamespace(
@@ -256,7 +257,7 @@ def test_the_leaderboard_picture_is_titled_with_what_the_sweep_s_runs_share(tmp_
         "personalized_mean_last": (0.5, 0.1),
         "global_weighted_last": (0.4, 0.0),
     }
-    from pflarena.cli.sweep import LEADERBOARD_METRICS
+    from pflarena.reporting.leaderboard import LEADERBOARD_METRICS
 
     row |= {name: (0.5, 0.1) for name, *_ in LEADERBOARD_METRICS}
     local = row | {"method": "local", LEADERBOARD_METRICS[2][0]: None}

@@ -21,9 +21,9 @@ from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.core.population import affinity_from_histograms, exponentiated_gradient_step
 from pflarena.server.app import initial_arrays
+from pflarena.server.build import build_strategy
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
-from pflarena.server.registry import build_strategy
 from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
 from pflarena.strategies.ppfl import PPFL
 
@@ -487,7 +487,7 @@ def test_the_run_schedule_scales_both_step_sizes():
 
 def test_the_paper_presets_keep_momentum_and_decay_the_step_sizes():
     from pflarena.core.presets import load_preset
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     for name in ("ppfl-synthetic", "ppfl-mnist"):
         cfg = parse_config(load_preset(name).overrides("ppfl") | {"strategy": "ppfl"})

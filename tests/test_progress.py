@@ -1,6 +1,7 @@
 """What a person sees while runs run: start-up phases, round lines or a live bar, ETAs,
 ``run k of N`` in a sweep, one line per run under ``--quiet`` (pflarena/server/progress.py),
-and the round line the ServerApp logs (pflarena/server/loop.py)."""
+read from the progress events the ServerApp emits (pflarena/server/progress_events.py), and
+the round line it logs."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import json
 
 import pytest
 
-from pflarena.server.loop import _progress, round_eta
+from pflarena.server.loop import round_eta
 from pflarena.server.metrics import label
 from pflarena.server.progress import Progress, format_duration
+from pflarena.server.progress_events import (
+    RoundDone,
+    RunEnded,
+    RunStarted,
+    StartupPhase,
+    event_line,
+    log_lines,
+    read_event,
+)
 
 
 class Clock:
@@ -39,6 +49,12 @@ def _flower(text):
     return f"\x1b[92mINFO \x1b[0m:      {text}\n"
 
 
+def _emitted(event):
+    """The lines an event's :func:`~pflarena.server.progress_events.emit` writes into the
+    pipe of a process started by pflarena (its JSON line, then its log line)."""
+    return [_flower(line) for line in log_lines(event, events=True)]
+
+
 def _record(number, elapsed, mean=0.5, pooled=0.6, **extra):
     return {
         "round": number,
@@ -49,11 +65,12 @@ def _record(number, elapsed, mean=0.5, pooled=0.6, **extra):
 
 
 def _run_lines(run_dir, rounds=3, strategy="fedavg"):
-    lines = [_flower(f"pflarena: {strategy} on digits, 10 clients, {rounds} rounds -> {run_dir}")]
+    """A run's lines: two per event (its start, each round, its end)."""
+    lines = _emitted(RunStarted(strategy, "digits", 10, rounds, str(run_dir)))
     for number in range(rounds + 1):
         eta = round_eta([2.0] * number, rounds - number) if number else None
-        lines.append(_flower(_progress(_record(number, 1.0 + 2 * number), rounds, eta)))
-    lines.append(_flower(f"pflarena: results in {run_dir}"))
+        lines += _emitted(RoundDone.from_record(_record(number, 1.0 + 2 * number), rounds, eta))
+    lines += _emitted(RunEnded(str(run_dir)))
     return lines
 
 
@@ -68,7 +85,7 @@ def test_round_eta_is_the_mean_round_time_times_the_rounds_left():
 
 def test_the_round_line_names_each_figure_and_its_eta():
     record = _record(3, 12.5, train={"loss": 1.5, "clients": 10, "failures": 0, "server": {}})
-    line = _progress(record, 20, 68.0)
+    line = RoundDone.from_record(record, 20, 68.0).text()
     assert line.startswith("[round 3/20] 12.5s | ETA 1m08s | ")
     # the console shows the figures with the names every other output uses
     # in percent, as every table shows accuracies
@@ -80,7 +97,7 @@ def test_the_round_line_names_each_figure_and_its_eta():
 def test_the_round_line_shows_the_privacy_spent():
     record = _record(2, 5.0, train={"loss": 1.0, "clients": 3, "failures": 0})
     record["train"]["server"] = {"dp-epsilon": 12.3456}
-    assert "DP ε so far 12.3" in _progress(record, 5, 1.0)
+    assert "DP ε so far 12.3" in RoundDone.from_record(record, 5, 1.0).text()
 
 
 def test_plain_lines_when_not_a_terminal(tmp_path):
@@ -88,7 +105,8 @@ def test_plain_lines_when_not_a_terminal(tmp_path):
     out, clock = io.StringIO(), Clock()
     progress = Progress(1, stream=out, tty=False, clock=clock)
     clock.now = 12.0
-    progress.feed(_flower("pflarena: start-up: runtime ready in 11.9s (Ray engine)"))
+    for line in _emitted(StartupPhase("runtime ready in 11.9s (Ray engine)")):
+        progress.feed(line)
     for line in _run_lines(tmp_path / "r"):
         progress.feed(line)
     progress.feed(_flower("some Flower chatter"))
@@ -110,10 +128,10 @@ def test_a_live_bar_on_a_terminal(tmp_path):
     out = io.StringIO()
     progress = Progress(1, stream=out, tty=True, clock=Clock())
     lines = _run_lines(tmp_path / "r")
-    for line in lines[:3]:  # the start, rounds 0 and 1
+    for line in lines[:6]:  # the start, rounds 0 and 1
         progress.feed(line)
     progress.feed(_flower("ERROR: something broke"))
-    for line in lines[3:]:
+    for line in lines[6:]:
         progress.feed(line)
     progress.close()
     text = out.getvalue()
@@ -133,9 +151,10 @@ def test_a_sweep_says_run_k_of_n_with_an_eta(tmp_path):
         run_dir = tmp_path / f"r{index}"
         _summary(run_dir, mean=0.8 + index / 100)
         lines = _run_lines(run_dir)
-        progress.feed(lines[0])
+        for line in lines[:2]:  # the start
+            progress.feed(line)
         clock.now += 10.0 * (index + 1)  # runs of 10 s, then 20 s
-        for line in lines[1:]:
+        for line in lines[2:]:
             progress.feed(line)
     text = out.getvalue()
     assert "run 1 of 3: fedavg on digits" in text
@@ -154,9 +173,10 @@ def test_quiet_keeps_one_line_per_run(tmp_path):
     progress = Progress(2, verbosity=0, quiet=True, stream=out, tty=False, clock=Clock())
     _summary(tmp_path / "a")
     _summary(tmp_path / "b", status="failed", error="RuntimeError: boom")
-    for line in _run_lines(tmp_path / "a") + _run_lines(tmp_path / "b")[:-1]:
+    for line in _run_lines(tmp_path / "a") + _run_lines(tmp_path / "b")[:-2]:
         progress.feed(line)
-    progress.feed(_flower(f"pflarena: run failed; partial results in {tmp_path / 'b'}"))
+    for line in _emitted(RunEnded(str(tmp_path / "b"), failed=True)):
+        progress.feed(line)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("pflarena [    0s] run 1 of 2 fedavg on digits: completed")
@@ -186,6 +206,47 @@ def test_many_clients_failing_alike_show_one_line_and_a_count(tmp_path):
 
 def test_progress_goes_to_stderr_by_default(capsys):
     progress = Progress(1, tty=False, clock=Clock())
-    progress.feed(_flower("pflarena: start-up: runtime ready in 1.0s (in-process engine)"))
+    for line in _emitted(StartupPhase("runtime ready in 1.0s (in-process engine)")):
+        progress.feed(line)
     captured = capsys.readouterr()
     assert captured.out == "" and "runtime ready" in captured.err
+
+
+def test_the_log_lines_of_the_events_are_those_of_before():
+    """The log a person (or a deployment's `flwr log`) reads keeps its lines."""
+    assert StartupPhase("Ray started in 1.2s").text() == "pflarena: start-up: Ray started in 1.2s"
+    assert (
+        RunStarted("fedavg", "digits", 10, 3, "/r").text()
+        == "pflarena: fedavg on digits, 10 clients, 3 rounds -> /r"
+    )
+    assert RunEnded("/r").text() == "pflarena: results in /r"
+    assert RunEnded("/r", failed=True).text() == "pflarena: run failed; partial results in /r"
+    assert RunEnded(failed=True, reason="boom").text() == "pflarena: run failed: boom"
+    assert log_lines(RunEnded("/r"), events=False) == ["pflarena: results in /r"]
+
+
+def test_an_event_is_read_back_by_its_fields():
+    events = [
+        StartupPhase("runtime ready in 1.0s (Ray engine)"),
+        RunStarted("ditto", "cifar10", 20, 5, "/runs/a b"),
+        RoundDone.from_record(
+            _record(2, 5.0, train={"loss": 1.0, "clients": 3, "failures": 1}), 5, 9.0
+        ),
+        RunEnded("/runs/a b"),
+        RunEnded(failed=True, reason="RuntimeError: boom"),
+    ]
+    for event in events:
+        assert read_event(_flower(event_line(event))) == event
+    assert read_event(_flower(events[1].text())) is None  # a log line is no event
+    assert read_event(_flower("pflarena-event: {not json")) is None
+
+
+def test_verbose_shows_each_log_line_once_and_no_event_line(tmp_path):
+    _summary(tmp_path / "r")
+    out = io.StringIO()
+    progress = Progress(1, verbosity=2, stream=out, tty=False, clock=Clock())
+    for line in _run_lines(tmp_path / "r"):
+        progress.feed(line)
+    text = out.getvalue()
+    assert "pflarena-event" not in text
+    assert text.count("[round 2/3]") == 1 and text.count("pflarena: results in") == 1

@@ -18,7 +18,7 @@ from pflarena.cli import main
 from pflarena.runtime.flowerapp import FlowerApp
 from pflarena.runtime.launch import project_root, run_simulations
 from pflarena.runtime.simulation import _start_ray, app_packages, check_ray_address
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import read_rounds
 
 #: Client sampling (half the clients train each round) and client state kept across rounds.

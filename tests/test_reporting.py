@@ -14,11 +14,11 @@ import pytest
 from pflarena.cli import main
 from pflarena.cli import sweep as sweep_command
 from pflarena.cli.command import build_parser
+from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import project_root
-from pflarena.server.compare import compare_table
+from pflarena.server.build import parse_config
 from pflarena.server.loop import summary_record
 from pflarena.server.metrics import HEADLINE, definitions, label
-from pflarena.server.registry import parse_config
 from pflarena.server.results import plot_run
 
 
@@ -130,7 +130,7 @@ def test_compare_and_the_leaderboard_show_the_privacy_spent(tmp_path):
     header, _, row = compare_table([tmp_path / "a"]).splitlines()
     assert header.endswith("| DP ε (δ) |") and row.endswith("| 16.5 (1e-05) |")
 
-    from pflarena.cli.sweep import leaderboard_markdown
+    from pflarena.reporting.leaderboard import leaderboard_markdown
 
     rows = [
         {

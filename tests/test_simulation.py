@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pflarena.runtime.launch import run_simulations
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.strategies import declarations
 
 pytestmark = pytest.mark.slow

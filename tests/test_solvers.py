@@ -11,7 +11,7 @@ from pflarena.client.solvers.ditto import PERSONAL_KEY
 from pflarena.client.solvers.local import MODEL_KEY
 from pflarena.core.models import build_model
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 
 
 def test_prox_hook_adds_the_proximal_gradient():

@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pflarena.core.models import MODEL_NAMES, build_model
-from pflarena.core.split import (
+from pflarena.core.model_split import (
     ModelSplit,
     SplitError,
     layer_entries,
@@ -21,6 +20,7 @@ from pflarena.core.split import (
     split_state,
     weighted_layers,
 )
+from pflarena.core.models import MODEL_NAMES, build_model
 
 SHAPES = {
     "digits": ((1, 8, 8), 10),

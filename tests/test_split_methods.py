@@ -20,7 +20,7 @@ from pflarena.core import keys
 from pflarena.core.models import build_model
 from pflarena.core.training import batches
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy, parse_config
+from pflarena.server.build import build_strategy, parse_config
 
 FIRST = ("net.1.weight", "net.1.bias")
 MIDDLE = ("net.3.weight", "net.3.bias")

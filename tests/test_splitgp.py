@@ -22,8 +22,8 @@ from pflarena.client.solvers.splitgp import (
     splitgp_predict,
 )
 from pflarena.core import keys
+from pflarena.core.model_split import split_state
 from pflarena.core.models import build_model
-from pflarena.core.split import split_state
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -177,7 +177,7 @@ def test_a_finished_run_re_evaluated_at_its_own_settings_gives_its_last_round(tm
     from pathlib import Path
 
     from pflarena.runtime.launch import simulate
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "splitgp_inference.py"
     spec = importlib.util.spec_from_file_location("splitgp_inference", path)
@@ -224,7 +224,7 @@ def test_evaluation_details_leave_out_replies_without_possible_counts():
     samples, is left out of ``evaluation.method``; the others are pooled by their samples."""
     from flwr.app import MetricRecord
 
-    from pflarena.server.registry import build_strategy
+    from pflarena.server.build import build_strategy
 
     strategy = build_strategy(config(strategy="splitgp", num_clients=4))
 

@@ -9,7 +9,7 @@ import pytest
 from test_resume import comparable
 
 from pflarena.runtime.launch import run_simulations, simulate
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.results import read_rounds
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from helpers import config, grid_for, run_local
 
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 
 
 def _train_round(cfg, grid=None, strategy=None):

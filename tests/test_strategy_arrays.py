@@ -10,7 +10,7 @@ from helpers import config, grid_for
 
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
-from pflarena.server.registry import build_strategy
+from pflarena.server.build import build_strategy
 from pflarena.strategies import arrays as module
 from pflarena.strategies.arrays import (
     as_numpy,

@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 
 from pflarena.cli.sweep import (
-    LEADERBOARD_METRICS,
     build_sweep,
     configs_to_run,
-    leaderboard,
-    leaderboard_markdown,
     load_sweep_file,
     parse_value,
     plan_runs,
 )
 from pflarena.core.config import ConfigError
+from pflarena.reporting.leaderboard import LEADERBOARD_METRICS, leaderboard, leaderboard_markdown
 
 SMALL = {"num-clients": 3, "num-rounds": 2, "fraction-train": 1.0}
 

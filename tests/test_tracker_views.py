@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.server.registry import parse_config
+from pflarena.server.build import parse_config
 from pflarena.server.trackers import artifact_root, open_trackers
 from tests.test_trackers import _config_record, _png, _records
 

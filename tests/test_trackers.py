@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 
 from pflarena.cli import main  # noqa: E402
 from pflarena.core.config import ConfigError  # noqa: E402
-from pflarena.server.registry import parse_config  # noqa: E402
+from pflarena.server.build import parse_config  # noqa: E402
 from pflarena.server.trackers import (  # noqa: E402
     SweepGroup,
     TrackerSet,
@@ -75,7 +75,7 @@ def _cfg(tmp_path, **extra):
 
 
 def _config_record(cfg):
-    from pflarena.server.registry import declaration_of
+    from pflarena.server.build import declaration_of
 
     return {
         "run_config": cfg.to_run_config(),

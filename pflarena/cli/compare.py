@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pflarena.server.compare import (
+from pflarena.reporting.compare import (
     RunArgumentError,
     comparable_runs,
-    compare_plot,
     compare_table,
     expand_runs,
 )
+from pflarena.reporting.plots import compare_plot
 
 __all__ = ["add_parser", "command"]
 

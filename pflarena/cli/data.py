@@ -117,7 +117,7 @@ def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
 
 def shards_import_command(args: argparse.Namespace) -> int:
     from pflarena.core.importers import import_leaf, import_pfllib
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.shard_format import read_shard_set
 
     if not 0 <= args.import_validation_fraction < 1:
         raise ConfigError("--validation-fraction must be in [0, 1)")
@@ -149,7 +149,8 @@ def shards_import_command(args: argparse.Namespace) -> int:
 
 
 def shards_command(args: argparse.Namespace) -> int:
-    from pflarena.core.federation import build_federation, write_shards
+    from pflarena.core.federation import build_federation
+    from pflarena.core.shard_format import write_shards
 
     if not args.out and not args.stats:
         raise ConfigError(

@@ -27,8 +27,8 @@ __all__ = ["add_parsers"]
 def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
     """The shard files of a local deployment: ``--shards-dir``'s, or written now."""
     from pflarena.core.config import parse_run_config
-    from pflarena.core.federation import ShardError, build_federation, write_shards
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.federation import build_federation
+    from pflarena.core.shard_format import ShardError, read_shard_set, write_shards
 
     data_flags = collect_overrides(args, [k for k in DATA_KEYS if k != "num-clients"])
     if args.shards_dir:

@@ -215,8 +215,7 @@ def run_overrides(
 def with_shard_clients(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """``values`` with ``num-clients`` taken from its ``shards-dir``'s manifest, unless
     ``num-clients`` was ``given`` explicitly (then the run is checked against it)."""
-    from pflarena.core.federation import ShardError
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.shard_format import ShardError, read_shard_set
 
     if not values.get("shards-dir") or "num-clients" in given:
         return values

@@ -20,8 +20,8 @@ from pflarena.cli.options import (
     with_tracking,
 )
 from pflarena.core.config import ConfigError, RunConfig, toml_value
+from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import resume_config, simulate
-from pflarena.server.compare import compare_table
 from pflarena.server.progress import Progress
 
 __all__ = ["add_parser", "command", "resume_run_config"]
@@ -38,7 +38,7 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
     ``--num-rounds N`` past the recorded rounds extends it (each method's rounds do not
     depend on ``num-rounds``, so the rounds are those of a run started with N).
     """
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
     from pflarena.server.results import completed_summary
 
     run_dir = Path(args.resume)
@@ -162,7 +162,7 @@ def _with_strategy(values: dict[str, Any], preset_name: str | None) -> dict[str,
 
 def command(args: argparse.Namespace) -> int:
     from pflarena.runtime.precheck import check_data
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
     from pflarena.server.results import check_output_dir
 
     keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys

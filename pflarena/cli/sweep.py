@@ -22,17 +22,15 @@ again; a run that started but did not complete (a killed sweep) is resumed from 
 checkpoint (``pflarena run --resume``); a directory holding a run of another config is an
 error. The runs to do go to one simulation process (:func:`pflarena.runtime.launch.run_simulations`)
 that starts Flower's runtime once. The leaderboard (``leaderboard.md``, ``leaderboard.csv``,
-``leaderboard.png`` in ``<out>``) gives, per setting and method, the mean and standard
-deviation over seeds of each run's ``summary.json`` values.
+``leaderboard.png`` in ``<out>``, :mod:`pflarena.reporting.leaderboard`) gives, per setting
+and method, the mean and standard deviation over seeds of each run's ``summary.json`` values.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
-import math
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -53,20 +51,22 @@ from pflarena.cli.options import (
 )
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.presets import flatten_table, load_preset
+from pflarena.reporting.leaderboard import (
+    leaderboard,
+    leaderboard_csv,
+    leaderboard_markdown,
+    sweep_title,
+)
+from pflarena.reporting.plots import leaderboard_plot
 from pflarena.runtime.launch import check_flower_keys, run_simulations
-from pflarena.server.metrics import label, short_label
 from pflarena.server.progress import Progress
 from pflarena.strategies import declarations
 
 __all__ = [
-    "LEADERBOARD_METRICS",
     "add_parser",
     "command",
     "PlannedRun",
     "Sweep",
-    "leaderboard",
-    "leaderboard_markdown",
-    "leaderboard_plot",
     "load_sweep_file",
     "parse_value",
     "plan_runs",
@@ -74,20 +74,6 @@ __all__ = [
 
 #: Sweep-file entries besides the run config.
 SWEEP_FILE_KEYS = ("preset", "strategies", "seeds", "out", "config", "grid")
-
-#: The leaderboard's columns: (name, summary.json section, point, statistic).
-#: Each figure as pflarena/server/metrics.py names it: personalized accuracy, mean over
-#: clients; the global model's accuracy, pooled.
-LEADERBOARD_METRICS: tuple[tuple[str, str, str, str], ...] = (
-    (f"{short_label('personalized', 'mean')} last", "personalized", "last", "mean"),
-    (f"{short_label('personalized', 'mean')} best", "personalized", "best", "mean"),
-    (f"{short_label('global', 'weighted')} last", "global", "last", "weighted"),
-    # summary.json's `best` is the round with the best mean over clients, so this is the
-    # pooled figure of that round, not the largest pooled figure (it can be below `last`)
-    (f"{short_label('global', 'weighted')} at best", "global", "best", "weighted"),
-)
-#: The column the rows are sorted by.
-SORT_METRIC = LEADERBOARD_METRICS[0][0]
 
 Status = Literal["completed", "resume", "new"]
 
@@ -256,7 +242,7 @@ def _combinations(grid: Mapping[str, list[Any]]) -> list[tuple[tuple[str, Any], 
 def _comparable_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The settings that make a run what it is: the common keys (but where it is written
     and whether it resumed) and its own method's parameters, defaults filled in."""
-    from pflarena.server.registry import declaration_of, parse_config
+    from pflarena.server.build import declaration_of, parse_config
 
     cfg = parse_config(run_config)
     common = {
@@ -294,8 +280,8 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
     Raises :class:`ConfigError` naming the first run whose config is invalid, or a
     directory that holds a run of another config.
     """
-    from pflarena.core.shards import read_shard_set
-    from pflarena.server.registry import parse_config
+    from pflarena.core.shard_format import read_shard_set
+    from pflarena.server.build import parse_config
 
     common_grid = {k: v for k, v in sweep.grid.items() if "." not in k}
     runs: list[PlannedRun] = []
@@ -339,7 +325,7 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
 
 def configs_to_run(runs: list[PlannedRun]) -> list[RunConfig]:
     """The configs of the runs still to do: new ones, and unfinished ones set to resume."""
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
 
     todo = []
     for run in runs:
@@ -348,214 +334,6 @@ def configs_to_run(runs: list[PlannedRun]) -> list[RunConfig]:
         elif run.status == "resume":
             todo.append(parse_config(run.run_config | {"resume": True}))
     return todo
-
-
-# --------------------------------------------------------------------------- leaderboard
-def _mean_std(values: list[float]) -> tuple[float, float] | None:
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    # numpy's default (population) standard deviation, as the other benchmarks report it
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
-
-def _metric(summary: Mapping[str, Any], section: str, point: str, stat: str) -> float | None:
-    value = ((summary.get(section) or {}).get(point) or {}).get(stat)
-    return None if value is None else float(value)
-
-
-def leaderboard(runs: list[PlannedRun]) -> list[dict[str, Any]]:
-    """One row per setting and method: mean and std over seeds of each metric.
-
-    Rows of a setting are sorted by personalized accuracy (last round), best first. A
-    row counts the runs that completed (``completed``) out of those planned (``planned``).
-    """
-    groups: dict[tuple[str, str], list[PlannedRun]] = {}
-    for run in runs:
-        groups.setdefault((run.setting_name, run.method), []).append(run)
-    rows = []
-    for (setting, method), members in groups.items():
-        summaries = []
-        for run in members:
-            path = run.directory / "summary.json"
-            if path.exists():
-                summary = json.loads(path.read_text())
-                if summary.get("status") == "completed":
-                    summaries.append(summary)
-        row: dict[str, Any] = {
-            "setting": setting,
-            "method": method,
-            "planned": len(members),
-            "completed": len(summaries),
-            "seeds": [s["seed"] for s in summaries],
-            "rounds": max((s.get("rounds_completed", 0) for s in summaries), default=0),
-            # the rounds' own time: the start-up (the runtime, the clients' first data
-            # build, round 0) is the sweep's, shown on its own, not the first run's
-            "rounds_time_s": _mean_std([_rounds_time(s) for s in summaries]),
-            "epsilon": _mean_std([e for s in summaries if (e := _epsilon(s)) is not None]),
-        }
-        for name, section, point, stat in LEADERBOARD_METRICS:
-            values = [_metric(s, section, point, stat) for s in summaries]
-            row[name] = _mean_std([v for v in values if v is not None])
-        rows.append(row)
-    order = {name: index for index, name in enumerate(dict.fromkeys(r.setting_name for r in runs))}
-    rows.sort(
-        key=lambda r: (
-            order[r["setting"]],
-            -(r[SORT_METRIC][0] if r[SORT_METRIC] else -1.0),
-        )
-    )
-    return rows
-
-
-def _rounds_time(summary: Mapping[str, Any]) -> float:
-    """A run's rounds time (``rounds_time_s``; an older summary: its whole wall time)."""
-    value = summary.get("rounds_time_s")
-    return float(value if isinstance(value, int | float) else summary["wall_time_s"])
-
-
-def _epsilon(summary: Mapping[str, Any]) -> float | None:
-    """pFedSV's private variant: the (ε, δ) guarantee's ε the run reached."""
-    value = (((summary.get("method") or {}).get("dp")) or {}).get("epsilon")
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _pct(stats: tuple[float, float] | None, count: int) -> str:
-    if stats is None:
-        return "—"
-    mean, std = stats
-    return f"{100 * mean:.2f} ± {100 * std:.2f}" if count > 1 else f"{100 * mean:.2f}"
-
-
-def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard") -> str:
-    """The leaderboard as Markdown: one table per setting, accuracy in %."""
-    lines = [
-        f"# {title}",
-        "",
-        "Per setting and method: mean ± standard deviation over seeds (population std), in "
-        f"percent, of each run's `summary.json`: {label('personalized', 'mean')} and "
-        f"{label('global', 'weighted')}: the global model on the union of the clients' test "
-        "splits, at the last round and at the best round (the round whose mean over clients "
-        "is best, so `at best` can be below `last`). `rounds s`: the rounds' own time "
-        "(the start-up, the clients' first data build and round 0, not included).",
-    ]
-    private = any(r.get("epsilon") for r in rows)
-    for setting in dict.fromkeys(r["setting"] for r in rows):
-        names = [name for name, *_ in LEADERBOARD_METRICS]
-        head = ["method", "seeds", *names, "rounds", "rounds s"] + (["DP ε"] if private else [])
-        lines += ["", f"## {setting}", "", "| " + " | ".join(head) + " |"]
-        lines.append("|" + "---|" * len(head))
-        for row in (r for r in rows if r["setting"] == setting):
-            count = row["completed"]
-            seeds = f"{count}/{row['planned']}"
-            took = f"{row['rounds_time_s'][0]:.0f}" if row["rounds_time_s"] else "—"
-            cells = [row["method"], seeds, *(_pct(row[n], count) for n in names)]
-            cells += [str(row["rounds"]), took]
-            if private:
-                cells.append(f"{row['epsilon'][0]:.3g}" if row.get("epsilon") else "—")
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    """The leaderboard as CSV (fractions, not %), one line per setting and method."""
-    fields = ["setting", "method", "completed", "planned", "rounds"]
-    for name, *_ in LEADERBOARD_METRICS:
-        fields += [f"{name} mean", f"{name} std"]
-    fields += ["rounds s mean", "dp epsilon mean"]
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(fields)
-        for row in rows:
-            values = [row[k] for k in fields[:5]]
-            for name, *_ in LEADERBOARD_METRICS:
-                values += list(row[name]) if row[name] else ["", ""]
-            for key in ("rounds_time_s", "epsilon"):
-                values.append(row[key][0] if row.get(key) else "")
-            writer.writerow(values)
-    return path
-
-
-def sweep_title(runs: list[PlannedRun], name: str) -> str:
-    """The leaderboard picture's title: the sweep, and the data set, partition, clients and
-    seeds its runs share (what differs is in each panel's setting)."""
-    from pflarena.core.partition_stats import partition_text
-
-    def shared(values: list[Any]) -> Any:
-        distinct = list(dict.fromkeys(json.dumps(v, sort_keys=True, default=str) for v in values))
-        return values[0] if len(distinct) == 1 else None
-
-    configs = [run.run_config for run in runs]
-    parts = [f"sweep {name}"]
-    if (dataset := shared([c.get("dataset") for c in configs])) is not None:
-        parts.append(str(dataset))
-    if (partition := shared([partition_text(c) for c in configs])) is not None:
-        parts.append(partition)
-    if (clients := shared([c.get("num-clients") for c in configs])) is not None:
-        parts.append(f"{clients} clients")
-    seeds = sorted({run.seed for run in runs})
-    parts.append(f"seed {seeds[0]}" if len(seeds) == 1 else f"mean ± std over seeds {seeds}")
-    return " · ".join(parts)
-
-
-def leaderboard_plot(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """Bars of personalized and global accuracy (last round, ± std) per method and setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    columns = min(3, len(settings))
-    lines = math.ceil(len(settings) / columns)
-    methods = max(len([r for r in rows if r["setting"] == s]) for s in settings)
-    fig, axes = plt.subplots(
-        lines, columns, figsize=(max(5, 0.9 * methods + 2) * columns, 3.8 * lines), squeeze=False
-    )
-    for ax, setting in zip(axes.flat, settings, strict=False):
-        members = [r for r in rows if r["setting"] == setting]
-        xs = range(len(members))
-        columns_ = ((-0.2, LEADERBOARD_METRICS[0][0], "C0"), (0.2, LEADERBOARD_METRICS[2][0], "C1"))
-        for offset, name, color in columns_:
-            stats = [r[name] for r in members]
-            ax.bar(
-                [x + offset for x in xs],
-                [s[0] if s else math.nan for s in stats],
-                width=0.4,
-                yerr=[s[1] if s else math.nan for s in stats],
-                capsize=3,
-                color=color,
-                label=label("personalized", "mean")
-                if name == LEADERBOARD_METRICS[0][0]
-                else label("global", "weighted"),
-            )
-            for x, stat in zip(xs, stats, strict=True):
-                if not stat:  # no figure (a method without a global model): said, not blank
-                    ax.text(
-                        x + offset,
-                        0.02,
-                        "no global model",
-                        rotation=90,
-                        ha="center",
-                        va="bottom",
-                        fontsize=7,
-                    )
-        ax.set_xticks(list(xs), [r["method"] for r in members], rotation=30, ha="right")
-        ax.set_xlim(-0.6, len(members) - 0.4)  # a missing last bar keeps its place
-        ax.set_ylim(0, 1)
-        ax.set_title(setting, fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    for ax in list(axes.flat)[len(settings) :]:
-        ax.axis("off")
-    axes.flat[0].set_ylabel("test accuracy (last round)")
-    axes.flat[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def write_leaderboard(runs: list[PlannedRun], out: Path) -> tuple[str, list[Path]]:

@@ -13,12 +13,12 @@ from torch import nn
 
 from pflarena.client.state import ClientState
 from pflarena.core import keys
-from pflarena.core.arrays import torch_state
+from pflarena.core.array_decoding import torch_state
 from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
-from pflarena.core.federation import ClientData, load_client, load_shard
+from pflarena.core.federation import ClientData, load_client
 from pflarena.core.models import build_model, default_model_for
-from pflarena.core.shards import load_shard_client, read_shard_set
+from pflarena.core.shard_format import load_shard, load_shard_client, read_shard_set
 from pflarena.core.training import EvalResult, evaluate
 
 __all__ = ["ClientJob", "NodeData", "load_node_data", "pick_device"]

@@ -40,8 +40,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
+from pflarena.core.model_split import layer_entries, layer_owners
 from pflarena.core.models import build_model
-from pflarena.core.split import layer_entries, layer_owners
 
 __all__ = [
     "CanonicalModel",
@@ -71,7 +71,7 @@ Mix = Literal["logit", "prob", "loss"]
 
 def weighted_layers(trainable: Sequence[str]) -> list[str]:
     """The module prefixes that own trainable parameters, in state order
-    (:func:`pflarena.core.split.layer_owners`)."""
+    (:func:`pflarena.core.model_split.layer_owners`)."""
     return layer_owners(trainable)
 
 
@@ -80,7 +80,7 @@ def copied_entries(state_names: Sequence[str], trainable: Sequence[str], layers:
 
     ``layers = 0`` copies every state entry (the whole model is canonical). Every entry of
     a chosen layer is copied, buffers included (a BatchNorm layer's statistics belong to it):
-    the head of :func:`pflarena.core.split.split_names`, where ``layers`` may also take
+    the head of :func:`pflarena.core.model_split.split_names`, where ``layers`` may also take
     every weighted layer.
     """
     if layers < 0:

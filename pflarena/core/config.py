@@ -24,8 +24,9 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from pflarena.core.datasets import DatasetInfo, dataset_info
-from pflarena.core.federation import FederationSpec, ShardError, check_path_text
+from pflarena.core.federation import FederationSpec, check_path_text
 from pflarena.core.methods import TRAINING_SETTINGS, MethodDeclaration, MethodParams
+from pflarena.core.shard_format import ShardError
 
 __all__ = [
     "ConfigError",
@@ -237,7 +238,7 @@ class RunConfig(FederationSpec):
     def data_info(self) -> DatasetInfo:
         """What the clients' data is: the shard directory's, else the dataset's."""
         if self.shards_dir:
-            from pflarena.core.shards import read_shard_set
+            from pflarena.core.shard_format import read_shard_set
 
             return read_shard_set(self.shards_dir).info
         return dataset_info(self.dataset)
@@ -395,7 +396,7 @@ def _method_problems(
 def _shards_dir_problems(cfg: RunConfig, declaration: MethodDeclaration) -> list[str]:
     """A run on a shard directory: the directory's clients, its own splits, no server data."""
     from pflarena.core.models import ModelError, check_model_fits
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.shard_format import read_shard_set
 
     try:
         shard_set = read_shard_set(cfg.shards_dir)

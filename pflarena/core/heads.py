@@ -1,6 +1,6 @@
 """Running and re-initialising a model's head, for split methods that need more than names.
 
-:mod:`pflarena.core.split` names a model's head (its last weighted layers) and body. Fed-ROD,
+:mod:`pflarena.core.model_split` names a model's head (its last weighted layers) and body. Fed-ROD,
 FedRecon and SplitGP also compute with the two parts apart, on every model of the zoo and
 without knowing its architecture:
 
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from pflarena.core.split import weighted_layers
+from pflarena.core.model_split import weighted_layers
 
 __all__ = [
     "feature_size",

@@ -1,7 +1,7 @@
 """Data partitioned by other toolkits, converted to shard files (``pflarena shards import``).
 
 The clients, their samples and their train/test split stay exactly as the toolkit made them;
-the result is a shard directory (:mod:`pflarena.core.shards`) that runs in simulation
+the result is a shard directory (:mod:`pflarena.core.shard_format`) that runs in simulation
 (``--shards-dir``) and in deployment (one file per SuperNode).
 
 **PFLlib** (Zhang et al., https://github.com/TsingZ0/PFLlib) writes a dataset folder with
@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from pflarena.core.datasets import DatasetError, DatasetInfo
-from pflarena.core.federation import ClientData, Federation, write_shards
+from pflarena.core.federation import ClientData, Federation
 from pflarena.core.partition import validation_indices
+from pflarena.core.shard_format import write_shards
 
 __all__ = [
     "IMPORT_FORMATS",

@@ -630,7 +630,7 @@ class LocalDeployment:
 
     def run_command(self, app_dir: Path) -> str:
         """The ``flwr run`` line for this deployment."""
-        from pflarena.core.shards import read_shard_set
+        from pflarena.core.shard_format import read_shard_set
 
         shards_dir = Path(self.shards[0]).resolve().parent
         run_config = f"num-clients={len(self.shards)}"

@@ -26,6 +26,7 @@ from pflarena.core.config import ConfigError, RunConfig, own_method_keys, toml_v
 from pflarena.runtime.engines import ENGINES
 from pflarena.runtime.processes import flower_env, free_port, stop, stop_group, wait_healthy
 from pflarena.server.progress import Progress
+from pflarena.server.progress_events import EVENTS_ENV, read_event
 
 __all__ = [
     "ENGINES",
@@ -158,17 +159,20 @@ def _stream(
     proc: subprocess.Popen, log_handle: Any, verbosity: int, progress: Progress | None = None
 ) -> list[str]:
     """Show a process's output as ``verbosity`` says (or through ``progress``), log all of
-    it; its last 40 lines."""
+    it but the progress events' JSON lines (each event's log line follows it); its last 40
+    lines."""
     assert proc.stdout is not None
     tail: list[str] = []
     try:
         for line in proc.stdout:
-            tail = (tail + [line])[-40:]
-            if log_handle:
-                log_handle.write(line)
+            event = read_event(line) is not None
+            if not event:
+                tail = (tail + [line])[-40:]
+                if log_handle:
+                    log_handle.write(line)
             if progress is not None:
                 progress.feed(line)
-            elif verbosity >= 2 or (verbosity == 1 and _is_progress(line)):
+            elif not event and (verbosity >= 2 or (verbosity == 1 and _is_progress(line))):
                 sys.stderr.write(line)
                 sys.stderr.flush()
     finally:
@@ -291,6 +295,7 @@ def run_simulations(
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     env = simulation_env(scratch)
+    env[EVENTS_ENV] = "1"  # progress as events too (pflarena.server.progress_events)
     env[HELD_ENV] = json.dumps(
         {
             str(Path(cfg.output_dir).resolve()): lock.fileno()
@@ -356,6 +361,7 @@ def _simulate_on_superlink(
         "".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items())
     )
     env = simulation_env(flwr_home)
+    env[EVENTS_ENV] = "1"  # the ServerApp's progress as events too, through `flwr run --stream`
     superlink_log = open(flwr_home / "superlink.log", "wb")  # noqa: SIM115
     superlink = subprocess.Popen(
         [
@@ -431,7 +437,7 @@ def simulate_resuming(
     there without a checkpoint are refused (``OutputDirError``), never overwritten. For long
     benchmark runs, where a round lost to a slow or overloaded machine should not cost the
     rounds before it. Raises the last ``RuntimeError`` when every attempt failed."""
-    from pflarena.server.registry import parse_config
+    from pflarena.server.build import parse_config
     from pflarena.server.results import check_output_dir
 
     out = Path(run_config["output-dir"])

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 import traceback
-from logging import DEBUG, ERROR, INFO
+from logging import DEBUG, INFO
 from pathlib import Path
 from queue import Queue
 from typing import Any
@@ -221,30 +221,29 @@ class SimulationRuntime:
             return
         begin = time.monotonic()
         _start_ray(self.app, self.backend_config, self.ray_address)
-        from flwr.supercore import log
+        from pflarena.server.progress_events import StartupPhase, emit
 
         if self.ray_address is None:
-            log(INFO, "pflarena: start-up: Ray started in %.1fs", time.monotonic() - begin)
+            emit(StartupPhase(f"Ray started in {time.monotonic() - begin:.1f}s"))
         else:
             import ray
 
-            log(
-                INFO,
-                "pflarena: start-up: joined the Ray cluster at %s (%d nodes, %s CPUs) in %.1fs",
-                self.ray_address,
-                sum(1 for node in ray.nodes() if node["Alive"]),
-                ray.cluster_resources().get("CPU", 0),
-                time.monotonic() - begin,
+            nodes = sum(1 for node in ray.nodes() if node["Alive"])
+            cpus = ray.cluster_resources().get("CPU", 0)
+            emit(
+                StartupPhase(
+                    f"joined the Ray cluster at {self.ray_address} ({nodes} nodes, {cpus} CPUs) "
+                    f"in {time.monotonic() - begin:.1f}s"
+                )
             )
         from pflarena.runtime.ray_backend import ReusableRayBackend
 
         backend = ReusableRayBackend(self.backend_config)  # Ray is up: Flower uses it
         backend.build(lambda: None)  # each run brings its own ClientApp loader
-        log(
-            INFO,
-            "pflarena: start-up: %d client actors created, %.1fs",
-            backend.num_workers,
-            time.monotonic() - begin,
+        emit(
+            StartupPhase(
+                f"{backend.num_workers} client actors created, {time.monotonic() - begin:.1f}s"
+            )
         )
         self._backend = backend
 
@@ -406,14 +405,14 @@ def main(argv: list[str] | None = None) -> int:
         imports.join()
         from flwr.supercore import log
 
-        log(
-            INFO,
-            "pflarena: start-up: runtime ready in %.1fs (%s)",
-            time.monotonic() - begin,
+        from pflarena.server.progress_events import RunEnded, StartupPhase, emit
+
+        engine = (
             f"in-process engine, {int(spec.get('workers', 1))} worker(s), no Ray"
             if in_process
-            else "Ray engine",
+            else "Ray engine"
         )
+        emit(StartupPhase(f"runtime ready in {time.monotonic() - begin:.1f}s ({engine})"))
 
         from pflarena.runtime.inprocess import run_inprocess
 
@@ -433,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             except Exception as exc:  # the next run still runs; this one's summary says why
                 failed += 1
-                log(ERROR, "pflarena: run failed: %s", exc)
+                emit(RunEnded(failed=True, reason=str(exc)))
                 log(DEBUG, traceback.format_exc())
     except KeyboardInterrupt:
         # One stop, done in order: no second signal interrupts the shutdown.

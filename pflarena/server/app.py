@@ -9,7 +9,7 @@ import time
 import traceback
 import uuid
 from datetime import datetime, timezone
-from logging import ERROR, INFO
+from logging import INFO
 from pathlib import Path
 
 import flwr
@@ -25,10 +25,11 @@ from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
 from pflarena.core.partition import label_permutations, permutation_group_of
 from pflarena.core.versions import run_key
+from pflarena.server.build import build_strategy, declaration_of, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.polling import PromptGrid, prompt_grid
-from pflarena.server.registry import build_strategy, declaration_of, parse_config
+from pflarena.server.progress_events import RunEnded, RunStarted, StartupPhase, emit
 from pflarena.server.results import (
     ResultsWriter,
     check_output_dir,
@@ -140,14 +141,14 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
     else:
         writer = ResultsWriter(output_dir)  # refuses a directory that already holds results
         state_key = uuid.uuid4().hex[:16]
-    log(
-        INFO,
-        "pflarena: %s on %s, %d clients, %d rounds -> %s",
-        cfg.strategy,
-        cfg.data_name(),
-        cfg.num_clients,
-        cfg.num_rounds,
-        output_dir,
+    emit(
+        RunStarted(
+            strategy=cfg.strategy,
+            data=cfg.data_name(),
+            clients=cfg.num_clients,
+            rounds=cfg.num_rounds,
+            output_dir=str(output_dir),
+        )
     )
     config_record = {
         "run_config": cfg.to_run_config(),
@@ -203,12 +204,8 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         from pflarena.server.trackers import open_trackers
 
         trackers = open_trackers(cfg, output_dir, previous if cfg.resume else config_record)
-        log(
-            INFO,
-            "pflarena: start-up: trackers %s opened in %.1fs",
-            ", ".join(t.name for t in trackers.trackers) or "(none)",
-            time.monotonic() - start,
-        )
+        names = ", ".join(t.name for t in trackers.trackers) or "(none)"
+        emit(StartupPhase(f"trackers {names} opened in {time.monotonic() - start:.1f}s"))
     startup_s = None
     try:
         strategy = build_strategy(
@@ -243,7 +240,7 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         )
         writer.write_summary(failed)
         writer.close()
-        log(ERROR, "pflarena: run failed; partial results in %s", output_dir)
+        emit(RunEnded(str(output_dir), failed=True))
         if trackers:
             trackers.finish(failed, output_dir)
         raise
@@ -258,7 +255,7 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
     strategy.write_artifacts(output_dir)
     if trackers:
         trackers.finish(summary, output_dir)
-    log(INFO, "pflarena: results in %s", output_dir)
+    emit(RunEnded(str(output_dir)))
 
 
 def _write_failed_summary(output_dir: Path, cfg: RunConfig, exc: BaseException) -> None:

@@ -22,16 +22,11 @@ from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.server.checkpoint import Checkpoint, save_checkpoint
 from pflarena.server.crosseval import run_cross_evaluation
-from pflarena.server.metrics import definitions, label
-from pflarena.server.progress import format_duration
+from pflarena.server.metrics import definitions
+from pflarena.server.progress_events import RoundDone, StartupPhase, emit
 from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
-from pflarena.strategies.base import (
-    NO_REPLY,
-    Exchange,
-    PflStrategy,
-    evaluation_stats,
-    record_nbytes,
-)
+from pflarena.strategies.base import PflStrategy, evaluation_stats
+from pflarena.strategies.exchange import NO_REPLY, Exchange, record_nbytes
 
 __all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
 
@@ -437,29 +432,6 @@ def round_eta(round_times: list[float], remaining: int) -> float | None:
     return sum(round_times) / len(round_times) * remaining
 
 
-def _progress(record: dict[str, Any], num_rounds: int, eta_s: float | None = None) -> str:
-    """The round's progress line (parsed by :mod:`pflarena.server.progress`: keep the
-    ``[round r/N] <elapsed>s`` head and the ``| ETA`` field)."""
-    text = f"[round {record['round']}/{num_rounds}] {record['elapsed_s']:.1f}s"
-    if eta_s is not None:
-        text += f" | ETA {format_duration(eta_s)}"
-    evaluation = record.get("evaluation")
-    if evaluation:
-        text += f" | {label('personalized')} {100 * evaluation['personalized']['mean']:.2f}%"
-        if evaluation.get("global"):
-            text += f" | {label('global')} {100 * evaluation['global']['weighted']:.2f}%"
-    train = record.get("train")
-    if train and train.get("loss") is not None:
-        text += f" | train loss {train['loss']:.4f} ({train['clients']} clients"
-        text += f", {train['failures']} failed)" if train["failures"] else ")"
-    epsilon = ((train or {}).get("server") or {}).get("dp-epsilon")
-    if epsilon is not None:
-        text += f" | DP ε so far {epsilon:.3g}"
-    if record["round"] == 0 and record.get("data_s") is not None:
-        text += f" | clients' data built in {record['data_s']:.1f}s"
-    return text
-
-
 def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any) -> dict[str, Any]:
     """The round's ``train`` entry: the sampled clients and those that failed in any exchange,
     with why (``problems``: one entry per failed client and exchange, only when some failed)."""
@@ -520,11 +492,11 @@ def run_rounds(
     sync = ClientSync(state_key=state_key, ttl=cfg.round_timeout)
 
     if resume is None:
-        log(
-            INFO,
-            "pflarena: start-up: round 0, the initial models evaluated on %d clients "
-            "(each builds its data on its first message)",
-            cfg.num_clients,
+        emit(
+            StartupPhase(
+                f"round 0, the initial models evaluated on {cfg.num_clients} clients "
+                "(each builds its data on its first message)"
+            )
         )
         evaluation, traffic = _evaluate(
             grid, strategy, 0, initial_arrays, cfg, initial_arrays, sync
@@ -539,7 +511,7 @@ def run_rounds(
         }
         writer.append_round(record0)
         outcome.rounds.append(record0)
-        log(INFO, _progress(record0, cfg.num_rounds))
+        emit(RoundDone.from_record(record0, cfg.num_rounds))
         if on_round is not None:
             on_round(record0)
         first_round = 1
@@ -608,7 +580,7 @@ def run_rounds(
             )
         round_times.append(record["round_time_s"])
         eta = round_eta(round_times, cfg.num_rounds - server_round)
-        log(INFO, _progress(record, cfg.num_rounds, eta))
+        emit(RoundDone.from_record(record, cfg.num_rounds, eta))
         if on_round is not None:
             on_round(record)
     return outcome

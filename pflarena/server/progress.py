@@ -1,11 +1,11 @@
 """What ``pflarena run`` and ``pflarena sweep`` show while the simulation runs.
 
-The simulation process (and the ServerApp in it) logs what it does: the start-up phases
-(``pflarena: start-up: ...``: the runtime, then round 0, where each client builds its data),
-each run's start (``pflarena: <strategy> on <data> ... -> <dir>``), one line per round
-(``[round r/N] <elapsed>s | ETA ...``) and each run's end (``pflarena: results in <dir>`` or
-``pflarena: run failed``). :class:`Progress` reads those lines as they come and shows them to
-a person:
+The simulation process (and the ServerApp in it) says what it does as progress events
+(:mod:`pflarena.server.progress_events`): the start-up phases (the runtime, then round 0,
+where each client builds its data), each run's start, one event per round and each run's
+end. Each comes as a JSON line of its fields followed by the log line a person reads.
+:class:`Progress` reads the events' fields as they come (the log line after each is the
+event's, left out) and shows them to a person:
 
 - start-up phases with the time since the command started;
 - on a terminal, one live line per run: a bar of its rounds, its ETA and accuracy,
@@ -25,34 +25,27 @@ import json
 import re
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
 from pflarena.server.metrics import HEADLINE, label
+from pflarena.server.progress_events import (
+    Event,
+    RoundDone,
+    RunStarted,
+    StartupPhase,
+    format_duration,
+    read_event,
+)
 
 __all__ = ["Progress", "format_duration", "is_problem"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_ROUND = re.compile(r"\[round (\d+)/(\d+)\] ([\d.]+)s(?: \| ETA (\S+))?(.*)")
-_START = re.compile(r"pflarena: (\S+) on (\S+), (\d+) clients, (\d+) rounds -> (.+)$")
-_END = re.compile(r"pflarena: results in (.+)$")
-_STARTUP = re.compile(r"pflarena: start-up: (.*)$")
 _PROBLEM_MARKERS = ("ERROR", "Traceback", "Error", "failed", "rejected")
 _PROGRESS_MARKERS = ("pflarena", "[round ")
 _PID = re.compile(r"\((?:pid=|\w+ pid=)\d+[^)]*\)")
 _DIGITS = re.compile(r"\d+")
-
-
-def format_duration(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``1h02m``: a duration a person reads at a glance."""
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 def is_problem(text: str) -> bool:
@@ -109,6 +102,8 @@ class Progress:
         self.startup_done = False
         self._live = ""  # the bar drawn in place, to clear before another line
         self._seen: set[str] = set()  # problem lines shown, as compared (_write_once)
+        #: the log lines of the events read, still to come (each follows its event's line)
+        self._event_texts: deque[str] = deque(maxlen=16)
         self.repeated = 0  # problem lines like one shown, not shown
 
     # ------------------------------------------------------------------ output
@@ -129,13 +124,24 @@ class Progress:
 
     # ------------------------------------------------------------------ input
     def feed(self, line: str) -> None:
-        """One line of the simulation's output."""
-        if self.verbosity >= 2:
-            self._write(line.rstrip("\n"))
-            self._track(_clean(line))
-            return
-        text = _clean(line)
-        shown = self._track(text)
+        """One line of the simulation's output: an event's JSON line, an event's log line
+        (left out: the event was shown), or any other line."""
+        event = read_event(line)
+        if event is not None:
+            text = event.text()
+            self._event_texts.append(text)
+            shown = self._track(event)
+            if self.verbosity >= 2:  # its log line, which follows, is shown as it is
+                return
+        else:
+            text = _clean(line)
+            if self.verbosity >= 2:
+                self._write(line.rstrip("\n"))
+                self._is_event_text(text)
+                return
+            if self._is_event_text(text):  # an event's log line: the event was shown
+                return
+            shown = None
         if self.verbosity == 0:
             if self.quiet and shown is not None and shown[0] == "end":
                 self._write(shown[1])
@@ -153,6 +159,14 @@ class Progress:
             any(marker in text for marker in _PROGRESS_MARKERS) and "FutureWarning" not in text
         ):
             self._write_once(text)
+
+    def _is_event_text(self, text: str) -> bool:
+        """Whether ``text`` is the log line of an event read (that line no longer to come)."""
+        for expected in self._event_texts:
+            if text.endswith(expected):
+                self._event_texts.remove(expected)
+                return True
+        return False
 
     def _write_once(self, text: str) -> None:
         """A problem line, unless one like it (the same but for process ids and numbers:
@@ -177,39 +191,40 @@ class Progress:
             self.stream.flush()
 
     # ------------------------------------------------------------------ parsing
-    def _track(self, text: str) -> tuple[str, str] | None:
-        """Follow the runs; what to show for this line (kind, text), None: the line itself."""
-        if match := _STARTUP.search(text):
-            return "startup", f"pflarena {self._elapsed()} start-up: {match.group(1)}"
-        if match := _START.search(text):
-            return "start", self._run_started(match)
-        if match := _ROUND.search(text):
-            return self._round(match)
-        if match := _END.search(text):
-            return "end", self._run_ended(Path(match.group(1).strip()))
-        if "pflarena: run failed" in text and self.run_began is not None:
-            return "end", self._run_ended(self.run_dir, failed=text)
+    def _track(self, event: Event) -> tuple[str, str] | None:
+        """Follow the runs; what to show for this event (kind, text), None: its log line."""
+        if isinstance(event, StartupPhase):
+            return "startup", f"pflarena {self._elapsed()} start-up: {event.phase}"
+        if isinstance(event, RunStarted):
+            return "start", self._run_started(event)
+        if isinstance(event, RoundDone):
+            return self._round(event)
+        if not event.failed:
+            return "end", self._run_ended(Path(str(event.output_dir).strip()))
+        if self.run_began is not None:
+            return "end", self._run_ended(self.run_dir, failed=event.text())
         return None
 
-    def _run_started(self, match: re.Match) -> str:
+    def _run_started(self, event: RunStarted) -> str:
         self.run_index += 1
         self.run_began = self.clock()
-        strategy, data, clients, rounds, where = match.groups()
-        self.run_dir = Path(where.strip())
-        self.run_name = f"{strategy} on {data}"
+        where = event.output_dir.strip()
+        self.run_dir = Path(where)
+        self.run_name = f"{event.strategy} on {event.data}"
         text = f"pflarena {self._elapsed()} "
         if self.total > 1:
             text += f"run {self.run_index} of {self.total}: "
-        text += f"{strategy} on {data}, {clients} clients, {rounds} rounds -> {where.strip()}"
+        text += f"{event.strategy} on {event.data}, {event.clients} clients, "
+        text += f"{event.rounds} rounds -> {where}"
         if self.total > 1 and self.durations:
             left = self.total - self.run_index + 1
             eta = sum(self.durations) / len(self.durations) * left
             text += f" (sweep ETA {format_duration(eta)})"
         return text
 
-    def _round(self, match: re.Match) -> tuple[str, str]:
-        number, total, _run_elapsed, eta, rest = match.groups()
-        number, total = int(number), int(total)
+    def _round(self, event: RoundDone) -> tuple[str, str]:
+        number, total, eta = event.round, event.num_rounds, event.eta
+        rest = "".join(f" | {field}" for field in event.fields)
         if number == 0 and not self.startup_done:
             self.startup_done = True
         if not self.tty:
@@ -222,7 +237,7 @@ class Progress:
         bar = "#" * filled + "." * (width - filled)
         head = f"run {self.run_index}/{self.total} " if self.total > 1 else ""
         accuracy = ""
-        for field in rest.split("|"):
+        for field in event.fields:
             field = field.strip()
             if field.startswith(label("personalized", HEADLINE["personalized"])):
                 accuracy = " " + field

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from pflarena.core.arrays import decode
+from pflarena.core.array_decoding import decode
 
 __all__ = [
     "as_numpy",

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.split import SplitError, split_names
+from pflarena.core.model_split import SplitError, split_names
 from pflarena.strategies.base import LocalTraining, StrategySetup
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.partial import split_problem

@@ -42,7 +42,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
-from pflarena.core.arrays import decode
+from pflarena.core.array_decoding import decode
 from pflarena.core.canonical import copy_name, initial_stacked_state, parse_stacked
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams

@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from pflarena.core import keys
-from pflarena.core.split import ModelSplit, split_names
+from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
@@ -35,8 +35,8 @@ Weighting = Literal["examples", "uniform"]
 def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
     """The run's model must have a body/head split with ``head_layers`` head layers
     (checked before a run starts; ``key`` names the setting in the message)."""
+    from pflarena.core.model_split import SplitError, split_state
     from pflarena.core.models import build_model
-    from pflarena.core.split import SplitError, split_state
 
     info = cfg.data_info()
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes)

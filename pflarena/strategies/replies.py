@@ -32,7 +32,7 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from pflarena.core import keys
-from pflarena.core.arrays import decode
+from pflarena.core.array_decoding import decode
 
 __all__ = [
     "ACCURACY_NAMES",

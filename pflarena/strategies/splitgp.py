@@ -50,8 +50,8 @@ from pflarena.core import keys
 from pflarena.core.ddpg import derive_seed
 from pflarena.core.heads import feature_size, first_head_layer
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.core.models import build_model
-from pflarena.core.split import ModelSplit, split_names
 from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup, array_problem, record_nbytes
 from pflarena.strategies.fedavg import FedAvg

@@ -17,7 +17,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig, UpdateStats, derive_seed
-from pflarena.core.split import ModelSplit, split_state
+from pflarena.core.model_split import ModelSplit, split_state
 from pflarena.core.training import EvalResult, train_epochs
 
 __all__ = [

@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
-from pflarena.core.split import layer_entries, layer_owners
+from pflarena.core.model_split import layer_entries, layer_owners
 from pflarena.core.training import batches, train_epochs
 
 __all__ = [

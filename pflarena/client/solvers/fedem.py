@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
-from pflarena.core.arrays import torch_state
+from pflarena.core.array_decoding import torch_state
 from pflarena.core.canonical import CanonicalModel, PersonalizedModel
 from pflarena.core.training import batches
 

@@ -39,7 +39,7 @@ from pflarena.client.solvers.common import (
 from pflarena.core import keys
 from pflarena.core.ddpg import derive_seed
 from pflarena.core.heads import reset_layers
-from pflarena.core.split import ModelSplit, weighted_layers
+from pflarena.core.model_split import ModelSplit, weighted_layers
 from pflarena.core.training import train_epochs
 
 __all__ = [

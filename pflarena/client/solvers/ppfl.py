@@ -45,7 +45,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
-from pflarena.core.arrays import decode, torch_state
+from pflarena.core.array_decoding import decode, torch_state
 from pflarena.core.canonical import CanonicalModel, PersonalizedModel
 from pflarena.core.population import exponentiated_gradient_step, log_sum_exp
 from pflarena.core.training import batches

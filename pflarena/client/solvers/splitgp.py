@@ -53,7 +53,7 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
 from pflarena.core.heads import first_head_layer, head_input
-from pflarena.core.split import split_state
+from pflarena.core.model_split import split_state
 from pflarena.core.training import EvalResult, batches
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""``pflarena compare``: a Markdown table and a plot of several runs' results.
+"""``pflarena compare``: a Markdown table of several runs' results (the plot:
+:func:`pflarena.reporting.plots.compare_plot`).
 
 Each run is a results directory (:mod:`pflarena.server.results`). Runs that did not
 complete are shown too, marked: ``failed`` (the ServerApp wrote a failed summary) or
@@ -14,15 +15,13 @@ from __future__ import annotations
 
 import glob
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from pflarena.server.metrics import label, short_label
+from pflarena.server.metrics import short_label
 
 __all__ = [
     "SUMMARY_FIELDS",
-    "compare_plot",
     "compare_table",
     "comparable_runs",
     "expand_runs",
@@ -138,7 +137,8 @@ def run_label(run_dir: Path, common: Path | None = None) -> str:
     return run_dir.name
 
 
-def _common_parent(run_dirs: list[Path]) -> Path | None:
+def common_parent(run_dirs: list[Path]) -> Path | None:
+    """The folder every compared run lies below (none for fewer than two runs)."""
     import os
 
     if len(run_dirs) < 2:
@@ -277,7 +277,8 @@ def _fmt(value: Any, pct: bool = True) -> str:
     return f"{100 * value:.2f}" if pct else f"{value}"
 
 
-def _entry(record: dict, key: str) -> dict:
+def entry(record: dict, key: str) -> dict:
+    """``record[key]`` when it is a dict, else an empty one (an absent or damaged entry)."""
     value = record.get(key)
     return value if isinstance(value, dict) else {}
 
@@ -287,7 +288,7 @@ def _megabytes(value: Any) -> str:
 
 
 def _epsilon(summary: dict[str, Any]) -> float | None:
-    value = _entry(_entry(summary, "method"), "dp").get("epsilon")
+    value = entry(entry(summary, "method"), "dp").get("epsilon")
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -303,7 +304,7 @@ def _seconds(summary: dict[str, Any]) -> tuple[str, str]:
 def compare_table(run_dirs: list[Path]) -> str:
     """A Markdown table of personalized and global accuracy (in %) of several runs."""
     summaries = [load_run(run_dir) for run_dir in run_dirs]
-    common = _common_parent(run_dirs)
+    common = common_parent(run_dirs)
     differences = differing_parameters(run_dirs) if len(run_dirs) > 1 else [{}] * len(run_dirs)
     shown_params = any(differences)
     header = (
@@ -326,8 +327,8 @@ def compare_table(run_dirs: list[Path]) -> str:
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for run_dir, s, diff in zip(run_dirs, summaries, differences, strict=True):
         pers = s.get("personalized") or {}
-        last, best = _entry(pers, "last"), _entry(pers, "best")
-        glob = _entry(s.get("global") or {}, "last")
+        last, best = entry(pers, "last"), entry(pers, "best")
+        glob = entry(s.get("global") or {}, "last")
         best_txt = f"{_fmt(best.get('mean'))} ({best.get('round')})" if best else "—"
         startup, rounds_s = _seconds(s)
         rows.append(
@@ -346,110 +347,10 @@ def compare_table(run_dirs: list[Path]) -> str:
         if crossed:
             cross = s.get("cross") or {}
             rows[-1] += "".join(
-                f" {_fmt(_entry(cross, scope).get('mean'))} |" for scope in ("synthetic", "global")
+                f" {_fmt(entry(cross, scope).get('mean'))} |" for scope in ("synthetic", "global")
             )
         if private:
             epsilon = _epsilon(s)
-            delta = _entry(_entry(s, "method"), "dp").get("delta")
+            delta = entry(entry(s, "method"), "dp").get("delta")
             rows[-1] += f" {epsilon:.3g} ({delta:g}) |" if epsilon is not None else " — |"
     return "\n".join(rows)
-
-
-def _common_setting(summaries: list[dict[str, Any]], run_dirs: list[Path]) -> str:
-    """What every compared run shares, for the plot's title (data, partition, clients)."""
-    from pflarena.core.partition_stats import partition_text
-
-    parts = []
-    datasets = {s["dataset"] for s in summaries}
-    if len(datasets) == 1:
-        parts.append(f"on {datasets.pop()}")
-    partitions = set()
-    for run_dir in run_dirs:
-        try:
-            config = json.loads((run_dir / "config.json").read_text())
-            partitions.add(partition_text(config.get("run_config") or {}))
-        except (OSError, ValueError, AttributeError):
-            partitions.add("?")
-    if len(partitions) == 1 and "?" not in partitions:
-        parts.append(partitions.pop())
-    clients = {s["num_clients"] for s in summaries}
-    if len(clients) == 1:
-        parts.append(f"{clients.pop()} clients")
-    seeds = {s["seed"] for s in summaries}
-    parts.append(f"seed {seeds.pop()}" if len(seeds) == 1 else f"seeds {sorted(seeds)}")
-    return " · ".join(parts)
-
-
-def compare_plot(run_dirs: list[Path], out: Path) -> Path:
-    """Each run's headline accuracies by round, personalized and global side by side, a
-    legend in each panel; a run whose method has no global model is named in the global
-    panel's legend as such, not left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from pflarena.server.results import integer_ticks, read_rounds
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    common = _common_parent(run_dirs)
-    summaries = []
-    for index, run_dir in enumerate(run_dirs):
-        s = load_run(run_dir)
-        summaries.append(s)
-        try:
-            rounds = [
-                (int(r["round"]), r["evaluation"])
-                for r in read_rounds(run_dir / "rounds.jsonl")
-                if isinstance(r, dict) and isinstance(r.get("evaluation"), dict)
-            ]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            print(
-                f"pflarena compare: {run_dir}/rounds.jsonl left out of the plot: {error!r}",
-                file=sys.stderr,
-            )
-            continue
-        where = run_label(run_dir, common)
-        same = where == s["strategy"] or len(run_dirs) == 1
-        name = s["strategy"] if same else f"{s['strategy']} ({where})"
-        if s.get("status") != "completed":
-            name += f" [{s.get('status')} at round {rounds_done(s)}/{s['num_rounds']}]"
-        # One colour and line style per run, the same in both panels: past ten runs the
-        # colours repeat with another line style.
-        color, style = f"C{index % 10}", ("-", "--", ":", "-.")[index // 10 % 4]
-        for ax, scope, key in ((axes[0], "personalized", "mean"), (axes[1], "global", "weighted")):
-            ys = [_entry(evaluation, scope).get(key) for _, evaluation in rounds]
-            ys = [y if isinstance(y, int | float) else None for y in ys]
-            if any(y is not None for y in ys):
-                ax.plot(
-                    [number for number, _ in rounds],
-                    [float("nan") if y is None else y for y in ys],
-                    marker="o",
-                    ms=2,
-                    label=name,
-                    color=color,
-                    linestyle=style,
-                )
-            else:  # in the legend, greyed, so that its absence is seen
-                ax.plot(
-                    [],
-                    [],
-                    color=color,
-                    linestyle=style,
-                    alpha=0.4,
-                    label=f"{name}: no {scope} model",
-                )
-    axes[0].set_title(label("personalized", "mean"))
-    axes[1].set_title(label("global", "weighted"))
-    for ax in axes:
-        ax.set_xlabel("round")
-        integer_ticks(ax.xaxis)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
-    axes[0].set_ylabel("test accuracy")
-    fig.suptitle("compared runs " + _common_setting(summaries, run_dirs))
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out

@@ -37,7 +37,7 @@ def known_client_sizes(cfg: RunConfig, data_from_spec: bool = True) -> ClientSiz
     (``data_from_spec``: a simulation, not a deployment whose nodes hold files of their
     own), the counts of that federation; ``None`` where it cannot know."""
     from pflarena.core.federation import DatasetError, client_sizes
-    from pflarena.core.shards import read_shard_set
+    from pflarena.core.shard_format import read_shard_set
 
     if cfg.shards_dir:
         shard_set = read_shard_set(cfg.shards_dir)
