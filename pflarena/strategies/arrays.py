@@ -3,7 +3,7 @@
 Every method that averages models, flattens them into vectors or decodes them does it here,
 so that one rule holds for all of them:
 
-* Decoding goes through :func:`pflarena.core.arrays.decode` (``Array.numpy()``'s values,
+* Decoding goes through :func:`pflarena.core.array_decoding.decode` (``Array.numpy()``'s values,
   read without parsing the header each time).
 * :func:`weighted_mean` is ``Σ_i (w_i / Σ w) x_i`` entry by entry. Floating-point entries
   are accumulated in float64 and returned in their own dtype, unless ``like_fedavg``:
@@ -42,7 +42,7 @@ Arrays = ArrayRecord | Mapping[str, np.ndarray]
 
 def as_numpy(record: ArrayRecord, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     """The record's arrays by name (``names``, or all of them in the record's order), each
-    decoded by :func:`pflarena.core.arrays.decode` into memory of its own."""
+    decoded by :func:`pflarena.core.array_decoding.decode` into memory of its own."""
     if names is None:
         return {name: decode(array) for name, array in record.items()}
     return {name: decode(record[name]) for name in names}
