@@ -61,9 +61,6 @@ GLOBAL_CORRECT = "global-correct"
 GLOBAL_COUNT = "global-count"
 GLOBAL_LOSS_SUM = "global-loss-sum"
 
-# Method-specific configuration sent in messages.
-PROXIMAL_MU = "proximal-mu"  # FedProx
-
 # pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py).
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
 PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
