@@ -507,7 +507,7 @@ class FedPG(MultiExchangeStrategy):
         count = 0
         while trial >= lower and active:
             count += 1
-            extra = {keys.FEDPG_STEP: trial}
+            extra = self.method_config(step=trial)
             config = self._config(server_round, keys.FEDPG_PHASE_LINE_SEARCH, **extra)
             with_d = count == 1
 
@@ -575,7 +575,7 @@ class FedPG(MultiExchangeStrategy):
                 keys.CONFIG: self._config(
                     server_round,
                     keys.FEDPG_PHASE_PERSONALIZE,
-                    **{keys.FEDPG_GAMMA: gamma_of[node], keys.FEDPG_STEP: float(eta)},
+                    **self.method_config(**{"drift-gamma": gamma_of[node], "step": float(eta)}),
                 )
             }
             if node not in holds:

@@ -461,7 +461,7 @@ class PPFL(MultiExchangeStrategy):
                 else:
                     weight, pi = self.step_inputs(client)
                 vectors[keys.PPFL_MEMBERSHIP_PENALTY] = pi
-                extra[keys.PPFL_LOSS_WEIGHT] = float(weight)
+                extra |= self.method_config(**{"loss-weight": float(weight)})
             body[keys.PPFL_MEMBERSHIP] = _vector_record(**vectors)
             body[keys.CONFIG] = self._config(server_round, phase, **extra, **(fold or {}))
             out.append(
