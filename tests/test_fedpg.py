@@ -509,7 +509,7 @@ def _search_run(tmp_path, lower: str, unsafe_above: float):
             )
             reply.content[keys.METRICS][keys.TRAIN_LOSS] = old[client]
         elif phase == keys.FEDPG_PHASE_LINE_SEARCH:
-            step = float(sent.content[keys.CONFIG][keys.FEDPG_STEP])
+            step = float(sent.content[keys.CONFIG]["fedpg.step"])  # its run-config-style key
             if client == 0:
                 steps.append(step)
             raised = old[client] + (1.0 if step > unsafe_above else 0.0)

@@ -26,10 +26,8 @@ MAX_INIT_DEFAULTS = 40
 
 #: strategies whose ``__init__`` still takes its parameters one by one (being converted)
 LEFT: set[str] = {
-    "apfl", "cfl", "dapfl", "fedala", "fedamp", "fedavg-ft", "fedbabu", "feddyn", "fedem",
-    "fedfomo", "fedmgda", "fedper", "fedpg", "fedprox", "fedrecon", "fedrep", "fedrod", "ifca",
-    "lgfedavg", "local", "page", "perfedavg", "pfedgt", "pfedhn", "pfedme", "pfedsv", "ppfl",
-    "scaffold", "splitgp",
+    "fedbabu", "fedper", "fedrecon", "fedrep", "lgfedavg", "page", "perfedavg", "pfedgt", "pfedhn",
+    "pfedme", "pfedsv", "scaffold", "splitgp",
 }  # fmt: skip
 
 

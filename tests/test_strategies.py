@@ -111,7 +111,7 @@ def test_sampled_clients_reproducible_across_runs(tmp_path):
 
 def test_fedprox_and_ditto_send_their_weights():
     for strategy, key, value in (
-        ("fedprox", keys.PROXIMAL_MU, 0.3),
+        ("fedprox", "fedprox.mu", 0.3),
         ("ditto", "ditto.lambda", 0.7),  # a method's setting travels under its run-config key
     ):
         param = {"fedprox": "fedprox.mu", "ditto": "ditto.lambda"}[strategy]

@@ -61,9 +61,6 @@ GLOBAL_CORRECT = "global-correct"
 GLOBAL_COUNT = "global-count"
 GLOBAL_LOSS_SUM = "global-loss-sum"
 
-# Method-specific configuration sent in messages.
-PROXIMAL_MU = "proximal-mu"  # FedProx
-
 # pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py).
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
 PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
@@ -95,8 +92,6 @@ FEDPG_DIRECTION = "direction"  # line-search / personalize message: d^t, ArrayRe
 FEDPG_PHASE_GRADIENTS = "gradients"  # g_i and L_i at θ^t
 FEDPG_PHASE_LINE_SEARCH = "line-search"  # S-FedPG: L_i(θ^t − η d) for one trial η
 FEDPG_PHASE_PERSONALIZE = "personalize"  # build θ_i = θ^t − η((1 − γ_i) d + γ_i g_i)
-FEDPG_GAMMA = "fedpg-drift-gamma"  # personalize message: this client's γ_i
-FEDPG_STEP = "fedpg-step"  # line-search: the trial η; personalize: the accepted η^t
 FEDPG_TRIAL_LOSS = "fedpg-trial-loss"  # line-search reply: L_i(θ^t − η d)
 
 # PPFL (strategies/ppfl.py <-> client/solvers/ppfl.py).
@@ -105,7 +100,6 @@ PPFL_MEMBERSHIP_C = "c"  # the membership vector c_i (K floats)
 PPFL_MEMBERSHIP_PENALTY = "penalty"  # π_i: the Laplacian term of client i's step (K floats)
 PPFL_MEMBERSHIP_GRADIENT = "membership-gradient"  # reply: ∇_c f_i (ArrayRecord, "c")
 PPFL_LABEL_COUNTS = "label-counts"  # affinity reply: the client's label histogram
-PPFL_LOSS_WEIGHT = "ppfl-loss-weight"  # config: the weight of ∇_c f_i in G (p_i or 1)
 PPFL_START_LOSS = "ppfl-start-loss"  # metric: f_i(θ^t, c_i^t) over the training split
 PPFL_PHASE_AFFINITY = "affinity"  # label histograms (and n_i) for W
 PPFL_PHASE_THETA = "theta"  # θ-block: local SGD on θ with c_i fixed

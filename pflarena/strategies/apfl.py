@@ -84,37 +84,17 @@ class APFL(FedAvg):
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
-    def __init__(
-        self,
-        *,
-        alpha: float = 0.5,
-        adaptive: bool = True,
-        alpha_lr: float = 0.0,
-        weighting: str = "uniform",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        if not 0.0 <= alpha <= 1.0 or alpha_lr < 0:
-            raise ValueError(
-                f"apfl needs 0 <= alpha <= 1 and alpha_lr >= 0, got {alpha}, {alpha_lr}"
-            )
-        if weighting not in ("uniform", "examples"):
-            raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
-        self.settings = {
-            "alpha": alpha,
-            "adaptive": adaptive,
-            "alpha-lr": alpha_lr or self.training.lr,
-        }
-        self.weighting = weighting
+    def solver_config(self) -> dict[str, Any]:
+        """What the solver reads: α, whether it adapts, and α's step (0: the run's lr)."""
+        return self.params_config(exclude={"weighting"}) | self.method_config(
+            **{"alpha-lr": self.params.alpha_lr or self.training.lr}
+        )
 
     def train_config(self, server_round: int, node_id: int) -> dict:
-        return {
-            **super().train_config(server_round, node_id),
-            **self.method_config(**self.settings),
-        }
+        return {**super().train_config(server_round, node_id), **self.solver_config()}
 
     def evaluate_config(self, server_round: int) -> dict:
-        return {**super().evaluate_config(server_round), **self.method_config(**self.settings)}
+        return {**super().evaluate_config(server_round), **self.solver_config()}
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -124,7 +104,9 @@ class APFL(FedAvg):
             return None, None
         metrics = [msg.content[keys.METRICS] for msg in valid]
         weights = (
-            [float(m[keys.NUM_EXAMPLES]) for m in metrics] if self.weighting == "examples" else None
+            [float(m[keys.NUM_EXAMPLES]) for m in metrics]
+            if self.params.weighting == "examples"
+            else None
         )
         uploads = [msg.content[keys.ARRAYS] for msg in valid]
         average = as_record(weighted_mean(uploads, weights))
@@ -146,4 +128,6 @@ class APFL(FedAvg):
         return None
 
     def run_summary(self) -> dict[str, Any]:
-        return {**self.settings, "weighting": self.weighting}
+        return self.params.model_dump(by_alias=True) | {
+            "alpha-lr": self.params.alpha_lr or self.training.lr
+        }

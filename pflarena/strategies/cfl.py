@@ -173,34 +173,14 @@ class CFL(MultiExchangeStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> CFL:
-        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **dict(setup.params))
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     def __init__(
-        self,
-        *,
-        trainable: tuple[str, ...] = (),
-        eps_1: float = 0.4,
-        eps_2: float = 1.6,
-        warmup_rounds: int = 20,
-        min_split_size: int = 3,
-        weighting: str = "examples",
-        **kwargs: Any,
+        self, params: CFLParams | None = None, *, trainable: tuple[str, ...] = (), **kwargs: Any
     ) -> None:
-        super().__init__(**kwargs)
-        CFLParams(
-            eps_1=eps_1,
-            eps_2=eps_2,
-            warmup_rounds=warmup_rounds,
-            min_split_size=min_split_size,
-            weighting=weighting,
-        )
+        super().__init__(params, **kwargs)
         #: the entries whose updates enter the norms and similarities (empty: every entry)
         self.trainable = tuple(trainable)
-        self.eps_1 = eps_1
-        self.eps_2 = eps_2
-        self.warmup_rounds = warmup_rounds
-        self.min_split_size = min_split_size
-        self.weighting = weighting
         #: client id -> its cluster (a client not listed is in cluster 0)
         self.assignment: dict[int, int] = {}
         #: round -> every client's cluster after that round
@@ -328,9 +308,9 @@ class CFL(MultiExchangeStrategy):
                 "participants": len(clients),
             }
             if (
-                server_round > self.warmup_rounds
-                and len(clients) >= self.min_split_size
-                and split_criterion(mean_norm, max_norm, self.eps_1, self.eps_2)
+                server_round > self.params.warmup_rounds
+                and len(clients) >= self.params.min_split_size
+                and split_criterion(mean_norm, max_norm, self.params.eps_1, self.params.eps_2)
             ):
                 similarity = cosine_similarities(flat)
                 first, second = optimal_bipartition(similarity)
@@ -387,7 +367,7 @@ class CFL(MultiExchangeStrategy):
 
     def _raw_weights(self, examples: list[float]) -> np.ndarray:
         weights = np.asarray(examples, dtype=np.float64)
-        if self.weighting == "uniform" or weights.sum() <= 0:
+        if self.params.weighting == "uniform" or weights.sum() <= 0:
             weights = np.ones_like(weights)
         return weights
 
@@ -413,10 +393,10 @@ class CFL(MultiExchangeStrategy):
         tree.write_text(
             json.dumps(
                 {
-                    "eps_1": self.eps_1,
-                    "eps_2": self.eps_2,
-                    "warmup_rounds": self.warmup_rounds,
-                    "min_split_size": self.min_split_size,
+                    "eps_1": self.params.eps_1,
+                    "eps_2": self.params.eps_2,
+                    "warmup_rounds": self.params.warmup_rounds,
+                    "min_split_size": self.params.min_split_size,
                     "splits": self.splits,
                     "assignment": self._assignment_list(),
                     "norms": {

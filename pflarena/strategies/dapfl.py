@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
@@ -96,7 +96,9 @@ class DapflParams(MethodParams):
     tune_epochs: bool = Field(True, description="learn the epochs (false: the run's local-epochs)")
     tune_lr: bool = Field(True, description="learn the lr (false: the run's lr)")
 
-    def range_problems(self) -> list[str]:
+    @model_validator(mode="after")
+    def _ranges(self) -> DapflParams:
+        """The action ranges are ranges, and the reward weighs something."""
         problems = []
         if self.min_epochs > self.max_epochs:
             problems.append(
@@ -109,10 +111,9 @@ class DapflParams(MethodParams):
                 "dapfl.loss-weight, dapfl.accuracy-weight and dapfl.f1-weight are all 0: "
                 "the reward would be 0 in every round"
             )
-        return problems
-
-    def run_problems(self, cfg: Any) -> list[str]:
-        return self.range_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def contribution_weights(
@@ -168,17 +169,10 @@ class DapFL(PflStrategy):
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
-    def __init__(self, **kwargs: Any) -> None:
-        fields = {k: kwargs.pop(k) for k in list(kwargs) if k in DapflParams.model_fields}
-        super().__init__(**kwargs)
-        self.params = DapflParams(**fields)
-        if problems := self.params.range_problems():
-            raise ValueError("; ".join(problems))
-
     def train_config(self, server_round: int, node_id: int) -> dict:
         """The common settings plus what the clients' agents need."""
-        client = self.params.model_dump(by_alias=True, exclude={"weighting"})
-        return {**super().train_config(server_round, node_id), **self.method_config(**client)}
+        client = self.params_config(exclude={"weighting"})
+        return {**super().train_config(server_round, node_id), **client}
 
     def check_train_reply(self, content: RecordDict) -> str | None:
         """The model, and the metrics the aggregation and the round's report read."""

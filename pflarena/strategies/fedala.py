@@ -84,36 +84,8 @@ class FedALA(FedAvg):
         params=FedALAParams,
     )
 
-    def __init__(
-        self,
-        *,
-        eta: float = 1.0,
-        rand_percent: int = 80,
-        layers: int = 1,
-        threshold: float = 0.01,
-        loss_window: int = 10,
-        start_max_epochs: int = 100,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        if eta <= 0 or not 1 <= rand_percent <= 100 or layers < 1:
-            raise ValueError("fedala needs eta > 0, 1 <= rand_percent <= 100, layers >= 1")
-        if threshold <= 0 or loss_window < 2 or start_max_epochs < 1:
-            raise ValueError("fedala needs threshold > 0, loss_window >= 2, start_max_epochs >= 1")
-        self.settings = {
-            "eta": eta,
-            "rand-percent": rand_percent,
-            "layers": layers,
-            "threshold": threshold,
-            "loss-window": loss_window,
-            "start-max-epochs": start_max_epochs,
-        }
-
     def train_config(self, server_round: int, node_id: int) -> dict:
-        return {
-            **super().train_config(server_round, node_id),
-            **self.method_config(**self.settings),
-        }
+        return {**super().train_config(server_round, node_id), **self.params_config()}
 
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
@@ -131,4 +103,4 @@ class FedALA(FedAvg):
         return valid
 
     def run_summary(self) -> dict[str, Any]:
-        return dict(self.settings)
+        return self.params.model_dump(by_alias=True)

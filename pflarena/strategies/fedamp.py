@@ -149,29 +149,14 @@ class FedAMP(PflStrategy):
 
     @classmethod
     def from_setup(cls, setup) -> FedAMP:
-        return cls(**setup.common(cls.declaration), trainable=setup.trainable, **dict(setup.params))
+        return cls(setup.params, **setup.common(cls.declaration), trainable=setup.trainable)
 
     def __init__(
-        self,
-        *,
-        alpha: float = 1.0,
-        lambda_: float = 1.0,
-        sigma: float = 1.0,
-        start: str = "cloud",
-        trainable: Sequence[str] = (),
-        **kwargs: Any,
+        self, params: FedAMPParams | None = None, *, trainable: Sequence[str] = (), **kwargs: Any
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(params, **kwargs)
         if self.num_clients is None:
             raise ValueError("fedamp needs num_clients (every client's model enters u_i)")
-        if alpha <= 0 or lambda_ <= 0 or sigma <= 0:
-            raise ValueError("fedamp needs alpha, lambda and sigma > 0")
-        if start not in ("cloud", "own"):
-            raise ValueError(f"start must be 'cloud' or 'own', got {start!r}")
-        self.alpha = alpha
-        self.lam = lambda_
-        self.sigma = sigma
-        self.start = start
         self.trainable = tuple(trainable)
         #: this round: client id -> its weights ξ_{i,·}
         self.weights: dict[int, np.ndarray] = {}
@@ -206,7 +191,7 @@ class FedAMP(PflStrategy):
             self._models = self._latest_models(initial)
             self._vectors = np.stack([self._vector(record) for record in self._models])
         row = squared_distances(self._vectors, [client])[0]
-        weights = attention_weights(row, client, self.alpha, self.sigma)
+        weights = attention_weights(row, client, self.params.alpha, self.params.sigma)
         self.weights[client] = weights
         self.attention[client] = weights
         return cloud_model(self._models, weights)
@@ -214,7 +199,9 @@ class FedAMP(PflStrategy):
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(proximal=self.lam / self.alpha, start=self.start),
+            **self.method_config(
+                proximal=self.params.lambda_ / self.params.alpha, start=self.params.start
+            ),
         }
 
     def train_content(
@@ -246,7 +233,7 @@ class FedAMP(PflStrategy):
 
     # ------------------------------------------------------------------ results
     def run_summary(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "lambda": self.lam, "sigma": self.sigma, "start": self.start}
+        return self.params.model_dump(by_alias=True)
 
     def write_artifacts(self, output_dir: Path) -> list[Path]:
         """``attention.csv``: each client's latest weights ξ_{i,·} (row i; NaN: never sampled)."""

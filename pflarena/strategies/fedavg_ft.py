@@ -8,7 +8,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg
 
 __all__ = ["FedAvgFT", "FedAvgFTParams"]
@@ -40,15 +39,9 @@ class FedAvgFT(FedAvg):
         params=FedAvgFTParams,
     )
 
-    def __init__(
-        self, *, finetune_epochs: int = 1, training: LocalTraining | None = None, **kwargs
-    ) -> None:
-        super().__init__(training=training, **kwargs)
-        self.finetune_epochs = finetune_epochs
-
     def evaluate_config(self, server_round: int) -> dict:
         return {
             **super().evaluate_config(server_round),
             **self.training.to_config(server_round),
-            **self.method_config(**{"finetune-epochs": self.finetune_epochs}),
+            **self.params_config(),
         }

@@ -92,8 +92,8 @@ class FedDyn(PflStrategy):
         gradient state.
     num_clients
         m, the number of clients of the federation.
-    alpha
-        α.
+    Others
+        See :class:`FedDynParams`.
     """
 
     declaration = MethodDeclaration(
@@ -110,29 +110,18 @@ class FedDyn(PflStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedDyn:
-        return cls(
-            trainable=setup.trainable,
-            **setup.common(cls.declaration),
-            **dict(setup.params),
-        )
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     def __init__(
-        self,
-        *,
-        trainable: Sequence[str],
-        num_clients: int | None = None,
-        alpha: float = 0.01,
-        **kwargs: Any,
+        self, params: FedDynParams | None = None, *, trainable: Sequence[str], **kwargs: Any
     ) -> None:
-        super().__init__(num_clients=num_clients, **kwargs)
+        super().__init__(params, **kwargs)
+        num_clients = self.num_clients
         if num_clients is None or num_clients < 1:
             raise ValueError(f"feddyn needs num_clients >= 1 (m in h's step), got {num_clients}")
-        if not alpha > 0:
-            raise ValueError(f"feddyn needs alpha > 0, got {alpha}")
         if not trainable:
             raise ValueError("feddyn needs the names of the model's trainable parameters")
         self.trainable = list(trainable)
-        self.alpha = alpha
         #: h, the server state over the trainable parameters (zeros until set)
         self.state: dict[str, np.ndarray] | None = None
 
@@ -140,7 +129,7 @@ class FedDyn(PflStrategy):
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(alpha=self.alpha),
+            **self.params_config(),
         }
 
     def configure_train(
@@ -165,7 +154,7 @@ class FedDyn(PflStrategy):
         previous = as_numpy(self._round_arrays)
         models = [as_numpy(m.content.array_records[keys.ARRAYS]) for m in valid]
         stepped, self.state = server_update(
-            previous, self.state, models, alpha=self.alpha, num_clients=self.num_clients
+            previous, self.state, models, alpha=self.params.alpha, num_clients=self.num_clients
         )
         new = {**previous, **stepped}
         buffers = [name for name in previous if name not in stepped]
@@ -179,4 +168,4 @@ class FedDyn(PflStrategy):
         return as_record(new), metrics
 
     def run_summary(self) -> dict[str, Any]:
-        return {"alpha": self.alpha}
+        return self.params.model_dump(by_alias=True)

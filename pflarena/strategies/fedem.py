@@ -77,28 +77,26 @@ class FedEM(MultiExchangeStrategy):
     def from_setup(cls, setup: StrategySetup) -> FedEM:
         info = dataset_info(setup.cfg.dataset)
         return cls(
+            setup.params,
             model_name=setup.cfg.model_name(),
             input_shape=tuple(info.input_shape),
             num_classes=info.num_classes,
             **setup.common(cls.declaration),
-            **dict(setup.params),
         )
 
     def __init__(
         self,
+        params: FedEMParams | None = None,
         *,
         model_name: str = "logreg",
         input_shape: tuple[int, ...] = (),
         num_classes: int = 2,
-        num_components: int = 3,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        FedEMParams(num_components=num_components)
+        super().__init__(params, **kwargs)
         self.model_name = model_name
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
-        self.count = num_components
 
     def components(self, arrays: ArrayRecord) -> ArrayRecord:
         """The M component models as a stacked state (built from the run's initial model)."""
@@ -109,7 +107,7 @@ class FedEM(MultiExchangeStrategy):
             self.input_shape,
             self.num_classes,
             self.seed,
-            self.count,
+            self.params.num_components,
             0,
             COMPONENT_PREFIX,
             base={n: arrays[n].numpy() for n in arrays.keys()},

@@ -194,34 +194,14 @@ class FedFomo(PflStrategy):
     )
     checkpointed = {"affinity": "fedfomo/affinity"}
 
-    def __init__(
-        self,
-        *,
-        num_models: int = 5,
-        epsilon: float = 0.3,
-        epsilon_decay: float = 0.05,
-        baseline: str = "round-start",
-        affinity_update: str = "signed",
-        distance_norm: str = "l2",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, params: FedFomoParams | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
         if self.num_clients is None:
             raise ValueError("fedfomo needs num_clients (the size of the affinity matrix)")
-        if num_models < 1:
-            raise ValueError(f"num_models must be >= 1, got {num_models}")
-        self.num_models = num_models
-        self.initial_epsilon = epsilon
-        self.epsilon_decay = epsilon_decay
-        self.client_settings = {
-            "baseline": baseline,
-            "affinity-update": affinity_update,
-            "distance-norm": distance_norm,
-        }
         #: P: row i, client i's accumulated valuation of each peer's model
         self.affinity = np.zeros((self.num_clients, self.num_clients), dtype=np.float64)
         #: ε of the latest round
-        self.epsilon = epsilon_at(1, epsilon, epsilon_decay)
+        self.epsilon = epsilon_at(1, self.params.epsilon, self.params.epsilon_decay)
         #: this round: client id -> the peers it was sent, node id -> the same
         self.offered: dict[int, list[int]] = {}
         self._node_peers: dict[int, list[int]] = {}
@@ -244,7 +224,7 @@ class FedFomo(PflStrategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.server_round = server_round
-        self.epsilon = epsilon_at(server_round, self.initial_epsilon, self.epsilon_decay)
+        self.epsilon = epsilon_at(server_round, self.params.epsilon, self.params.epsilon_decay)
         self.offered, self._node_peers, self._records = {}, {}, {}
         self._available = self.pool(MODELS).clients()
         return super().configure_train(server_round, arrays, config, grid)
@@ -268,7 +248,7 @@ class FedFomo(PflStrategy):
         )
         chosen: list[int] = []
         for peer in order:
-            if len(chosen) == self.num_models:
+            if len(chosen) == self.params.num_models:
                 break
             if self._record(peer) is not None:  # a version rolled back by a resume is gone
                 chosen.append(peer)
@@ -282,10 +262,13 @@ class FedFomo(PflStrategy):
             self.offered[client] = peers
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(
-                own=-1 if client is None else client, peers=peers, **self.client_settings
-            ),
+            **self.method_config(own=-1 if client is None else client, peers=peers),
+            **self.client_config(),
         }
+
+    def client_config(self) -> dict[str, Any]:
+        """The settings the clients' weighing reads (the peer choice is the server's)."""
+        return self.params_config(exclude={"num_models", "epsilon", "epsilon_decay"})
 
     def train_content(
         self, server_round: int, node_id: int, arrays: ArrayRecord, config: dict
@@ -346,7 +329,12 @@ class FedFomo(PflStrategy):
 
     # ------------------------------------------------------------------ results
     def run_summary(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon, "num_models": self.num_models, **self.client_settings}
+        p = self.params
+        return {
+            "epsilon": self.epsilon,
+            "num_models": p.num_models,
+            **p.model_dump(by_alias=True, include={"baseline", "affinity_update", "distance_norm"}),
+        }
 
     def write_artifacts(self, output_dir: Path) -> list[Path]:
         """``affinity.csv``: P at the end of the run (row: client, column: peer)."""

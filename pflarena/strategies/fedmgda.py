@@ -162,33 +162,17 @@ class FedMGDA(PflStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedMGDA:
-        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **dict(setup.params))
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     def __init__(
         self,
+        params: FedMGDAParams | None = None,
         *,
         trainable: Sequence[str] = (),
-        epsilon: float = 0.1,
-        server_lr: float = 1.0,
-        lr_decay: float = 1.0,
-        solver: str = "fast",
-        personal_model: str = "global",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        FedMGDAParams(
-            epsilon=epsilon,
-            server_lr=server_lr,
-            lr_decay=lr_decay,
-            solver=solver,
-            personal_model=personal_model,
-        )
-        self.personal_model = personal_model
+        super().__init__(params, **kwargs)
         self.trainable = list(trainable)
-        self.epsilon = epsilon
-        self.server_lr = server_lr
-        self.lr_decay = lr_decay
-        self.solver = solver
         self._names: list[str] = []
         #: the latest round's weights by client id
         self.last_weights: dict[int, float] = {}
@@ -198,7 +182,11 @@ class FedMGDA(PflStrategy):
             **super().train_config(server_round, node_id),
             keys.PHASE: keys.FEDPG_PHASE_GRADIENTS,
             **self.method_config(
-                **{"grad-mode": "pseudo", "keep": False, "personal-model": self.personal_model}
+                **{
+                    "grad-mode": "pseudo",
+                    "keep": False,
+                    "personal-model": self.params.personal_model,
+                }
             ),
         }
 
@@ -225,9 +213,11 @@ class FedMGDA(PflStrategy):
         if kept.size == 0:
             return None, metrics
         unit = grads[kept] / norms[kept][:, None]
-        lam = min_norm_weights_box(gram_matrix(unit), self.epsilon, solver=self.solver)
+        lam = min_norm_weights_box(
+            gram_matrix(unit), self.params.epsilon, solver=self.params.solver
+        )
         direction = lam @ unit
-        eta = self.server_lr * self.lr_decay ** (server_round - 1)
+        eta = self.params.server_lr * self.params.lr_decay ** (server_round - 1)
         reference = ArrayRecord({n: arrays[n] for n in names})
         step = unflatten(eta * direction, reference, names)
         new = as_numpy(arrays)
@@ -246,6 +236,6 @@ class FedMGDA(PflStrategy):
 
     def run_summary(self) -> dict[str, Any]:
         return {
-            "epsilon": self.epsilon,
+            "epsilon": self.params.epsilon,
             "last_weights": {str(c): w for c, w in self.last_weights.items()},
         }

@@ -208,58 +208,19 @@ class FedPG(MultiExchangeStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedPG:
-        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **dict(setup.params))
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     def __init__(
         self,
+        params: FedPGParams | None = None,
         *,
         trainable: Sequence[str] = (),
-        gamma: str | float = "adaptive",
-        lr_decay: float = 0.999,
-        grad_mode: str = "full",
-        fairness: bool = True,
-        absent_clients: bool = True,
-        personalize: bool = True,
-        direction: str = "min-norm",
-        rescale: str = "scaled-mean",
-        drift_absent: bool = False,
-        line_search: bool = False,
-        line_search_s: int = 5,
-        line_search_beta: float = 1e-4,
-        line_search_lower: str = "times-sigma",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        # the params model validates a run's values; a direct construction is checked here
-        FedPGParams(
-            gamma=gamma,
-            lr_decay=lr_decay,
-            grad_mode=grad_mode,
-            fairness=fairness,
-            absent_clients=absent_clients,
-            personalize=personalize,
-            direction=direction,
-            rescale=rescale,
-            drift_absent=drift_absent,
-            line_search=line_search,
-            line_search_s=line_search_s,
-            line_search_beta=line_search_beta,
-            line_search_lower=line_search_lower,
-        )
+        super().__init__(params, **kwargs)
         self.trainable = list(trainable)
-        self.gamma_floor = parse_gamma(gamma)
-        self.lr_decay = lr_decay
-        self.grad_mode = grad_mode
-        self.fairness = fairness
-        self.absent_clients = absent_clients
-        self.personalize = personalize
-        self.direction = direction
-        self.rescale = rescale
-        self.drift_absent = drift_absent
-        self.line_search = line_search
-        self.search_s = line_search_s
-        self.search_beta = line_search_beta
-        self.search_lower = line_search_lower
+        #: γ's floor (None: adaptive), parsed from ``gamma``
+        self.gamma_floor = parse_gamma(self.params.gamma)
         #: whether the latest line search ended without a step meeting Armijo
         self.search_fallback = False
         #: client id -> the round its latest accepted gradient was uploaded (M = its size)
@@ -275,7 +236,7 @@ class FedPG(MultiExchangeStrategy):
 
     def step_size(self, server_round: int) -> float:
         """The scheduled ``η^t = lr · lr-decay^(t−1)``."""
-        return self.training.lr * self.lr_decay ** (server_round - 1)
+        return self.training.lr * self.params.lr_decay ** (server_round - 1)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -317,7 +278,7 @@ class FedPG(MultiExchangeStrategy):
 
     # ------------------------------------------------------------------ messages
     def _config(self, server_round: int, phase: str, **extra: Any) -> ConfigRecord:
-        keep = self.personalize or self.line_search
+        keep = self.params.personalize or self.params.line_search
         return ConfigRecord(
             {
                 keys.SERVER_ROUND: server_round,
@@ -325,7 +286,7 @@ class FedPG(MultiExchangeStrategy):
                 keys.SOLVER: self.declaration.solver,
                 keys.PHASE: phase,
                 **self.training.to_config(server_round),
-                **self.method_config(**{"grad-mode": self.grad_mode, "keep": keep}),
+                **self.method_config(**{"grad-mode": self.params.grad_mode, "keep": keep}),
                 **extra,
             }
         )
@@ -383,7 +344,7 @@ class FedPG(MultiExchangeStrategy):
             self.held.add(client)
         tau, absent = stale_window(self.last_seen, clients, server_round)
         stale_clients, stale = [], []
-        if self.absent_clients:
+        if self.params.absent_clients:
             for client in absent:
                 record = pool.get(client, GRADIENT) if client in self.held else None
                 if record is not None and len(record):
@@ -396,7 +357,7 @@ class FedPG(MultiExchangeStrategy):
         eta = self.step_size(server_round)
         metrics: dict[str, float] = {}
         search: list[Exchange] = []
-        if self.line_search and np.linalg.norm(direction) > 0:
+        if self.params.line_search and np.linalg.norm(direction) > 0:
             eta, trials = self.search_step(
                 server_round,
                 arrays,
@@ -413,7 +374,7 @@ class FedPG(MultiExchangeStrategy):
             metrics["line-search-fallback"] = int(self.search_fallback)
 
         # the drift coefficients (eq. 8) and the global update
-        gammas = self.drift(grads, direction, stale_grads) if self.personalize else None
+        gammas = self.drift(grads, direction, stale_grads) if self.params.personalize else None
         new = as_numpy(arrays)
         step = unflatten(eta * direction, reference, names)
         for name in names:
@@ -463,7 +424,7 @@ class FedPG(MultiExchangeStrategy):
         """``(d, λ*, σ)``: the rescaled direction, the QP weights, and ``σ = ‖d‖/‖u‖``."""
         k = grads.shape[0]
         r = 0 if stale_grads is None else stale_grads.shape[0]
-        if self.direction == "average":  # M1: the FedSGD direction d_r
+        if self.params.direction == "average":  # M1: the FedSGD direction d_r
             norms = np.linalg.norm(grads, axis=1)
             kept = norms > ZERO_GRAD_NORM
             weights = np.zeros(k + 1 + r)
@@ -473,13 +434,13 @@ class FedPG(MultiExchangeStrategy):
             return self._fedsgd(grads), weights, 1.0
         u, weights = common_descent_direction(
             grads,
-            fairness=self.fairness,
-            losses=losses if self.fairness else None,
+            fairness=self.params.fairness,
+            losses=losses if self.params.fairness else None,
             rescale="none",
             stale_grads=stale_grads,
         )
         norm = float(np.linalg.norm(u))
-        if norm == 0.0 or self.rescale == "none":
+        if norm == 0.0 or self.params.rescale == "none":
             return u, weights, 1.0
         sigma = float(np.linalg.norm(self._fedsgd(grads))) / norm
         return u * sigma, weights, sigma
@@ -492,7 +453,7 @@ class FedPG(MultiExchangeStrategy):
         norms = np.linalg.norm(grads, axis=1)
         kept = norms > ZERO_GRAD_NORM
         g = grads[kept]
-        if self.rescale == "raw-mean":
+        if self.params.rescale == "raw-mean":
             return g.mean(axis=0)
         mu = norms[kept].mean()
         return (g * (mu / norms[kept])[:, None]).mean(axis=0)
@@ -501,7 +462,7 @@ class FedPG(MultiExchangeStrategy):
         self, grads: np.ndarray, direction: np.ndarray, stale_grads: np.ndarray | None
     ) -> np.ndarray:
         """Each online client's γ_i (eq. 8) against the others, with the floor if any."""
-        if self.drift_absent and stale_grads is not None:
+        if self.params.drift_absent and stale_grads is not None:
             gammas = np.array(
                 [
                     drift_coefficient(
@@ -531,18 +492,22 @@ class FedPG(MultiExchangeStrategy):
     ) -> tuple[float, int]:
         """S-FedPG's Armijo line search (§3.3): ``(η^t, number of trials)``."""
         eta = self.step_size(server_round)
-        scale = 0.5**self.search_s
-        lower = scale * eta * sigma if self.search_lower == "times-sigma" else scale * eta / sigma
+        scale = 0.5**self.params.line_search_s
+        lower = (
+            scale * eta * sigma
+            if self.params.line_search_lower == "times-sigma"
+            else scale * eta / sigma
+        )
         slopes = grads @ direction  # g_i·d ≥ 0: the first-order decrease per unit step
         record = as_record(unflatten(direction, arrays, names))
         index = {node: i for i, node in enumerate(nodes)}
         active = list(nodes)
-        trial = 2.0**self.search_s * eta
+        trial = 2.0**self.params.line_search_s * eta
         tried: list[tuple[float, float]] = []  # (η, mean loss change)
         count = 0
         while trial >= lower and active:
             count += 1
-            extra = {keys.FEDPG_STEP: trial}
+            extra = self.method_config(step=trial)
             config = self._config(server_round, keys.FEDPG_PHASE_LINE_SEARCH, **extra)
             with_d = count == 1
 
@@ -564,15 +529,15 @@ class FedPG(MultiExchangeStrategy):
             new = np.array([float(m.content[keys.METRICS][keys.FEDPG_TRIAL_LOSS]) for m in answers])
             old = losses[rows]
             tried.append((trial, float(np.max(new - old))))
-            ok = bool(np.all(new <= old - self.search_beta * trial * slopes[rows]))
-            if ok and self.fairness and len(rows) > 1:
+            ok = bool(np.all(new <= old - self.params.line_search_beta * trial * slopes[rows]))
+            if ok and self.params.fairness and len(rows) > 1:
                 h = fairness_weights(old)
                 fair_slope = float(h @ slopes[rows])  # −∇F'·d: F' decreases along −d iff > 0
                 # d descends the fair column of the QP (scaled gradients), not necessarily F'
                 # of the raw losses; where it does not, no step meets F''s Armijo condition
                 if fair_slope > 0:
                     ok = fair_objective(new) <= (
-                        fair_objective(old) - self.search_beta * trial * fair_slope
+                        fair_objective(old) - self.params.line_search_beta * trial * fair_slope
                     )
             if ok:
                 self.search_fallback = False
@@ -610,7 +575,7 @@ class FedPG(MultiExchangeStrategy):
                 keys.CONFIG: self._config(
                     server_round,
                     keys.FEDPG_PHASE_PERSONALIZE,
-                    **{keys.FEDPG_GAMMA: gamma_of[node], keys.FEDPG_STEP: float(eta)},
+                    **self.method_config(**{"drift-gamma": gamma_of[node], "step": float(eta)}),
                 )
             }
             if node not in holds:
@@ -634,14 +599,14 @@ class FedPG(MultiExchangeStrategy):
         window = list(self.window.values())
         all_gammas = [g for v in self.gammas.values() for g in v.values()]
         return {
-            "grad_mode": self.grad_mode,
-            "line_search": self.line_search,
+            "grad_mode": self.params.grad_mode,
+            "line_search": self.params.line_search,
             "gamma": "adaptive" if self.gamma_floor is None else self.gamma_floor,
             "ablations": {
-                "direction": self.direction,
-                "fairness": self.fairness,
-                "absent_clients": self.absent_clients,
-                "personalize": self.personalize,
+                "direction": self.params.direction,
+                "fairness": self.params.fairness,
+                "absent_clients": self.params.absent_clients,
+                "personalize": self.params.personalize,
             },
             "stale_window": {
                 "max_tau": max((w["tau"] for w in window), default=0),

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration
-from pflarena.strategies.base import LocalTraining
 from pflarena.strategies.fedavg import FedAvg, FedAvgParams
 
 __all__ = ["FedProx", "FedProxParams"]
@@ -36,13 +34,5 @@ class FedProx(FedAvg):
         params=FedProxParams,
     )
 
-    def __init__(
-        self, *, mu: float = 0.01, training: LocalTraining | None = None, **kwargs
-    ) -> None:
-        super().__init__(training=training, **kwargs)
-        if mu < 0:
-            raise ValueError(f"mu must be >= 0, got {mu}")
-        self.proximal_mu = mu
-
     def train_config(self, server_round: int, node_id: int) -> dict:
-        return {**super().train_config(server_round, node_id), keys.PROXIMAL_MU: self.proximal_mu}
+        return super().train_config(server_round, node_id) | self.method_config(mu=self.params.mu)

@@ -28,8 +28,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.model_split import SplitError, split_names
-from pflarena.strategies.base import LocalTraining, StrategySetup
+from pflarena.core.model_split import split_names
+from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
 from pflarena.strategies.partial import split_problem
 
@@ -64,11 +64,11 @@ class FedRoD(FedAvg):
 
     Parameters
     ----------
-    gamma, head_layers
-        See :class:`FedRoDParams`.
     trainable
         The model's trainable parameter names (state order), to check that it has a head of
         ``head_layers`` layers and a body.
+    Others
+        See :class:`FedRoDParams`.
     """
 
     declaration = MethodDeclaration(
@@ -84,48 +84,30 @@ class FedRoD(FedAvg):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedRoD:
-        return cls(**setup.common(cls.declaration), **dict(setup.params), trainable=setup.trainable)
+        return cls(setup.params, **setup.common(cls.declaration), trainable=setup.trainable)
 
     def __init__(
         self,
+        params: FedRoDParams | None = None,
         *,
-        gamma: float = 1.0,
-        head_layers: int = 1,
-        personal_init: str = "initial",
         trainable: tuple[str, ...] = (),
-        training: LocalTraining | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(training=training, **kwargs)
-        if gamma < 0:
-            raise ValueError(f"fedrod needs gamma >= 0, got {gamma}")
+        super().__init__(params, **kwargs)
         if trainable:  # the head must leave a body (SplitError says why not)
-            split_names(trainable, trainable, head_layers)
-        elif head_layers < 1:
-            raise SplitError(f"head_layers must be >= 1, got {head_layers}")
-        self.gamma = gamma
-        self.head_layers = head_layers
-        self.personal_init = personal_init
+            split_names(trainable, trainable, self.params.head_layers)
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(**self.settings()),
+            **self.params_config(),
         }
 
     def evaluate_config(self, server_round: int) -> dict:
         return {
             **super().evaluate_config(server_round),
-            **self.method_config(**self.settings()),
-        }
-
-    def settings(self) -> dict[str, Any]:
-        """The method's values as the solver reads them (``job.param``)."""
-        return {
-            "gamma": self.gamma,
-            "head-layers": self.head_layers,
-            "personal-init": self.personal_init,
+            **self.params_config(),
         }
 
     def run_summary(self) -> dict[str, Any]:
-        return self.settings()
+        return self.params.model_dump(by_alias=True)

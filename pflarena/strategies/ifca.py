@@ -88,30 +88,26 @@ class IFCA(MultiExchangeStrategy):
     def from_setup(cls, setup: StrategySetup) -> IFCA:
         info = dataset_info(setup.cfg.dataset)
         return cls(
+            setup.params,
             model_name=setup.cfg.model_name(),
             input_shape=tuple(info.input_shape),
             num_classes=info.num_classes,
             **setup.common(cls.declaration),
-            **dict(setup.params),
         )
 
     def __init__(
         self,
+        params: IFCAParams | None = None,
         *,
         model_name: str = "logreg",
         input_shape: tuple[int, ...] = (),
         num_classes: int = 2,
-        num_clusters: int = 3,
-        averaging: str = "model",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        IFCAParams(num_clusters=num_clusters, averaging=averaging)
+        super().__init__(params, **kwargs)
         self.model_name = model_name
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
-        self.count = num_clusters
-        self.averaging = averaging
         #: round -> client id -> the cluster it chose
         self.assignments: dict[int, dict[int, int]] = {}
 
@@ -138,7 +134,7 @@ class IFCA(MultiExchangeStrategy):
             self.input_shape,
             self.num_classes,
             self.seed,
-            self.count,
+            self.params.num_clusters,
             0,
             CLUSTER_PREFIX,
             base={n: arrays[n].numpy() for n in arrays.keys()},
@@ -153,7 +149,7 @@ class IFCA(MultiExchangeStrategy):
                 keys.METHOD: self.method,
                 keys.SOLVER: self.declaration.solver,
                 **self.training.to_config(server_round),
-                **self.method_config(averaging=self.averaging),
+                **self.params_config(exclude={"num_clusters"}),
             }
         )
 
@@ -164,12 +160,11 @@ class IFCA(MultiExchangeStrategy):
     def _check(self, content: RecordDict, template: ArrayRecord) -> str | None:
         metrics = content[keys.METRICS]
         cluster = metrics.get(keys.IFCA_CLUSTER)
-        if (
-            not isinstance(cluster, int)
-            or isinstance(cluster, bool)
-            or not 0 <= cluster < self.count
-        ):
-            return f"metric {keys.IFCA_CLUSTER!r} must be a cluster in [0, {self.count}), got {cluster!r}"
+        count = self.params.num_clusters
+        if not isinstance(cluster, int) or isinstance(cluster, bool) or not 0 <= cluster < count:
+            return (
+                f"metric {keys.IFCA_CLUSTER!r} must be a cluster in [0, {count}), got {cluster!r}"
+            )
         return array_problem(content, template, keys.ARRAYS)
 
     # ------------------------------------------------------------------ the round
@@ -198,7 +193,7 @@ class IFCA(MultiExchangeStrategy):
         self.last_failed = exchange.failed
         if not replies:
             return None, None
-        chosen: dict[int, list[ArrayRecord]] = {j: [] for j in range(self.count)}
+        chosen: dict[int, list[ArrayRecord]] = {j: [] for j in range(self.params.num_clusters)}
         assignment: dict[int, int] = {}
         for msg in replies:
             cluster = int(msg.content[keys.METRICS][keys.IFCA_CLUSTER])
@@ -209,7 +204,7 @@ class IFCA(MultiExchangeStrategy):
         for cluster, records in chosen.items():
             if not records:
                 continue
-            if self.averaging == "model":  # Option II: Σ s_ij θ̃_i / Σ s_ij
+            if self.params.averaging == "model":  # Option II: Σ s_ij θ̃_i / Σ s_ij
                 mean = weighted_mean(records, names=entries)
                 for name in entries:
                     new[copy_name(CLUSTER_PREFIX, cluster, name)] = mean[name]
@@ -220,7 +215,7 @@ class IFCA(MultiExchangeStrategy):
                 step = self.training.lr_at(server_round) / len(replies) * sum(values)
                 new[key] = (new[key] - step).astype(new[key].dtype)
         metrics = self.train_metrics(replies) or MetricRecord({})
-        for cluster in range(self.count):
+        for cluster in range(self.params.num_clusters):
             metrics[f"cluster-{cluster}-clients"] = len(chosen[cluster])
         return as_record(new), metrics
 
@@ -228,10 +223,10 @@ class IFCA(MultiExchangeStrategy):
     def run_summary(self) -> dict[str, Any]:
         last = self.assignments[max(self.assignments)] if self.assignments else {}
         return {
-            "num_clusters": self.count,
-            "averaging": self.averaging,
+            "num_clusters": self.params.num_clusters,
+            "averaging": self.params.averaging,
             "last_cluster_sizes": [
-                sum(1 for j in last.values() if j == c) for c in range(self.count)
+                sum(1 for j in last.values() if j == c) for c in range(self.params.num_clusters)
             ],
         }
 

@@ -63,7 +63,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pflarena.core import keys
 from pflarena.core.canonical import copied_entries, initial_stacked_state
@@ -157,17 +157,18 @@ class PPFLParams(MethodParams):
         "(the authors' code); false: fresh buffers every message",
     )
 
-    def run_problems(self, cfg: Any) -> list[str]:
-        # (K ≤ 64 and ε < 0.01 keep K·ε < 1, which the floor needs)
-        problems = []
+    # (K ≤ 64 and ε < 0.01 keep K·ε < 1, which the floor needs)
+    @model_validator(mode="after")
+    def _membership_steps(self) -> PPFLParams:
         if self.schedule == "rbcd" and self.membership_steps == "epoch":
-            problems.append(
+            raise ValueError(
                 "ppfl.membership-steps=epoch needs the client to step c itself; with "
                 "schedule=rbcd the server takes one step per C-block: use full or minibatch"
             )
-        if cfg is not None:
-            problems += _canonical_problems(cfg, self.canonical_layers, self.form)
-        return problems
+        return self
+
+    def run_problems(self, cfg: Any) -> list[str]:
+        return _canonical_problems(cfg, self.canonical_layers, self.form)
 
 
 def _canonical_problems(cfg: Any, layers: int, form: str) -> list[str]:
@@ -232,42 +233,27 @@ class PPFL(MultiExchangeStrategy):
     def from_setup(cls, setup: StrategySetup) -> PPFL:
         info = setup.cfg.data_info()
         return cls(
+            setup.params,
             model_name=setup.cfg.model_name(),
             input_shape=tuple(info.input_shape),
             num_classes=info.num_classes,
             eval_every=setup.cfg.eval_every,
             num_rounds=setup.cfg.num_rounds,
             **setup.common(cls.declaration),
-            **dict(setup.params),
         )
 
     def __init__(
         self,
+        params: PPFLParams | None = None,
         *,
         model_name: str = "logreg",
         input_shape: Sequence[int] = (),
         num_classes: int = 2,
-        num_canonical: int = 3,
-        form: str = "mix",
-        mix: str = "prob",
-        canonical_layers: int = 0,
-        schedule: str = "theta-first",
-        theta_probability: float = 0.5,
-        membership_lr: float = 0.5,
-        membership_steps: str = "auto",
-        membership_floor: float = 1e-6,
-        scaling: str = "normalized",
-        lambda_: float = 1e-5,
-        penalty: str = "laplacian",
-        affinity: str = "labels",
-        theta_weights: str = "examples",
-        local_steps: int = 0,
-        persistent_momentum: bool = False,
         eval_every: int = 1,
         num_rounds: int | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(params, **kwargs)
         #: the run's evaluation rounds (every ``eval_every``-th and the last): a theta-first
         #: round's membership epoch is folded into the next round's message only when the
         #: round is not evaluated (:meth:`_may_fold`)
@@ -275,41 +261,20 @@ class PPFL(MultiExchangeStrategy):
         self.num_rounds = num_rounds
         #: the round whose membership epoch the next round's message carries (None: none)
         self.folded_round: int | None = None
-        params = PPFLParams(
-            num_canonical=num_canonical,
-            form=form,
-            mix=mix,
-            canonical_layers=canonical_layers,
-            schedule=schedule,
-            theta_probability=theta_probability,
-            membership_lr=membership_lr,
-            membership_steps=membership_steps,
-            membership_floor=membership_floor,
-            scaling=scaling,
-            lambda_=lambda_,
-            penalty=penalty,
-            affinity=affinity,
-            theta_weights=theta_weights,
-            local_steps=local_steps,
-            persistent_momentum=persistent_momentum,
-        )
-        problems = params.run_problems(None)
-        if problems:
-            raise ValueError("; ".join(problems))
         if self.num_clients is None:
             raise ValueError("ppfl needs num_clients: the server holds every client's membership")
-        self.params = params
         self.model_name = model_name
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
-        self.count = num_canonical
+        p = self.params
+        #: the membership steps "auto" resolves to: epoch for theta-first, else full
         self.steps_mode = (
-            membership_steps
-            if membership_steps != "auto"
-            else ("epoch" if schedule == "theta-first" else "full")
+            p.membership_steps
+            if p.membership_steps != "auto"
+            else ("epoch" if p.schedule == "theta-first" else "full")
         )
         #: C: row i is client i's membership c_i (Algorithm 1: C^0 = 1/K)
-        self.memberships = uniform_memberships(self.num_clients, num_canonical)
+        self.memberships = uniform_memberships(self.num_clients, p.num_canonical)
         #: n_i as the clients last reported it (0: not heard from yet)
         self.num_examples = np.zeros(self.num_clients)
         #: the clients' label histograms (affinity=labels), rows of zeros until received
@@ -332,7 +297,7 @@ class PPFL(MultiExchangeStrategy):
             "ppfl-num-examples": self.num_examples,
             "ppfl-history": np.stack([self.history[r] for r in rounds])
             if rounds
-            else np.zeros((0, self.num_clients, self.count)),
+            else np.zeros((0, self.num_clients, self.params.num_canonical)),
         }
         if self.histograms is not None:
             arrays["ppfl-histograms"] = self.histograms
@@ -371,7 +336,7 @@ class PPFL(MultiExchangeStrategy):
             self.input_shape,
             self.num_classes,
             self.seed,
-            self.count,
+            self.params.num_canonical,
             self.params.canonical_layers,
             CANONICAL_PREFIX,
             base={n: arrays[n].numpy() for n in arrays.keys()},
@@ -468,7 +433,7 @@ class PPFL(MultiExchangeStrategy):
     def _membership_of(self, node: int) -> np.ndarray:
         client = self._client(node)
         if client is None:  # not identified yet: every row is still C^0
-            return np.full(self.count, 1.0 / self.count)
+            return np.full(self.params.num_canonical, 1.0 / self.params.num_canonical)
         return self.memberships[client]
 
     def _messages(
@@ -492,11 +457,11 @@ class PPFL(MultiExchangeStrategy):
             if with_penalty:
                 client = self._client(node)
                 if client is None:
-                    weight, pi = 1.0, np.zeros(self.count)
+                    weight, pi = 1.0, np.zeros(self.params.num_canonical)
                 else:
                     weight, pi = self.step_inputs(client)
                 vectors[keys.PPFL_MEMBERSHIP_PENALTY] = pi
-                extra[keys.PPFL_LOSS_WEIGHT] = float(weight)
+                extra |= self.method_config(**{"loss-weight": float(weight)})
             body[keys.PPFL_MEMBERSHIP] = _vector_record(**vectors)
             body[keys.CONFIG] = self._config(server_round, phase, **extra, **(fold or {}))
             out.append(
@@ -506,7 +471,9 @@ class PPFL(MultiExchangeStrategy):
 
     # ------------------------------------------------------------------ reply checks
     def _check_vector(self, content: RecordDict, key: str, simplex: bool) -> str | None:
-        problem = vector_problem(content, key, {keys.PPFL_MEMBERSHIP_C: (self.count,)})
+        problem = vector_problem(
+            content, key, {keys.PPFL_MEMBERSHIP_C: (self.params.num_canonical,)}
+        )
         if problem is not None:
             return problem
         vector = content[key][keys.PPFL_MEMBERSHIP_C].numpy()
@@ -788,7 +755,7 @@ class PPFL(MultiExchangeStrategy):
             "form": self.params.form
             if self.params.form == "interpolate"
             else f"mix-{self.params.mix}",
-            "num_canonical": self.count,
+            "num_canonical": self.params.num_canonical,
             "blocks": {
                 "theta": sum(b in ("theta", "both") for b in self.blocks.values()),
                 "membership": sum(b in ("membership", "both") for b in self.blocks.values()),
@@ -806,7 +773,7 @@ class PPFL(MultiExchangeStrategy):
             return []
         output_dir.mkdir(parents=True, exist_ok=True)
         csv = output_dir / "memberships.csv"
-        lines = ["round,client," + ",".join(f"c{k}" for k in range(self.count))]
+        lines = ["round,client," + ",".join(f"c{k}" for k in range(self.params.num_canonical))]
         for r in sorted(self.history):
             for client, row in enumerate(self.history[r]):
                 lines.append(f"{r},{client}," + ",".join(f"{v:.6g}" for v in row))

@@ -38,7 +38,7 @@ def local_result_key(job: ClientJob) -> str:
 def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, ArrayRecord], dict]:
     """Local SGD from the global model; ``loss_fn`` replaces the cross-entropy (tests)."""
     model = job.global_model()
-    mu = float(job.config.get(keys.PROXIMAL_MU, 0.0))
+    mu = float(job.config.get(f"{job.method}.mu", 0.0))  # FedProx's μ (FedAvg sends none)
     hook = prox_hook(model, mu) if mu > 0 else None
     loss, steps = train_epochs(
         model,

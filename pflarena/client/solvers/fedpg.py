@@ -180,7 +180,7 @@ def _gradients(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 
 def _line_search(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     direction = _direction(job)
-    step = float(job.config[keys.FEDPG_STEP])
+    step = float(job.param("step"))
     moved = _stepped(
         job, _kept(job, "round-model"), {n: step * direction[n].numpy() for n in direction.keys()}
     )
@@ -193,8 +193,8 @@ def _line_search(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 def _personalize(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     direction = _direction(job)
     gradient = _kept(job, "gradient")
-    gamma = float(job.config[keys.FEDPG_GAMMA])
-    step = float(job.config[keys.FEDPG_STEP])
+    gamma = float(job.param("drift-gamma"))
+    step = float(job.param("step"))
     drift = {
         n: step * ((1.0 - gamma) * direction[n].numpy() + gamma * gradient[n].numpy())
         for n in direction.keys()

@@ -558,7 +558,7 @@ def _step_membership(
         c,
         mode=str(job.param("membership-steps")),
         lr=float(job.param("membership-lr")) if lr is None else lr,
-        weight=float(job.config[keys.PPFL_LOSS_WEIGHT]),
+        weight=float(job.param("loss-weight")),
         penalty=penalty,
         batch_size=int(job.config[keys.BATCH_SIZE]),
         generator=job.generator("membership") if generator is None else generator,
