@@ -64,20 +64,11 @@ GLOBAL_LOSS_SUM = "global-loss-sum"
 # Method-specific configuration sent in messages.
 PROXIMAL_MU = "proximal-mu"  # FedProx
 
-# pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py).
+# pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py): record names.
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
 PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
 PFEDGT_DELTA_C = "delta-c"  # c_i^{t+1} − c_i^t
 PFEDGT_BUFFERS = "buffers"  # the client's non-trainable state (BatchNorm statistics)
-PFEDGT_GAMMA = "pfedgt-gamma"
-PFEDGT_MU = "pfedgt-mu"
-PFEDGT_RHO = "pfedgt-rho"
-PFEDGT_NUM_USERS = "pfedgt-num-users"
-PFEDGT_VARIANT = "pfedgt-variant"
-PFEDGT_WARM_START = "pfedgt-warm-start"
-PFEDGT_MESSAGE_INIT = "pfedgt-message-init"
-PFEDGT_DELTA_REF = "pfedgt-delta-ref"
-PFEDGT_START_BUFFERS = "pfedgt-start-buffers"
 
 # pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)
