@@ -70,11 +70,12 @@ PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
 PFEDGT_DELTA_C = "delta-c"  # c_i^{t+1} − c_i^t
 PFEDGT_BUFFERS = "buffers"  # the client's non-trainable state (BatchNorm statistics)
 
-# pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record names.
+# pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record and phase names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)
 PFEDSV_RELEVANCE = "relevance"  # personalize reply: the client's relevance vector
 PFEDSV_FEATURES = "feature-extractor"  # D+C: the averaged feature extractor, sent down
 PFEDSV_PEER_PREFIX = "peer/"  # personalize message: one ArrayRecord per peer, peer/<pid>
+PFEDSV_PHASE_PERSONALIZE = "personalize"  # the second exchange: peers' models down, θ_i^{t*} made
 
 # FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names.
 FEDFOMO_PEER_PREFIX = "peer/"  # train message: one ArrayRecord per peer, peer/<client id>
