@@ -113,7 +113,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     trained = evaluate_model(model, job.data.x_train, job.data.y_train)
     loss = trained.loss  # f_i(ŵ_i(t))
     reward, clamped = reciprocal_reward(
-        loss, float(job.param("loss-floor")), float(job.param("reward-scale"))
+        loss, float(job.param("loss-floor")), float(job.param("client-reward-scale"))
     )
     metrics = train_metrics(job, running_loss, steps)
     if learning:
