@@ -27,8 +27,7 @@ MAX_INIT_DEFAULTS = 40
 #: strategies whose ``__init__`` still takes its parameters one by one (being converted)
 LEFT: set[str] = {
     "apfl", "cfl", "dapfl", "fedala", "fedamp", "fedavg-ft", "feddyn", "fedem", "fedfomo",
-    "fedmgda", "fedpg", "fedprox", "fedrod", "ifca", "local", "page", "perfedavg", "pfedgt",
-    "pfedhn", "pfedme", "pfedsv", "ppfl", "scaffold", "splitgp",
+    "fedmgda", "fedpg", "fedprox", "fedrod", "ifca", "local", "ppfl",
 }  # fmt: skip
 
 

@@ -70,6 +70,11 @@ PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
 PFEDGT_DELTA_C = "delta-c"  # c_i^{t+1} − c_i^t
 PFEDGT_BUFFERS = "buffers"  # the client's non-trainable state (BatchNorm statistics)
 
+# pFedMe (strategies/pfedme.py <-> client/solvers/pfedme.py): train-reply metrics.
+PFEDME_INNER_GRAD_NORM = "inner-grad-norm"  # mean ‖∇h̃_i(θ̃)‖ at the θ̃ used
+PFEDME_INNER_GRAD_NORM_MAX = "inner-grad-norm-max"  # its largest value this round
+PFEDME_INNER_STEPS = "inner-steps-taken"  # mean number of inner steps actually run
+
 # pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record and phase names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)
 PFEDSV_RELEVANCE = "relevance"  # personalize reply: the client's relevance vector

@@ -150,11 +150,11 @@ class PFedMe(FedAvg):
         new = beta_update(self._round_arrays, average, self.params.beta)
         out = self.train_metrics(valid)
         assert out is not None
-        for name in ("inner-grad-norm", "inner-steps-taken"):
+        for name in (keys.PFEDME_INNER_GRAD_NORM, keys.PFEDME_INNER_STEPS):
             values = [float(m.get(name, float("nan"))) for m in metrics]
             out[f"mean-{name}"] = float(np.mean(values))
         out["max-inner-grad-norm"] = float(
-            max(float(m.get("inner-grad-norm-max", float("nan"))) for m in metrics)
+            max(float(m.get(keys.PFEDME_INNER_GRAD_NORM_MAX, float("nan"))) for m in metrics)
         )
         return new, out
 
