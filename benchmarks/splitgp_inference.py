@@ -64,7 +64,11 @@ def client_counts(run_dir: Path, lambdas: list[float], thresholds: list[float]) 
         for lam in lambdas:
             for threshold in thresholds:
                 config = base | strategy.method_config(
-                    **{**strategy.settings, "lambda": lam, "entropy-threshold": threshold}
+                    **{
+                        **strategy.params.model_dump(by_alias=True),
+                        "lambda": lam,
+                        "entropy-threshold": threshold,
+                    }
                 )
                 job = ClientJob(
                     cfg=cfg,

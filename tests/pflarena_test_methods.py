@@ -62,10 +62,6 @@ class ToyAvg(PflStrategy):
         params=ToyAvgParams,
     )
 
-    def __init__(self, *, server_step: float = 1.0, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.server_step = server_step
-
     def aggregate_train(self, server_round, replies):
         valid = self.valid_train_replies(replies)
         if not valid:
@@ -76,7 +72,7 @@ class ToyAvg(PflStrategy):
             {
                 name: Array(
                     current[name].numpy()
-                    + self.server_step * (average[name].numpy() - current[name].numpy())
+                    + self.params.server_step * (average[name].numpy() - current[name].numpy())
                 )
                 for name in current.keys()
             }
@@ -100,9 +96,9 @@ class LineSearch(MultiExchangeStrategy):
         honours=frozenset({"batch-size"}),
     )
 
-    def __init__(self, *, steps: str = "0.05,0.2,0.5,1.0", **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.steps = [float(s) for s in steps.split(",")]
+    def __init__(self, params=None, **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.steps = [float(s) for s in self.params.steps.split(",")]
         self.last_step: float | None = None
 
     def _messages(self, nodes, content_for):

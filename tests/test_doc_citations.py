@@ -32,22 +32,12 @@ LINKS_LEFT: dict[str, set[str]] = {}
 SPEC_LEFT: dict[str, set[str]] = {}
 
 #: Files being rewritten elsewhere, whose "spec" citations go with that rewrite.
-SPEC_FILES_LEFT = {
-    "pflarena/core/ddpg.py",  # fixed with pflarena/core/ddpg.py's rewrite
-}
+SPEC_FILES_LEFT: set[str] = set()
 
 #: ``docs/methods/<name>.md §N`` citations whose section moved to ``docs/papers/<name>.md §N``
 #: (the same number), left in files this change does not edit: (citing file, page, section).
 #: Each becomes ``docs/papers/<name>.md §N`` when its file is next edited.
-METHOD_SECTIONS_LEFT: set[tuple[str, str, str]] = {
-    ("docs/methods.md", "page", "12.3"),  # generated from pflarena/strategies/page.py
-    ("docs/methods/page.md", "page", "12.3"),  # generated from pflarena/strategies/page.py
-    ("pflarena/client/solvers/page.py", "page", "3.4"),
-    ("pflarena/strategies/page.py", "page", "12.3"),
-    ("pflarena/strategies/page.py", "page", "12.5"),
-    ("tests/test_page.py", "page", "9.12"),
-    ("tests/test_page.py", "page", "9.15"),
-}
+METHOD_SECTIONS_LEFT: set[tuple[str, str, str]] = set()
 
 
 def _files(folders, suffixes=None):

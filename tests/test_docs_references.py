@@ -23,14 +23,7 @@ CITATION = re.compile(
 
 #: Citations of sections that moved to docs/papers/<x>.md, left in files this change does not
 #: edit: (citing file, cited page, section). Each goes when its file is rewritten.
-MOVED_LEFT = {
-    # fixed with pflarena/strategies/page.py's rewrite (docs/papers/page.md §12.x)
-    ("docs/methods.md", "page", "12.3"),
-    ("docs/methods/page.md", "page", "12.3"),
-    ("pflarena/client/solvers/page.py", "page", "3.4"),
-    ("pflarena/strategies/page.py", "page", "12.3"),
-    ("pflarena/strategies/page.py", "page", "12.5"),
-}
+MOVED_LEFT: set[tuple[str, str, str]] = set()
 
 
 def _texts(folders):

@@ -361,7 +361,7 @@ def test_per_node_messages_share_the_round_payload():
     for key in (keys.ARRAYS, keys.PFEDGT_MESSAGE):
         assert all(m.content[key] is messages[0].content[key] for m in messages)
     sent = {
-        strategy.client_ids[m.metadata.dst_node_id]: m.content[keys.CONFIG][keys.PFEDGT_GAMMA]
+        strategy.client_ids[m.metadata.dst_node_id]: m.content[keys.CONFIG]["pfedgt.gamma"]
         for m in messages
     }
     assert sent == {i: float(g) for i, g in enumerate(gammas.split(","))}

@@ -364,7 +364,7 @@ def test_untuned_weights_and_actions_are_the_fedavg_settings(tmp_path):
 
 
 def test_partial_participation_renormalizes_over_the_uploads_and_carries_the_state(tmp_path):
-    """An extension (docs/methods/page.md §9.15): half the clients a round; p is renormalized over
+    """An extension (docs/papers/page.md §9.15): half the clients a round; p is renormalized over
     those that uploaded, and an absent client's state entry is its last accuracy (before its
     first upload, the accuracy of W(t) on D_CS)."""
     cfg = page_config(num_clients=6, num_rounds=3, fraction_train=1 / 3)
@@ -592,7 +592,7 @@ def _mixture_logits(uploads, x) -> np.ndarray:
 
 
 def test_the_bounded_reward_is_not_maximized_by_one_client_and_the_papers_is(played):
-    """docs/methods/page.md §9.12 on the uploads of a real round, by convex optimization (cvxpy):
+    """docs/papers/page.md §9.12 on the uploads of a real round, by convex optimization (cvxpy):
     the loss of W(t+1) = Σ p_i ŵ_i on D_CS is convex in p for logistic regression, so the maximizer
     of the bounded reward 1/max(F, f_min) is found exactly. It beats every vertex (all weight on
     one client), while the paper's 1/Σ p_i f_i is maximized at the vertex of the smallest

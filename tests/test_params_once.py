@@ -24,12 +24,6 @@ STRATEGIES = Path(__file__).resolve().parents[1] / "pflarena" / "strategies"
 #: state lives); a method's own settings have none here
 MAX_INIT_DEFAULTS = 40
 
-#: strategies whose ``__init__`` still takes its parameters one by one (being converted)
-LEFT: set[str] = {
-    "fedbabu", "fedper", "fedrecon", "fedrep", "lgfedavg", "page", "perfedavg", "pfedgt", "pfedhn",
-    "pfedme", "pfedsv", "scaffold", "splitgp",
-}  # fmt: skip
-
 
 def _declared_names(cls: type[PflStrategy]) -> set[str]:
     fields = cls.declaration.params.model_fields
@@ -39,8 +33,6 @@ def _declared_names(cls: type[PflStrategy]) -> set[str]:
 @pytest.mark.parametrize("name", sorted(strategy_classes()))
 def test_no_init_repeats_a_declared_parameter(name):
     cls = strategy_classes()[name]
-    if name in LEFT:
-        pytest.skip("not converted yet")
     declared = _declared_names(cls)
     for klass in cls.__mro__:
         if klass is PflStrategy or "__init__" not in vars(klass):
@@ -57,9 +49,7 @@ def test_the_strategies_init_defaults_are_few():
             if isinstance(node, ast.FunctionDef) and node.name == "__init__":
                 count += len(node.args.defaults)
                 count += sum(d is not None for d in node.args.kw_defaults)
-    if LEFT:
-        pytest.skip(f"{count} defaults while {len(LEFT)} strategies are being converted")
-    assert count <= MAX_INIT_DEFAULTS
+    assert count <= MAX_INIT_DEFAULTS, f"{count} defaults in strategies' __init__ methods"
 
 
 def test_params_as_a_model_or_as_keywords():
@@ -74,3 +64,17 @@ def test_params_as_a_model_or_as_keywords():
         Ditto(DittoParams(), lambda_=1)
     with pytest.raises(TypeError, match="takes DittoParams, got FedAvgParams"):
         Ditto(FedAvgParams())
+
+
+def test_a_method_written_to_take_keywords_only_is_refused_with_the_way_to_fix_it():
+    from pflarena.server.build import parse_config
+    from pflarena.strategies.base import StrategySetup
+
+    class OldStyle(Ditto):
+        def __init__(self, *, lambda_: float = 0.1, **kwargs) -> None:
+            super().__init__(lambda_=lambda_, **kwargs)
+
+    setup = StrategySetup(cfg=parse_config({"strategy": "ditto"}), params=DittoParams())
+    with pytest.raises(TypeError, match=r"must take the method's parameters as `params`"):
+        OldStyle.from_setup(setup)
+    assert Ditto.from_setup(setup).params == DittoParams()

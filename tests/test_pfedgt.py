@@ -628,7 +628,7 @@ def test_init_round_sets_c0_to_the_mean_message(tmp_path):
         )
     )
     for name, param in net.named_parameters():
-        expected = (grads[name] - strategy.mu * param).detach().numpy()
+        expected = (grads[name] - strategy.params.mu * param).detach().numpy()
         np.testing.assert_allclose(
             stored(ctx, solver.MESSAGE_KEY)[name].numpy(),
             expected,
@@ -1032,10 +1032,10 @@ def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
 def test_lambda_default_is_exact_tracking_and_a_fixed_lambda_needs_its_rule():
     """λ = |S^t|/m is the default (docs/papers/pfedgt.md §11: the paper's 0.7 let θ and c grow on
     CIFAR-10); a λ set without ``lambda-rule=fixed`` would be ignored, so it is refused."""
-    assert build_strategy(config(strategy="pfedgt")).lambda_rule == "tracking"
+    assert build_strategy(config(strategy="pfedgt")).params.lambda_rule == "tracking"
     with pytest.raises(ValueError, match=r"pfedgt.lambda=0.25 takes effect only with"):
         config(strategy="pfedgt", **{"pfedgt.lambda": 0.25})
     fixed = build_strategy(
         config(strategy="pfedgt", **{"pfedgt.lambda-rule": "fixed", "pfedgt.lambda": 0.25})
     )
-    assert (fixed.lambda_rule, fixed.message_step) == ("fixed", 0.25)
+    assert (fixed.params.lambda_rule, fixed.params.lambda_) == ("fixed", 0.25)

@@ -94,9 +94,9 @@ def test_the_server_step_uses_the_declared_rates_for_net_and_embeddings(tmp_path
         for name in generated.keys()
     }
     expected = hypernetwork_gradients(net, 1, delta)
-    net_lr, embed_lr = strategy.settings["server-lr"], strategy.settings["embed-lr"]
+    net_lr, embed_lr = strategy.params.server_lr, strategy.embedding_lr
     assert (net_lr, embed_lr) == (0.01, 0.05)
-    decay = strategy.settings["server-weight-decay"]
+    decay = strategy.params.server_weight_decay
     # one step as aggregate_train takes it, through the strategy's own optimizer
     strategy.optimizer.zero_grad(set_to_none=True)
     for param, grad in zip(net.parameters(), expected, strict=True):

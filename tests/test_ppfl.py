@@ -19,6 +19,7 @@ from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
+from pflarena.core.models import ModelShape
 from pflarena.core.population import affinity_from_histograms, exponentiated_gradient_step
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy
@@ -238,7 +239,7 @@ def test_bad_config_is_refused_with_the_key_named(overrides, message):
 
 def test_the_strategy_needs_the_number_of_clients():
     with pytest.raises(ValueError, match="num_clients"):
-        PPFL(model_name="logreg", input_shape=(4,), num_classes=2)
+        PPFL(model=ModelShape("logreg", (4,), 2))
 
 
 # --------------------------------------------------------------------------- results

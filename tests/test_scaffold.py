@@ -191,4 +191,6 @@ def test_a_resumed_server_continues_as_if_uninterrupted():
 def test_momentum_is_refused_and_weight_decay_is_part_of_the_objective():
     with pytest.raises(ConfigError, match="momentum"):
         config(strategy="scaffold", momentum=0.9)
-    assert build_strategy(config(strategy="scaffold", weight_decay=1e-3)).control_update == "II"
+    assert (
+        build_strategy(config(strategy="scaffold", weight_decay=1e-3)).params.control_update == "II"
+    )

@@ -106,9 +106,9 @@ def test_the_server_averages_the_uploads_and_keeps_the_rest(method):
     new, _ = strategy.aggregate_train(1, replies)
     counts = np.array([float(r.content[keys.METRICS][keys.NUM_EXAMPLES]) for r in replies])
     assert len(set(counts)) > 1  # unequal clients: the two weightings differ
-    weights = counts if strategy.weighting == "examples" else np.ones(len(replies))
+    weights = counts if strategy.params.weighting == "examples" else np.ones(len(replies))
     expected_weighting = {"fedper": "examples", "fedrep": "examples"}.get(method, "uniform")
-    assert strategy.weighting == expected_weighting
+    assert strategy.params.weighting == expected_weighting
     for name in shared:
         stacked = np.stack(
             [r.content[keys.ARRAYS][name].numpy().astype(np.float64) for r in replies]

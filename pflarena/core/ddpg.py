@@ -26,12 +26,12 @@ One round of an agent, as the paper's algorithms use it::
     ...                                       # the round runs with ``action``
     agent.set_pending(state, action, reward)  # completed next round
 
-The update (Alg. 1 lines 4-9, with the spec's reading of the typos, §3.2):
+The update (Alg. 1 lines 4-9, its typos read as docs/papers/page.md §3.2 does):
 
 * ``y = r + γ Q'(s', μ'(s'))`` (no terminal states: the game is a continuing task);
 * critic: one step on ``(1/b) Σ (y − Q(s, a))²``;
 * actor: one step up ``(1/b) Σ Q(s, μ(s))`` (the deterministic policy gradient);
-* targets: ``θ' ← τ θ + (1 − τ) θ'`` with the post-update θ (spec A23).
+* targets: ``θ' ← τ θ + (1 − τ) θ'`` with the post-update θ (docs/papers/page.md §9.23).
 
 Action spaces:
 
@@ -41,7 +41,7 @@ Action spaces:
     the bounds. The buffer stores ``u``.
 ``simplex``
     The actor ends in a softmax: non-negative weights that sum to 1. Exploration adds
-    ``N(0, σ²)`` to the logits (spec A9); the buffer stores the executed weights.
+    ``N(0, σ²)`` to the logits (docs/papers/page.md §9.9); the buffer stores the executed weights.
 
 Randomness comes only from the generators the caller passes (``rng`` for noise and
 minibatches) and the seed given at construction (initial weights), so a caller that derives
@@ -92,7 +92,7 @@ ZERO_LOSS = 1e-12
 
 def reciprocal_reward(loss: float, floor: float, scale: float = 1.0) -> tuple[float, bool]:
     """``(k / max(f, f_min), whether the floor bounded it)``: PAGE's u = 1/f (Definition 1),
-    bounded above by k / f_min (spec A11); ``floor=0`` is the paper's unbounded k/f.
+    bounded above by k / f_min (docs/papers/page.md §9.11); ``floor=0`` is the paper's unbounded k/f.
 
     Parameters
     ----------
@@ -158,7 +158,7 @@ class DDPGConfig:
     """An agent's shape and learning settings.
 
     Defaults are PAGE's Synthetic row of Table 7 (critic lr 0.01, actor lr 0.001,
-    τ = β = 0.01), γ = 0.99 (§4.1) and the spec's recommendations where the paper is
+    τ = β = 0.01), γ = 0.99 (docs/papers/page.md §4.1) and its readings where the paper is
     silent (§4.2: gradient-norm clipping at 10, Gaussian noise σ₀ = 0.1 decaying ×0.995
     per action to a floor of 0.01, minibatches of 32, a buffer of 10 000), with Adam, the
     optimizer of DDPG itself: at Table 7's Synthetic rates and γ = 0.99, plain SGD (the

@@ -61,26 +61,23 @@ GLOBAL_CORRECT = "global-correct"
 GLOBAL_COUNT = "global-count"
 GLOBAL_LOSS_SUM = "global-loss-sum"
 
-# pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py).
+# pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py): record names.
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
 PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
 PFEDGT_DELTA_C = "delta-c"  # c_i^{t+1} − c_i^t
 PFEDGT_BUFFERS = "buffers"  # the client's non-trainable state (BatchNorm statistics)
-PFEDGT_GAMMA = "pfedgt-gamma"
-PFEDGT_MU = "pfedgt-mu"
-PFEDGT_RHO = "pfedgt-rho"
-PFEDGT_NUM_USERS = "pfedgt-num-users"
-PFEDGT_VARIANT = "pfedgt-variant"
-PFEDGT_WARM_START = "pfedgt-warm-start"
-PFEDGT_MESSAGE_INIT = "pfedgt-message-init"
-PFEDGT_DELTA_REF = "pfedgt-delta-ref"
-PFEDGT_START_BUFFERS = "pfedgt-start-buffers"
 
-# pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record names.
+# pFedMe (strategies/pfedme.py <-> client/solvers/pfedme.py): train-reply metrics.
+PFEDME_INNER_GRAD_NORM = "inner-grad-norm"  # mean ‖∇h̃_i(θ̃)‖ at the θ̃ used
+PFEDME_INNER_GRAD_NORM_MAX = "inner-grad-norm-max"  # its largest value this round
+PFEDME_INNER_STEPS = "inner-steps-taken"  # mean number of inner steps actually run
+
+# pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record and phase names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)
 PFEDSV_RELEVANCE = "relevance"  # personalize reply: the client's relevance vector
 PFEDSV_FEATURES = "feature-extractor"  # D+C: the averaged feature extractor, sent down
 PFEDSV_PEER_PREFIX = "peer/"  # personalize message: one ArrayRecord per peer, peer/<pid>
+PFEDSV_PHASE_PERSONALIZE = "personalize"  # the second exchange: peers' models down, θ_i^{t*} made
 
 # FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names.
 FEDFOMO_PEER_PREFIX = "peer/"  # train message: one ArrayRecord per peer, peer/<client id>

@@ -11,7 +11,9 @@ so they are classifiers over the vocabulary like any other model here;
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +28,21 @@ __all__ = [
     "default_model_for",
     "ModelError",
 ]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What builds a run's model: its name in the zoo, the input's shape, the classes (a
+    strategy that builds models on the server takes one)."""
+
+    name: str = "logreg"
+    input_shape: tuple[int, ...] = ()
+    num_classes: int = 2
+
+    @classmethod
+    def of_run(cls, cfg: Any, info: DatasetInfo) -> ModelShape:
+        """The run's model (``cfg``: a RunConfig; ``info``: its dataset's DatasetInfo)."""
+        return cls(cfg.model_name(), tuple(info.input_shape), int(info.num_classes))
 
 
 class ModelError(ValueError):

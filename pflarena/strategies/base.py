@@ -13,6 +13,7 @@ send-and-receive (an initialisation, a line search, a block schedule) overrides
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -187,7 +188,14 @@ class PflStrategy(Strategy):
         The default passes the method's validated parameters and the common arguments;
         override when the constructor needs more (pFedGT: the model's layout).
         """
-        return cls(**setup.common(cls.declaration), **dict(setup.params))
+        if "params" not in inspect.signature(cls.__init__).parameters:
+            raise TypeError(
+                f"{cls.__name__}.__init__ must take the method's parameters as `params` and pass "
+                "them on (`super().__init__(params, **kwargs)`), or be left out: the parameters "
+                f"are {cls.declaration.params.__name__}'s fields, read as self.params.<field> "
+                "(docs/guide.md, 'Adding a method')"
+            )
+        return cls(setup.params, **setup.common(cls.declaration))
 
     @property
     def method(self) -> str:

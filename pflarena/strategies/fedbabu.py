@@ -63,20 +63,12 @@ class FedBABU(PartialFedAvg):
     )
     shared = "body"
 
-    def __init__(
-        self, *, finetune_epochs: int = 5, weighting: str = "uniform", **kwargs: Any
-    ) -> None:
-        super().__init__(weighting=weighting, **kwargs)
-        if finetune_epochs < 0:
-            raise ValueError(f"finetune_epochs must be >= 0, got {finetune_epochs}")
-        self.finetune_epochs = finetune_epochs
-
     def evaluate_config(self, server_round: int) -> dict:
         return {
             **super().evaluate_config(server_round),
             **self.training.to_config(server_round),
-            **self.method_config(**{"finetune-epochs": self.finetune_epochs}),
+            **self.method_config(**{"finetune-epochs": self.params.finetune_epochs}),
         }
 
     def run_summary(self) -> dict[str, Any]:
-        return super().run_summary() | {"finetune-epochs": self.finetune_epochs}
+        return super().run_summary() | {"finetune-epochs": self.params.finetune_epochs}

@@ -44,6 +44,7 @@ from pflarena.core import keys
 from pflarena.core.canonical import initial_stacked_state
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.models import ModelShape
 from pflarena.strategies.arrays import weighted_average
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
@@ -78,9 +79,7 @@ class FedEM(MultiExchangeStrategy):
         info = dataset_info(setup.cfg.dataset)
         return cls(
             setup.params,
-            model_name=setup.cfg.model_name(),
-            input_shape=tuple(info.input_shape),
-            num_classes=info.num_classes,
+            model=ModelShape.of_run(setup.cfg, info),
             **setup.common(cls.declaration),
         )
 
@@ -88,15 +87,13 @@ class FedEM(MultiExchangeStrategy):
         self,
         params: FedEMParams | None = None,
         *,
-        model_name: str = "logreg",
-        input_shape: tuple[int, ...] = (),
-        num_classes: int = 2,
+        model: ModelShape | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(params, **kwargs)
-        self.model_name = model_name
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
+        model = model or ModelShape()
+        self.model_name, self.input_shape = model.name, model.input_shape
+        self.num_classes = model.num_classes
 
     def components(self, arrays: ArrayRecord) -> ArrayRecord:
         """The M component models as a stacked state (built from the run's initial model)."""

@@ -11,7 +11,7 @@ l before predicting (the paper's inference for any client, seen or new). The ser
 averages the returned g, weighted by the examples that updated it (the authors' code's
 client weight; its server optimizer at step size 1 is this average).
 
-Here g is the body and l the head of :mod:`pflarena.core.split` (``head-layers`` final
+Here g is the body and l the head of :mod:`pflarena.core.model_split` (``head-layers`` final
 weighted layers): the paper's partition is model-specific (user embeddings in matrix
 factorisation, local vocabulary embeddings in next-word prediction); for the image and
 feature classifiers of this toolkit the classifier head is the user-specific part.
@@ -40,6 +40,9 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.partial import PartialFedAvg, split_problem
 
 __all__ = ["FedRecon", "FedReconParams"]
+
+#: the fields the solver's reconstruction reads (sent with every message)
+RECONSTRUCTION = {"support_fraction", "reconstruction_epochs", "reconstruction_lr", "local_init"}
 
 
 class FedReconParams(MethodParams):
@@ -95,39 +98,18 @@ class FedRecon(PartialFedAvg):
     )
     shared = "body"
 
-    def __init__(
-        self,
-        *,
-        head_layers: int = 1,
-        support_fraction: float = 1.0,
-        reconstruction_epochs: int = 1,
-        reconstruction_lr: float = 0.0,
-        local_init: str = "fresh",
-        weighting: str = "examples",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(head_layers=head_layers, weighting=weighting, **kwargs)
-        if not 0.0 < support_fraction <= 1.0:
-            raise ValueError(f"support_fraction must be in (0, 1], got {support_fraction}")
-        if reconstruction_epochs < 0 or reconstruction_lr < 0:
-            raise ValueError("reconstruction_epochs and reconstruction_lr must be >= 0")
-        if local_init not in ("fresh", "initial"):
-            raise ValueError(f"local_init must be 'fresh' or 'initial', got {local_init!r}")
-        self.recon = {
-            "support-fraction": support_fraction,
-            "reconstruction-epochs": reconstruction_epochs,
-            "reconstruction-lr": reconstruction_lr,
-            "local-init": local_init,
-        }
+    def reconstruction(self) -> dict[str, Any]:
+        """The reconstruction settings, by their run-config keys (without the prefix)."""
+        return self.params.model_dump(by_alias=True, include=RECONSTRUCTION)
 
     def split_config(self, server_round: int) -> dict[str, Any]:
         """The split, the reconstruction settings, and (for the evaluation's
         reconstruction) the local-training settings."""
         return {
             **super().split_config(server_round),
-            **self.method_config(**self.recon),
+            **self.method_config(**self.reconstruction()),
             **self.training.to_config(server_round),
         }
 
     def run_summary(self) -> dict[str, Any]:
-        return {**super().run_summary(), **self.recon}
+        return {**super().run_summary(), **self.reconstruction()}

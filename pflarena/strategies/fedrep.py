@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.partial import PartialFedAvg, split_problem
@@ -48,13 +48,14 @@ class FedRepParams(MethodParams):
         "examples", description="representation average: by training examples (code) or uniform"
     )
 
-    def run_problems(self, cfg) -> list[str]:
-        problems = []
+    @model_validator(mode="after")
+    def _something_trains(self) -> FedRepParams:
         if self.head_epochs + self.body_epochs == 0:
-            problems.append("fedrep.head-epochs and fedrep.body-epochs are both 0: nothing trains")
-        if cfg is not None:
-            problems += split_problem(cfg, self.head_layers, "fedrep.head-layers")
-        return problems
+            raise ValueError("fedrep.head-epochs and fedrep.body-epochs are both 0: nothing trains")
+        return self
+
+    def run_problems(self, cfg) -> list[str]:
+        return [] if cfg is None else split_problem(cfg, self.head_layers, "fedrep.head-layers")
 
 
 class FedRep(PartialFedAvg):
@@ -76,26 +77,16 @@ class FedRep(PartialFedAvg):
     )
     shared = "body"
 
-    def __init__(self, *, head_epochs: int = 10, body_epochs: int = 1, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if head_epochs < 0 or body_epochs < 0 or head_epochs + body_epochs == 0:
-            raise ValueError(
-                f"fedrep needs head_epochs, body_epochs >= 0, not both 0; got {head_epochs}, "
-                f"{body_epochs}"
-            )
-        self.head_epochs = head_epochs
-        self.body_epochs = body_epochs
-
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
             **self.method_config(
-                **{"head-epochs": self.head_epochs, "body-epochs": self.body_epochs}
+                **{"head-epochs": self.params.head_epochs, "body-epochs": self.params.body_epochs}
             ),
         }
 
     def run_summary(self) -> dict[str, Any]:
         return super().run_summary() | {
-            "head-epochs": self.head_epochs,
-            "body-epochs": self.body_epochs,
+            "head-epochs": self.params.head_epochs,
+            "body-epochs": self.params.body_epochs,
         }

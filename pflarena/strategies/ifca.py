@@ -46,6 +46,7 @@ from pflarena.core.array_decoding import decode
 from pflarena.core.canonical import copy_name, initial_stacked_state, parse_stacked
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.models import ModelShape
 from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
@@ -89,9 +90,7 @@ class IFCA(MultiExchangeStrategy):
         info = dataset_info(setup.cfg.dataset)
         return cls(
             setup.params,
-            model_name=setup.cfg.model_name(),
-            input_shape=tuple(info.input_shape),
-            num_classes=info.num_classes,
+            model=ModelShape.of_run(setup.cfg, info),
             **setup.common(cls.declaration),
         )
 
@@ -99,15 +98,13 @@ class IFCA(MultiExchangeStrategy):
         self,
         params: IFCAParams | None = None,
         *,
-        model_name: str = "logreg",
-        input_shape: tuple[int, ...] = (),
-        num_classes: int = 2,
+        model: ModelShape | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(params, **kwargs)
-        self.model_name = model_name
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
+        model = model or ModelShape()
+        self.model_name, self.input_shape = model.name, model.input_shape
+        self.num_classes = model.num_classes
         #: round -> client id -> the cluster it chose
         self.assignments: dict[int, dict[int, int]] = {}
 

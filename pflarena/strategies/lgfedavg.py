@@ -22,7 +22,7 @@ The reading of the paper, decisions and measurements: docs/methods/lgfedavg.md.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -63,14 +63,4 @@ class LGFedAvg(PartialFedAvg):
     )
     shared = "head"
 
-    @classmethod
-    def from_setup(cls, setup):
-        params = dict(setup.params)
-        params["head_layers"] = params.pop("global_layers")
-        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **params)
-
-    def __init__(self, *, weighting: str = "uniform", **kwargs: Any) -> None:
-        super().__init__(weighting=weighting, **kwargs)
-
-    def split_config(self, server_round: int) -> dict[str, Any]:
-        return self.method_config(**{"global-layers": self.head_layers})
+    layers_field = "global_layers"

@@ -30,8 +30,8 @@ loss floor, r = k_g / max(F, f_min), f_min = ``loss-floor`` = 0.01 (rewards ≤ 
 so the reward stays finite). The paper's form is ``server-reward=client-loss loss-floor=0``.
 Clients bound theirs the same way, r_i = k_l / max(f_i, f_min).
 
-**The server's learner** (docs/methods/page.md §12.5). ``server-optimizer=sgd`` (default):
-Algorithm 1's plain gradient step at Table 7's rates. ``adam``, the earlier default, drives
+**The server's learner** (docs/papers/page.md §12.5). ``server-optimizer=sgd`` (default):
+Algorithm 1's plain gradient step at Table 7's rates. ``adam`` (DDPG's usual optimizer) drives
 p onto one client within about 30 rounds on ``page-synthetic``: its critic's ∂Q/∂p is
 uninformed (cosine about 0 with the reward's true gradient), Adam takes full-size steps
 along it whatever its size, and a saturated softmax is never left; plain SGD scales the
@@ -81,7 +81,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from pflarena.core import keys
@@ -146,8 +146,8 @@ class PageParams(MethodParams):
     server_optimizer: Literal["sgd", "adam"] = Field(
         "sgd",
         description="the server agent's optimizer: 'sgd', Algorithm 1's plain gradient step "
-        "at Table 7's rates (the weights stay spread), or 'adam' (the earlier default; "
-        "drives the weights onto one client, docs/methods/page.md §12.3)",
+        "at Table 7's rates (the weights stay spread), or 'adam' (DDPG's usual optimizer; "
+        "drives the weights onto one client, docs/papers/page.md §12.3)",
     )
     client_optimizer: Literal["sgd", "adam"] = Field(
         "adam",
@@ -168,7 +168,8 @@ class PageParams(MethodParams):
     tune_epochs: bool = Field(True, description="learn α (false: the run's local-epochs)")
     tune_lr: bool = Field(True, description="learn η (false: the run's lr)")
 
-    def range_problems(self) -> list[str]:
+    @model_validator(mode="after")
+    def _ranges(self) -> PageParams:
         problems = []
         if self.min_epochs > self.max_epochs:
             problems.append(
@@ -176,10 +177,26 @@ class PageParams(MethodParams):
             )
         if self.min_lr > self.max_lr:
             problems.append(f"page.min-lr ({self.min_lr}) exceeds page.max-lr ({self.max_lr})")
-        return problems
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
-    def run_problems(self, cfg: Any) -> list[str]:
-        return self.range_problems()
+
+#: settings only the server and its agent use; the clients' agents are sent the others
+SERVER_SIDE = {
+    "server_reward",
+    "server_reward_scale",
+    "server_data",
+    "state_samples",
+    "weight_floor",
+    "server_optimizer",
+    "critic_check",
+    "server_hidden",
+    "tune_weights",
+}
+#: client-agent settings the shared client agent (``solvers/common.box_agent_config``)
+#: reads under DAP-FL's names: field -> the key they travel under
+SHARED_AGENT_KEYS = {"client_optimizer": "rl-optimizer", "client_hidden": "hidden"}
 
 
 # --------------------------------------------------------------------------- the math
@@ -294,8 +311,8 @@ class Page(PflStrategy):
     model_builder
         Makes a model of the run's architecture (its weights are replaced by each evaluated
         record).
-    Others
-        See :class:`PageParams`.
+    params
+        :class:`PageParams` (or the same values as keywords).
     """
 
     declaration = MethodDeclaration(
@@ -341,91 +358,29 @@ class Page(PflStrategy):
             return build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=0)
 
         return cls(
+            params,
             server_x=server_x,
             server_y=server_y,
             model_builder=model_builder,
             **setup.common(cls.declaration),
-            **dict(params),
         )
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
         server_x: torch.Tensor,
         server_y: torch.Tensor,
         model_builder: Callable[[], nn.Module],
-        agents: str = "ddpg",
-        server_reward: str = "global-loss",
-        loss_floor: float = 0.01,
-        server_reward_scale: float = 1.0,
-        client_reward_scale: float = 1.0,
-        server_data: str = "held-out",
-        state_samples: int = 0,
-        weight_floor: float = 0.0,
-        min_epochs: int = 1,
-        max_epochs: int = 5,
-        min_lr: float = 1e-3,
-        max_lr: float = 0.1,
-        warmup_rounds: int = 1,
-        critic_lr: float = 0.01,
-        actor_lr: float = 0.001,
-        tau: float = 0.01,
-        gamma: float = 0.99,
-        rl_batch_size: int = 32,
-        rl_buffer: int = 10_000,
-        server_optimizer: str = "sgd",
-        client_optimizer: str = "adam",
-        critic_check: bool = True,
-        noise_sigma: float = 0.1,
-        noise_decay: float = 0.995,
-        noise_min: float = 0.01,
-        server_hidden: int = 256,
-        client_hidden: int = 64,
-        tune_weights: bool = True,
-        tune_epochs: bool = True,
-        tune_lr: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        self.params = PageParams(
-            agents=agents,
-            server_reward=server_reward,
-            loss_floor=loss_floor,
-            server_reward_scale=server_reward_scale,
-            client_reward_scale=client_reward_scale,
-            server_data=server_data,
-            state_samples=state_samples,
-            weight_floor=weight_floor,
-            min_epochs=min_epochs,
-            max_epochs=max_epochs,
-            min_lr=min_lr,
-            max_lr=max_lr,
-            warmup_rounds=warmup_rounds,
-            critic_lr=critic_lr,
-            actor_lr=actor_lr,
-            tau=tau,
-            gamma=gamma,
-            rl_batch_size=rl_batch_size,
-            rl_buffer=rl_buffer,
-            server_optimizer=server_optimizer,
-            client_optimizer=client_optimizer,
-            critic_check=critic_check,
-            noise_sigma=noise_sigma,
-            noise_decay=noise_decay,
-            noise_min=noise_min,
-            server_hidden=server_hidden,
-            client_hidden=client_hidden,
-            tune_weights=tune_weights,
-            tune_epochs=tune_epochs,
-            tune_lr=tune_lr,
-        )
-        if problems := self.params.range_problems():
-            raise ValueError("; ".join(problems))
+        super().__init__(params, **kwargs)
         if self.num_clients is None:
             raise ValueError("page needs num_clients: the server state has one slot per client")
         if len(server_y) == 0:
             raise ValueError("page needs a non-empty server dataset D_CS")
         self.server_x, self.server_y = server_x, server_y
+        state_samples = self.params.state_samples
         if 0 < state_samples < len(server_y):  # seeded subsample (docs/papers/page.md §10)
             rng = np.random.default_rng(derive_seed(self.seed, "page-state-samples"))
             pick = torch.from_numpy(np.sort(rng.choice(len(server_y), state_samples, False)))
@@ -468,30 +423,14 @@ class Page(PflStrategy):
     def train_config(self, server_round: int, node_id: int) -> dict:
         """The common settings plus what the clients' agents need (§3.4)."""
         p = self.params
-        client = {
-            "agents": p.agents,
-            "loss-floor": p.loss_floor,
-            "reward-scale": p.client_reward_scale,
-            "min-epochs": p.min_epochs,
-            "max-epochs": p.max_epochs,
-            "min-lr": p.min_lr,
-            "max-lr": p.max_lr,
-            "warmup-rounds": p.warmup_rounds,
-            "critic-lr": p.critic_lr,
-            "actor-lr": p.actor_lr,
-            "tau": p.tau,
-            "gamma": p.gamma,
-            "rl-batch-size": p.rl_batch_size,
-            "rl-buffer": p.rl_buffer,
-            "rl-optimizer": p.client_optimizer,
-            "noise-sigma": p.noise_sigma,
-            "noise-decay": p.noise_decay,
-            "noise-min": p.noise_min,
-            "hidden": p.client_hidden,
-            "tune-epochs": p.tune_epochs,
-            "tune-lr": p.tune_lr,
+        # the clients' agent settings by their run-config keys; the two the shared client
+        # agent reads under other names (DAP-FL's) under those
+        agent = {key: getattr(p, name) for name, key in SHARED_AGENT_KEYS.items()}
+        return {
+            **super().train_config(server_round, node_id),
+            **self.params_config(exclude=SERVER_SIDE | set(SHARED_AGENT_KEYS)),
+            **self.method_config(**agent),
         }
-        return {**super().train_config(server_round, node_id), **self.method_config(**client)}
 
     def check_train_reply(self, content: RecordDict) -> str | None:
         """The model, and the metrics the server's agent reads: f_i, α_i, η_i, n_i."""

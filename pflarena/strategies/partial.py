@@ -1,6 +1,6 @@
 """FedAvg over part of the model: the server side of the split-model methods.
 
-FedPer, FedRep and FedBABU share the body of the model (:mod:`pflarena.core.split`) and keep
+FedPer, FedRep and FedBABU share the body of the model (:mod:`pflarena.core.model_split`) and keep
 the head on the client or fixed; LG-FedAvg shares the head and keeps the body. In each,
 only the shared part travels: :class:`PartialFedAvg` sends the shared entries of the server's
 model down (one record per round, the same object in every message), checks that each
@@ -22,14 +22,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from pflarena.core import keys
+from pflarena.core.methods import MethodParams, hyphenate
 from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
 
 __all__ = ["PartialFedAvg", "split_problem"]
-
-Weighting = Literal["examples", "uniform"]
 
 
 def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
@@ -50,13 +49,14 @@ def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
 class PartialFedAvg(FedAvg):
     """FedAvg of the shared part of a body/head split; the other part never travels.
 
+    The method's parameters (:attr:`params`) hold the split and the average: the number of
+    final weighted layers on the head side (:attr:`layers_field`, ``head_layers`` by
+    default, :func:`pflarena.core.model_split.split_names`) and ``weighting`` (``examples``: the
+    shared part is averaged with weights n_i / n, FedAvg; ``uniform``: with weight 1 / |S|
+    per sampled client).
+
     Parameters
     ----------
-    head_layers
-        How many final weighted layers form the head (:func:`pflarena.core.split.split_names`).
-    weighting
-        ``examples``: the shared part is averaged with weights n_i / n (FedAvg);
-        ``uniform``: with weight 1 / |S| per sampled client.
     trainable
         The model's trainable parameter names, in state order (from the run's setup).
     """
@@ -64,29 +64,26 @@ class PartialFedAvg(FedAvg):
     #: Which side of the split the clients share: "body" (FedPer, FedRep, FedBABU) or
     #: "head" (LG-FedAvg).
     shared: ClassVar[Literal["body", "head"]] = "body"
+    #: The params field counting the head's final weighted layers; it travels under its
+    #: run-config key (LG-FedAvg: ``global_layers``, the shared head).
+    layers_field: ClassVar[str] = "head_layers"
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PartialFedAvg:
-        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **dict(setup.params))
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     def __init__(
-        self,
-        *,
-        head_layers: int = 1,
-        weighting: Weighting = "examples",
-        trainable: Sequence[str] = (),
-        **kwargs: Any,
+        self, params: MethodParams | None = None, *, trainable: Sequence[str] = (), **kwargs: Any
     ) -> None:
-        super().__init__(**kwargs)
-        if head_layers < 1:
-            raise ValueError(f"head_layers must be >= 1, got {head_layers}")
-        if weighting not in ("examples", "uniform"):
-            raise ValueError(f"weighting must be 'examples' or 'uniform', got {weighting!r}")
-        self.head_layers = head_layers
-        self.weighting = weighting
+        super().__init__(params, **kwargs)
         self.trainable = tuple(trainable)
         self._split: ModelSplit | None = None
         self._full: ArrayRecord | None = None
+
+    @property
+    def head_layers(self) -> int:
+        """The final weighted layers on the head side of the split (:attr:`layers_field`)."""
+        return getattr(self.params, self.layers_field)
 
     # ------------------------------------------------------------------ the split
     def split_of(self, arrays: ArrayRecord) -> ModelSplit:
@@ -106,7 +103,7 @@ class PartialFedAvg(FedAvg):
 
     def split_config(self, server_round: int) -> dict[str, Any]:
         """What the solver needs to take the same split: the method's ``head-layers``."""
-        return self.method_config(**{"head-layers": self.head_layers})
+        return self.method_config(**{hyphenate(self.layers_field): self.head_layers})
 
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:
@@ -135,7 +132,7 @@ class PartialFedAvg(FedAvg):
         if not valid or self._full is None:
             return None, None
         uploads = [msg.content[keys.ARRAYS] for msg in valid]
-        if self.weighting == "examples":
+        if self.params.weighting == "examples":
             weights = [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in valid]
         else:
             weights = [1.0] * len(valid)
@@ -149,7 +146,7 @@ class PartialFedAvg(FedAvg):
         summary: dict[str, Any] = {
             "shared": self.shared,
             "head-layers": self.head_layers,
-            "weighting": self.weighting,
+            "weighting": self.params.weighting,
         }
         if split is not None:
             summary |= {"body": list(split.body), "head": list(split.head)}

@@ -83,8 +83,8 @@ class PerFedAvg(FedAvg):
 
     Parameters
     ----------
-    Others
-        See :class:`PerFedAvgParams`.
+    params
+        :class:`PerFedAvgParams` (or the same values as keywords).
     """
 
     declaration = MethodDeclaration(
@@ -99,44 +99,17 @@ class PerFedAvg(FedAvg):
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
-    def __init__(
-        self,
-        *,
-        variant: str = "hf",
-        alpha: float = 0.001,
-        delta: float = 0.001,
-        hvp: str = "finite-difference",
-        personal_steps: int = 1,
-        weighting: str = "uniform",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        if variant not in ("fo", "hf") or hvp not in ("finite-difference", "autograd"):
-            raise ValueError(f"unknown variant {variant!r} or hvp {hvp!r}")
-        if alpha <= 0 or delta <= 0 or personal_steps < 0:
-            raise ValueError("perfedavg needs alpha > 0, delta > 0, personal_steps >= 0")
-        if weighting not in ("uniform", "examples"):
-            raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
-        self.settings = {
-            "variant": variant,
-            "alpha": alpha,
-            "delta": delta,
-            "hvp": hvp,
-            "personal-steps": personal_steps,
-        }
-        self.weighting = weighting
-
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(**self.settings),
+            **self.params_config(exclude={"weighting"}),
         }
 
     def evaluate_config(self, server_round: int) -> dict:
         # evaluation personalizes: the client needs α, the steps and the batch size
         return {
             **super().evaluate_config(server_round),
-            **self.method_config(**self.settings),
+            **self.params_config(exclude={"weighting"}),
             **self.training.to_config(server_round),
         }
 
@@ -149,11 +122,11 @@ class PerFedAvg(FedAvg):
         uploads = [msg.content[keys.ARRAYS] for msg in valid]
         weights = (
             [float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in valid]
-            if self.weighting == "examples"
+            if self.params.weighting == "examples"
             else None
         )
         average = as_record(weighted_mean(uploads, weights))
         return average, self.train_metrics(valid)
 
     def run_summary(self) -> dict[str, Any]:
-        return {**self.settings, "weighting": self.weighting}
+        return self.params.model_dump(by_alias=True)

@@ -42,7 +42,6 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import (
     Exchange,
-    LocalTraining,
     PflStrategy,
     Send,
     StrategySetup,
@@ -142,6 +141,10 @@ class PFedGTParams(MethodParams):
         return gammas
 
 
+#: settings only the server uses: the solver is sent the others (and its own γ_i)
+SERVER_SIDE = {"gammas", "lambda_", "lambda_rule", "server_lr", "c_init"}
+
+
 def tracked_update(
     current: dict[str, np.ndarray], deltas: Sequence[dict[str, np.ndarray]], step: float
 ) -> dict[str, np.ndarray]:
@@ -177,31 +180,18 @@ class PFedGT(PflStrategy):
     trainable
         Names of the model's trainable parameters, in ``state_dict`` order: θ's tracked part
         and the layout of c. Other state entries (buffers) are not tracked.
-    gammas
-        γ_i per client id (length ``num_clients``).
-    mu, rho
-        Surrogate curvature μ and ridge weight ρ.
-    message_step
-        λ in Eq. 5 under ``lambda_rule="fixed"`` (the paper's experiments: 0.7).
-    lambda_rule
-        ``"tracking"`` (default): λ = |S^t|/m with S^t the clients whose update was used this
-        round (failures do not count), Lemma 1's exact tracking; ``"fixed"``: λ =
-        ``message_step``.
-    server_lr
-        η_s in Eq. 6.
-    variant
-        ``"paper"``: Algorithm 2 as written; ``"exact"``: the variant matching the theory
-        (docs/papers/pfedgt.md §3.3).
-    c_init
-        ``"round"``: before round 1 every client computes c_i⁰ = ∇f_i(θ⁰) − μθ⁰ on its full
-        training set, and c⁰ is their mean; ``"zeros"``: c_i⁰ = c⁰ = 0.
-    warm_start, message_init, delta_ref
-        Ablations of docs/papers/pfedgt.md §3.4 and §9.1 (θ or own w_i as the local start; c or
-        stored c_i as the local message's start; Δw relative to w_i or to θ).
-    start_buffers
-        The non-trainable state (BatchNorm statistics) local training starts from:
-        ``"personal"``, the client's own (docs/papers/pfedgt.md §9.14), or ``"theta"``, θ's
-        averaged buffers.
+    params
+        :class:`PFedGTParams` (or the same values as keywords): γ_i per client id
+        (``gammas``, else ``gamma`` for all), μ and ρ, λ in Eq. 5 (``lambda_rule``:
+        ``"tracking"``, the default, λ = |S^t|/m with S^t the clients whose update was used
+        this round, Lemma 1's exact tracking; ``"fixed"``: λ = ``lambda_``, the paper's
+        0.7), η_s in Eq. 6 (``server_lr``), the ``variant`` (``"paper"``: Algorithm 2 as
+        written; ``"exact"``: the variant matching the theory, docs/papers/pfedgt.md §3.3),
+        ``c_init`` (``"round"``: before round 1 every client computes c_i⁰ = ∇f_i(θ⁰) − μθ⁰
+        on its full training set, and c⁰ is their mean; ``"zeros"``: c_i⁰ = c⁰ = 0), the
+        ablations ``warm_start``, ``message_init`` and ``delta_ref`` (docs/papers/pfedgt.md
+        §3.4 and §9.1) and ``start_buffers`` (the BatchNorm statistics local training
+        starts from: the client's own, docs/papers/pfedgt.md §9.14, or θ's averaged ones).
     """
 
     declaration = MethodDeclaration(
@@ -222,50 +212,19 @@ class PFedGT(PflStrategy):
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
         num_clients: int,
         trainable: Sequence[str],
-        gammas: Sequence[float] | None = None,
-        mu: float = 0.05,
-        rho: float = 0.0,
-        message_step: float = PAPER_LAMBDA,
-        lambda_rule: str = "tracking",
-        server_lr: float = 1.0,
-        variant: str = "paper",
-        c_init: str = "round",
-        warm_start: str = "theta",
-        message_init: str = "server",
-        delta_ref: str = "theta",
-        start_buffers: str = "personal",
-        training: LocalTraining | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(training=training, num_clients=num_clients, **kwargs)
+        super().__init__(params, num_clients=num_clients, **kwargs)
         if num_clients < 2:
             raise ValueError("pFedGT needs at least 2 users (m=1 is local training)")
-        gammas = list(gammas) if gammas is not None else [0.8] * num_clients
-        if len(gammas) != num_clients or any(not 0.0 <= g <= 1.0 for g in gammas):
-            raise ValueError(f"need {num_clients} values γ_i in [0, 1], got {gammas}")
-        for name, value, allowed in (
-            ("variant", variant, ("paper", "exact")),
-            ("c_init", c_init, ("round", "zeros")),
-            ("warm_start", warm_start, ("theta", "personal")),
-            ("message_init", message_init, ("server", "stored")),
-            ("delta_ref", delta_ref, ("personal", "theta")),
-            ("start_buffers", start_buffers, ("personal", "theta")),
-            ("lambda_rule", lambda_rule, ("fixed", "tracking")),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        #: γ_i by client id: ``gammas``, or ``gamma`` for every client
+        self.client_gamma = self.params.client_gammas(num_clients)
         self.num_clients = num_clients
         self.trainable = list(trainable)
-        self.gammas = gammas
-        self.mu, self.rho = mu, rho
-        self.message_step, self.server_lr = message_step, server_lr
-        self.lambda_rule = lambda_rule
-        self.variant, self.c_init = variant, c_init
-        self.warm_start, self.message_init, self.delta_ref = warm_start, message_init, delta_ref
-        self.start_buffers = start_buffers
         #: c, the tracked average message (None until initialised).
         self.message: dict[str, np.ndarray] | None = None
         #: (1/m) Σ_i c_i over the messages the clients store: what c tracks exactly when
@@ -279,24 +238,7 @@ class PFedGT(PflStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PFedGT:
-        params = setup.params
-        assert isinstance(params, PFedGTParams)
-        return cls(
-            trainable=setup.trainable,
-            gammas=params.client_gammas(setup.cfg.num_clients),
-            mu=params.mu,
-            rho=params.rho,
-            message_step=params.lambda_,
-            lambda_rule=params.lambda_rule,
-            server_lr=params.server_lr,
-            variant=params.variant,
-            c_init=params.c_init,
-            warm_start=params.warm_start,
-            message_init=params.message_init,
-            delta_ref=params.delta_ref,
-            start_buffers=params.start_buffers,
-            **setup.common(cls.declaration),
-        )
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     # ------------------------------------------------------------------ c⁰
     def train_round(
@@ -316,7 +258,7 @@ class PFedGT(PflStrategy):
             return
         theta = as_numpy(arrays)
         zeros = {name: np.zeros_like(theta[name]) for name in self.trainable}
-        if self.c_init == "zeros":
+        if self.params.c_init == "zeros":
             self.message, self.message_mean = zeros, _copy(zeros)
             return
         record = RecordDict(
@@ -328,7 +270,7 @@ class PFedGT(PflStrategy):
                         keys.METHOD: self.method,
                         keys.SOLVER: self.declaration.solver,
                         keys.PHASE: keys.PHASE_INIT,
-                        keys.PFEDGT_MU: self.mu,
+                        **self.method_config(mu=self.params.mu),
                         keys.BATCH_SIZE: self.training.batch_size,
                     }
                 ),
@@ -363,21 +305,15 @@ class PFedGT(PflStrategy):
     # ------------------------------------------------------------------ rounds
     def train_config(self, server_round: int, node_id: int) -> dict:
         client_id = self.client_ids.get(node_id)
-        gamma = self.gammas[client_id] if client_id is not None else self.gammas[0]
-        if client_id is None and len(set(self.gammas)) > 1:
+        gamma = self.client_gamma[client_id if client_id is not None else 0]
+        if client_id is None and len(set(self.client_gamma)) > 1:
             log(WARNING, "pFedGT: node %d has no known client id; using γ=%.3f", node_id, gamma)
         return {
             **super().train_config(server_round, node_id),
             keys.PHASE: keys.PHASE_TRAIN,
-            keys.PFEDGT_GAMMA: gamma,
-            keys.PFEDGT_MU: self.mu,
-            keys.PFEDGT_RHO: self.rho,
-            keys.PFEDGT_NUM_USERS: self.num_clients,
-            keys.PFEDGT_VARIANT: self.variant,
-            keys.PFEDGT_WARM_START: self.warm_start,
-            keys.PFEDGT_MESSAGE_INIT: self.message_init,
-            keys.PFEDGT_DELTA_REF: self.delta_ref,
-            keys.PFEDGT_START_BUFFERS: self.start_buffers,
+            # the solver's settings; ``gamma`` is this client's γ_i, and m travels with them
+            **self.params_config(exclude=SERVER_SIDE | {"gamma"}),
+            **self.method_config(gamma=gamma, **{"num-users": self.num_clients}),
         }
 
     def train_content(
@@ -428,14 +364,15 @@ class PFedGT(PflStrategy):
         delta_w = [as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
         delta_c = [as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
         assert self.message_mean is not None  # set with c in initialise_message()
+        params = self.params
         step = (
-            len(delta_c) / self.num_clients if self.lambda_rule == "tracking" else self.message_step
+            len(delta_c) / self.num_clients if params.lambda_rule == "tracking" else params.lambda_
         )
         self.message = tracked_update(self.message, delta_c, step)
         self.message_mean = tracked_update(
             self.message_mean, delta_c, len(delta_c) / self.num_clients
         )
-        tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, self.server_lr)
+        tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, params.server_lr)
         # θ's buffers: the participants' own (checked in check_train_reply), for evaluating θ
         buffers = [
             as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
@@ -466,16 +403,17 @@ class PFedGT(PflStrategy):
 
     def summary(self) -> None:
         super().summary()
+        params = self.params
         log(
             INFO,
             "\t└── pFedGT: m=%d μ=%g ρ=%g λ=%s η_s=%g variant=%s c⁰=%s warm start=%s (buffers: %s)",
             self.num_clients,
-            self.mu,
-            self.rho,
-            "|S|/m" if self.lambda_rule == "tracking" else f"{self.message_step:g}",
-            self.server_lr,
-            self.variant,
-            self.c_init,
-            self.warm_start,
-            self.start_buffers,
+            params.mu,
+            params.rho,
+            "|S|/m" if params.lambda_rule == "tracking" else f"{params.lambda_:g}",
+            params.server_lr,
+            params.variant,
+            params.c_init,
+            params.warm_start,
+            params.start_buffers,
         )

@@ -148,8 +148,8 @@ class PFedHN(PflStrategy):
     ----------
     target
         The target model's trainable parameters: names and shapes.
-    Others
-        See :class:`PFedHNParams`.
+    params
+        :class:`PFedHNParams` (or the same values as keywords).
     """
 
     declaration = MethodDeclaration(
@@ -177,56 +177,40 @@ class PFedHN(PflStrategy):
                 f"buffers ({', '.join(buffers[:3])}...): choose a model without BatchNorm"
             )
         target = {name: tuple(p.shape) for name, p in model.named_parameters() if p.requires_grad}
-        return cls(**setup.common(cls.declaration), target=target, **dict(setup.params))
+        return cls(setup.params, **setup.common(cls.declaration), target=target)
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
         target: Mapping[str, Sequence[int]],
-        server_lr: float = 0.01,
-        embed_lr: float = 0.0,
-        server_momentum: float = 0.9,
-        server_weight_decay: float = 1e-3,
-        embed_dim: int = 0,
-        hidden: int = 100,
-        hidden_layers: int = 3,
-        grad_clip: float = 50.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(params, **kwargs)
         if self.num_clients is None:
             raise ValueError("pfedhn needs num_clients (one embedding per client)")
-        if server_lr <= 0 or embed_lr < 0 or grad_clip < 0 or hidden < 1 or hidden_layers < 0:
-            raise ValueError("pfedhn: invalid hypernetwork settings")
-        self.embed_dim = embed_dim or int(1 + self.num_clients / 4)
-        self.grad_clip = grad_clip
-        self.settings = {
-            "server-lr": server_lr,
-            "embed-lr": embed_lr or server_lr,
-            "server-momentum": server_momentum,
-            "server-weight-decay": server_weight_decay,
-            "embed-dim": self.embed_dim,
-            "hidden": hidden,
-            "hidden-layers": hidden_layers,
-            "grad-clip": grad_clip,
-        }
+        params = self.params
+        #: the embedding size in use (``embed-dim``, or 1 + num-clients/4 where it is 0)
+        self.embedding_size = params.embed_dim or int(1 + self.num_clients / 4)
+        #: the embeddings' learning rate in use (``embed-lr``, or ``server-lr`` where it is 0)
+        self.embedding_lr = params.embed_lr or params.server_lr
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             self.net = HyperNetwork(
                 self.num_clients,
                 target,
-                embed_dim=self.embed_dim,
-                hidden=hidden,
-                hidden_layers=hidden_layers,
+                embed_dim=self.embedding_size,
+                hidden=params.hidden,
+                hidden_layers=params.hidden_layers,
             )
         self.net.requires_grad_(True)
         embedding = [self.net.embeddings.weight]
         others = [p for name, p in self.net.named_parameters() if not name.startswith("embeddings")]
         self.optimizer = torch.optim.SGD(
-            [{"params": others}, {"params": embedding, "lr": embed_lr or server_lr}],
-            lr=server_lr,
-            momentum=server_momentum,
-            weight_decay=server_weight_decay,
+            [{"params": others}, {"params": embedding, "lr": self.embedding_lr}],
+            lr=params.server_lr,
+            momentum=params.server_momentum,
+            weight_decay=params.server_weight_decay,
         )
         #: node id -> the client id whose model it was sent this round (None: unknown node)
         self._sent_to: dict[int, int | None] = {}
@@ -329,8 +313,8 @@ class PFedHN(PflStrategy):
             self.optimizer.zero_grad(set_to_none=True)
             for param, grad in zip(self.net.parameters(), grads, strict=True):
                 param.grad = None if grad is None else grad.clone()
-            if self.grad_clip > 0:
-                nn.utils.clip_grad_norm_(self.net.parameters(), self.grad_clip)
+            if self.params.grad_clip > 0:
+                nn.utils.clip_grad_norm_(self.net.parameters(), self.params.grad_clip)
             self.optimizer.step()
         metrics = self.train_metrics(valid)
         assert metrics is not None
@@ -340,4 +324,7 @@ class PFedHN(PflStrategy):
         return None, metrics
 
     def run_summary(self) -> dict[str, Any]:
-        return dict(self.settings)
+        return self.params.model_dump(by_alias=True) | {
+            "embed-lr": self.embedding_lr,
+            "embed-dim": self.embedding_size,
+        }

@@ -60,6 +60,10 @@ from pflarena.strategies.fedavg import FedAvg
 __all__ = ["PFedMe", "PFedMeParams", "beta_update"]
 
 
+#: the settings only the server uses (the solver is sent the others)
+SERVER_SIDE = {"beta", "weighting"}
+
+
 class PFedMeParams(MethodParams):
     """pFedMe's parameters; defaults from the paper's experiments and the authors' code."""
 
@@ -107,8 +111,8 @@ class PFedMe(FedAvg):
 
     Parameters
     ----------
-    Others
-        See :class:`PFedMeParams`.
+    params
+        :class:`PFedMeParams` (or the same values as keywords).
     """
 
     declaration = MethodDeclaration(
@@ -123,37 +127,10 @@ class PFedMe(FedAvg):
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
 
-    def __init__(
-        self,
-        *,
-        lambda_: float = 15.0,
-        inner_steps: int = 5,
-        personal_lr: float = 0.09,
-        beta: float = 1.0,
-        inner_tolerance: float = 0.0,
-        weighting: str = "uniform",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        if lambda_ <= 0 or personal_lr <= 0 or beta <= 0 or inner_steps < 1:
-            raise ValueError("pfedme needs lambda > 0, personal_lr > 0, beta > 0, inner_steps >= 1")
-        if inner_tolerance < 0:
-            raise ValueError(f"inner_tolerance must be >= 0, got {inner_tolerance}")
-        if weighting not in ("uniform", "examples"):
-            raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
-        self.settings = {
-            "lambda": lambda_,
-            "inner-steps": inner_steps,
-            "personal-lr": personal_lr,
-            "inner-tolerance": inner_tolerance,
-        }
-        self.beta = beta
-        self.weighting = weighting
-
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(**self.settings),
+            **self.params_config(exclude=SERVER_SIDE),
         }
 
     def aggregate_train(
@@ -165,19 +142,22 @@ class PFedMe(FedAvg):
         uploads = [msg.content[keys.ARRAYS] for msg in valid]
         metrics = [msg.content[keys.METRICS] for msg in valid]
         weights = (
-            [float(m[keys.NUM_EXAMPLES]) for m in metrics] if self.weighting == "examples" else None
+            [float(m[keys.NUM_EXAMPLES]) for m in metrics]
+            if self.params.weighting == "examples"
+            else None
         )
         average = weighted_mean(uploads, weights, dtype=np.float64)
-        new = beta_update(self._round_arrays, average, self.beta)
+        new = beta_update(self._round_arrays, average, self.params.beta)
         out = self.train_metrics(valid)
         assert out is not None
-        for name in ("inner-grad-norm", "inner-steps-taken"):
+        for name in (keys.PFEDME_INNER_GRAD_NORM, keys.PFEDME_INNER_STEPS):
             values = [float(m.get(name, float("nan"))) for m in metrics]
             out[f"mean-{name}"] = float(np.mean(values))
         out["max-inner-grad-norm"] = float(
-            max(float(m.get("inner-grad-norm-max", float("nan"))) for m in metrics)
+            max(float(m.get(keys.PFEDME_INNER_GRAD_NORM_MAX, float("nan"))) for m in metrics)
         )
         return new, out
 
     def run_summary(self) -> dict[str, Any]:
-        return {**self.settings, "beta": self.beta, "weighting": self.weighting}
+        summary = self.params.model_dump(by_alias=True, exclude=SERVER_SIDE)
+        return summary | self.params.model_dump(by_alias=True, include=SERVER_SIDE)

@@ -125,12 +125,16 @@ class PFedSVParams(MethodParams):
     )
 
 
+#: settings only the server uses: the solver is sent the others (:meth:`PFedSV.client_settings`)
+SERVER_SIDE = {"variant", "head_layers", "pool", "dp_delta"}
+
+
 def split_head(names: Sequence[str], trainable: Sequence[str], layers: int) -> list[str]:
     """The state entries of the classifier head: those of the last ``layers`` weighted layers.
 
     ``trainable`` (in state order) tells the layers apart by their module prefix; every
     state entry of those modules (buffers too) belongs to the head
-    (:func:`pflarena.core.split.split_names`).
+    (:func:`pflarena.core.model_split.split_names`).
     """
     owners = layer_owners(trainable)
     if layers >= len(owners):
@@ -192,8 +196,8 @@ class PFedSV(MultiExchangeStrategy):
         The model's state entries, in order (the layout of the uploads).
     trainable
         Its trainable parameters, in order (to find the classifier head for D+C).
-    Others
-        See :class:`PFedSVParams`.
+    params
+        :class:`PFedSVParams` (or the same values as keywords).
     """
 
     declaration = MethodDeclaration(
@@ -211,56 +215,21 @@ class PFedSV(MultiExchangeStrategy):
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PFedSV:
-        return cls(trainable=setup.trainable, **setup.common(cls.declaration), **dict(setup.params))
+        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
         trainable: Sequence[str] = (),
-        initial_k: int = 5,
-        max_k: int = 0,
-        top_k_rule: str = "explore",
-        alpha: float = 0.5,
-        permutations_per_player: int = 3,
-        distance_ref: str = "round-start",
-        validation_subsample: int = 0,
-        empty_value: str = "zero",
-        guard: str = "none",
-        variant: str = "D",
-        head_layers: int = 1,
-        pool: str = "latest",
-        dp_noise: float = 0.0,
-        dp_clip: float = 1.0,
-        dp_delta: float = 1e-5,
-        report_relevance: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(params, **kwargs)
         if self.num_clients is None:
             raise ValueError("pfedsv needs num_clients (the size of the pseudonym space)")
-        if variant == "D+C" and not trainable:
+        if self.params.variant == "D+C" and not trainable:
             raise ValueError("pfedsv variant D+C needs the model's trainable parameter names")
         self.trainable = list(trainable)
-        self.variant = variant
-        self.head_layers = head_layers
-        self.pool_mode = pool
-        self.dp = {"noise": dp_noise, "clip": dp_clip, "delta": dp_delta}
-        self.client_settings = {
-            "initial-k": initial_k,
-            "max-k": max_k,
-            "top-k-rule": top_k_rule,
-            "alpha": alpha,
-            "permutations-per-player": permutations_per_player,
-            "distance-ref": distance_ref,
-            "validation-subsample": validation_subsample,
-            "empty-value": empty_value,
-            "guard": guard,
-            # the private variant reports nothing that depends on the validation split
-            "report-relevance": report_relevance and dp_noise <= 0,
-            "dp-noise": dp_noise,
-            "dp-clip": dp_clip,
-            "num-peers": self.num_clients,
-        }
         #: pseudonym of each client id (a seeded permutation; its own stream, so the
         #: sampler's draws are those of every other method)
         self.pids = [
@@ -304,9 +273,18 @@ class PFedSV(MultiExchangeStrategy):
                 keys.SOLVER: self.declaration.solver,
                 keys.PHASE: phase,
                 **self.training.to_config(server_round),
-                **self.method_config(**self.client_settings, **values),
+                **self.method_config(**self.client_settings(), **values),
             }
         )
+
+    def client_settings(self) -> dict[str, Any]:
+        """The solver's settings by their run-config keys, and the pseudonym space's size."""
+        params = self.params
+        return params.model_dump(by_alias=True, exclude=SERVER_SIDE) | {
+            # the private variant reports nothing that depends on the validation split
+            "report-relevance": params.report_relevance and params.dp_noise <= 0,
+            "num-peers": self.num_clients,
+        }
 
     def _pid(self, node_id: int) -> int:
         client = self.client_ids.get(node_id)
@@ -319,7 +297,7 @@ class PFedSV(MultiExchangeStrategy):
         self.last_sampled = nodes = self.sample_train_nodes(grid)
         pool = self.pool(MODELS)
         offered = {self._pid(n) for n in nodes} - {-1}
-        if self.pool_mode == "latest":
+        if self.params.pool == "latest":
             offered |= {self.pids[c] for c in pool.clients()}
         candidates = sorted(offered)
         first = send(
@@ -351,8 +329,8 @@ class PFedSV(MultiExchangeStrategy):
             pool.put(client, server_round, {MODELS: msg.content[keys.ARRAYS]})
             self.uploads[client] = self.uploads.get(client, 0) + 1
         head: list[str] = []
-        if self.variant == "D+C":
-            head = split_head(list(arrays.keys()), self.trainable, self.head_layers)
+        if self.params.variant == "D+C":
+            head = split_head(list(arrays.keys()), self.trainable, self.params.head_layers)
             self.features = weighted_mean(
                 [m.content[keys.ARRAYS] for m in uploaded],
                 [float(m.content[keys.METRICS][keys.NUM_EXAMPLES]) for m in uploaded],
@@ -360,14 +338,14 @@ class PFedSV(MultiExchangeStrategy):
             )
         available = (
             set(pool.clients())
-            if self.pool_mode == "latest"
+            if self.params.pool == "latest"
             else {self.client_ids[n] for n in uploaders}
         )
         messages = [
             self._personalize_message(server_round, node, msg, available, head)
             for node, msg in uploaders.items()
         ]
-        second = send("personalize", messages)
+        second = send(keys.PFEDSV_PHASE_PERSONALIZE, messages)
         answers = self.valid_replies(second, self._check_answer)
         for msg in answers:
             if RELEVANCE in msg.content.array_records:
@@ -414,7 +392,7 @@ class PFedSV(MultiExchangeStrategy):
             {
                 keys.CONFIG: self._config(
                     server_round,
-                    "personalize",
+                    keys.PFEDSV_PHASE_PERSONALIZE,
                     own=self.pids[client],
                     peers=[self.pids[c] for c in peers],
                 )
@@ -430,12 +408,14 @@ class PFedSV(MultiExchangeStrategy):
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
     def _round_metrics(self, uploaded: list[Message], answers: list[Message]) -> MetricRecord:
-        if self.dp["noise"] > 0:  # the private variant's replies carry no private metric
+        if self.params.dp_noise > 0:  # the private variant's replies carry no private metric
             return MetricRecord(
                 {
                     "clients-trained": len(uploaded),
                     "dp-epsilon": dp_epsilon(
-                        self.dp["noise"], max(self.uploads.values(), default=0), self.dp["delta"]
+                        self.params.dp_noise,
+                        max(self.uploads.values(), default=0),
+                        self.params.dp_delta,
                     ),
                 }
             )
@@ -453,9 +433,9 @@ class PFedSV(MultiExchangeStrategy):
                 "trained-test-accuracy",
             ):
                 metrics[f"mean-{name}"] = float(np.mean([float(r[name]) for r in replies]))
-        if self.dp["noise"] > 0:
+        if self.params.dp_noise > 0:
             metrics["dp-epsilon"] = dp_epsilon(
-                self.dp["noise"], max(self.uploads.values(), default=0), self.dp["delta"]
+                self.params.dp_noise, max(self.uploads.values(), default=0), self.params.dp_delta
             )
         return metrics
 
@@ -472,17 +452,19 @@ class PFedSV(MultiExchangeStrategy):
         return matrix
 
     def run_summary(self) -> dict[str, Any]:
-        summary: dict[str, Any] = {"variant": self.variant}
-        if self.dp["noise"] > 0:
+        summary: dict[str, Any] = {"variant": self.params.variant}
+        if self.params.dp_noise > 0:
             summary["dp"] = {
-                "noise_multiplier": self.dp["noise"],
-                "clip": self.dp["clip"],
+                "noise_multiplier": self.params.dp_noise,
+                "clip": self.params.dp_clip,
                 "adjacency": DP_ADJACENCY,
-                "sensitivity": DP_SENSITIVITY * self.dp["clip"],
-                "delta": self.dp["delta"],
+                "sensitivity": DP_SENSITIVITY * self.params.dp_clip,
+                "delta": self.params.dp_delta,
                 "max_uploads": max(self.uploads.values(), default=0),
                 "epsilon": dp_epsilon(
-                    self.dp["noise"], max(self.uploads.values(), default=0), self.dp["delta"]
+                    self.params.dp_noise,
+                    max(self.uploads.values(), default=0),
+                    self.params.dp_delta,
                 ),
             }
         return summary

@@ -68,7 +68,7 @@ from pydantic import Field, model_validator
 from pflarena.core import keys
 from pflarena.core.canonical import copied_entries, initial_stacked_state
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.models import build_model
+from pflarena.core.models import ModelShape, build_model
 from pflarena.core.population import (
     affinity_from_histograms,
     affinity_problem,
@@ -234,9 +234,7 @@ class PPFL(MultiExchangeStrategy):
         info = setup.cfg.data_info()
         return cls(
             setup.params,
-            model_name=setup.cfg.model_name(),
-            input_shape=tuple(info.input_shape),
-            num_classes=info.num_classes,
+            model=ModelShape.of_run(setup.cfg, info),
             eval_every=setup.cfg.eval_every,
             num_rounds=setup.cfg.num_rounds,
             **setup.common(cls.declaration),
@@ -246,9 +244,7 @@ class PPFL(MultiExchangeStrategy):
         self,
         params: PPFLParams | None = None,
         *,
-        model_name: str = "logreg",
-        input_shape: Sequence[int] = (),
-        num_classes: int = 2,
+        model: ModelShape | None = None,
         eval_every: int = 1,
         num_rounds: int | None = None,
         **kwargs: Any,
@@ -263,9 +259,9 @@ class PPFL(MultiExchangeStrategy):
         self.folded_round: int | None = None
         if self.num_clients is None:
             raise ValueError("ppfl needs num_clients: the server holds every client's membership")
-        self.model_name = model_name
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
+        model = model or ModelShape()
+        self.model_name, self.input_shape = model.name, model.input_shape
+        self.num_classes = model.num_classes
         p = self.params
         #: the membership steps "auto" resolves to: epoch for theta-first, else full
         self.steps_mode = (

@@ -107,10 +107,9 @@ class Scaffold(PflStrategy):
         c and of every client's c_i.
     num_clients
         N, the number of clients of the federation (c's step is |S|/N).
-    global_lr
-        η_g.
-    control_update
-        ``"II"`` or ``"I"``: how a client computes c_i⁺ (line 12).
+    params
+        :class:`ScaffoldParams`: η_g (``global_lr``), and how a client computes c_i⁺
+        (``control_update``, ``"II"`` or ``"I"``, line 12).
     """
 
     declaration = MethodDeclaration(
@@ -133,32 +132,25 @@ class Scaffold(PflStrategy):
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Scaffold:
         return cls(
+            setup.params,
             trainable=setup.trainable,
             **setup.common(cls.declaration),
-            **dict(setup.params),
         )
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
         trainable: Sequence[str],
         num_clients: int | None = None,
-        global_lr: float = 1.0,
-        control_update: str = "II",
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_clients=num_clients, **kwargs)
+        super().__init__(params, num_clients=num_clients, **kwargs)
         if num_clients is None or num_clients < 1:
             raise ValueError(f"scaffold needs num_clients >= 1 (N in c's step), got {num_clients}")
-        if global_lr <= 0:
-            raise ValueError(f"scaffold needs global_lr > 0, got {global_lr}")
-        if control_update not in ("II", "I"):
-            raise ValueError(f"control_update must be 'II' or 'I', got {control_update!r}")
         if not trainable:
             raise ValueError("scaffold needs the names of the model's trainable parameters")
         self.trainable = list(trainable)
-        self.global_lr = global_lr
-        self.control_update = control_update
         #: c, the server control variate over the trainable parameters (zeros until set)
         self.control: dict[str, np.ndarray] | None = None
         self._control_record: ArrayRecord | None = None
@@ -169,7 +161,7 @@ class Scaffold(PflStrategy):
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(**{"control-update": self.control_update}),
+            **self.params_config(exclude={"global_lr"}),
         }
 
     def configure_train(
@@ -228,7 +220,7 @@ class Scaffold(PflStrategy):
             self.control,
             delta_y,
             delta_c,
-            global_lr=self.global_lr,
+            global_lr=self.params.global_lr,
             num_clients=self.num_clients,
         )
         new_x = {**x, **stepped}
@@ -247,4 +239,4 @@ class Scaffold(PflStrategy):
         return as_record(new_x), metrics
 
     def run_summary(self) -> dict[str, Any]:
-        return {"global-lr": self.global_lr, "control-update": self.control_update}
+        return self.params.model_dump(by_alias=True)

@@ -114,8 +114,8 @@ class SplitGP(FedAvg):
         κ̄'s initial arrays (``weight``, ``bias``), :func:`initial_aux_classifier`.
     trainable
         The model's trainable parameter names, in state order.
-    Others
-        See :class:`SplitGPParams`.
+    params
+        :class:`SplitGPParams` (or the same values as keywords).
     """
 
     declaration = MethodDeclaration(
@@ -147,33 +147,19 @@ class SplitGP(FedAvg):
             info.num_classes,
             derive_seed(cfg.seed, "splitgp-aux-classifier"),
         )
-        return cls(
-            **setup.common(cls.declaration), **dict(params), aux=aux, trainable=setup.trainable
-        )
+        return cls(params, **setup.common(cls.declaration), aux=aux, trainable=setup.trainable)
 
     def __init__(
         self,
+        params: MethodParams | None = None,
         *,
-        lambda_: float = 0.2,
-        gamma: float = 0.5,
-        entropy_threshold: float = 0.5,
-        head_layers: int = 2,
         aux: dict[str, np.ndarray] | None = None,
         trainable: Iterable[str] = (),
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        if not (0.0 <= lambda_ <= 1.0 and 0.0 <= gamma <= 1.0) or entropy_threshold < 0:
-            raise ValueError("splitgp needs lambda and gamma in [0, 1] and entropy_threshold >= 0")
+        super().__init__(params, **kwargs)
         if aux is None or set(aux) != {"weight", "bias"}:
             raise ValueError("splitgp needs the auxiliary classifier's initial weight and bias")
-        self.settings = {
-            "lambda": lambda_,
-            "gamma": gamma,
-            "entropy-threshold": entropy_threshold,
-            "head-layers": head_layers,
-        }
-        self.head_layers = head_layers
         self.trainable = tuple(trainable)
         #: κ̄: the average auxiliary classifier (initially the server's seeded one)
         self.aux = {name: np.asarray(value) for name, value in aux.items()}
@@ -185,7 +171,7 @@ class SplitGP(FedAvg):
     def split_of(self, arrays: ArrayRecord) -> ModelSplit:
         if self._split is None:
             trainable = self.trainable or tuple(arrays.keys())
-            self._split = split_names(list(arrays.keys()), trainable, self.head_layers)
+            self._split = split_names(list(arrays.keys()), trainable, self.params.head_layers)
         return self._split
 
     def aux_record(self) -> ArrayRecord:
@@ -198,11 +184,11 @@ class SplitGP(FedAvg):
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {
             **super().train_config(server_round, node_id),
-            **self.method_config(**self.settings),
+            **self.params_config(),
         }
 
     def evaluate_config(self, server_round: int) -> dict:
-        return {**super().evaluate_config(server_round), **self.method_config(**self.settings)}
+        return {**super().evaluate_config(server_round), **self.params_config()}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -317,4 +303,4 @@ class SplitGP(FedAvg):
         self._aux_record = None
 
     def run_summary(self) -> dict[str, Any]:
-        return dict(self.settings)
+        return self.params.model_dump(by_alias=True)

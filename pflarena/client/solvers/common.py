@@ -226,7 +226,7 @@ def local_hyperparameters(job: ClientJob, action: np.ndarray) -> dict:
 
 # --------------------------------------------------------------------------- split models
 # A model assembled from a received part and a part the client keeps, and training
-# restricted to one part. The split is pflarena.core.split.split_state of the run's model
+# restricted to one part. The split is pflarena.core.model_split.split_state of the run's model
 # with the number of head layers the strategy sends (``<method>.head-layers``, or
 # LG-FedAvg's ``global-layers``), so server and client take the same one by name. The
 # received record holds exactly the shared entries; the private ones come from the

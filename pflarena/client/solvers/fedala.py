@@ -54,7 +54,7 @@ STARTED_KEY = "fedala/started"
 def higher_layers(model: nn.Module, layers: int) -> list[str]:
     """Names of the trainable parameters of the ``layers`` highest layers (a layer: the
     trainable parameters of one module, e.g. a weight and its bias), in model order; the
-    layers are the body/head split's (``core/split.py``)."""
+    layers are the body/head split's (``core/model_split.py``)."""
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     owners = layer_owners(trainable)
     return layer_entries(trainable, owners, owners[-layers:])

@@ -1,4 +1,4 @@
-"""Local solver for PAGE (docs/methods/page.md §3.4): each client's own DDPG agent picks α and η.
+"""Local solver for PAGE (docs/papers/page.md §3.4): each client's own DDPG agent picks α and η.
 
 Algorithm 2 as the reading, docs/papers/page.md §3.4, reconstructs it, once per train message:
 
@@ -113,7 +113,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     trained = evaluate_model(model, job.data.x_train, job.data.y_train)
     loss = trained.loss  # f_i(ŵ_i(t))
     reward, clamped = reciprocal_reward(
-        loss, float(job.param("loss-floor")), float(job.param("reward-scale"))
+        loss, float(job.param("loss-floor")), float(job.param("client-reward-scale"))
     )
     metrics = train_metrics(job, running_loss, steps)
     if learning:

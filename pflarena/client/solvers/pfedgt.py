@@ -231,7 +231,7 @@ def start_model(
 def _init_phase(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     """c_i⁰ = ∇f_i(θ⁰) − μθ⁰ over the full training set; w_i⁰ = θ⁰ (docs/papers/pfedgt.md §3.2)."""
     theta = job.global_model()
-    mu = float(job.config[keys.PFEDGT_MU])
+    mu = float(job.param("mu"))
     names = [n for n, _ in _trainable(theta)]
     params = [p for _, p in _trainable(theta)]
     grads = full_gradient(theta, job.data.x_train, job.data.y_train)
@@ -250,20 +250,19 @@ def _init_phase(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     if job.config.get(keys.PHASE) == keys.PHASE_INIT:
         return _init_phase(job)
-    cfg = job.config
     weights = GameWeights(
-        gamma=float(cfg[keys.PFEDGT_GAMMA]),
-        mu=float(cfg[keys.PFEDGT_MU]),
-        rho=float(cfg[keys.PFEDGT_RHO]),
-        num_users=int(cfg[keys.PFEDGT_NUM_USERS]),
+        gamma=float(job.param("gamma")),
+        mu=float(job.param("mu")),
+        rho=float(job.param("rho")),
+        num_users=int(job.param("num-users")),
     )
     theta = job.global_model()
     personal = job.state_model_or_initial(PERSONAL_KEY)  # w_i^t (θ⁰ if never trained)
     model = start_model(
         theta,
         personal,
-        warm_start=str(cfg[keys.PFEDGT_WARM_START]),
-        buffers=str(cfg[keys.PFEDGT_START_BUFFERS]),
+        warm_start=str(job.param("warm-start")),
+        buffers=str(job.param("start-buffers")),
     )
     names = [n for n, _ in _trainable(model)]
     params = [p for _, p in _trainable(model)]
@@ -291,11 +290,11 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         c_stored=c_stored,
         weights=weights,
         lr=kwargs["lr"],
-        variant=str(cfg[keys.PFEDGT_VARIANT]),
-        message_init=str(cfg[keys.PFEDGT_MESSAGE_INIT]),
+        variant=str(job.param("variant")),
+        message_init=str(job.param("message-init")),
         full_grad=lambda: full_gradient(model, job.data.x_train, job.data.y_train),
     )
-    reference = dict(_trainable(personal if cfg[keys.PFEDGT_DELTA_REF] == "personal" else theta))
+    reference = dict(_trainable(personal if job.param("delta-ref") == "personal" else theta))
     with torch.no_grad():
         delta_w = [p - reference[n] for n, p in zip(names, params, strict=True)]
         delta_c = [cn - cs for cn, cs in zip(c_new, c_stored, strict=True)]

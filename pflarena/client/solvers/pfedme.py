@@ -141,9 +141,9 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         upload[name] = w
     metrics = train_metrics(job, sum(losses) / max(len(losses), 1), len(losses))
     metrics |= {
-        "inner-grad-norm": float(sum(norms) / max(len(norms), 1)),
-        "inner-grad-norm-max": float(max(norms, default=0.0)),
-        "inner-steps-taken": float(sum(taken) / max(len(taken), 1)),
+        keys.PFEDME_INNER_GRAD_NORM: float(sum(norms) / max(len(norms), 1)),
+        keys.PFEDME_INNER_GRAD_NORM_MAX: float(max(norms, default=0.0)),
+        keys.PFEDME_INNER_STEPS: float(sum(taken) / max(len(taken), 1)),
     }
     return {keys.ARRAYS: ArrayRecord(upload)}, metrics
 

@@ -547,7 +547,7 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
 def train(job: ClientJob) -> tuple[dict, dict]:
     if job.phase == keys.PHASE_TRAIN:
         return _train(job)
-    if job.phase == "personalize":
+    if job.phase == keys.PFEDSV_PHASE_PERSONALIZE:
         return _personalize(job)
     raise ValueError(f"pfedsv: unknown phase {job.phase!r}")
 

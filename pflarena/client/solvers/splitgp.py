@@ -1,7 +1,7 @@
 """Local solver for SplitGP (Han et al., INFOCOM 2023): a client-side part with an auxiliary
 classifier for personalization, a server-side part for generalization.
 
-The model w = (φ, θ) is split at the head (:mod:`pflarena.core.split`): φ, the body, is the
+The model w = (φ, θ) is split at the head (:mod:`pflarena.core.model_split`): φ, the body, is the
 client-side part and θ, the last ``head-layers`` weighted layers, the server-side part. Each
 client also has an auxiliary classifier κ_k, one linear layer on φ's output, so that
 (φ_k, κ_k) alone predicts: the client-side (personalized) model; (φ_k, θ) is the full
