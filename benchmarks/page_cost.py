@@ -42,10 +42,11 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
 from pflarena.core.presets import load_preset
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import evaluate, train_epochs
 from pflarena.core.versions import DiskVersions
 from pflarena.runtime.launch import simulate
@@ -91,7 +92,7 @@ def client_agent(steps: int) -> DDPGAgent:
         actor_lr=float(page.get("actor-lr", 0.001)),
         tau=float(page.get("tau", 0.01)),
     )
-    agent = DDPGAgent(config, seed=derive_seed(0, 0, "page-client"))
+    agent = DDPGAgent(config, seed=derive_seed(0, 0, "page-client", bits=AGENT_SEED_BITS))
     rng = np.random.default_rng(0)
     for _ in range(steps):
         state = rng.uniform(size=1)

@@ -24,8 +24,9 @@ from local_grid import LocalGrid
 from pflarena.client.solvers.dapfl import AGENT_KEY, f1_score, improvement_reward
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import load_client
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.server.build import parse_config
 from pflarena.strategies.dapfl import DapFL, contribution_weights
 
@@ -195,7 +196,9 @@ def test_the_clients_state_reward_and_actions(played):
     log_lr = (math.log(0.01), math.log(0.5))
     for c in range(cfg.num_clients):
         data, _ = load_client(spec, c)
-        u = np.random.default_rng(derive_seed(cfg.seed, c, 1, "dapfl-client")).uniform(0, 1, 2)
+        u = np.random.default_rng(
+            derive_seed(cfg.seed, c, 1, "dapfl-client", bits=AGENT_SEED_BITS)
+        ).uniform(0, 1, 2)
         first = capture.replies[1][c][1]
         assert first[keys.DAPFL_EPOCHS] == round(1 + u[0] * (MAX_EPOCHS - 1))  # random
         assert first[keys.DAPFL_LR] == pytest.approx(

@@ -34,8 +34,9 @@ from pflarena.client.app import app as client_app
 from pflarena.client.solvers.page import AGENT_KEY
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
-from pflarena.core.ddpg import DDPGAgent, derive_seed
+from pflarena.core.ddpg import DDPGAgent
 from pflarena.core.federation import load_client, load_server_data
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.checkpoint import load_checkpoint
@@ -191,7 +192,9 @@ def test_the_global_model_is_the_weighted_sum_and_the_reward_its_bounded_inverse
 def test_the_first_round_is_random_and_the_server_agent_stores_what_it_played(played):
     cfg, strategy, _, _, rounds = played
     n = cfg.num_clients
-    first = np.random.default_rng(derive_seed(cfg.seed, "page-server", 1)).dirichlet(np.ones(n))
+    first = np.random.default_rng(
+        derive_seed(cfg.seed, "page-server", 1, bits=AGENT_SEED_BITS)
+    ).dirichlet(np.ones(n))
     np.testing.assert_allclose(strategy.history["weights"][0], first)
     agent = strategy.agent
     assert agent.steps == ROUNDS and agent.updates == ROUNDS - 1
@@ -213,7 +216,9 @@ def test_the_clients_state_loss_reward_and_actions(played):
     log_lr = (math.log(1e-3), math.log(0.1))
     for c in range(cfg.num_clients):
         data, _ = load_client(spec, c)
-        u = np.random.default_rng(derive_seed(cfg.seed, c, 1, "page-client")).uniform(0, 1, 2)
+        u = np.random.default_rng(
+            derive_seed(cfg.seed, c, 1, "page-client", bits=AGENT_SEED_BITS)
+        ).uniform(0, 1, 2)
         first = capture.replies[1][c][1]
         assert first[keys.PAGE_EPOCHS] == round(1 + u[0] * 4)  # round 1: uniform in the box
         assert first[keys.PAGE_LR] == pytest.approx(
@@ -335,10 +340,12 @@ def test_the_random_control_learns_nothing(tmp_path):
     assert strategy.agent.updates == 0 and len(strategy.agent.buffer) == 0
     weights = strategy.history["weights"]
     for i, t in enumerate((1, 2, 3)):  # Dirichlet(1) from the round's generator
-        rng = np.random.default_rng(derive_seed(cfg.seed, "page-server", t))
+        rng = np.random.default_rng(derive_seed(cfg.seed, "page-server", t, bits=AGENT_SEED_BITS))
         np.testing.assert_allclose(weights[i], rng.dirichlet(np.ones(4)))
         for c in range(4):
-            u = np.random.default_rng(derive_seed(cfg.seed, c, t, "page-client")).uniform(0, 1, 2)
+            u = np.random.default_rng(
+                derive_seed(cfg.seed, c, t, "page-client", bits=AGENT_SEED_BITS)
+            ).uniform(0, 1, 2)
             assert capture.replies[t][c][1][keys.PAGE_EPOCHS] == round(1 + 4 * u[0])
 
     assert all(stored(ctx, AGENT_KEY) is None for ctx in grid.contexts.values())

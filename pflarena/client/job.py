@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -18,6 +17,7 @@ from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
 from pflarena.core.federation import ClientData, load_client
 from pflarena.core.models import build_model, default_model_for
+from pflarena.core.seeds import derive_seed
 from pflarena.core.shard_format import load_shard, load_shard_client, read_shard_set
 from pflarena.core.training import EvalResult, evaluate
 
@@ -225,8 +225,7 @@ class ClientJob:
         """A 64-bit seed derived from (run seed, client, round, purpose); the message's
         round unless ``server_round`` names another (work of an earlier round done now)."""
         round_ = self.server_round if server_round is None else server_round
-        text = f"{self.cfg.seed}/{self.client_id}/{round_}/{purpose}"
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return derive_seed(self.cfg.seed, self.client_id, round_, purpose)
 
     def generator(self, purpose: str, server_round: int | None = None) -> torch.Generator:
         """A CPU generator seeded by (run seed, client, round, purpose), for batch order."""

@@ -50,7 +50,6 @@ them from (run seed, client, round) gets identical runs and resumes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -67,7 +66,6 @@ __all__ = [
     "DDPGConfig",
     "ReplayBuffer",
     "UpdateStats",
-    "derive_seed",
     "pack_arrays",
     "reciprocal_reward",
     "soft_update",
@@ -108,13 +106,6 @@ def reciprocal_reward(loss: float, floor: float, scale: float = 1.0) -> tuple[fl
     if floor > 0:
         return scale / max(loss, floor), loss < floor
     return scale / max(loss, ZERO_LOSS), loss < ZERO_LOSS
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from ``parts`` (run seed, client, round, purpose): the same parts give
-    the same seed in every process, different parts independent streams."""
-    text = "/".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
 PACKED_INDEX = "packed/index"

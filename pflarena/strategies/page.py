@@ -86,10 +86,11 @@ from torch import nn
 
 from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed, reciprocal_reward
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig, reciprocal_reward
 from pflarena.core.federation import build_federation
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import evaluate
 from pflarena.strategies.base import PflStrategy, StrategySetup
 
@@ -382,13 +383,17 @@ class Page(PflStrategy):
         self.server_x, self.server_y = server_x, server_y
         state_samples = self.params.state_samples
         if 0 < state_samples < len(server_y):  # seeded subsample (docs/papers/page.md §10)
-            rng = np.random.default_rng(derive_seed(self.seed, "page-state-samples"))
+            rng = np.random.default_rng(
+                derive_seed(self.seed, "page-state-samples", bits=AGENT_SEED_BITS)
+            )
             pick = torch.from_numpy(np.sort(rng.choice(len(server_y), state_samples, False)))
             self.state_x, self.state_y = server_x[pick], server_y[pick]
         else:
             self.state_x, self.state_y = server_x, server_y
         self._model = model_builder()
-        self.agent = DDPGAgent(self.agent_config(), seed=derive_seed(self.seed, "page-server"))
+        self.agent = DDPGAgent(
+            self.agent_config(), seed=derive_seed(self.seed, "page-server", bits=AGENT_SEED_BITS)
+        )
         n = self.num_clients
         #: s_CS entries of clients that did not upload: their last accuracy (NaN: unknown)
         self.last_accuracy = np.full(n, np.nan)
@@ -489,7 +494,9 @@ class Page(PflStrategy):
 
         # 2-3. the pending transition gets its next state; the agent acts
         started = time.perf_counter()
-        rng = np.random.default_rng(derive_seed(self.seed, "page-server", server_round))
+        rng = np.random.default_rng(
+            derive_seed(self.seed, "page-server", server_round, bits=AGENT_SEED_BITS)
+        )
         stats = None
         if p.agents == "random":
             weights = rng.dirichlet(np.ones(n))

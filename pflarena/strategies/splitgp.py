@@ -47,11 +47,11 @@ from pydantic import Field
 from torch import nn
 
 from pflarena.core import keys
-from pflarena.core.ddpg import derive_seed
 from pflarena.core.heads import feature_size, first_head_layer
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.core.models import build_model
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup, array_problem, record_nbytes
 from pflarena.strategies.fedavg import FedAvg
@@ -145,7 +145,7 @@ class SplitGP(FedAvg):
             tuple(info.input_shape),
             bool(info.tokens),
             info.num_classes,
-            derive_seed(cfg.seed, "splitgp-aux-classifier"),
+            derive_seed(cfg.seed, "splitgp-aux-classifier", bits=AGENT_SEED_BITS),
         )
         return cls(params, **setup.common(cls.declaration), aux=aux, trainable=setup.trainable)
 

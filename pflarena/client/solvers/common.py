@@ -16,8 +16,9 @@ from torch import nn
 
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig, UpdateStats, derive_seed
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig, UpdateStats
 from pflarena.core.model_split import ModelSplit, split_state
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import EvalResult, train_epochs
 
 __all__ = [
@@ -156,7 +157,9 @@ def open_agent(job: ClientJob, key: str, config: DDPGConfig, purpose: str) -> tu
         return cached[1], "memory"
     record = job.state.get(key)
     if record is None:
-        return DDPGAgent(config, seed=derive_seed(job.cfg.seed, job.client_id, purpose)), "new"
+        return DDPGAgent(
+            config, seed=derive_seed(job.cfg.seed, job.client_id, purpose, bits=AGENT_SEED_BITS)
+        ), "new"
     return DDPGAgent.from_arrays({k: record[k].numpy() for k in record.keys()}, config), "state"
 
 

@@ -47,7 +47,8 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers import common
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
-from pflarena.core.ddpg import DDPGAgent, derive_seed
+from pflarena.core.ddpg import DDPGAgent
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import train_epochs
 
 __all__ = [
@@ -151,7 +152,9 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     average = str(job.param("f1-average"))
     state = observe(model, job.data.x_train, job.data.y_train, average)  # s_i(t)
     rng = np.random.default_rng(
-        derive_seed(job.cfg.seed, job.client_id, job.server_round, SEED_PURPOSE)
+        derive_seed(
+            job.cfg.seed, job.client_id, job.server_round, SEED_PURPOSE, bits=AGENT_SEED_BITS
+        )
     )
     config = common.box_agent_config(job, state_dim=3)
     learning = str(job.param("agents")) == "ddpg"

@@ -37,9 +37,9 @@ from pflarena.client.solvers.common import (
     train_metrics,
 )
 from pflarena.core import keys
-from pflarena.core.ddpg import derive_seed
 from pflarena.core.heads import reset_layers
 from pflarena.core.model_split import ModelSplit, weighted_layers
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import train_epochs
 
 __all__ = [
@@ -82,7 +82,9 @@ def initial_local(job: ClientJob, model: nn.Module, layers: list[str]) -> None:
     values from each layer's initialisation, seeded by (run seed, client, round); ``initial``
     keeps the run's initial values (the model is built from them)."""
     if str(job.param("local-init")) == "fresh":
-        seed = derive_seed(job.cfg.seed, job.client_id, job.server_round, "reconstruct")
+        seed = derive_seed(
+            job.cfg.seed, job.client_id, job.server_round, "reconstruct", bits=AGENT_SEED_BITS
+        )
         reset_layers(model, layers, seed)
 
 
@@ -115,7 +117,9 @@ def reconstruct(
 def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     split, layers = _split(job)
     model = assemble(job, split.body, None)  # the local part: the run's initial values
-    generator = torch.Generator().manual_seed(derive_seed(job.cfg.seed, job.client_id, "support"))
+    generator = torch.Generator().manual_seed(
+        derive_seed(job.cfg.seed, job.client_id, "support", bits=AGENT_SEED_BITS)
+    )
     support, query = support_query(
         len(job.data.y_train), float(job.param("support-fraction")), generator
     )

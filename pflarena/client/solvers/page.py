@@ -47,7 +47,8 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers import common
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig, derive_seed, reciprocal_reward
+from pflarena.core.ddpg import DDPGAgent, DDPGConfig, reciprocal_reward
+from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import evaluate as evaluate_model
 from pflarena.core.training import train_epochs
 
@@ -84,7 +85,9 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     started, started_cpu = time.perf_counter(), time.thread_time()
     state = np.array([_accuracy(model, job)])  # s_i(t)
     rng = np.random.default_rng(
-        derive_seed(job.cfg.seed, job.client_id, job.server_round, "page-client")
+        derive_seed(
+            job.cfg.seed, job.client_id, job.server_round, "page-client", bits=AGENT_SEED_BITS
+        )
     )
     config = agent_config(job)
     learning = str(job.param("agents")) == "ddpg"
