@@ -48,9 +48,9 @@ test: setup
 test-containers: setup
 	PFLARENA_CONTAINER_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_containers.py
 
-# The edge scenarios outside .ci/run (as root): the emulated arm64 edge node in the compose
-# federation (a cold arm64 base and edge image take about 40 minutes under emulation) and an
-# edge node that loses its network and comes back (it failed in its last full run here).
+# The edge scenarios (as root): the emulated arm64 edge node in the compose federation, outside
+# .ci/run (a cold arm64 base and edge image take about 40 minutes under emulation), and the edge
+# node that loses its network and comes back (also in test-containers).
 test-edge: setup binfmt
 	PFLARENA_CONTAINER_TESTS=1 PFLARENA_ARM64_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider \
 	    tests/test_containers.py -k "arm64 or comes_and_goes"
