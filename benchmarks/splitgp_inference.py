@@ -34,7 +34,7 @@ from pflarena.core.config import parse_run_config
 from pflarena.core.versions import DiskVersions
 from pflarena.server.build import build_strategy
 from pflarena.server.checkpoint import load_checkpoint
-from pflarena.strategies.arrays import as_record
+from pflarena.strategies.aggregation import as_record
 
 
 def client_counts(run_dir: Path, lambdas: list[float], thresholds: list[float]) -> dict:

@@ -13,7 +13,7 @@ from pflarena.core.config import ConfigError
 from pflarena.core.mgda import min_norm_weights
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
-from pflarena.strategies.arrays import flatten
+from pflarena.strategies.aggregation import flatten
 from pflarena.strategies.fedmgda import FedMGDA, box_projection, min_norm_weights_box
 
 

@@ -25,7 +25,7 @@ from pflarena.core.models import build_model
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.results import read_rounds
-from pflarena.strategies.arrays import flatten, unflatten
+from pflarena.strategies.aggregation import flatten, unflatten
 from pflarena.strategies.fedpg import (
     FedPG,
     common_descent_direction,

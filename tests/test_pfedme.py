@@ -11,7 +11,7 @@ from helpers import config, run_local
 from pflarena.client.solvers.pfedme import local_copy_step, solve_personalized
 from pflarena.core.federation import build_federation
 from pflarena.core.models import build_model
-from pflarena.strategies.arrays import weighted_mean
+from pflarena.strategies.aggregation import weighted_mean
 from pflarena.strategies.pfedme import beta_update
 
 

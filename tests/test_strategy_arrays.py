@@ -11,8 +11,8 @@ from helpers import config, grid_for
 from pflarena.core import keys
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy
-from pflarena.strategies import arrays as module
-from pflarena.strategies.arrays import (
+from pflarena.strategies import aggregation as module
+from pflarena.strategies.aggregation import (
     as_numpy,
     as_record,
     flatten,

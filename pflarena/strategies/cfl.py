@@ -52,7 +52,7 @@ from scipy.spatial.distance import squareform
 from pflarena.core import keys
 from pflarena.core.canonical import copy_name, parse_stacked
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, flatten, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, flatten, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
 __all__ = [

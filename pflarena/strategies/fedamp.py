@@ -32,7 +32,7 @@ Defaults: the paper does not fix α_k, λ, σ for all its experiments; these are
 (α_k = λ = σ = 1, a constant α_k). A client that has not uploaded yet counts with the run's
 initial model (W^0 = w^0 for all clients, as in the paper); distances cover the trainable
 parameters; buffers are combined with the same weights (integer ones rounded: the rule of
-:mod:`pflarena.strategies.arrays`). The client starts its proximal solve from u_i
+:mod:`pflarena.strategies.aggregation`). The client starts its proximal solve from u_i
 (``fedamp.start=cloud``; ``own`` starts from its last w_i, as PFLlib does).
 
 The reading of the paper, decisions and measurements: docs/methods/fedamp.md.
@@ -51,7 +51,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_record, flatten, float_names, weighted_mean
+from pflarena.strategies.aggregation import as_record, flatten, float_names, weighted_mean
 from pflarena.strategies.base import PflStrategy
 
 __all__ = [
@@ -118,7 +118,7 @@ def attention_weights(
 
 def cloud_model(records: Sequence[ArrayRecord], weights: np.ndarray) -> ArrayRecord:
     """u_i = Σ_j ξ_ij w_j for a row ξ_i of the attention matrix (summing to 1):
-    :func:`~pflarena.strategies.arrays.weighted_mean`, whose one rule integer entries
+    :func:`~pflarena.strategies.aggregation.weighted_mean`, whose one rule integer entries
     (batch counters) follow."""
     return as_record(weighted_mean(records, weights))
 

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import weighted_average
+from pflarena.strategies.aggregation import weighted_average
 from pflarena.strategies.base import PflStrategy
 
 __all__ = ["PERSONAL_MODEL_HELP", "FedAvg", "FedAvgParams", "PersonalModel"]

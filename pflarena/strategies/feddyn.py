@@ -38,7 +38,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, mean_of, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 
 __all__ = ["FedDyn", "FedDynParams", "server_update"]

@@ -45,7 +45,7 @@ from pflarena.core.canonical import initial_stacked_state
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import ModelShape
-from pflarena.strategies.arrays import weighted_average
+from pflarena.strategies.aggregation import weighted_average
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
 __all__ = ["FedEM", "FedEMParams"]

@@ -40,7 +40,7 @@ from pydantic import Field
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.mgda import ZERO_GRAD_NORM, gram_matrix, min_norm_weights_from_gram
-from pflarena.strategies.arrays import as_numpy, as_record, flatten, float_names, unflatten
+from pflarena.strategies.aggregation import as_numpy, as_record, flatten, float_names, unflatten
 from pflarena.strategies.base import PflStrategy, StrategySetup, array_problem
 from pflarena.strategies.fedavg import PERSONAL_MODEL_HELP, PersonalModel
 

@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import Field
 
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.partial import PartialFedAvg, split_problem
+from pflarena.strategies.split_model import PartialFedAvg, split_problem
 
 __all__ = ["FedPer", "FedPerParams"]
 

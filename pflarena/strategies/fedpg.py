@@ -75,7 +75,7 @@ from pflarena.core.mgda import (
     fair_objective,
     fairness_weights,
 )
-from pflarena.strategies.arrays import as_numpy, as_record, flatten, float_names, unflatten
+from pflarena.strategies.aggregation import as_numpy, as_record, flatten, float_names, unflatten
 from pflarena.strategies.base import (
     Exchange,
     MultiExchangeStrategy,

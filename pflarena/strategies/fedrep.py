@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.partial import PartialFedAvg, split_problem
+from pflarena.strategies.split_model import PartialFedAvg, split_problem
 
 __all__ = ["FedRep", "FedRepParams"]
 

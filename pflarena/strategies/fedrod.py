@@ -31,7 +31,7 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import split_names
 from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.partial import split_problem
+from pflarena.strategies.split_model import split_problem
 
 __all__ = ["FedRoD", "FedRoDParams"]
 

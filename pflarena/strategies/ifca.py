@@ -47,7 +47,7 @@ from pflarena.core.canonical import copy_name, initial_stacked_state, parse_stac
 from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import ModelShape
-from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
 __all__ = ["IFCA", "IFCAParams"]

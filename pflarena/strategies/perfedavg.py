@@ -47,7 +47,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_record, weighted_mean
+from pflarena.strategies.aggregation import as_record, weighted_mean
 from pflarena.strategies.fedavg import FedAvg
 
 __all__ = ["PerFedAvg", "PerFedAvgParams"]

@@ -39,7 +39,7 @@ from pydantic import Field, field_validator
 from pflarena.core import keys
 from pflarena.core.config import parse_float_list
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import (
     Exchange,
     PflStrategy,

@@ -54,7 +54,7 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.fedavg import FedAvg
 
 __all__ = ["PFedMe", "PFedMeParams", "beta_update"]
@@ -95,7 +95,7 @@ def beta_update(previous: ArrayRecord, average: dict[str, np.ndarray], beta: flo
     """Eq. 10: ``(1 − β) · previous + β · average`` on floating-point entries, in the
     previous record's dtypes (``average`` in float64: :func:`weighted_mean` with
     ``dtype=np.float64``); integer entries are the average's (see
-    :mod:`pflarena.strategies.arrays`)."""
+    :mod:`pflarena.strategies.aggregation`)."""
     out = {}
     for name, old in as_numpy(previous).items():
         if np.issubdtype(old.dtype, np.floating):

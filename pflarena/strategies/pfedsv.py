@@ -45,7 +45,7 @@ from pydantic import Field
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import layer_owners, split_names
-from pflarena.strategies.arrays import as_record, weighted_mean
+from pflarena.strategies.aggregation import as_record, weighted_mean
 from pflarena.strategies.base import (
     MultiExchangeStrategy,
     Send,

@@ -78,7 +78,7 @@ from pflarena.core.population import (
     penalty_gradient,
     uniform_memberships,
 )
-from pflarena.strategies.arrays import weighted_average
+from pflarena.strategies.aggregation import weighted_average
 from pflarena.strategies.base import (
     Exchange,
     MultiExchangeStrategy,

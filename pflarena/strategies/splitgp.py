@@ -52,10 +52,10 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.core.models import build_model
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
-from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup, array_problem, record_nbytes
 from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.partial import split_problem
+from pflarena.strategies.split_model import split_problem
 
 __all__ = ["SplitGP", "SplitGPParams", "initial_aux_classifier"]
 

@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 from pflarena.core import keys
 from pflarena.core.methods import MethodParams, hyphenate
 from pflarena.core.model_split import ModelSplit, split_names
-from pflarena.strategies.arrays import as_numpy, as_record, weighted_mean
+from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
 
