@@ -832,3 +832,17 @@ def test_the_agents_move_away_from_their_initial_play(agents, tmp_path, monkeypa
     print(f"{agents}: client action {action:.3f} from the middle, min entropy ratio {entropy:.4f}")
     moved = action >= 0.1 and entropy < 0.9
     assert moved == (agents == "learning"), (action, entropy)
+
+
+def test_the_players_reward_is_the_reciprocal_loss_bounded_by_the_floor():
+    """u = k / max(f, f_min) (Definition 1 with the floor of docs/papers/page.md §9.11)."""
+    from pflarena.strategies.page import reciprocal_reward
+
+    assert reciprocal_reward(0.5, 0.01) == (2.0, False)
+    assert reciprocal_reward(0.001, 0.01) == (100.0, True)  # the floor bounds it
+    assert reciprocal_reward(0.5, 0.01, scale=10.0) == (20.0, False)
+    assert reciprocal_reward(0.0, 0.0) == (1e12, True)  # the paper's unbounded 1/f, finite
+    with pytest.raises(ValueError, match="finite loss >= 0"):
+        reciprocal_reward(-1.0, 0.01)
+    with pytest.raises(ValueError, match="finite loss >= 0"):
+        reciprocal_reward(float("nan"), 0.01)

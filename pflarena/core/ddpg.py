@@ -61,51 +61,16 @@ import torch
 from torch import nn
 
 __all__ = [
-    "PAGE_TABLE7",
     "DDPGAgent",
     "DDPGConfig",
     "ReplayBuffer",
     "UpdateStats",
     "pack_arrays",
-    "reciprocal_reward",
     "soft_update",
     "unpack_arrays",
 ]
 
-#: PAGE's Table 7: (critic lr, actor lr, τ) per task, the same for server and clients.
-PAGE_TABLE7: dict[str, tuple[float, float, float]] = {
-    "synthetic": (0.01, 0.001, 0.01),
-    "cifar100": (0.05, 0.005, 0.05),
-    "tiny-imagenet": (0.001, 0.0001, 0.001),
-    "shakespeare": (0.005, 0.0005, 0.005),
-}
-
 ActionSpace = Literal["box", "simplex"]
-
-
-#: A loss of exactly 0 under an unbounded reciprocal reward (``floor=0``) counts as this,
-#: so that 1/f stays finite.
-ZERO_LOSS = 1e-12
-
-
-def reciprocal_reward(loss: float, floor: float, scale: float = 1.0) -> tuple[float, bool]:
-    """``(k / max(f, f_min), whether the floor bounded it)``: PAGE's u = 1/f (Definition 1),
-    bounded above by k / f_min (docs/papers/page.md §9.11); ``floor=0`` is the paper's unbounded k/f.
-
-    Parameters
-    ----------
-    loss
-        The loss f >= 0.
-    floor
-        f_min; 0 leaves the reward unbounded (a zero loss then counts as 1e-12).
-    scale
-        The reward scale k (PAGE's biased variants, §3.7).
-    """
-    if not math.isfinite(loss) or loss < 0:
-        raise ValueError(f"a reward needs a finite loss >= 0, got {loss}")
-    if floor > 0:
-        return scale / max(loss, floor), loss < floor
-    return scale / max(loss, ZERO_LOSS), loss < ZERO_LOSS
 
 
 PACKED_INDEX = "packed/index"
