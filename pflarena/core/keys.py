@@ -77,6 +77,20 @@ PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (Con
 PFEDSV_RELEVANCE = "relevance"  # personalize reply: the client's relevance vector
 PFEDSV_FEATURES = "feature-extractor"  # D+C: the averaged feature extractor, sent down
 PFEDSV_PEER_PREFIX = "peer/"  # personalize message: one ArrayRecord per peer, peer/<pid>
+PFEDSV_COALITION_SIZE = "coalition-size"  # personalize reply: the peers valued with the client
+PFEDSV_UTILITY_EVALUATIONS = (
+    "utility-evaluations"  # the coalition utilities the Shapley estimate evaluated
+)
+PFEDSV_SHAPLEY_TIME = "shapley-time-s"  # wall time of the valuation (seconds)
+PFEDSV_OWN_VALUE = "own-value"  # the client's own Shapley value
+PFEDSV_OWN_WEIGHT = "own-weight"  # its own model's weight in the aggregate
+PFEDSV_KEPT_OWN = "kept-own"  # 1 when the client kept its own model
+PFEDSV_AGGREGATE_BELOW_OWN = (
+    "aggregate-below-own"  # 1 when the aggregate scored below its own model
+)
+PFEDSV_TRAINED_TEST_ACCURACY = (
+    "trained-test-accuracy"  # test accuracy of the locally trained model, before aggregation
+)
 PFEDSV_PHASE_PERSONALIZE = "personalize"  # the second exchange: peers' models down, θ_i^{t*} made
 
 # FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names.

@@ -424,13 +424,13 @@ class PFedSV(MultiExchangeStrategy):
         if answers:
             replies = [m.content[keys.METRICS] for m in answers]
             for name in (
-                "coalition-size",
-                "utility-evaluations",
-                "shapley-time-s",
-                "own-weight",
-                "kept-own",
-                "aggregate-below-own",
-                "trained-test-accuracy",
+                keys.PFEDSV_COALITION_SIZE,
+                keys.PFEDSV_UTILITY_EVALUATIONS,
+                keys.PFEDSV_SHAPLEY_TIME,
+                keys.PFEDSV_OWN_WEIGHT,
+                keys.PFEDSV_KEPT_OWN,
+                keys.PFEDSV_AGGREGATE_BELOW_OWN,
+                keys.PFEDSV_TRAINED_TEST_ACCURACY,
             ):
                 metrics[f"mean-{name}"] = float(np.mean([float(r[name]) for r in replies]))
         if self.params.dp_noise > 0:

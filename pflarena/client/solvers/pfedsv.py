@@ -521,14 +521,14 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     metrics = {
         keys.CLIENT_ID: job.client_id,
         keys.NUM_EXAMPLES: int(len(job.data.y_train)),
-        "coalition-size": len(players),
-        "utility-evaluations": game.evaluations,
-        "shapley-time-s": time.perf_counter() - started,
-        "own-value": values[own],
-        "own-weight": 0.0 if weights is None else float(weights[0]),
-        "kept-own": int(kept_own),
-        "aggregate-below-own": int(below_own),
-        "trained-test-accuracy": trained_test.correct / max(trained_test.count, 1),
+        keys.PFEDSV_COALITION_SIZE: len(players),
+        keys.PFEDSV_UTILITY_EVALUATIONS: game.evaluations,
+        keys.PFEDSV_SHAPLEY_TIME: time.perf_counter() - started,
+        keys.PFEDSV_OWN_VALUE: values[own],
+        keys.PFEDSV_OWN_WEIGHT: 0.0 if weights is None else float(weights[0]),
+        keys.PFEDSV_KEPT_OWN: int(kept_own),
+        keys.PFEDSV_AGGREGATE_BELOW_OWN: int(below_own),
+        keys.PFEDSV_TRAINED_TEST_ACCURACY: trained_test.correct / max(trained_test.count, 1),
     }
     records: dict = {}
     if private:  # everything above depends on the validation or test split
