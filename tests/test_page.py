@@ -836,7 +836,7 @@ def test_the_agents_move_away_from_their_initial_play(agents, tmp_path, monkeypa
 
 def test_the_players_reward_is_the_reciprocal_loss_bounded_by_the_floor():
     """u = k / max(f, f_min) (Definition 1 with the floor of docs/papers/page.md §9.11)."""
-    from pflarena.strategies.page import reciprocal_reward
+    from pflarena.core.page_utility import reciprocal_reward
 
     assert reciprocal_reward(0.5, 0.01) == (2.0, False)
     assert reciprocal_reward(0.001, 0.01) == (100.0, True)  # the floor bounds it

@@ -90,6 +90,7 @@ from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import build_federation
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
+from pflarena.core.page_utility import reciprocal_reward
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import evaluate
 from pflarena.strategies.base import PflStrategy, StrategySetup
@@ -100,35 +101,9 @@ __all__ = [
     "aggregate",
     "aggregate_loss_gradient",
     "data_size_weights",
-    "reciprocal_reward",
     "tangent_cosine",
     "weight_entropy",
 ]
-
-
-#: A loss of exactly 0 under an unbounded reciprocal reward (``floor=0``) counts as this,
-#: so that 1/f stays finite.
-ZERO_LOSS = 1e-12
-
-
-def reciprocal_reward(loss: float, floor: float, scale: float = 1.0) -> tuple[float, bool]:
-    """``(k / max(f, f_min), whether the floor bounded it)``: PAGE's u = 1/f (Definition 1),
-    bounded above by k / f_min (docs/papers/page.md §9.11); ``floor=0`` is the paper's unbounded k/f.
-
-    Parameters
-    ----------
-    loss
-        The loss f >= 0.
-    floor
-        f_min; 0 leaves the reward unbounded (a zero loss then counts as 1e-12).
-    scale
-        The reward scale k (PAGE's biased variants, §3.7).
-    """
-    if not math.isfinite(loss) or loss < 0:
-        raise ValueError(f"a reward needs a finite loss >= 0, got {loss}")
-    if floor > 0:
-        return scale / max(loss, floor), loss < floor
-    return scale / max(loss, ZERO_LOSS), loss < ZERO_LOSS
 
 
 class PageParams(MethodParams):

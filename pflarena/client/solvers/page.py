@@ -48,10 +48,10 @@ from pflarena.client.solvers import common
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig
+from pflarena.core.page_utility import reciprocal_reward
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.core.training import evaluate as evaluate_model
 from pflarena.core.training import train_epochs
-from pflarena.strategies.page import reciprocal_reward
 
 __all__ = [
     "AGENT_KEY",
