@@ -46,11 +46,14 @@ test: setup
 # Skipped, saying why, where no Docker Engine answers. A step of its
 # own in .ci/run: a cold image build takes minutes.
 test-containers: setup
-	PFLARENA_CONTAINER_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_containers.py
+	PFLARENA_CONTAINER_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_containers.py \
+	    -k "not comes_and_goes"
 
-# The edge scenarios (as root): the emulated arm64 edge node in the compose federation, outside
-# .ci/run (a cold arm64 base and edge image take about 40 minutes under emulation), and the edge
-# node that loses its network and comes back (also in test-containers).
+# The edge scenarios (as root), outside .ci/run: the emulated arm64 edge node in the compose
+# federation (a cold arm64 base and edge image take about 40 minutes under emulation), and the
+# edge node that loses its network and comes back (40 rounds: 10-15 minutes on a loaded host;
+# once, in CI, the node did not train again within 600 s of its network's return, see
+# docs/deployment.md "When the Wi-Fi drops").
 test-edge: setup binfmt
 	PFLARENA_CONTAINER_TESTS=1 PFLARENA_ARM64_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider \
 	    tests/test_containers.py -k "arm64 or comes_and_goes"

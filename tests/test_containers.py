@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import threading
 import time
@@ -836,6 +837,21 @@ def _round_where(
         per_client = (record.get("evaluation") or {}).get("per_client") or {}
         return 2 in train.get("sampled", []) and 2 not in failed and "2" in per_client
 
+    def why() -> str:
+        """The rounds so far, one line each, the other services' logs, then the edge node's
+        own (a CI log may keep only the end of a failure's message: the edge node's part last)."""
+        path = out / "rounds.jsonl"
+        lines = [
+            f"round {r['round']}: {r.get('round_time_s')} s, sampled "
+            f"{(r.get('train') or {}).get('sampled')}, train problems "
+            f"{(r.get('train') or {}).get('problems')}, evaluated "
+            f"{sorted((r.get('evaluation') or {}).get('per_client') or {})}"
+            for r in (read_rounds(path) if path.exists() else [])
+        ]
+        edge = project.compose("logs", "--no-color", "--tail", "80", "edge-0", check=False)
+        others = project.logs(tail=15)
+        return "\n".join([f"--- all ---\n{others}", *lines, f"--- edge-0 ---\n{edge}"])
+
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
         path = out / "rounds.jsonl"
@@ -844,8 +860,8 @@ def _round_where(
             wanted = trained(record) if edge_trained else "2" not in per_client
             if record["round"] > after and wanted:
                 return record
-        assert proc.poll() is None, f"the run ended first\n{project.logs()}"
-        assert time.monotonic() < deadline, f"no such round after {after}\n{project.logs()}"
+        assert proc.poll() is None, f"the run ended first\n{why()}"
+        assert time.monotonic() < deadline, f"no such round after {after}\n{why()}"
         time.sleep(1)
 
 
@@ -924,7 +940,12 @@ def test_an_edge_node_that_comes_and_goes_keeps_its_client_state(
         assert not again["train"].get("state_problems"), again["train"]
         assert again["train"]["failures"] == 0, again["train"]
 
-        rounds = project.completed(out, project.wait(proc))
+        # The rounds left take what the rounds so far took (a loaded host's rounds take 15-20 s
+        # where an idle one's take 3-4 s), with room to spare.
+        so_far = [r["round_time_s"] for r in read_rounds(out / "rounds.jsonl")[1:]]
+        left = num_rounds - again["round"]
+        finish = max(RUN_TIMEOUT_S, 2.0 * left * statistics.median(so_far) + 120.0)
+        rounds = project.completed(out, project.wait(proc, timeout=finish))
         assert [r["round"] for r in rounds] == list(range(num_rounds + 1)), rounds
         print("edge client per round:", _edge_client(rounds, "2"))
         assert None in _edge_client(rounds, "2")[2:], "no round recorded the node's absence"
