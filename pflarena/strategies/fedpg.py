@@ -65,7 +65,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from pydantic import Field, field_validator
 
-from pflarena.core import keys
+from pflarena.core import drawing, keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.mgda import (
     ZERO_GRAD_NORM,
@@ -662,11 +662,8 @@ class FedPG(MultiExchangeStrategy):
         vmax: float | None = None,
         marks: set[tuple[int, int]] = frozenset(),
     ) -> Path:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        """``values`` (round -> client -> value) as a clients × rounds heatmap, blank where a
+        client was not in the round; ``marks`` are the (round, client) cells marked ×."""
         rounds = sorted(values)
         rows = sorted({c for v in values.values() for c in v})
         matrix = np.full((len(rows), len(rounds)), np.nan)
@@ -674,27 +671,18 @@ class FedPG(MultiExchangeStrategy):
             for i, c in enumerate(rows):
                 if c in values[r]:
                     matrix[i, j] = values[r][c]
-        fig, ax = plt.subplots(
-            figsize=(min(14.0, 3.0 + 0.2 * len(rounds)), min(10.0, 2.0 + 0.3 * len(rows)))
+        return drawing.heatmap(
+            path,
+            matrix,
+            title=f"FedPG {title}\nby round (blank: not in the round)",
+            colorbar_label=title,
+            xlabel="round",
+            ylabel="client id",
+            column_labels=[str(r) for r in rounds],
+            row_labels=["fair" if c == -1 else str(c) for c in rows],
+            marks={
+                (i, j) for j, r in enumerate(rounds) for i, c in enumerate(rows) if (r, c) in marks
+            },
+            vmin=vmin,
+            vmax=vmax,
         )
-        image = ax.imshow(
-            matrix, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest"
-        )
-        ax.set_xlabel("round")
-        ax.set_ylabel("client id")
-        step = max(1, len(rounds) // 20)
-        ax.set_xticks(range(0, len(rounds), step), [str(r) for r in rounds[::step]])
-        ystep = max(1, len(rows) // 25)
-        ax.set_yticks(
-            range(0, len(rows), ystep), ["fair" if c == -1 else str(c) for c in rows[::ystep]]
-        )
-        for j, r in enumerate(rounds):
-            for i, c in enumerate(rows):
-                if (r, c) in marks:
-                    ax.text(j, i, "×", ha="center", va="center", color="white", fontsize=8)
-        ax.set_title(f"FedPG {title}\nby round (blank: not in the round)")
-        fig.colorbar(image, ax=ax, shrink=0.8, label=title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path

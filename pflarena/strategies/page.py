@@ -84,7 +84,7 @@ from flwr.common.logger import log
 from pydantic import Field, model_validator
 from torch import nn
 
-from pflarena.core import keys
+from pflarena.core import drawing, keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import build_federation
@@ -701,82 +701,49 @@ class Page(PflStrategy):
         ]
 
     def _plot_weights(self, path: Path, rounds: list[int], weights: np.ndarray) -> Path:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        """p_i(t) by client and round, above its entropy / log N and its largest weight."""
         n = weights.shape[1]
-        fig, (top, bottom) = plt.subplots(
-            2,
-            1,
-            figsize=(min(14.0, 4.0 + 0.05 * len(rounds)), 7.5),
-            height_ratios=[3, 1],
-            layout="constrained",
-        )
-        image = top.imshow(
-            weights.T,
-            aspect="auto",
-            cmap="viridis",
-            interpolation="nearest",
-            extent=(rounds[0] - 0.5, rounds[-1] + 0.5, n - 0.5, -0.5),
-        )
-        top.set_ylabel("client id")
-        top.set_title(
-            f"PAGE server aggregation weights p_i(t) ({self.params.agents}, "
-            f"reward {self.params.server_reward}); uniform = {1 / n:.3g}"
-        )
-        fig.colorbar(image, ax=[top, bottom], shrink=0.8, label="p_i(t)")
         ratio = [weight_entropy(w) / math.log(n) if n > 1 else 1.0 for w in weights]
-        bottom.plot(rounds, ratio, color="tab:blue", label="entropy / log N")
-        bottom.plot(rounds, weights.max(axis=1), color="tab:red", label="max p_i")
-        bottom.set_ylim(0, 1.05)
-        bottom.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
-        bottom.set_xlabel("round")
-        bottom.legend(loc="lower left", fontsize=8)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        return drawing.round_heatmap_with_lines(
+            path,
+            rounds,
+            weights.T,
+            title=f"PAGE server aggregation weights p_i(t) ({self.params.agents}, "
+            f"reward {self.params.server_reward}); uniform = {1 / n:.3g}",
+            colorbar_label="p_i(t)",
+            lines=[
+                ("entropy / log N", ratio, "tab:blue"),
+                ("max p_i", weights.max(axis=1), "tab:red"),
+            ],
+        )
 
     def _plot_actions(
         self, path: Path, rounds: list[int], epochs: np.ndarray, lrs: np.ndarray
     ) -> Path:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import LogNorm
-
+        """α_i(t) and η_i(t) (log scale) by client and round, blank where a client did not
+        upload."""
         p = self.params
-        n = epochs.shape[1]
-        extent = (rounds[0] - 0.5, rounds[-1] + 0.5, n - 0.5, -0.5)
-        fig, axes = plt.subplots(1, 2, figsize=(min(16.0, 7.0 + 0.08 * len(rounds)), 6.0))
-        image = axes[0].imshow(
-            epochs.T,
-            aspect="auto",
-            cmap="magma",
-            interpolation="nearest",
-            vmin=p.min_epochs,
-            vmax=p.max_epochs,
-            extent=extent,
+        return drawing.round_heatmaps(
+            path,
+            rounds,
+            [
+                drawing.RoundPanel(
+                    epochs.T,
+                    "local epochs α_i(t)",
+                    "local epochs α_i(t)",
+                    cmap="magma",
+                    vmin=p.min_epochs,
+                    vmax=p.max_epochs,
+                ),
+                drawing.RoundPanel(
+                    lrs.T,
+                    "learning rate η_i(t)",
+                    "learning rate η_i(t) (log scale)",
+                    cmap="cividis",
+                    vmin=p.min_lr,
+                    vmax=p.max_lr,
+                    log=True,
+                ),
+            ],
+            title=f"PAGE clients' actions ({p.agents}; blank: no upload)",
         )
-        axes[0].set_title("local epochs α_i(t)")
-        fig.colorbar(image, ax=axes[0], shrink=0.8, label="local epochs α_i(t)")
-        image = axes[1].imshow(
-            lrs.T,
-            aspect="auto",
-            cmap="cividis",
-            interpolation="nearest",
-            norm=LogNorm(vmin=p.min_lr, vmax=p.max_lr),
-            extent=extent,
-        )
-        axes[1].set_title("learning rate η_i(t)")
-        fig.colorbar(image, ax=axes[1], shrink=0.8, label="learning rate η_i(t) (log scale)")
-        for ax in axes:
-            ax.set_xlabel("round")
-            ax.set_ylabel("client id")
-        fig.suptitle(f"PAGE clients' actions ({p.agents}; blank: no upload)")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path

@@ -42,7 +42,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from pydantic import Field
 
-from pflarena.core import keys
+from pflarena.core import drawing, keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import layer_owners, split_names
 from pflarena.strategies.aggregation import as_record, weighted_mean
@@ -476,21 +476,18 @@ class PFedSV(MultiExchangeStrategy):
         matrix = self.relevance_matrix()
         csv = output_dir / "relevance.csv"
         np.savetxt(csv, matrix, delimiter=",", fmt="%.6g", header="row: client, column: peer")
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        size = min(12.0, 3.0 + 0.35 * self.num_clients)
-        fig, ax = plt.subplots(figsize=(size, size * 0.85))
         bound = float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0
-        image = ax.imshow(matrix, cmap="RdBu", vmin=-bound, vmax=bound)
-        ax.set_xlabel("peer (client id)")
-        ax.set_ylabel("client id")
-        ax.set_title(f"pFedSV relevance φ after round {self.server_round}")
-        fig.colorbar(image, ax=ax, shrink=0.8, label="relevance φ of the peer to the client")
-        fig.tight_layout()
-        png = output_dir / "relevance.png"
-        fig.savefig(png, dpi=120)
-        plt.close(fig)
+        png = drawing.heatmap(
+            output_dir / "relevance.png",
+            matrix,
+            title=f"pFedSV relevance φ after round {self.server_round}",
+            colorbar_label="relevance φ of the peer to the client",
+            xlabel="peer (client id)",
+            ylabel="client id",
+            cmap="RdBu",
+            vmin=-bound,
+            vmax=bound,
+            square=True,
+            dpi=120,
+        )
         return [csv, png]

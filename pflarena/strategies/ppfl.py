@@ -47,7 +47,6 @@ The reading of the paper, decisions and measurements: docs/methods/ppfl.md.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -65,7 +64,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from pydantic import Field, model_validator
 
-from pflarena.core import keys
+from pflarena.core import drawing, keys
 from pflarena.core.canonical import copied_entries, initial_stacked_state
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import ModelShape, build_model
@@ -780,36 +779,17 @@ class PPFL(MultiExchangeStrategy):
 def membership_picture(path: Path, history: dict[int, np.ndarray], panels: int = 4) -> Path:
     """The clients × K membership matrix as heatmaps at up to ``panels`` rounds (Fig. 5a):
     the first round, evenly spaced ones, and the last."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rounds = sorted(history)
     picks = sorted(
         {rounds[round(i * (len(rounds) - 1) / max(panels - 1, 1))] for i in range(panels)}
     )
-    clients, count = history[rounds[-1]].shape
-    fig, axes = plt.subplots(
-        1,
-        len(picks),
-        figsize=(1.2 + 1.6 * len(picks) * max(1.0, count / 4), min(12.0, 2.0 + 0.12 * clients)),
-        squeeze=False,
+    return drawing.heatmap_panels(
+        path,
+        {f"round {r}": history[r] for r in picks},
+        title="PPFL memberships c_ik",
+        colorbar_label="membership c_ik",
+        xlabel="canonical model k",
+        ylabel="client id",
+        vmin=0.0,
+        vmax=1.0,
     )
-    image = None
-    for ax, r in zip(axes[0], picks, strict=True):
-        image = ax.imshow(
-            history[r], aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest"
-        )
-        ax.set_title(f"round {r}")
-        ax.set_xlabel("canonical model k")
-        ax.set_xticks(range(count))
-        step = max(1, math.ceil(clients / 25))
-        ax.set_yticks(range(0, clients, step))
-    axes[0][0].set_ylabel("client id")
-    fig.suptitle("PPFL memberships c_ik")
-    if image is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="membership c_ik")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
