@@ -177,9 +177,19 @@ class PflStrategy(Strategy):
     #: name → checkpoint key. An attribute holding an array is kept under the key; one
     #: holding a name → array dict, under ``key + name`` for each entry (a key that ends
     #: with ``/``). ``None`` or an empty dict keeps nothing, and a checkpoint without the key
-    #: leaves the attribute as the constructor set it. Values and counters that are not
-    #: arrays extend :meth:`checkpoint_state` and :meth:`restore_state` by hand.
+    #: leaves the attribute as the constructor set it.
     checkpointed: ClassVar[Mapping[str, str]] = {}
+    #: Plain values (an int, a float, a bool, a string, or None) that checkpoints keep in
+    #: their JSON part: attribute name → path there, ``/`` between the levels
+    #: (``{"epsilon": "fedfomo/epsilon"}`` is ``meta["fedfomo"]["epsilon"]``). JSON gives
+    #: back an int, a float, a bool, a string or None as written (a numpy scalar is written
+    #: as its Python value); where the constructor set an int or a float, the restored value
+    #: is converted to its type. A checkpoint without the path leaves the attribute as the
+    #: constructor set it. State that is neither (dicts keyed by int, which JSON keys by
+    #: string; RNG states; networks and their optimisers) extends :meth:`checkpoint_state`
+    #: and :meth:`restore_state` by hand, writing its own part of the JSON with ``|=`` so
+    #: that a declared value under the same top level stays.
+    checkpointed_values: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PflStrategy:
@@ -291,6 +301,13 @@ class PflStrategy(Strategy):
             "client_ids": {str(node): client for node, client in self.client_ids.items()},
             "accepted": {str(client): update for client, update in self.accepted.items()},
         }
+        for attribute, path in self.checkpointed_values.items():
+            *levels, last = path.split("/")
+            part = meta
+            for level in levels:
+                part = part.setdefault(level, {})
+            value = getattr(self, attribute)
+            part[last] = value.item() if isinstance(value, np.generic) else value
         return self._declared_state(), meta
 
     def _declared_state(self) -> dict[str, np.ndarray]:
@@ -330,6 +347,17 @@ class PflStrategy(Strategy):
                         )
                     value = value.astype(current.dtype)
                 setattr(self, attribute, value)
+        for attribute, path in self.checkpointed_values.items():
+            part: Any = meta
+            for level in path.split("/"):
+                if not isinstance(part, dict) or level not in part:
+                    break
+                part = part[level]
+            else:
+                current = getattr(self, attribute)
+                if part is not None and type(current) in (int, float):
+                    part = type(current)(part)
+                setattr(self, attribute, part)
 
     def pool(self, name: str) -> ClientPool:
         """A per-client store of arrays on the server (pFedSV's models, FedPG's gradients).

@@ -191,6 +191,7 @@ class CFL(MultiExchangeStrategy):
         self.norms: dict[int, dict[int, dict[str, float]]] = {}
 
     # ------------------------------------------------------------------ state
+    # dicts keyed by client id and round (JSON keys them by string), split records: by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, meta = super().checkpoint_state()
         meta["cfl"] = {

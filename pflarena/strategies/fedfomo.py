@@ -193,6 +193,7 @@ class FedFomo(PflStrategy):
         needs_validation=True,
     )
     checkpointed = {"affinity": "fedfomo/affinity"}
+    checkpointed_values = {"epsilon": "fedfomo/epsilon"}
 
     def __init__(self, params: FedFomoParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
@@ -208,16 +209,6 @@ class FedFomo(PflStrategy):
         #: this round: the pool's models read so far (shared by every message)
         self._records: dict[int, ArrayRecord | None] = {}
         self._available: list[int] = []
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()  # the affinity matrix: ``checkpointed``
-        meta["fedfomo"] = {"epsilon": self.epsilon}
-        return arrays, meta
-
-    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
-        super().restore_state(arrays, meta)
-        self.epsilon = float(meta["fedfomo"]["epsilon"])
 
     # ------------------------------------------------------------------ messages
     def configure_train(

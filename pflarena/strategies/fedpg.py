@@ -239,6 +239,7 @@ class FedPG(MultiExchangeStrategy):
         return self.training.lr * self.params.lr_decay ** (server_round - 1)
 
     # ------------------------------------------------------------------ checkpoints
+    # dicts keyed by client id and round (JSON keys them by string) and a set: by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, meta = super().checkpoint_state()
         meta["fedpg"] = {

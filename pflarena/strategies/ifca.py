@@ -109,6 +109,7 @@ class IFCA(MultiExchangeStrategy):
         self.assignments: dict[int, dict[int, int]] = {}
 
     # ------------------------------------------------------------------ state
+    # round -> client id -> cluster, keyed by int (JSON keys it by string): by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, meta = super().checkpoint_state()
         meta["ifca"] = {

@@ -329,6 +329,7 @@ class Page(PflStrategy):
         honours=frozenset({"local-epochs", "batch-size", "lr"}),
         needs_server_data=True,
     )
+    checkpointed = {"last_accuracy": "page/last-accuracy"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Page:
@@ -611,10 +612,10 @@ class Page(PflStrategy):
         return aggregate_loss_gradient(self._model, records, weights, self.server_x, self.server_y)
 
     # ------------------------------------------------------------------ checkpoints
+    # the DDPG agent is rebuilt from its arrays, the history's lists are stacked: by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
+        arrays, meta = super().checkpoint_state()  # the last accuracies: ``checkpointed``
         arrays |= {f"page/agent/{k}": v for k, v in self.agent.to_arrays().items()}
-        arrays["page/last-accuracy"] = self.last_accuracy.copy()
         for name, rows in self.history.items():
             arrays[f"page/history/{name}"] = (
                 np.stack(rows) if rows else np.zeros((0, 1), dtype=np.float64)
@@ -626,7 +627,6 @@ class Page(PflStrategy):
         prefix = "page/agent/"
         saved = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
         self.agent = DDPGAgent.from_arrays(saved, self.agent_config())
-        self.last_accuracy = np.array(arrays["page/last-accuracy"], dtype=np.float64)
         self.history = {
             name: list(np.array(arrays[f"page/history/{name}"], dtype=np.float64))
             for name in self.history

@@ -227,6 +227,7 @@ class PFedHN(PflStrategy):
         return ArrayRecord(out)
 
     # ------------------------------------------------------------------ checkpoints
+    # a torch network's state dict and its optimiser's momentum buffers: by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, meta = super().checkpoint_state()
         for name, value in self.net.state_dict().items():

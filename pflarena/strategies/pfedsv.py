@@ -212,6 +212,7 @@ class PFedSV(MultiExchangeStrategy):
         global_model=False,
         needs_validation=True,
     )
+    checkpointed = {"features": "features/"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PFedSV:
@@ -244,14 +245,13 @@ class PFedSV(MultiExchangeStrategy):
         self.features: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ checkpoints
+    # relevance and uploads are keyed by client id, which JSON keys by string: by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = super().checkpoint_state()
+        arrays, meta = super().checkpoint_state()  # the D+C features: ``checkpointed``
         meta["pfedsv"] = {
             "relevance": {str(c): r for c, r in self.relevance.items()},
             "uploads": {str(c): n for c, n in self.uploads.items()},
         }
-        if self.features is not None:
-            arrays |= {f"features/{n}": v for n, v in self.features.items()}
         return arrays, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -259,10 +259,6 @@ class PFedSV(MultiExchangeStrategy):
         own = meta.get("pfedsv", {})
         self.relevance = {int(c): list(r) for c, r in own.get("relevance", {}).items()}
         self.uploads = {int(c): int(n) for c, n in own.get("uploads", {}).items()}
-        features = {
-            k.removeprefix("features/"): v for k, v in arrays.items() if k.startswith("features/")
-        }
-        self.features = features or None
 
     # ------------------------------------------------------------------ messages
     def _config(self, server_round: int, phase: str, **values: Any) -> ConfigRecord:

@@ -227,6 +227,12 @@ class PPFL(MultiExchangeStrategy):
         params=PPFLParams,
         global_model=False,
     )
+    checkpointed = {
+        "memberships": "ppfl-memberships",
+        "num_examples": "ppfl-num-examples",
+        "histograms": "ppfl-histograms",
+    }
+    checkpointed_values = {"folded_round": "ppfl/folded_round"}
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PPFL:
@@ -284,41 +290,33 @@ class PPFL(MultiExchangeStrategy):
         self.history: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ state
+    # the block RNG's state, and blocks, objective and history keyed by round: by hand
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        # C, n_i and the histograms: ``checkpointed``; the folded round: ``checkpointed_values``
         arrays, meta = super().checkpoint_state()
         rounds = sorted(self.history)
-        arrays |= {
-            "ppfl-memberships": self.memberships,
-            "ppfl-num-examples": self.num_examples,
-            "ppfl-history": np.stack([self.history[r] for r in rounds])
+        arrays["ppfl-history"] = (
+            np.stack([self.history[r] for r in rounds])
             if rounds
-            else np.zeros((0, self.num_clients, self.params.num_canonical)),
-        }
-        if self.histograms is not None:
-            arrays["ppfl-histograms"] = self.histograms
-        meta["ppfl"] = {
+            else np.zeros((0, self.num_clients, self.params.num_canonical))
+        )
+        meta["ppfl"] |= {
             "block_rng": self.block_rng.bit_generator.state,
             "blocks": {str(r): b for r, b in self.blocks.items()},
             "objective": {str(r): v for r, v in self.objective.items()},
             "history_rounds": rounds,
-            "folded_round": self.folded_round,
         }
         return arrays, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         super().restore_state(arrays, meta)
         own = meta["ppfl"]
-        self.memberships = np.array(arrays["ppfl-memberships"], dtype=np.float64)
-        self.num_examples = np.array(arrays["ppfl-num-examples"], dtype=np.float64)
-        if "ppfl-histograms" in arrays:
-            self.histograms = np.array(arrays["ppfl-histograms"], dtype=np.float64)
-            self._affinity = None
+        self._affinity = None  # W, from the restored histograms when it is next needed
         self.block_rng.bit_generator.state = own["block_rng"]
         self.blocks = {int(r): b for r, b in own["blocks"].items()}
         self.objective = {int(r): float(v) for r, v in own["objective"].items()}
         history = arrays["ppfl-history"]
         self.history = {int(r): np.array(history[i]) for i, r in enumerate(own["history_rounds"])}
-        self.folded_round = own.get("folded_round")
 
     # ------------------------------------------------------------------ θ and W
     def population(self, arrays: ArrayRecord) -> ArrayRecord:
