@@ -151,6 +151,8 @@ DAPFL_EPOCHS = "dapfl-epochs"  # local epochs the client's agent chose
 DAPFL_LR = "dapfl-lr"  # learning rate the client's agent chose
 DAPFL_REWARD = "dapfl-reward"  # reward of the client's previous action (from s(t−1) to s(t))
 DAPFL_CLIPPED = "dapfl-clipped"  # 1 when the loss change of that reward was clipped
+DAPFL_SGD_TIME = "dapfl-sgd-time-s"  # the client's local SGD this round (seconds)
+DAPFL_CRITIC_LOSS = "dapfl-critic-loss"  # the critic's loss in the agent's update (if one ran)
 
 # SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names.
 SPLITGP_AUX = "aux-classifier"  # messages and replies: the auxiliary classifier κ (client side)
