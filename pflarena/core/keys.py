@@ -97,6 +97,10 @@ PFEDSV_PHASE_PERSONALIZE = "personalize"  # the second exchange: peers' models d
 FEDFOMO_PEER_PREFIX = "peer/"  # train message: one ArrayRecord per peer, peer/<client id>
 FEDFOMO_WEIGHTS = "fomo"  # train reply: the peers weighed, their weights, affinity increments
 
+# FedALA (strategies/fedala.py <-> client/solvers/fedala.py): train-reply metrics.
+FEDALA_EPOCHS = "ala-epochs"  # epochs of this round's ALA weight training (0: none)
+FEDALA_MEAN_WEIGHT = "mean-weight"  # the mean of the learned ALA weights W, in [0, 1]
+
 # FedPG (strategies/fedpg.py, strategies/fedmgda.py <-> client/solvers/fedpg.py).
 FEDPG_GRADIENT = "gradient"  # gradients reply: g_i (trainable parameters), ArrayRecord
 FEDPG_DIRECTION = "direction"  # line-search / personalize message: d^t, ArrayRecord
