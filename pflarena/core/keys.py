@@ -93,9 +93,15 @@ PFEDSV_TRAINED_TEST_ACCURACY = (
 )
 PFEDSV_PHASE_PERSONALIZE = "personalize"  # the second exchange: peers' models down, θ_i^{t*} made
 
-# FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names.
+# FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names, metrics.
 FEDFOMO_PEER_PREFIX = "peer/"  # train message: one ArrayRecord per peer, peer/<client id>
 FEDFOMO_WEIGHTS = "fomo"  # train reply: the peers weighed, their weights, affinity increments
+FEDFOMO_PEERS = "peers"  # FEDFOMO_WEIGHTS array: the client ids of the peers weighed
+FEDFOMO_PEER_WEIGHTS = "weights"  # FEDFOMO_WEIGHTS array: their FedFomo weights
+FEDFOMO_AFFINITY = "affinity"  # FEDFOMO_WEIGHTS array: their affinity increments
+FEDFOMO_PEERS_USED = "peers-used"  # train reply: the peers of weight > 0
+FEDFOMO_OWN_WEIGHT = "own-weight"  # train reply: the own trained model's weight (round-start)
+FEDFOMO_BASE_VAL_LOSS = "base-val-loss"  # train reply: the reference model's validation loss
 
 # FedALA (strategies/fedala.py <-> client/solvers/fedala.py): train-reply metrics.
 FEDALA_EPOCHS = "ala-epochs"  # epochs of this round's ALA weight training (0: none)
