@@ -164,9 +164,13 @@ DAPFL_CLIPPED = "dapfl-clipped"  # 1 when the loss change of that reward was cli
 DAPFL_SGD_TIME = "dapfl-sgd-time-s"  # the client's local SGD this round (seconds)
 DAPFL_CRITIC_LOSS = "dapfl-critic-loss"  # the critic's loss in the agent's update (if one ran)
 
-# SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names.
+# SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names, metrics.
 SPLITGP_AUX = "aux-classifier"  # messages and replies: the auxiliary classifier κ (client side)
 SPLITGP_SERVER_SIDE = "server-side"  # reply: the server-side part θ_k the client process trained
+SPLITGP_CLIENT_LOSS = "splitgp-client-loss"  # train reply: mean loss of the exit κ_k(φ_k(x))
+SPLITGP_SERVER_LOSS = "splitgp-server-loss"  # train reply: mean loss of the exit θ_k(φ_k(x))
+SPLITGP_SMASHED_UP = "splitgp-smashed-bytes-up"  # train reply: bytes of z and the labels sent
+SPLITGP_SMASHED_DOWN = "splitgp-smashed-bytes-down"  # train reply: bytes of the gradients at z
 #: SplitGP evaluation metrics: test samples the inference rule offloaded to the server, and
 #: test samples the client-side model (φ_k, κ_k) alone predicts right
 SPLITGP_OFFLOADED = "splitgp-offloaded"
