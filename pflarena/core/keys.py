@@ -128,12 +128,19 @@ PPFL_PHASE_GRADIENT = "membership-gradient"  # C-block (Algorithm 1): ∇_c f_i 
 PPFL_PHASE_SYNC = "membership"  # Algorithm 1's synchronisation: the server's new c_i
 PPFL_PHASE_STEPS = "membership-steps"  # the authors' code: c_i steps at θ^{t+1}
 PPFL_PHASE_ALTERNATE = "alternate"  # Algorithm 2: a c_i step, then local SGD on θ
+PPFL_CANONICAL_PREFIX = "canonical"  # ARRAYS: the stacked copies, canonical.<k>.<name>
 
 # IFCA (strategies/ifca.py <-> client/solvers/ifca.py).
 IFCA_CLUSTER = "ifca-cluster"  # train reply: the cluster identity the client estimated
+IFCA_CLUSTER_PREFIX = "cluster"  # ARRAYS: the K cluster models, cluster.<j>.<name>
+
+# CFL (strategies/cfl.py <-> client/solvers/cfl.py).
+CFL_CLUSTER_PREFIX = "cluster"  # ARRAYS: the clusters' models, cluster.<j>.<name>
 
 # FedEM (strategies/fedem.py <-> client/solvers/fedem.py).
 FEDEM_ENTROPY = "fedem-mixture-entropy"  # train reply: the entropy of the client's new π_i
+FEDEM_COMPONENT_PREFIX = "component"  # ARRAYS: the M components, component.<m>.<name>
+
 # PAGE (strategies/page.py <-> client/solvers/page.py): train-reply metrics.
 PAGE_LOSS = "page-loss"  # f_i(ŵ_i(t)): mean training loss of the trained model, eval mode
 PAGE_STATE = "page-state"  # s_i(t): accuracy of the received W(t) on the training split
