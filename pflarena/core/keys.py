@@ -75,6 +75,11 @@ PFEDME_INNER_STEPS = "inner-steps-taken"  # mean number of inner steps actually 
 # pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record and phase names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)
 PFEDSV_RELEVANCE = "relevance"  # personalize reply: the client's relevance vector
+PFEDSV_REQUEST_PEERS = "peers"  # PFEDSV_REQUEST: the peer pseudonyms, best first
+PFEDSV_REQUEST_K = "k"  # PFEDSV_REQUEST: how many of them the client wants
+PFEDSV_RELEVANCE_VECTOR = "relevance"  # PFEDSV_RELEVANCE array: φ^i, indexed by pseudonym
+PFEDSV_RELEVANCE_VALUES = "values"  # PFEDSV_RELEVANCE array: the players' Shapley values
+PFEDSV_RELEVANCE_PLAYERS = "players"  # PFEDSV_RELEVANCE array: those players' pseudonyms
 PFEDSV_FEATURES = "feature-extractor"  # D+C: the averaged feature extractor, sent down
 PFEDSV_PEER_PREFIX = "peer/"  # personalize message: one ArrayRecord per peer, peer/<pid>
 PFEDSV_COALITION_SIZE = "coalition-size"  # personalize reply: the peers valued with the client
