@@ -61,6 +61,10 @@ GLOBAL_CORRECT = "global-correct"
 GLOBAL_COUNT = "global-count"
 GLOBAL_LOSS_SUM = "global-loss-sum"
 
+# APFL (strategies/apfl.py <-> client/solvers/apfl.py): train-reply metrics.
+APFL_ALPHA = "alpha"  # α_i after this round's updates, in [0, 1]
+APFL_MIXED_LOSS = "mixed-loss"  # mean loss of the mixture v̄ = α v + (1 − α) w this round
+
 # pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py): record names.
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
 PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
