@@ -218,6 +218,9 @@ def test_the_clients_state_reward_and_actions(played):
             states.append(state)
             assert metrics[keys.DAPFL_EPOCHS] in range(1, MAX_EPOCHS + 1)
             assert 0.01 <= metrics[keys.DAPFL_LR] <= 0.5
+            assert metrics[keys.DAPFL_SGD_TIME] >= 0
+            # the agent updates from its second action on (a critic loss with each update)
+            assert (keys.DAPFL_CRITIC_LOSS in metrics) == (t > 1)
             if t > 1:
                 previous = states[-2]
                 change = float(np.clip(previous[0] - state[0], -1.0, 1.0))

@@ -153,7 +153,8 @@ def test_a_run_routes_peers_updates_affinity_and_personalizes(tmp_path):
     for reply in train_replies:
         client = int(reply.content[keys.METRICS][keys.CLIENT_ID])
         record = reply.content[FOMO]
-        expected[client, record["peers"].numpy()] += record["affinity"].numpy()
+        weighed = record[keys.FEDFOMO_PEERS].numpy()
+        expected[client, weighed] += record[keys.FEDFOMO_AFFINITY].numpy()
     np.testing.assert_allclose(strategy.affinity, expected)
     assert np.abs(strategy.affinity).sum() > 0 and np.all(np.diag(strategy.affinity) == 0)
     # the pool holds each client's latest upload
@@ -241,14 +242,15 @@ def test_replies_that_do_not_match_what_was_sent_are_rejected(tmp_path):
         if (
             FOMO in reply.content.array_records
             and int(reply.content[keys.METRICS][keys.CLIENT_ID]) == 0
-            and len(reply.content[FOMO]["peers"].numpy())
+            and len(reply.content[FOMO][keys.FEDFOMO_PEERS].numpy())
         ):
             record = reply.content[FOMO]
+            peers = record[keys.FEDFOMO_PEERS].numpy()
             reply.content[FOMO] = ArrayRecord(
                 {
-                    "peers": Array(record["peers"].numpy()[::-1].copy()),
-                    "weights": record["weights"],
-                    "affinity": Array(np.full(len(record["peers"].numpy()), np.nan)),
+                    keys.FEDFOMO_PEERS: Array(peers[::-1].copy()),
+                    keys.FEDFOMO_PEER_WEIGHTS: record[keys.FEDFOMO_PEER_WEIGHTS],
+                    keys.FEDFOMO_AFFINITY: Array(np.full(len(peers), np.nan)),
                 }
             )
         return reply

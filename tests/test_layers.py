@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pflarena"
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "strategies": {"core"},
-    "client": {"core", "strategies"},
+    "client": {"core"},  # an edge image holds the ClientApp alone: no strategy code
     "server": {"core", "strategies"},
     "runtime": {"core", "strategies", "server"},
     "deploy": {"core", "runtime"},

@@ -109,10 +109,15 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
         assert list(content[keys.SPLITGP_AUX].keys()) == ["weight", "bias"]
         metrics = content[keys.METRICS]
         n = metrics[keys.NUM_EXAMPLES]
-        assert metrics["splitgp-smashed-bytes-up"] == 2 * n * (200 * 4 + 8)
-        assert metrics["splitgp-smashed-bytes-down"] == 2 * n * 200 * 4
-    # the server's averages after round 2, from round 2's replies
+        assert metrics[keys.SPLITGP_SMASHED_UP] == 2 * n * (200 * 4 + 8)
+        assert metrics[keys.SPLITGP_SMASHED_DOWN] == 2 * n * 200 * 4
+        assert metrics[keys.SPLITGP_CLIENT_LOSS] > 0 and metrics[keys.SPLITGP_SERVER_LOSS] > 0
     last = train_replies[3:]
+    # the server's round totals of that traffic, under the names the results files keep
+    server = outcome.rounds[-1]["train"]["server"]
+    for name in ("splitgp-smashed-bytes-up", "splitgp-smashed-bytes-down"):
+        assert server[name] == sum(r.content[keys.METRICS][name] for r in last)
+    # the server's averages after round 2, from round 2's replies
     weights = np.array([r.content[keys.METRICS][keys.NUM_EXAMPLES] for r in last], float)
     weights /= weights.sum()
 

@@ -61,6 +61,10 @@ GLOBAL_CORRECT = "global-correct"
 GLOBAL_COUNT = "global-count"
 GLOBAL_LOSS_SUM = "global-loss-sum"
 
+# APFL (strategies/apfl.py <-> client/solvers/apfl.py): train-reply metrics.
+APFL_ALPHA = "alpha"  # α_i after this round's updates, in [0, 1]
+APFL_MIXED_LOSS = "mixed-loss"  # mean loss of the mixture v̄ = α v + (1 − α) w this round
+
 # pFedGT (strategies/pfedgt.py <-> client/solvers/pfedgt.py): record names.
 PFEDGT_MESSAGE = "message"  # c^t down; c_i^0 up in the init phase
 PFEDGT_DELTA_W = "delta-w"  # w_i^{t+1} − w_i^t (trainable parameters)
@@ -75,6 +79,11 @@ PFEDME_INNER_STEPS = "inner-steps-taken"  # mean number of inner steps actually 
 # pFedSV (strategies/pfedsv.py <-> client/solvers/pfedsv.py): record and phase names.
 PFEDSV_REQUEST = "request"  # train reply: the ranked peer pseudonyms and k (ConfigRecord)
 PFEDSV_RELEVANCE = "relevance"  # personalize reply: the client's relevance vector
+PFEDSV_REQUEST_PEERS = "peers"  # PFEDSV_REQUEST: the peer pseudonyms, best first
+PFEDSV_REQUEST_K = "k"  # PFEDSV_REQUEST: how many of them the client wants
+PFEDSV_RELEVANCE_VECTOR = "relevance"  # PFEDSV_RELEVANCE array: φ^i, indexed by pseudonym
+PFEDSV_RELEVANCE_VALUES = "values"  # PFEDSV_RELEVANCE array: the players' Shapley values
+PFEDSV_RELEVANCE_PLAYERS = "players"  # PFEDSV_RELEVANCE array: those players' pseudonyms
 PFEDSV_FEATURES = "feature-extractor"  # D+C: the averaged feature extractor, sent down
 PFEDSV_PEER_PREFIX = "peer/"  # personalize message: one ArrayRecord per peer, peer/<pid>
 PFEDSV_COALITION_SIZE = "coalition-size"  # personalize reply: the peers valued with the client
@@ -93,9 +102,19 @@ PFEDSV_TRAINED_TEST_ACCURACY = (
 )
 PFEDSV_PHASE_PERSONALIZE = "personalize"  # the second exchange: peers' models down, θ_i^{t*} made
 
-# FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names.
+# FedFomo (strategies/fedfomo.py <-> client/solvers/fedfomo.py): record names, metrics.
 FEDFOMO_PEER_PREFIX = "peer/"  # train message: one ArrayRecord per peer, peer/<client id>
 FEDFOMO_WEIGHTS = "fomo"  # train reply: the peers weighed, their weights, affinity increments
+FEDFOMO_PEERS = "peers"  # FEDFOMO_WEIGHTS array: the client ids of the peers weighed
+FEDFOMO_PEER_WEIGHTS = "weights"  # FEDFOMO_WEIGHTS array: their FedFomo weights
+FEDFOMO_AFFINITY = "affinity"  # FEDFOMO_WEIGHTS array: their affinity increments
+FEDFOMO_PEERS_USED = "peers-used"  # train reply: the peers of weight > 0
+FEDFOMO_OWN_WEIGHT = "own-weight"  # train reply: the own trained model's weight (round-start)
+FEDFOMO_BASE_VAL_LOSS = "base-val-loss"  # train reply: the reference model's validation loss
+
+# FedALA (strategies/fedala.py <-> client/solvers/fedala.py): train-reply metrics.
+FEDALA_EPOCHS = "ala-epochs"  # epochs of this round's ALA weight training (0: none)
+FEDALA_MEAN_WEIGHT = "mean-weight"  # the mean of the learned ALA weights W, in [0, 1]
 
 # FedPG (strategies/fedpg.py, strategies/fedmgda.py <-> client/solvers/fedpg.py).
 FEDPG_GRADIENT = "gradient"  # gradients reply: g_i (trainable parameters), ArrayRecord
@@ -118,12 +137,19 @@ PPFL_PHASE_GRADIENT = "membership-gradient"  # C-block (Algorithm 1): ∇_c f_i 
 PPFL_PHASE_SYNC = "membership"  # Algorithm 1's synchronisation: the server's new c_i
 PPFL_PHASE_STEPS = "membership-steps"  # the authors' code: c_i steps at θ^{t+1}
 PPFL_PHASE_ALTERNATE = "alternate"  # Algorithm 2: a c_i step, then local SGD on θ
+PPFL_CANONICAL_PREFIX = "canonical"  # ARRAYS: the stacked copies, canonical.<k>.<name>
 
 # IFCA (strategies/ifca.py <-> client/solvers/ifca.py).
 IFCA_CLUSTER = "ifca-cluster"  # train reply: the cluster identity the client estimated
+IFCA_CLUSTER_PREFIX = "cluster"  # ARRAYS: the K cluster models, cluster.<j>.<name>
+
+# CFL (strategies/cfl.py <-> client/solvers/cfl.py).
+CFL_CLUSTER_PREFIX = "cluster"  # ARRAYS: the clusters' models, cluster.<j>.<name>
 
 # FedEM (strategies/fedem.py <-> client/solvers/fedem.py).
 FEDEM_ENTROPY = "fedem-mixture-entropy"  # train reply: the entropy of the client's new π_i
+FEDEM_COMPONENT_PREFIX = "component"  # ARRAYS: the M components, component.<m>.<name>
+
 # PAGE (strategies/page.py <-> client/solvers/page.py): train-reply metrics.
 PAGE_LOSS = "page-loss"  # f_i(ŵ_i(t)): mean training loss of the trained model, eval mode
 PAGE_STATE = "page-state"  # s_i(t): accuracy of the received W(t) on the training split
@@ -151,10 +177,16 @@ DAPFL_EPOCHS = "dapfl-epochs"  # local epochs the client's agent chose
 DAPFL_LR = "dapfl-lr"  # learning rate the client's agent chose
 DAPFL_REWARD = "dapfl-reward"  # reward of the client's previous action (from s(t−1) to s(t))
 DAPFL_CLIPPED = "dapfl-clipped"  # 1 when the loss change of that reward was clipped
+DAPFL_SGD_TIME = "dapfl-sgd-time-s"  # the client's local SGD this round (seconds)
+DAPFL_CRITIC_LOSS = "dapfl-critic-loss"  # the critic's loss in the agent's update (if one ran)
 
-# SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names.
+# SplitGP (strategies/splitgp.py <-> client/solvers/splitgp.py): record names, metrics.
 SPLITGP_AUX = "aux-classifier"  # messages and replies: the auxiliary classifier κ (client side)
 SPLITGP_SERVER_SIDE = "server-side"  # reply: the server-side part θ_k the client process trained
+SPLITGP_CLIENT_LOSS = "splitgp-client-loss"  # train reply: mean loss of the exit κ_k(φ_k(x))
+SPLITGP_SERVER_LOSS = "splitgp-server-loss"  # train reply: mean loss of the exit θ_k(φ_k(x))
+SPLITGP_SMASHED_UP = "splitgp-smashed-bytes-up"  # train reply: bytes of z and the labels sent
+SPLITGP_SMASHED_DOWN = "splitgp-smashed-bytes-down"  # train reply: bytes of the gradients at z
 #: SplitGP evaluation metrics: test samples the inference rule offloaded to the server, and
 #: test samples the client-side model (φ_k, κ_k) alone predicts right
 SPLITGP_OFFLOADED = "splitgp-offloaded"

@@ -112,7 +112,7 @@ class APFL(FedAvg):
         average = as_record(weighted_mean(uploads, weights))
         out = self.train_metrics(valid)
         assert out is not None
-        alphas = [float(m.get("alpha", float("nan"))) for m in metrics]
+        alphas = [float(m.get(keys.APFL_ALPHA, float("nan"))) for m in metrics]
         out["mean-alpha"] = float(np.mean(alphas))
         out["min-alpha"] = float(np.min(alphas))
         out["max-alpha"] = float(np.max(alphas))
@@ -122,9 +122,9 @@ class APFL(FedAvg):
         problem = super().check_train_reply(content)
         if problem is not None:
             return problem
-        alpha = content.metric_records[keys.METRICS].get("alpha")
+        alpha = content.metric_records[keys.METRICS].get(keys.APFL_ALPHA)
         if not isinstance(alpha, int | float) or not 0.0 <= alpha <= 1.0:
-            return f"metric 'alpha' must be in [0, 1], got {alpha!r}"
+            return f"metric {keys.APFL_ALPHA!r} must be in [0, 1], got {alpha!r}"
         return None
 
     def run_summary(self) -> dict[str, Any]:

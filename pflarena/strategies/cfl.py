@@ -64,7 +64,7 @@ __all__ = [
     "split_criterion",
 ]
 
-CLUSTER_PREFIX = "cluster"  # client/solvers/cfl.py: PREFIX
+CLUSTER_PREFIX = keys.CFL_CLUSTER_PREFIX
 
 
 class CFLParams(MethodParams):

@@ -91,7 +91,7 @@ class FedALA(FedAvg):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if metrics is not None:
             valid = [m for m in self._last_valid_metrics]
-            for name in ("ala-epochs", "mean-weight"):
+            for name in (keys.FEDALA_EPOCHS, keys.FEDALA_MEAN_WEIGHT):
                 values = [float(m[name]) for m in valid if name in m]
                 if values:
                     metrics[f"mean-{name}"] = sum(values) / len(values)

@@ -50,7 +50,7 @@ from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup,
 
 __all__ = ["FedEM", "FedEMParams"]
 
-COMPONENT_PREFIX = "component"  # client/solvers/fedem.py: PREFIX
+COMPONENT_PREFIX = keys.FEDEM_COMPONENT_PREFIX
 
 
 class FedEMParams(MethodParams):

@@ -282,11 +282,17 @@ class FedFomo(PflStrategy):
         expected = self.offered.get(client, [])
         shape = (len(expected),)
         problem = vector_problem(
-            content, FOMO, {"peers": shape, "weights": shape, "affinity": shape}
+            content,
+            FOMO,
+            {
+                keys.FEDFOMO_PEERS: shape,
+                keys.FEDFOMO_PEER_WEIGHTS: shape,
+                keys.FEDFOMO_AFFINITY: shape,
+            },
         )
         if problem is not None:
             return problem
-        peers = content[FOMO]["peers"].numpy()
+        peers = content[FOMO][keys.FEDFOMO_PEERS].numpy()
         if [int(p) for p in peers] != expected or (peers != peers.astype(np.int64)).any():
             return f"weighs peers {peers.tolist()}, was sent {expected}"
         return None
@@ -302,8 +308,8 @@ class FedFomo(PflStrategy):
             client = int(msg.content[keys.METRICS][keys.CLIENT_ID])
             pool.put(client, server_round, {MODELS: msg.content[keys.ARRAYS]})
             record = msg.content[FOMO]
-            peers = record["peers"].numpy().astype(np.int64)
-            self.affinity[client, peers] += record["affinity"].numpy()
+            peers = record[keys.FEDFOMO_PEERS].numpy().astype(np.int64)
+            self.affinity[client, peers] += record[keys.FEDFOMO_AFFINITY].numpy()
         return None, self._round_metrics(valid)
 
     def _round_metrics(self, valid: list[Message]) -> MetricRecord:
@@ -314,7 +320,7 @@ class FedFomo(PflStrategy):
         metrics["mean-peers-sent"] = float(
             np.mean([len(p) for p in self._node_peers.values()]) if self._node_peers else 0.0
         )
-        for name in ("peers-used", "own-weight"):
+        for name in (keys.FEDFOMO_PEERS_USED, keys.FEDFOMO_OWN_WEIGHT):
             metrics[f"mean-{name}"] = float(np.mean([float(r.get(name, 0.0)) for r in replies]))
         return metrics
 

@@ -52,7 +52,7 @@ from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup,
 
 __all__ = ["IFCA", "IFCAParams"]
 
-CLUSTER_PREFIX = "cluster"  # client/solvers/ifca.py: PREFIX
+CLUSTER_PREFIX = keys.IFCA_CLUSTER_PREFIX
 
 
 class IFCAParams(MethodParams):

@@ -345,7 +345,7 @@ class PFedSV(MultiExchangeStrategy):
         answers = self.valid_replies(second, self._check_answer)
         for msg in answers:
             if RELEVANCE in msg.content.array_records:
-                by_pid = msg.content[RELEVANCE]["relevance"].numpy()
+                by_pid = msg.content[RELEVANCE][keys.PFEDSV_RELEVANCE_VECTOR].numpy()
                 self.relevance[self.client_ids[second.node_of(msg)]] = [
                     float(by_pid[self.pids[c]]) for c in range(self.num_clients)
                 ]
@@ -356,9 +356,11 @@ class PFedSV(MultiExchangeStrategy):
         if problem is not None:
             return problem
         request = content.config_records.get(REQUEST)
-        if request is None or "peers" not in request or "k" not in request:
+        if request is None or any(
+            name not in request for name in (keys.PFEDSV_REQUEST_PEERS, keys.PFEDSV_REQUEST_K)
+        ):
             return "no peer request"
-        peers, k = request["peers"], request["k"]
+        peers, k = request[keys.PFEDSV_REQUEST_PEERS], request[keys.PFEDSV_REQUEST_K]
         if not isinstance(k, int) or k < 0 or not isinstance(peers, list):
             return f"malformed peer request (k={k!r})"
         if any(not isinstance(p, int) or not 0 <= p < self.num_clients for p in peers):
@@ -371,7 +373,11 @@ class PFedSV(MultiExchangeStrategy):
         return vector_problem(
             content,
             RELEVANCE,
-            {"relevance": (self.num_clients,), "values": (None,), "players": (None,)},
+            {
+                keys.PFEDSV_RELEVANCE_VECTOR: (self.num_clients,),
+                keys.PFEDSV_RELEVANCE_VALUES: (None,),
+                keys.PFEDSV_RELEVANCE_PLAYERS: (None,),
+            },
         )
 
     def _personalize_message(
@@ -380,9 +386,9 @@ class PFedSV(MultiExchangeStrategy):
         """The k first peers of the node's request that the pool holds, never its own."""
         client = self.client_ids[node]
         request = upload.content[REQUEST]
-        wanted = [self.client_of[p] for p in request["peers"]]
+        wanted = [self.client_of[p] for p in request[keys.PFEDSV_REQUEST_PEERS]]
         peers = [c for c in dict.fromkeys(wanted) if c != client and c in available]
-        peers = peers[: int(request["k"])]
+        peers = peers[: int(request[keys.PFEDSV_REQUEST_K])]
         pool = self.pool(MODELS)
         content = RecordDict(
             {

@@ -89,7 +89,7 @@ from pflarena.strategies.base import (
 
 __all__ = ["PPFL", "PPFLParams"]
 
-CANONICAL_PREFIX = "canonical"  # client/solvers/ppfl.py: PREFIX
+CANONICAL_PREFIX = keys.PPFL_CANONICAL_PREFIX
 
 
 class PPFLParams(MethodParams):

@@ -254,7 +254,7 @@ class SplitGP(FedAvg):
         self._aux_record = None
         metrics = self.train_metrics(valid)
         assert metrics is not None
-        for name in ("splitgp-smashed-bytes-up", "splitgp-smashed-bytes-down"):
+        for name in (keys.SPLITGP_SMASHED_UP, keys.SPLITGP_SMASHED_DOWN):
             metrics[name] = int(sum(int(m.content[keys.METRICS].get(name, 0)) for m in valid))
         metrics["splitgp-client-upload-bytes"] = int(
             sum(

@@ -144,7 +144,10 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     job.save_state_model(LOCAL_KEY, local)
     job.state[ALPHA_KEY] = ArrayRecord({"alpha": Array(np.array([alpha], dtype=np.float64))})
     metrics = train_metrics(job, sum(losses) / max(len(losses), 1), len(losses))
-    metrics |= {"alpha": alpha, "mixed-loss": sum(mixed_losses) / max(len(mixed_losses), 1)}
+    metrics |= {
+        keys.APFL_ALPHA: alpha,
+        keys.APFL_MIXED_LOSS: sum(mixed_losses) / max(len(mixed_losses), 1),
+    }
     return {keys.ARRAYS: ArrayRecord(global_.state_dict())}, metrics
 
 

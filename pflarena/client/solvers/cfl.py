@@ -23,7 +23,7 @@ from pflarena.core.training import train_epochs
 
 __all__ = ["evaluate", "personalized_model", "train", "weight_update"]
 
-PREFIX = "cluster"  # strategies/cfl.py: CLUSTER_PREFIX
+PREFIX = keys.CFL_CLUSTER_PREFIX  # the strategy's array names (core/keys.py)
 
 
 def weight_update(before: dict, after: dict) -> ArrayRecord:

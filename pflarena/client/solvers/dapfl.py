@@ -199,13 +199,13 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.DAPFL_STATE_F1: float(state[2]),
         keys.DAPFL_EPOCHS: int(kwargs["epochs"]),
         keys.DAPFL_LR: float(kwargs["lr"]),
-        "dapfl-sgd-time-s": sgd_time,
+        keys.DAPFL_SGD_TIME: sgd_time,
     }
     if reward is not None:
         metrics[keys.DAPFL_REWARD] = reward
         metrics[keys.DAPFL_CLIPPED] = int(clipped)
     if stats is not None:
-        metrics["dapfl-critic-loss"] = stats.critic_loss
+        metrics[keys.DAPFL_CRITIC_LOSS] = stats.critic_loss
     return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
 
 

@@ -177,8 +177,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     )
     job.save_state_model(MODEL_KEY, model)
     metrics = train_metrics(job, loss, steps) | {
-        "ala-epochs": ala_epochs,
-        "mean-weight": mean_weight,
+        keys.FEDALA_EPOCHS: ala_epochs,
+        keys.FEDALA_MEAN_WEIGHT: mean_weight,
     }
     return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
 

@@ -25,7 +25,7 @@ from pflarena.core.training import batches
 
 __all__ = ["e_step", "evaluate", "train", "weighted_sgd"]
 
-PREFIX = "component"  # strategies/fedem.py: COMPONENT_PREFIX
+PREFIX = keys.FEDEM_COMPONENT_PREFIX  # the strategy's array names (core/keys.py)
 
 
 def _components(job: ClientJob) -> CanonicalModel:

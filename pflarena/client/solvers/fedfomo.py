@@ -201,16 +201,16 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     first_peer = 1 if own_candidate is not None else 0
     fomo = ArrayRecord(
         {
-            "peers": Array(np.array(peers, dtype=np.int64)),
-            "weights": Array(np.ascontiguousarray(weights[first_peer:])),
-            "affinity": Array(np.ascontiguousarray(increments[first_peer:])),
+            keys.FEDFOMO_PEERS: Array(np.array(peers, dtype=np.int64)),
+            keys.FEDFOMO_PEER_WEIGHTS: Array(np.ascontiguousarray(weights[first_peer:])),
+            keys.FEDFOMO_AFFINITY: Array(np.ascontiguousarray(increments[first_peer:])),
         }
     )
     metrics = train_metrics(job, loss, steps)
     metrics |= {
-        "peers-used": int((weights[first_peer:] > 0).sum()),
-        "own-weight": float(weights[0]) if own_candidate is not None else 0.0,
-        "base-val-loss": float(base_loss),
+        keys.FEDFOMO_PEERS_USED: int((weights[first_peer:] > 0).sum()),
+        keys.FEDFOMO_OWN_WEIGHT: float(weights[0]) if own_candidate is not None else 0.0,
+        keys.FEDFOMO_BASE_VAL_LOSS: float(base_loss),
     }
     return {keys.ARRAYS: ArrayRecord(model.state_dict()), FOMO: fomo}, metrics
 

@@ -25,7 +25,7 @@ from pflarena.core.training import train_epochs
 
 __all__ = ["cluster_models", "estimate_cluster", "evaluate", "personalized_model", "train"]
 
-PREFIX = "cluster"  # strategies/ifca.py: CLUSTER_PREFIX
+PREFIX = keys.IFCA_CLUSTER_PREFIX  # the strategy's array names (core/keys.py)
 
 
 def cluster_models(job: ClientJob) -> list[nn.Module]:

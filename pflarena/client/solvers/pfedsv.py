@@ -416,7 +416,7 @@ def _train(job: ClientJob) -> tuple[dict, dict]:
         request, k = sorted(candidates), len(candidates)
     records = {
         keys.ARRAYS: ArrayRecord({k_: Array(v.cpu().numpy()) for k_, v in upload.items()}),
-        REQUEST: ConfigRecord({"peers": request, "k": k}),
+        REQUEST: ConfigRecord({keys.PFEDSV_REQUEST_PEERS: request, keys.PFEDSV_REQUEST_K: k}),
     }
     return records, metrics
 
@@ -536,9 +536,9 @@ def _personalize(job: ClientJob) -> tuple[dict, dict]:
     if bool(job.param("report-relevance")):
         records[RELEVANCE] = ArrayRecord(
             {
-                "relevance": Array(relevance),
-                "values": Array(np.array([values[p] for p in players])),
-                "players": Array(np.array(players, dtype=np.int64)),
+                keys.PFEDSV_RELEVANCE_VECTOR: Array(relevance),
+                keys.PFEDSV_RELEVANCE_VALUES: Array(np.array([values[p] for p in players])),
+                keys.PFEDSV_RELEVANCE_PLAYERS: Array(np.array(players, dtype=np.int64)),
             }
         )
     return records, metrics

@@ -61,7 +61,7 @@ __all__ = [
     "train_theta",
 ]
 
-PREFIX = "canonical"  # the stacked state's copy prefix (strategies/ppfl.py: CANONICAL_PREFIX)
+PREFIX = keys.PPFL_CANONICAL_PREFIX  # the stacked state's copy prefix (core/keys.py)
 
 
 def _key(job: ClientJob, name: str) -> str:

@@ -192,10 +192,10 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     job.state[AUX_KEY] = aux_side
     metrics = train_metrics(job, total / steps if steps else float("nan"), steps)
     metrics |= {
-        "splitgp-client-loss": client_total / steps if steps else float("nan"),
-        "splitgp-server-loss": server_total / steps if steps else float("nan"),
-        "splitgp-smashed-bytes-up": smashed_up,
-        "splitgp-smashed-bytes-down": smashed_down,
+        keys.SPLITGP_CLIENT_LOSS: client_total / steps if steps else float("nan"),
+        keys.SPLITGP_SERVER_LOSS: server_total / steps if steps else float("nan"),
+        keys.SPLITGP_SMASHED_UP: smashed_up,
+        keys.SPLITGP_SMASHED_DOWN: smashed_down,
     }
     records = {
         keys.ARRAYS: client_side,
