@@ -116,6 +116,9 @@ FEDFOMO_BASE_VAL_LOSS = "base-val-loss"  # train reply: the reference model's va
 FEDALA_EPOCHS = "ala-epochs"  # epochs of this round's ALA weight training (0: none)
 FEDALA_MEAN_WEIGHT = "mean-weight"  # the mean of the learned ALA weights W, in [0, 1]
 
+# FedRoD (client/solvers/fedrod.py): train-reply metrics.
+FEDROD_PERSONAL_LOSS = "fedrod-personal-loss"  # the personal head's mean training loss
+
 # FedPG (strategies/fedpg.py, strategies/fedmgda.py <-> client/solvers/fedpg.py).
 FEDPG_GRADIENT = "gradient"  # gradients reply: g_i (trainable parameters), ArrayRecord
 FEDPG_DIRECTION = "direction"  # line-search / personalize message: d^t, ArrayRecord
@@ -162,6 +165,7 @@ PAGE_SGD_TIME = "page-sgd-time-s"  # the client's local SGD this round (seconds)
 PAGE_AGENT_CPU = "page-agent-cpu-s"  # the same in the thread's CPU time
 PAGE_SGD_CPU = "page-sgd-cpu-s"  # the same in the thread's CPU time
 PAGE_AGENT_MEMORY = "page-agent-from-memory"  # 1 when the client's agent was kept in memory
+PAGE_CRITIC_LOSS = "page-critic-loss"  # the client agent's critic loss in this round's update
 
 # SCAFFOLD (strategies/scaffold.py <-> client/solvers/scaffold.py): record names.
 SCAFFOLD_CONTROL = "control"  # train message: the server control variate c (trainable)

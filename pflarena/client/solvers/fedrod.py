@@ -144,7 +144,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
             steps += 1
     job.state[PERSONAL_KEY] = ArrayRecord({name: personal[name].detach() for name in head})
     metrics = train_metrics(job, generic_total / steps if steps else float("nan"), steps)
-    metrics["fedrod-personal-loss"] = personal_total / steps if steps else float("nan")
+    metrics[keys.FEDROD_PERSONAL_LOSS] = personal_total / steps if steps else float("nan")
     return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
 
 

@@ -144,7 +144,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.PAGE_AGENT_MEMORY: int(source == "memory"),
     }
     if stats is not None:
-        metrics["page-critic-loss"] = stats.critic_loss
+        metrics[keys.PAGE_CRITIC_LOSS] = stats.critic_loss
     return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
 
 
