@@ -292,3 +292,15 @@ def test_compare_names_and_skips_a_malformed_run(tmp_path, capsys):
     assert "no-strategy" not in out
     assert (tmp_path / "c.png").exists()
     assert main(["compare", runs[1]]) == 1
+
+
+def test_several_in_process_workers_on_the_gpu_are_refused_naming_the_way_that_works(
+    tmp_path, capsys
+):
+    """Catches a run whose forked workers would all fail at their first CUDA call."""
+    out = tmp_path / "x"
+    code = main(["run", "--device", "cuda", "--workers", "2", "--output-dir", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--workers 2" in err and "--engine ray --gpus-per-client" in err
+    assert not (out / "summary.json").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -114,6 +115,7 @@ def test_the_workers_are_forked_once_the_clients_are_worth_it() -> None:
     import os
 
     grid = InProcessGrid(app, {}, 4, workers=2)
+    grid.fork_first = False  # as on a machine with no GPU
     try:
         whoami = [grid.create_message(RecordDict(), "query.whoami", n, "1") for n in grid.node_ids]
         replies = list(grid.send_and_receive(whoami))
@@ -126,3 +128,38 @@ def test_the_workers_are_forked_once_the_clients_are_worth_it() -> None:
         assert grid._pool is not None
     finally:
         grid.close()
+
+
+def test_where_a_gpu_is_visible_no_call_runs_before_the_fork(monkeypatch) -> None:
+    """Catches a client called in the process that then forks the workers on a GPU machine:
+    its CUDA context (or autograd's device threads) would make every worker fail."""
+    import os
+
+    from pflarena.runtime import inprocess
+
+    monkeypatch.setattr(inprocess, "has_gpu", lambda: True)
+    grid = InProcessGrid(app, {}, 4, workers=2)
+    try:
+        assert grid.fork_first
+        whoami = [grid.create_message(RecordDict(), "query.whoami", n, "1") for n in grid.node_ids]
+        pids = [r.content["a"]["pid"] for r in grid.send_and_receive(whoami)]
+        assert len(pids) == 4 and os.getpid() not in pids
+    finally:
+        grid.close()
+    monkeypatch.setattr(inprocess, "has_gpu", lambda: False)
+    assert not InProcessGrid(app, {}, 2, workers=2).fork_first
+
+
+def test_the_plan_refuses_forked_workers_for_clients_on_a_gpu(monkeypatch) -> None:
+    from pflarena.runtime import engines
+
+    with pytest.raises(ValueError, match="--engine ray --gpus-per-client"):
+        engines.plan_engine("inprocess", workers=4, device="cuda")
+    monkeypatch.setattr(engines, "has_gpu", lambda: True)
+    with pytest.raises(ValueError, match="--workers 4"):
+        engines.plan_engine("inprocess", workers=4, device="auto")
+    assert engines.plan_engine("inprocess", workers=4, device="cpu").workers == 4
+    assert engines.plan_engine("inprocess", device="auto").workers == 1  # one after another
+    assert engines.plan_engine("inprocess", workers=1, device="cuda").workers == 1
+    monkeypatch.setattr(engines, "has_gpu", lambda: False)
+    assert engines.plan_engine("inprocess", workers=4, device="auto").workers == 4

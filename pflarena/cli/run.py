@@ -205,15 +205,18 @@ def command(args: argparse.Namespace) -> int:
     cfg = with_tracking(cfg)
     from pflarena.runtime.engines import plan_engine
 
-    plan = plan_engine(
-        args.engine,
-        workers=args.workers,
-        cpus_per_client=args.cpus_per_client,
-        gpus_per_client=args.gpus_per_client,
-        ray_address=args.ray_address,
-        device=cfg.device,
-        num_clients=cfg.num_clients,
-    )
+    try:
+        plan = plan_engine(
+            args.engine,
+            workers=args.workers,
+            cpus_per_client=args.cpus_per_client,
+            gpus_per_client=args.gpus_per_client,
+            ray_address=args.ray_address,
+            device=cfg.device,
+            num_clients=cfg.num_clients,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
     if not args.quiet:
         # the engine was said on the first line (early_plan); again only where the run's

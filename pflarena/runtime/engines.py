@@ -32,7 +32,7 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _has_gpu() -> bool:
+def has_gpu() -> bool:
     """Whether an NVIDIA GPU is visible, without initialising CUDA (a forked worker could
     not use a context its parent created)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
@@ -88,9 +88,21 @@ def plan_engine(
         engine = DEFAULT_ENGINE
     if engine == "ray":
         return EnginePlan("ray")
+    on_gpu = device == "cuda" or (device == "auto" and has_gpu())
+    if workers is not None and workers > 1 and on_gpu:
+        # A forked worker cannot use CUDA once the process it was forked from has touched
+        # it, and torch touches it from more places than pflarena controls (an H200 run
+        # with --workers 4 failed every client with "Cannot re-initialize CUDA in forked
+        # subprocess" even with no client called before the fork).
+        raise ValueError(
+            f"--workers {workers} with clients on the GPU (device {device!r}): in-process "
+            "clients on a GPU run one after another in the run's process; for several at "
+            "once use --engine ray --gpus-per-client FRACTION (Ray starts its workers "
+            "afresh), or --device cpu"
+        )
     if workers is not None:
         return EnginePlan("inprocess", workers, "--workers")
-    if device == "cuda" or (device == "auto" and _has_gpu()):
+    if on_gpu:
         return EnginePlan(
             "inprocess", 1, "clients compute on the GPU; --engine ray --gpus-per-client shares it"
         )

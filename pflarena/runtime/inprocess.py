@@ -57,6 +57,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from pflarena.runtime.engines import has_gpu
+
 __all__ = ["InProcessGrid", "run_inprocess"]
 
 #: Seconds one push of messages may keep the run's process busy before the workers are
@@ -154,6 +156,13 @@ class InProcessGrid(Grid):
         self._pool_broken = False
         #: the workers are forked once one push has kept this process busy this long
         self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
+        #: fork before any call runs in this process where a GPU is visible: a client's
+        #: backward pass here starts autograd's device threads (torch's CUDA build, with a
+        #: GPU), and a worker forked after it fails every backward pass ("Unable to handle
+        #: autograd's threading in combination with fork-based multiprocessing": FedAvg-FT
+        #: with --device cpu on an H200). Clients on the GPU itself never fork
+        #: (:func:`pflarena.runtime.engines.plan_engine` refuses --workers there).
+        self.fork_first = has_gpu()
         self._threads = 0  # torch's threads in this process before the workers were forked
         if self.workers > 1:
             import torch
@@ -338,6 +347,8 @@ class InProcessGrid(Grid):
             ids.append(msg.metadata.message_id)
             if received is None:
                 continue
+            if self._pool is None and self.fork_first:
+                self.start_workers()
             if self._pool is None:  # not forked (yet), or the workers died: run it here
                 reply = self._call(_over_the_wire(msg), msg, node_id)
                 if reply is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +43,19 @@ from pflarena.server.runlock import lock_run_dir, release
 __all__ = ["app", "resolve_output_dir", "initial_arrays", "label_permutation_record"]
 
 app = ServerApp()
+
+
+def _gpu_name() -> str | None:
+    """The first NVIDIA GPU's model as its driver reports it, or None, read without CUDA:
+    ``torch.cuda`` here would create a context in the process that forks the in-process
+    engine's workers, and a forked worker cannot use CUDA then."""
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "Model":
+                    return value.strip()
+    return None
 
 
 def resolve_output_dir(cfg: RunConfig) -> Path:
@@ -165,7 +179,7 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         # where the ServerApp ran (in simulation and in-process, the clients' machine too)
         "host": {
             "cpus": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "gpu": _gpu_name(),
         },
         "started_at": datetime.now(timezone.utc).isoformat(),
         # the name of the clients' state (client/state.py): kept here, so that the run
