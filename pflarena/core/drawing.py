@@ -4,7 +4,7 @@ out, its path returned.
 The strategies gather their data and call these functions; the module lives in ``core``
 because the strategies may import only ``core`` (``pflarena.reporting`` reads finished runs
 and nothing below it may import it). matplotlib is imported on the first drawing, through
-:func:`_pyplot`, so that importing ``core`` stays cheap.
+:func:`pyplot`, so that importing ``core`` stays cheap.
 
 - :func:`heatmap`: one matrix with row and column labels (FedPG's γ_i and QP weights by
   round, pFedSV's relevance of each peer to each client);
@@ -28,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "RoundPanel",
+    "pyplot",
     "heatmap",
     "heatmap_panels",
     "round_heatmap_with_lines",
@@ -35,8 +36,9 @@ __all__ = [
 ]
 
 
-def _pyplot() -> ModuleType:
-    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display): every picture
+    pflarena draws gets it here."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,7 +105,7 @@ def heatmap(
     outside = [m for m in marks if not (0 <= m[0] < rows and 0 <= m[1] < columns)]
     if outside:
         raise ValueError(f"marks {sorted(outside)} lie outside the {rows} x {columns} matrix")
-    plt = _pyplot()
+    plt = pyplot()
     if square:
         size = min(12.0, 3.0 + 0.35 * rows)
         fig, ax = plt.subplots(figsize=(size, size * 0.85))
@@ -160,7 +162,7 @@ def heatmap_panels(
     if len(shapes) > 1:
         raise ValueError(f"the panels' matrices differ in shape: {sorted(shapes)}")
     (rows, columns) = shapes.pop()
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(
         1,
         len(matrices),
@@ -230,7 +232,7 @@ def round_heatmaps(
     if not panels:
         raise ValueError("round_heatmaps needs at least one panel")
     matrices = [_round_matrix(p.matrix, rounds, f"panel {p.title!r}") for p in panels]
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import LogNorm
 
     count = len(panels)
@@ -278,7 +280,7 @@ def round_heatmap_with_lines(
     for label, values, _ in lines:
         if len(values) != len(rounds):
             raise ValueError(f"line {label!r} has {len(values)} values for {len(rounds)} rounds")
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(
         2,
         1,

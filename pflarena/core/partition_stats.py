@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from pflarena.core.drawing import pyplot
+
 __all__ = [
     "ClientSummary",
     "PartitionSummary",
@@ -165,10 +167,7 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
     """The partition as a picture: one row per client, one column per class, each cell's
     samples as a bubble (area and colour; up to 40 x 40) or a coloured cell (larger
     partitions), with a labelled colour bar; beside it each client's samples."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     matrix = summary.matrix()
     clients, classes = matrix.shape

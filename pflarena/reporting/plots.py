@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.drawing import _pyplot
+from pflarena.core.drawing import pyplot
 from pflarena.reporting.compare import (
     common_parent,
     entry,
@@ -56,7 +56,7 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
     """Each run's headline accuracies by round, personalized and global side by side, a
     legend in each panel; a run whose method has no global model is named in the global
     panel's legend as such, not left out."""
-    plt = _pyplot()
+    plt = pyplot()
     from pflarena.server.results import integer_ticks, read_rounds
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
@@ -125,7 +125,7 @@ def compare_plot(run_dirs: list[Path], out: Path) -> Path:
 
 def leaderboard_plot(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     """Bars of personalized and global accuracy (last round, ± std) per method and setting."""
-    plt = _pyplot()
+    plt = pyplot()
 
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     columns = min(3, len(settings))

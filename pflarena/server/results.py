@@ -14,6 +14,7 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any
 
+from pflarena.core.drawing import pyplot
 from pflarena.server.metrics import HEADLINE, label
 
 __all__ = [
@@ -331,10 +332,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
       client, their mean and the 10-90 % band between the clients' 10th and 90th
       percentiles), and beside it the distribution over clients at the last evaluated round.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     out = Path(output_dir)
