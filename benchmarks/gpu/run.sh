@@ -30,7 +30,6 @@ data=${DATA_DIR:-$PWD/.gpudata}
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-pfl() { $PY -m pflarena.cli "$@"; }
 common=(--dataset mnist --data-dir "$data" --seed 0 --engine inprocess --quiet)
 
 # 1. Every method, CUDA and CPU (6 runs at a time, 4 client workers each).
@@ -50,7 +49,7 @@ one() {
     echo "$method $device rc=$? $((SECONDS - start))s" | tee -a "$out/progress.txt"
 }
 deadline=$(($(date +%s) + ${BUDGET_S:-540}))
-export -f one pfl; export out PY data deadline; export common_str="${common[*]}"
+export -f one; export out PY data deadline; export common_str="${common[*]}"
 for method in "${methods[@]}"; do for device in ${DEVICES:-cuda cpu}; do echo "$method $device"; done; done \
     | xargs -P 6 -L 1 bash -c 'common=($common_str); one "$0" "$1"'
 $PY - "$out" "${methods[@]}" > "$out/methods.tsv" <<'PYEOF'

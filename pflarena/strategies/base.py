@@ -187,8 +187,8 @@ class PflStrategy(Strategy):
     #: is converted to its type. A checkpoint without the path leaves the attribute as the
     #: constructor set it. State that is neither (dicts keyed by int, which JSON keys by
     #: string; RNG states; networks and their optimisers) extends :meth:`checkpoint_state`
-    #: and :meth:`restore_state` by hand, writing its own part of the JSON with ``|=`` so
-    #: that a declared value under the same top level stays.
+    #: and :meth:`restore_state` by hand, merging into its own part of the JSON
+    #: (``meta.setdefault(name, {}).update(...)``) so that a declared value there stays.
     checkpointed_values: ClassVar[Mapping[str, str]] = {}
 
     @classmethod

@@ -300,12 +300,14 @@ class PPFL(MultiExchangeStrategy):
             if rounds
             else np.zeros((0, self.num_clients, self.params.num_canonical))
         )
-        meta["ppfl"] |= {
-            "block_rng": self.block_rng.bit_generator.state,
-            "blocks": {str(r): b for r, b in self.blocks.items()},
-            "objective": {str(r): v for r, v in self.objective.items()},
-            "history_rounds": rounds,
-        }
+        meta.setdefault("ppfl", {}).update(
+            {
+                "block_rng": self.block_rng.bit_generator.state,
+                "blocks": {str(r): b for r, b in self.blocks.items()},
+                "objective": {str(r): v for r, v in self.objective.items()},
+                "history_rounds": rounds,
+            }
+        )
         return arrays, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
