@@ -9,9 +9,12 @@ evaluate). In one run of this script, on the same shards and run config:
 * a loopback deployment (:class:`pflarena.deploy.local.LocalDeployment`: a SuperLink and one
   SuperNode per shard on 127.0.0.1, the warm executor, ``flwr run``) with Flower's waits (the
   SuperNode's fixed 3 s after an empty pull and 1 s pull back-off, the executor's fixed 1 s
-  task poll: what ``local-deploy`` ran before its waits followed the work);
-* the same deployment with ``local-deploy``'s defaults (waits that follow the work:
-  :mod:`pflarena.deploy.waits`).
+  task poll: what ``local-deploy`` ran before its waits followed the work) and each array
+  sent as Flower's own objects (``PFLARENA_PACK_ARRAYS=0``);
+* the same deployment with waits that follow the work (:mod:`pflarena.deploy.waits`), each
+  array sent as Flower's own objects (``PFLARENA_PACK_ARRAYS=0``);
+* the same with ``local-deploy``'s defaults: waits that follow the work and each record's
+  arrays packed into one object (:mod:`pflarena.core.packing`).
 
 It reports the median round time over rounds 2.. for each, the deployments' difference to the
 simulated round, whether their evaluations equal the simulation's, and, from the processes'
@@ -50,6 +53,7 @@ from pflarena.core.shard_format import write_shards  # noqa: E402
 from pflarena.deploy.executor import ACTIVE_POLL_ENV  # noqa: E402
 from pflarena.deploy.local import CONNECTION, LocalDeployment  # noqa: E402
 from pflarena.deploy.waits import TRACE_REPORT_S  # noqa: E402
+from pflarena.server.polling import PACK_ENV  # noqa: E402
 from pflarena.server.results import read_rounds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +63,16 @@ TICKS = os.sysconf("SC_CLK_TCK")
 TRACE = {"PFLARENA_TRACE": "1"}
 #: Flower's waits: the SuperNode's (no --active-poll) and a fixed 1 s executor task poll.
 FLOWER_WAITS = {"active_poll": None, "env": TRACE | {ACTIVE_POLL_ENV: "1.0"}}
+#: ... and each array sent as Flower's own objects: Flower's deployment as it comes.
+FLOWER = {"active_poll": None, "env": FLOWER_WAITS["env"] | {PACK_ENV: "0"}}
 FOLLOWING = {"env": TRACE}  # local-deploy's defaults
+UNPACKED = {"env": TRACE | {PACK_ENV: "0"}}  # the same, arrays as Flower's objects
+#: The deployments compared, by the row name that follows "deployment, ".
+SETTINGS = {
+    "Flower's waits, per-array objects": FLOWER,
+    "waits that follow the work, per-array objects": UNPACKED,
+    "waits that follow the work, packed arrays": FOLLOWING,
+}
 #: How long the pollers stay fast after a message (local-deploy's and the executor's default).
 WINDOW_S = 30.0
 
@@ -242,11 +255,9 @@ def main() -> None:
         sim = simulate(work / "shards", args.clients, args.rounds, work / "sim")
         loads.append(os.getloadavg()[0])
         runs = {}
-        for name, settings in (("deployment, Flower's waits", FLOWER_WAITS),
-                               ("deployment, waits that follow the work", FOLLOWING)):  # fmt: skip
-            runs[name] = deploy(
-                shards, args.rounds, work / name.split(", ")[1].replace(" ", "-"), **settings
-            )
+        for name, settings in SETTINGS.items():
+            slug = re.sub(r"[^a-z]+", "-", name.lower()).strip("-")
+            runs[f"deployment, {name}"] = deploy(shards, args.rounds, work / slug, **settings)
             loads.append(os.getloadavg()[0])
         simulated = statistics.median(round_times(sim))
         lines = [

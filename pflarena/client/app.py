@@ -3,13 +3,16 @@
 Every train or evaluate message goes through the same steps: parse the run config, load
 this node's data (its shard, or its simulated partition), open the method's state at the
 version the server last accepted (:mod:`pflarena.client.state`), dispatch to the method's
-local solver, save what it changed as a new version, and reply.
+local solver, save what it changed as a new version, and reply. A message whose arrays came
+packed (a deployment: :mod:`pflarena.core.packing`) is unpacked first and its reply packed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from pflarena.client.solvers import Solver, SolverError, load_solver
 from pflarena.client.state import ClientState, DiskVersions, MemoryVersions, run_key
 from pflarena.core import keys
 from pflarena.core.config import RunConfig, parse_run_config
+from pflarena.core.packing import is_packed, pack_content, unpack_content
 
 __all__ = ["app"]
 
@@ -107,7 +111,28 @@ def _job(msg: Message, context: Context, *, train: bool) -> tuple[ClientJob, Sol
     return job, solver, data_s
 
 
+Handler = Callable[[Message, Context], Message]
+
+
+def _packed_like_the_message(handler: Handler) -> Handler:
+    """``handler`` on the message's arrays unpacked, its reply's packed, when the message's
+    came packed (the ServerApp packs on a deployment; a simulation does not)."""
+
+    @functools.wraps(handler)
+    def wrapper(msg: Message, context: Context) -> Message:
+        if not is_packed(msg.content):
+            return handler(msg, context)
+        msg.content = unpack_content(msg.content)
+        reply = handler(msg, context)
+        if reply.has_content():
+            reply.content = pack_content(reply.content)
+        return reply
+
+    return wrapper
+
+
 @app.train()
+@_packed_like_the_message
 def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
     job, solver, data_s = _job(msg, context, train=True)
@@ -125,6 +150,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@_packed_like_the_message
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate this client's personalized model (and the global one, if any); or, in a
     cross-evaluation, export it or test other clients' models (:func:`cross_evaluate`)."""
