@@ -7,7 +7,9 @@ every round. It runs
 * in-process, as ``pflarena run --shards-dir`` runs it (Flower's simulation runtime);
 * as the compose federation ``pflarena compose --num-supernodes 3`` writes (SuperLink,
   ServerApp executor, three SuperNodes and their ClientApp executors, each a container),
-  submitted with ``flwr run`` from the host through the published port.
+  submitted with ``flwr run`` from the host through the published port: once as written
+  (the SuperLink's state in a SQLite file on its volume) and once with its state in memory
+  (``PFLARENA_SUPERLINK_DATABASE=:flwr-in-memory:``).
 
 Every round trains every client and is evaluated (two exchanges). Per round it reads
 ``rounds.jsonl`` (``round_time_s``); the containers run with ``PFLARENA_TRACE=1`` and their
@@ -107,10 +109,11 @@ def _compose(work: Path, env: dict[str, str], *args: str) -> str:
 
 
 def in_containers(
-    work: Path, shards: list[Path], rounds: int, tag: str
+    work: Path, shards: list[Path], rounds: int, tag: str, extra_env: dict[str, str]
 ) -> tuple[list[dict[str, Any]], float, float, float, int, Any]:
-    """The job on the compose federation: rounds, wall, CPU, ``up`` seconds, containers, the
-    exchanges' timeline."""
+    """The job on the compose federation (``extra_env`` for compose's variables): rounds,
+    wall, CPU, ``up`` seconds, containers, the exchanges' timeline."""
+    work.mkdir(parents=True)
     files = compose_files(
         NUM_CLIENTS, shards_dir=str(shards[0].parent), runs_dir=str(work / "runs")
     )
@@ -125,6 +128,7 @@ def in_containers(
         "PFLARENA_GID": str(os.getgid()),
         "COMPOSE_PROJECT_NAME": f"pflarena-bench-{os.getpid()}",
         "PFLARENA_TRACE": "1",
+        **extra_env,
     }
     home = work / "home-cli"
     home.mkdir()
@@ -190,6 +194,14 @@ def round_times(rounds: list[dict[str, Any]]) -> list[float]:
     return [r["round_time_s"] for r in rounds if r["round"] >= 2]
 
 
+#: The compose runs: the generated files as they are (the SuperLink's state in SQLite on its
+#: volume), and the same with the state in memory (``PFLARENA_SUPERLINK_DATABASE``).
+VARIANTS = {
+    "SuperLink state on its volume (the default)": {},
+    "SuperLink state in memory": {"PFLARENA_SUPERLINK_DATABASE": ":flwr-in-memory:"},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -205,15 +217,26 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     local, local_wall, local_cpu = in_process(work / "shards", args.rounds, work / "local")
     loads.append(os.getloadavg()[0])
-    deployed, wall, cpu, up, num_containers, timeline = in_containers(
-        work, shards, args.rounds, args.tag
-    )
-    loads.append(os.getloadavg()[0])
-    same = [r["evaluation"]["personalized"]["mean"] for r in local] == [
-        r["evaluation"]["personalized"]["mean"] for r in deployed
-    ]
+    runs = {}
+    for name, extra in VARIANTS.items():
+        slug = "memory" if extra else "durable"
+        runs[name] = in_containers(work / slug, shards, args.rounds, args.tag, extra)
+        loads.append(os.getloadavg()[0])
     fmt = ", ".join
-    simulated, composed = (statistics.median(round_times(r)) for r in (local, deployed))
+    simulated = statistics.median(round_times(local))
+    rows, timelines, notes = [], {}, []
+    for name, (deployed, wall, cpu, up, num_containers, timeline) in runs.items():
+        composed = statistics.median(round_times(deployed))
+        same = [r["evaluation"]["personalized"]["mean"] for r in local] == [
+            r["evaluation"]["personalized"]["mean"] for r in deployed
+        ]
+        rows.append(
+            f"| compose, {name}: {num_containers} containers | {wall:.1f} | {cpu:.1f} | "
+            f"{composed:.2f} ({composed - simulated:+.2f}) | "
+            f"{fmt(f'{t:.2f}' for t in round_times(deployed))} | {'yes' if same else 'NO'} |"
+        )
+        timelines[f"compose, {name}"] = timeline
+        notes.append(f"{up:.1f} s ({name})")
     text = [
         "# Containers: the compose federation against `pflarena run`",
         "",
@@ -223,21 +246,20 @@ def main() -> None:
         f"{NUM_CLIENTS} clients, every client every round, every round evaluated, "
         f"{args.rounds} rounds.",
         "",
-        "| | wall s (run) | CPU s | round s, median of rounds 2.. | rounds 2.. |",
-        "|---|---|---|---|---|",
+        "| | wall s (run) | CPU s | round s, median of rounds 2.. (− simulated) | rounds 2.. "
+        "| evaluations equal the simulation's |",
+        "|---|---|---|---|---|---|",
         f"| `pflarena run --engine inprocess` | {local_wall:.1f} | {local_cpu:.1f} | "
-        f"{simulated:.2f} | {fmt(f'{t:.2f}' for t in round_times(local))} |",
-        f"| compose: {num_containers} containers, `flwr run` from the host | {wall:.1f} | "
-        f"{cpu:.1f} | {composed:.2f} | {fmt(f'{t:.2f}' for t in round_times(deployed))} |",
+        f"{simulated:.2f} | {fmt(f'{t:.2f}' for t in round_times(local))} | — |",
+        *rows,
         "",
-        f"A compose round is {composed - simulated:+.2f} s from the simulated one. Where each "
-        "exchange's time went (ms, median over the messages, max in brackets; "
+        "Where each exchange's time went (ms, median over the messages, max in brackets; "
         "`benchmarks/exchange_phases.py` defines the phases):",
         "",
-        *phase_table({"compose": timeline}),
+        *phase_table(timelines),
         "",
-        f"`docker-compose up -d` to every service started (healthchecks passed): {up:.1f} s. "
-        f"Per-round evaluations equal between the two: {same}. The `pflarena run` time includes "
+        "`flwr run` from the host; `docker-compose up -d` to every service started "
+        f"(healthchecks passed): {fmt(notes)}. The `pflarena run` time includes "
         "its start (the in-process engine); the compose run's is from `flwr run` to "
         "its end, the containers already up. CPU of the compose run is every container's "
         "cgroup; of `pflarena run`, its process tree.",

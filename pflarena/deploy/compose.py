@@ -78,6 +78,13 @@ COMPOSE_FILES = (
 #: An edge node's limits (the compose service's ``cpus`` and ``mem_limit``).
 EDGE_CPUS = 1.0
 EDGE_MEMORY = "1g"
+#: The SuperLink's state: a SQLite file on its volume, so that a restarted SuperLink knows its
+#: nodes and runs; ``PFLARENA_SUPERLINK_DATABASE=:flwr-in-memory:`` keeps it in memory
+#: instead: each of the SuperLink's writes is then no SQLite transaction, which made a compose
+#: round 0.6 s shorter here, but a restart forgets runs and nodes (``docs/deployment.md``,
+#: "Round latency").
+SUPERLINK_DATABASE = "/state/superlink.db"
+DATABASE_ENV = "PFLARENA_SUPERLINK_DATABASE"
 #: A SuperNode's wait between asks for a message while messages come (``--active-poll``).
 ACTIVE_POLL_S = 0.1
 #: The platforms an edge node's image can be written for (``--edge-platform``).
@@ -244,7 +251,7 @@ def _services(
                 "--port",
                 str(SUPERLINK_PORT),
                 "--database",
-                "/state/superlink.db",
+                f"${{{DATABASE_ENV}:-{SUPERLINK_DATABASE}}}",
                 "--disable-runtime-dependency-installation",
             ],  # fmt: skip
             "ports": [published],

@@ -75,7 +75,6 @@ from pflarena.runtime.processes import Supervised, flower_env, free_port, start_
 
 __all__ = [
     "CONNECTION",
-    "FAST_ROUND_ENV",
     "CertificateSet",
     "DeploymentError",
     "EXECUTORS",
@@ -90,9 +89,6 @@ __all__ = [
 CONNECTION = "local-deploy"
 #: The file under a deployment's root that lists what it started.
 STATE_FILE = "deployment.json"
-#: Flower's own setting for a shorter round: the SuperExec's task poll interval (seconds),
-#: as the container images set it.
-FAST_ROUND_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 #: Flower's default task poll interval, which a local deployment keeps unless told otherwise.
 DEFAULT_TASK_POLL_S = 1.0
 #: A SuperNode's wait between asks for a message while messages come (s).
