@@ -44,7 +44,7 @@ from exchange_phases import phase_table, read_timeline  # noqa: E402
 from pflarena.core.config import toml_value
 from pflarena.core.federation import FederationSpec, build_federation
 from pflarena.core.shard_format import write_shards
-from pflarena.deploy.compose import compose_files
+from pflarena.deploy.compose import DATABASE_ENV, compose_files
 from pflarena.deploy.images import TARGETS, image_name
 from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.runtime.launch import simulation_env
@@ -198,7 +198,7 @@ def round_times(rounds: list[dict[str, Any]]) -> list[float]:
 #: volume), and the same with the state in memory (``PFLARENA_SUPERLINK_DATABASE``).
 VARIANTS = {
     "SuperLink state on its volume (the default)": {},
-    "SuperLink state in memory": {"PFLARENA_SUPERLINK_DATABASE": ":flwr-in-memory:"},
+    "SuperLink state in memory": {DATABASE_ENV: ":flwr-in-memory:"},
 }
 
 

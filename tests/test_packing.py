@@ -129,7 +129,7 @@ def _with_blob(blob: bytes) -> RecordDict:
         (lambda b: b[:-1], "runs past the end"),
         (lambda b: b + b"\0", "bytes follow its last array"),
         (lambda b: b[:20], "truncated"),
-        (lambda b: b"XXXXXXXX" + b[8:], "no header"),
+        (lambda b: b"PFLPACK2" + b[8:], "no header"),  # another version's format
         (lambda b: b[:12] + b"{" + b[13:], "not JSON"),
         (lambda b: b[:12] + b'{"a":1}'.ljust(len(b) - 12), "not JSON|not a list"),
     ],
