@@ -25,7 +25,7 @@ from pflarena.core.config import parse_run_config, toml_value
 from pflarena.core.federation import build_federation
 from pflarena.core.shard_format import write_shards
 from pflarena.deploy import executor as warm
-from pflarena.deploy import supernode
+from pflarena.deploy import local, supernode
 from pflarena.deploy.local import CONNECTION, LocalDeployment
 from pflarena.runtime.appdir import flwr_run_dir
 from pflarena.server.results import read_rounds
@@ -273,3 +273,38 @@ def test_a_killed_executor_is_a_node_failure_that_supervise_restarts(
         deployment, tmp_path / "after", flwr_run_dir(tmp_path / "app"), **{"num-rounds": 1}
     )
     assert rounds[-1]["train"]["failures"] == 0
+
+
+@pytest.mark.slow
+def test_a_supernode_that_exits_is_started_again_with_its_executor(
+    deployment: LocalDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pflarena supernode`` exits when it can no longer serve; ``local-deploy``'s supervisor
+    starts it again with a warm executor of its own, unless it exited right after its start."""
+    name = "supernode-1"
+    node = next(p for p in deployment.supernodes if p.name == name)
+    executor = next(p for p in deployment.executors if p.name == f"executor-{name}")
+    os.kill(node.pid, signal.SIGTERM)  # Flower's graceful stop: it deactivates itself
+    node.popen.wait(timeout=60)
+
+    # Had it exited right after its start (it cannot start), it is reported once, left down.
+    monkeypatch.setattr(local, "RESTART_MIN_UPTIME_S", 1e9)
+    said: list[str] = []
+    assert deployment.supervise(say=said.append) == []
+    assert deployment.supervise(say=said.append) == []
+    assert len(said) == 1 and "not restarted" in said[0], said
+    monkeypatch.undo()
+    deployment._left_down.clear()
+
+    assert deployment.supervise(say=said.append) == [name]
+    again = next(p for p in deployment.supernodes if p.name == name)
+    beside = next(p for p in deployment.executors if p.name == f"executor-{name}")
+    assert again.pid != node.pid and again.alive()
+    assert beside.pid != executor.pid and beside.alive() and not executor.alive()
+    assert beside.cmd[beside.cmd.index("--parent-pid") + 1] == str(again.pid)
+    deployment.wait_online(2, timeout=120)
+    rounds = _run(
+        deployment, tmp_path / "restarted", flwr_run_dir(tmp_path / "app"), **{"num-rounds": 1}
+    )
+    assert rounds[-1]["train"]["failures"] == 0, rounds[-1]
+    assert sorted(rounds[-1]["train"]["sampled"]) == [0, 1], rounds[-1]

@@ -90,7 +90,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "supernode": (
         "deploy",
         "add_parsers",
-        "flower-supernode with --idle-poll S and --app-signing-public-key (approved apps only)",
+        "flower-supernode kept alive (a 500 retried; exits when it cannot serve), with --idle-poll S "
+        "and --app-signing-public-key (approved apps only)",
     ),
     "superlink": (
         "deploy",

@@ -130,7 +130,7 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
             return 0
         print(f"\nCtrl-C (or pflarena local-deploy --stop --dir {root}) stops everything")
         while dep.superlink is not None and dep.superlink.alive():
-            dep.supervise()  # a killed warm executor is a node failure: start it again
+            dep.supervise()  # a SuperNode or warm executor that exited: start it again
             time.sleep(1.0)
         print("the SuperLink exited; stopping the SuperNodes", file=sys.stderr)
         return 1
@@ -446,7 +446,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sub.add_parser(
         "supernode",
         add_help=False,
-        help="flower-supernode with --idle-poll S and --app-signing-public-key (approved apps only)",
+        help="flower-supernode kept alive (a 500 retried; exits when it cannot serve), with "
+        "--idle-poll S and --app-signing-public-key (approved apps only)",
         description="See pflarena.deploy.supernode.",
     )
     sub.add_parser(

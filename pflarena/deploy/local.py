@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.trace import TRACE_ENV
 from pflarena.deploy.certs import (
     OPERATOR_TOKEN,
     OPERATOR_TOKEN_HASH,
@@ -103,6 +102,9 @@ GRACE_S = 15.0
 # --------------------------------------------------------------------------- processes
 #: The name of a SuperNode's warm executor in a deployment's records: this and the node's.
 EXECUTOR_PREFIX = "executor-"
+#: A SuperNode that exits sooner than this after its start is not restarted (it cannot start:
+#: a refused key, a bad flag), so that supervise() does not restart it every second.
+RESTART_MIN_UPTIME_S = 10.0
 
 
 def _executor_name(supernode: str) -> str:
@@ -202,6 +204,8 @@ class LocalDeployment:
     certs: CertificateSet | None = None
     launcher: dict[str, Any] | None = None
     _ports: set[int] = field(default_factory=set)
+    _spawned_at: dict[str, float] = field(default_factory=dict)  # name -> time.monotonic()
+    _left_down: set[str] = field(default_factory=set)  # SuperNodes supervise() gave up on
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -323,6 +327,7 @@ class LocalDeployment:
         # then stops every process by PID, SuperNodes first.
         log = self.root / "logs" / f"{name}.log"
         proc = Supervised.spawn(name, cmd, log, self.process_env(home), cwd=home)
+        self._spawned_at[name] = time.monotonic()
         if name == "superlink":
             self.superlink = proc
         elif name.startswith(EXECUTOR_PREFIX):
@@ -406,14 +411,11 @@ class LocalDeployment:
             )
 
     def supernode_cmd(self, index: int, key: Path | None = None) -> list[str]:
-        """``flower-supernode`` for SuperNode ``index`` (``key``: its private key; with
-        ``auth``, the registered one by default)."""
+        """``pflarena supernode`` (Flower's, kept alive: :mod:`pflarena.deploy.liveness`) for
+        SuperNode ``index`` (``key``: its private key; with ``auth``, the registered one by
+        default)."""
         shard = Path(self.shards[index]).resolve()
-        cmd = ["flower-supernode"]
-        # pflarena's wrapper: for its flags, and for PFLARENA_TRACE's timestamps.
-        traced = self.env.get(TRACE_ENV) == "1"
-        if self.idle_poll is not None or self.active_poll is not None or self.tls or traced:
-            cmd = [*_pflarena_cmd(), "supernode"]
+        cmd = [*_pflarena_cmd(), "supernode"]
         if self.idle_poll is not None:
             cmd += ["--idle-poll", repr(self.idle_poll)]
         if self.active_poll is not None:
@@ -457,10 +459,38 @@ class LocalDeployment:
         return node
 
     def supervise(self, say: Callable[[str], Any] = print) -> list[str]:
-        """Restart every warm executor that exited while its SuperNode runs (a killed
-        executor is a node failure; the node serves again from its next message). Returns the
-        names restarted."""
+        """Restart every SuperNode that exited, with its warm executor (``pflarena supernode``
+        exits when it can no longer serve: :mod:`pflarena.deploy.liveness`; it activates anew),
+        unless it exited within :data:`RESTART_MIN_UPTIME_S` of its start (a node that cannot
+        start is reported once and left down); and every warm executor that exited while its
+        SuperNode runs (a killed executor is a node failure; the node serves again from its
+        next message). Returns the names restarted."""
         restarted = []
+        for node in list(self.supernodes):
+            if node.alive() or node.name in self._left_down:
+                continue
+            code = node.popen.returncode if node.popen else "?"
+            uptime = time.monotonic() - self._spawned_at.get(node.name, 0.0)
+            if uptime < RESTART_MIN_UPTIME_S:
+                self._left_down.add(node.name)
+                say(f"{node.name} exited (code {code}) {uptime:.0f} s after its start; not "
+                    f"restarted: see {node.log}")  # fmt: skip
+                continue
+            self.supernodes.remove(node)
+            executor = next(
+                (p for p in self.executors if p.name == _executor_name(node.name)), None
+            )
+            if executor is not None:  # it follows its parent out (--parent-pid)
+                self.executors.remove(executor)
+                stop_all([executor], grace=15.0)
+            home = self.root / f"home-{node.name}"
+            again = self._spawn(node.name, node.cmd, home)
+            if executor is not None:
+                cmd = list(executor.cmd)
+                cmd[cmd.index("--parent-pid") + 1] = str(again.pid)
+                self._spawn(executor.name, cmd, home)
+            say(f"{node.name} exited (code {code}); restarted it")
+            restarted.append(node.name)
         nodes = {p.name: p for p in [*self.supernodes, self.superlink] if p is not None}
         for proc in list(self.executors):
             node = nodes.get(proc.name.removeprefix(EXECUTOR_PREFIX))

@@ -18,7 +18,10 @@ flags>`` runs ``flower-supernode`` with those waits following the work
 ``I`` (default Flower's 3 s), so an idle node costs what it costs today; a message's objects
 are fetched after 0.02 s, doubling to 0.1 s; a reply is checked for every 0.02 s. ``--idle-poll
 S`` alone makes the first two waits a fixed ``S`` seconds (the back-off starts at and is
-capped at ``S``). Without these flags it is ``flower-supernode`` itself.
+capped at ``S``). Without these flags it is ``flower-supernode`` itself, kept alive: a 500
+from the SuperLink is retried, and a node that can no longer serve (its loop or its heartbeat
+ended) exits with status 1 instead of running on unseen, for its supervisor to start it again
+(:mod:`pflarena.deploy.liveness`).
 
 ``--app-signing-public-key KEY.pub`` (repeatable) makes the node run only apps the operator
 signed (:mod:`pflarena.deploy.approval`): the FAB of every new run is checked before the node
@@ -41,11 +44,13 @@ import argparse
 import functools
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from pflarena.deploy.liveness import LOOP_ENDED, keep_node_alive, stopped_reason
 from pflarena.deploy.waits import ActivityPoll, PollClock, enable_trace, tracing
 
 __all__ = [
@@ -217,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     own, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     enable_trace()
     try:
+        keep_node_alive()
         if own.idle_poll is not None or own.active_poll is not None:
             idle = FLOWER_IDLE_SLEEP_S if own.idle_poll is None else own.idle_poll
             patch_waits(idle, own.active_poll, own.active_window)
@@ -240,7 +246,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from flwr.supernode.cli import flower_supernode
 
     sys.argv = ["pflarena supernode", *rest]
-    flower_supernode()
+    try:
+        flower_supernode()
+    except SystemExit:
+        # Flower's graceful shutdown exits with 0; a node stopped for its heartbeat failed.
+        if (reason := stopped_reason()) is not None:
+            raise SystemExit(f"pflarena supernode: the heartbeat failed: {reason}") from None
+        raise
+    # Flower's loop returns only on an error, which its connection logs and swallows; with
+    # --isolation process the Runtime API's server thread would keep this process alive,
+    # serving nothing and unseen by the SuperLink. Exit now, whatever threads remain.
+    print(f"pflarena supernode: {LOOP_ENDED}; exiting", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 if __name__ == "__main__":

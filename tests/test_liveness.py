@@ -1,0 +1,326 @@
+"""A SuperNode kept alive (``pflarena/deploy/liveness.py``): Flower's heartbeat thread alone ends
+in silence on an unexpected answer; guarded, a 5xx is retried and anything else stops the
+node, for its supervisor to start again. Then against a real SuperLink: its SQLite state
+locked (Flower's node ends its loop on the 500 and lingers, pflarena's retries), and through
+proxies that answer as a broken SuperLink would."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from flwr.supercore import heartbeat as flower_heartbeat
+from flwr.supernode import fleet_http_connection
+
+from pflarena.deploy.liveness import LOOP_ENDED, guard_node_heartbeat, retry_server_errors
+from pflarena.runtime.launch import simulation_env
+from pflarena.runtime.processes import Supervised, free_port, stop_all, wait_healthy
+
+HEARTBEAT_PATH = "/v1/fleet/send-node-heartbeat"
+
+
+def _http_error(code: int) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", f"http://superlink{HEARTBEAT_PATH}")
+    response = httpx.Response(code, request=request, text="{}")
+    return httpx.HTTPStatusError(f"{code}", request=request, response=response)
+
+
+@pytest.fixture
+def guarded(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., type]]:
+    """``guard_node_heartbeat`` on Flower's own class, undone after the test."""
+    monkeypatch.setattr(fleet_http_connection, "HeartbeatSender", flower_heartbeat.HeartbeatSender)
+    yield guard_node_heartbeat
+
+
+def _answers(*answers: object) -> tuple[Callable[[], bool], list[int]]:
+    """A heartbeat function giving ``answers`` in turn (an exception is raised), then True;
+    and the list of its calls."""
+    calls: list[int] = []
+
+    def fn() -> bool:
+        calls.append(len(calls))
+        answer = answers[len(calls) - 1] if len(calls) <= len(answers) else True
+        if isinstance(answer, BaseException):
+            raise answer
+        return bool(answer)
+
+    return fn, calls
+
+
+def _wait(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_flower_alone_ends_its_heartbeat_thread_in_silence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Why the guard exists: an answer Flower does not expect ends the thread, and nothing
+    else happens (the node would run on, unseen by its SuperLink)."""
+    ended: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: ended.append(args.exc_value))
+    fn, calls = _answers(RuntimeError("The SuperLink does not recognize this SuperNode."))
+    sender = flower_heartbeat.HeartbeatSender(fn)
+    sender.start()
+    assert _wait(lambda: not sender._thread.is_alive(), 5.0)
+    assert calls == [0]
+    assert [str(e) for e in ended] == ["The SuperLink does not recognize this SuperNode."]
+
+
+def test_a_heartbeat_answered_with_500_is_tried_again(guarded: Callable[..., type]) -> None:
+    stopped: list[str] = []
+    cls = guarded(stop=stopped.append)
+    assert fleet_http_connection.HeartbeatSender is cls
+    fn, calls = _answers(_http_error(500), _http_error(500))
+    sender = cls(fn)
+    sender.start()
+    try:
+        # Flower's back-off: 1 s, then 2 s; the third try succeeds and the thread goes on.
+        assert _wait(lambda: len(calls) >= 3, 10.0), calls
+        assert sender.is_running and not stopped
+    finally:
+        sender.stop()
+    assert not stopped
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [RuntimeError("The SuperLink does not recognize this SuperNode."), _http_error(400)],
+    ids=["unknown-node", "400"],
+)
+def test_a_heartbeat_thread_that_would_end_stops_the_node(
+    guarded: Callable[..., type], answer: Exception
+) -> None:
+    stopped: list[str] = []
+    sender = guarded(stop=stopped.append)(_answers(answer)[0])
+    sender.start()
+    assert _wait(lambda: bool(stopped), 5.0)
+    assert stopped == [f"{type(answer).__name__}: {answer}"]
+    assert not sender._thread.is_alive()
+
+
+def test_a_refused_credential_and_a_normal_stop_are_left_to_flower(
+    guarded: Callable[..., type],
+) -> None:
+    stopped: list[str] = []
+    cls = guarded(stop=stopped.append)
+    refused = cls(_answers(_http_error(401))[0])  # Flower itself stops the node on a 401
+    refused.start()
+    assert _wait(lambda: not refused._thread.is_alive(), 5.0)
+    fine = cls(_answers()[0])
+    fine.start()
+    fine.stop()
+    assert not stopped
+
+
+def test_guarding_twice_keeps_one_guard(guarded: Callable[..., type]) -> None:
+    first = guarded(stop=print)
+    assert guarded(stop=print) is first
+    assert first.__mro__[1] is flower_heartbeat.HeartbeatSender
+
+
+def test_a_flower_without_the_heartbeat_internals_is_named(
+    guarded: Callable[..., type], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(flower_heartbeat.HeartbeatSender, "_heartbeat")
+    with pytest.raises(RuntimeError, match=r"HeartbeatSender\._run and \._heartbeat"):
+        guarded()
+    monkeypatch.undo()
+    monkeypatch.setattr(fleet_http_connection, "HeartbeatSender", object)
+    with pytest.raises(RuntimeError, match="the same class"):
+        guarded()
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["flower", "pflarena"])
+def test_a_request_answered_with_500_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch, patched: bool
+) -> None:
+    """Flower's retry invoker gives a request answered with 500 up at once (the SuperNode's
+    loop then ends); with :func:`retry_server_errors` it tries again, as after a 503."""
+    from flwr.supercore.retry import http_retry
+
+    monkeypatch.setattr(http_retry, "_RETRYABLE_STATUS_CODES", http_retry._RETRYABLE_STATUS_CODES)
+    if patched:
+        retry_server_errors()
+        assert {500, 502, 503, 504} == http_retry._RETRYABLE_STATUS_CODES
+    calls: list[int] = []
+
+    def request() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise _http_error(500)
+        return "answered"
+
+    invoker = http_retry.make_simple_http_retry_invoker()
+    if patched:
+        assert invoker.invoke(request) == "answered"
+        assert len(calls) == 2
+    else:
+        with pytest.raises(httpx.HTTPStatusError):
+            invoker.invoke(request)
+        assert len(calls) == 1
+
+
+def test_a_flower_without_the_retried_codes_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.supercore.retry import http_retry
+
+    monkeypatch.setattr(http_retry, "_RETRYABLE_STATUS_CODES", frozenset({503}))
+    with pytest.raises(RuntimeError, match="_RETRYABLE_STATUS_CODES"):
+        retry_server_errors()
+    assert {503} == http_retry._RETRYABLE_STATUS_CODES
+
+
+# --------------------------------------------------------------- against a real SuperLink
+class _Proxy:
+    """An HTTP proxy to the SuperLink on 127.0.0.1:``upstream`` that answers the first
+    ``broken`` requests to ``path`` with ``status`` itself, and forwards everything else;
+    ``answers`` lists the status each request to ``path`` got."""
+
+    def __init__(self, upstream: int, path: str, status: int, broken: int) -> None:
+        self.answers: list[int] = []
+        lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def reply(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+                self.send_response(status)
+                for key, value in headers:
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                watched = self.path == path
+                with lock:
+                    fake = watched and len(proxy.answers) < broken
+                    if fake:
+                        proxy.answers.append(status)
+                if fake:
+                    return self.reply(status, [], b"{}")
+                conn = http.client.HTTPConnection("127.0.0.1", upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                conn.request("POST", self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                conn.close()
+                if watched:
+                    with lock:
+                        proxy.answers.append(answer.status)
+                self.reply(answer.status, answer.getheaders(), data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+#: Longer than the SuperLink's wait for its SQLite lock (5 s), so that requests fail with 500.
+LOCK_S = 12.0
+
+
+@pytest.mark.slow
+def test_supernodes_against_a_locked_and_a_broken_superlink(tmp_path: Path) -> None:
+    """One SuperLink, its state in SQLite. Directly against it, ``flower-supernode`` and
+    ``pflarena supernode``, while the database is locked for 12 s (as a SuperLink under load
+    finds it): Flower's node ends its loop on the first 500 and lingers (alive, serving
+    nothing); pflarena's retries and serves on. Through proxies, ``pflarena supernode``:
+
+    * its first two heartbeats answered with 500: it tries again and stays;
+    * its first heartbeat answered with 400: it stops, exit status 1, its log saying why;
+    * its first ask for messages answered with 400 (Flower's loop ends on it): it exits with
+      status 1 instead of lingering."""
+    env = simulation_env(tmp_path / "home")
+    procs: dict[str, Supervised] = {}
+    proxies: dict[str, _Proxy] = {}
+
+    def spawn(name: str, cmd: list[str]) -> Supervised:
+        procs[name] = Supervised.spawn(name, cmd, tmp_path / f"{name}.log", env, cwd=tmp_path)
+        return procs[name]
+
+    def log(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text(errors="replace")
+
+    def why() -> str:
+        tails = [f"--- {n} ---\n{log(n)[-3000:]}" for n in procs]
+        return f"answers { ({n: p.answers for n, p in proxies.items()}) }\n" + "\n".join(tails)
+
+    def exited(name: str) -> Callable[[], bool]:
+        return lambda: procs[name].popen.poll() is not None
+
+    database = tmp_path / "superlink.db"
+    try:
+        port = free_port()
+        link = spawn("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1",
+                                   "--port", str(port), "--database", str(database),
+                                   "--disable-runtime-dependency-installation"])  # fmt: skip
+        assert link.popen is not None
+        wait_healthy(port, link.popen)
+        pflarena = [sys.executable, "-m", "pflarena.deploy.supernode"]
+        nodes = {
+            "flower": (["flower-supernode"], None),
+            "pflarena": (pflarena, None),
+            "heartbeat-500": (pflarena, (HEARTBEAT_PATH, 500, 2)),
+            "heartbeat-400": (pflarena, (HEARTBEAT_PATH, 400, 1)),
+            "pull-400": (pflarena, ("/v1/fleet/pull-messages", 400, 1)),
+        }
+        for name, (cmd, broken) in nodes.items():
+            target = port
+            if broken is not None:
+                proxies[name] = _Proxy(port, *broken)
+                target = proxies[name].port
+            spawn(name, [*cmd, "--insecure", "--superlink", f"127.0.0.1:{target}",
+                         "--isolation", "process", "--port", str(free_port())])  # fmt: skip
+
+        assert _wait(exited("heartbeat-400"), 90.0), why()
+        assert procs["heartbeat-400"].popen.returncode == 1, why()
+        assert "the heartbeat to the SuperLink stopped (HTTPStatusError" in log("heartbeat-400")
+        assert _wait(exited("pull-400"), 90.0), why()
+        assert procs["pull-400"].popen.returncode == 1, why()
+        assert f"pflarena supernode: {LOOP_ENDED}; exiting" in log("pull-400"), why()
+        assert _wait(lambda: 200 in proxies["heartbeat-500"].answers, 30.0), why()
+        assert proxies["heartbeat-500"].answers[:2] == [500, 500], why()
+        assert "answered a heartbeat with 500; trying again" in log("heartbeat-500"), why()
+
+        for name in ("flower", "pflarena"):  # both asking for messages
+            assert _wait(lambda n=name: "SuperNode ID" in log(n), 60.0), why()
+        with sqlite3.connect(database, timeout=30.0, isolation_level=None) as locker:
+            locker.execute("BEGIN EXCLUSIVE")
+            time.sleep(LOCK_S)
+            locker.execute("COMMIT")
+        assert _wait(lambda: "500 Internal Server Error" in log("flower"), 30.0), why()
+        time.sleep(5.0)
+        # Flower's node: its loop ended on the 500, and it lingers, serving nothing.
+        assert not exited("flower")(), why()
+        # pflarena's: it retried through the lock and serves on.
+        assert not exited("pflarena")(), why()
+        assert "Connection attempt failed, retrying" in log("pflarena"), why()
+        assert LOOP_ENDED not in log("pflarena"), why()
+        assert not exited("heartbeat-500")(), why()
+    finally:  # the nodes (they deactivate through their proxies), then the SuperLink
+        stop_all([p for name, p in procs.items() if name != "superlink"], grace=15.0)
+        stop_all([p for name, p in procs.items() if name == "superlink"], grace=15.0)
+        for proxy in proxies.values():
+            proxy.close()
