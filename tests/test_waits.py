@@ -81,6 +81,7 @@ def test_the_supernode_loop_gets_waits_that_follow_its_messages(loop) -> None:
     assert loop.pull_objects.keywords == {
         "initial_backoff": supernode.FETCH_INITIAL_S,
         "backoff_cap": supernode.FETCH_CAP_S,
+        "max_tries_per_object": None,
     }
     poll._last = -1e9  # long idle
     poll._wait = 3.0
@@ -92,7 +93,11 @@ def test_the_supernode_loop_gets_waits_that_follow_its_messages(loop) -> None:
 def test_the_supernode_loop_with_a_fixed_idle_poll(loop) -> None:
     poll = supernode.patch_waits(0.5)
     assert {poll.next_wait() for _ in range(4)} == {0.5}
-    assert loop.pull_objects.keywords == {"initial_backoff": 0.5, "backoff_cap": 0.5}
+    assert loop.pull_objects.keywords == {
+        "initial_backoff": 0.5,
+        "backoff_cap": 0.5,
+        "max_tries_per_object": None,
+    }
     assert loop.time.reply_sleep is None  # the reply checks stay Flower's
     with pytest.raises(ValueError, match="--active-poll 5"):
         supernode.patch_waits(3.0, 5.0)
@@ -121,6 +126,41 @@ def test_the_serverapp_retries_reply_objects_promptly(monkeypatch: pytest.Monkey
     assert http_grid.pull_objects.keywords == {
         "initial_backoff": polling.REPLY_OBJECTS_INITIAL_S,
         "backoff_cap": polling.REPLY_OBJECTS_CAP_S,
+        "max_tries_per_object": None,
     }
     polling._prompt_reply_objects()  # twice: not wrapped twice
     assert not isinstance(http_grid.pull_objects.func, functools.partial)
+
+
+def test_prompt_object_pulls_are_bounded_by_time_not_by_flowers_500_tries(
+    loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 0.02-0.1 s between tries, Flower's 500 tries end after about 50 s: a message's
+    objects still on their way over a dropped link were given up (the warm child then never
+    replied, and its node waited for that reply forever). The prompt pulls keep Flower's time
+    bound only: an object that turns up after 600 tries is pulled."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
+    from flwr.supernode.runtime import run_clientapp
+
+    def arriving_after(tries: int):
+        asked: list[int] = []
+
+        def pull(object_id: str) -> bytes:
+            asked.append(1)
+            if len(asked) <= tries:
+                raise ObjectUnavailableError(object_id)
+            return b"content"
+
+        return pull
+
+    fast = {"initial_backoff": 1e-5, "backoff_cap": 1e-5}  # the test's own waits
+    with pytest.raises(ObjectPullError):  # Flower's bound on the tries
+        loop.pull_objects(["a"], arriving_after(600), **fast)
+    supernode.patch_waits(3.0, 0.1, window_s=30.0)
+    assert loop.pull_objects(["a"], arriving_after(600), **fast) == {"a": b"content"}
+
+    # The warm child's pull of its message from its SuperNode: the same bound.
+    for name in ("pull_and_inflate_object_from_tree", "install_from_fab", "get_load_client_app_fn"):
+        monkeypatch.setattr(run_clientapp, name, getattr(run_clientapp, name))
+    executor.patch_clientapp_runtime()
+    assert run_clientapp.pull_and_inflate_object_from_tree.keywords["max_tries_per_object"] is None

@@ -336,7 +336,11 @@ def patch_clientapp_runtime() -> None:
       SuperLink. A fresh process spends seconds importing before it asks for them; a warm
       child asks at once, finds them missing and waits Flower's first back-off, 1 s (then 2,
       4, ...): 1.4-3.8 s of a child's 2-5 s were that wait. The child tries again after
-      :data:`PULL_INITIAL_BACKOFF_S`, doubling up to :data:`PULL_BACKOFF_CAP_S`.
+      :data:`PULL_INITIAL_BACKOFF_S`, doubling up to :data:`PULL_BACKOFF_CAP_S`, for as long
+      as Flower's own bound on the time (``PULL_MAX_TIME``, 2 h), with no bound on the tries:
+      Flower's 500 tries last over an hour at its back-off and 50 s at this one, and a child
+      that gave up while its SuperNode was still fetching the objects over a dropped link
+      left that node waiting for a reply forever (it never asked for another message).
     * FABs already installed are reused (:func:`_reuse_installed_fab`).
     * The ClientApp is loaded from the parent's imports when they are the FAB's code
       (:func:`_warm_load_fn`).
@@ -349,6 +353,7 @@ def patch_clientapp_runtime() -> None:
         module.pull_and_inflate_object_from_tree,
         initial_backoff=PULL_INITIAL_BACKOFF_S,
         backoff_cap=PULL_BACKOFF_CAP_S,
+        max_tries_per_object=None,
     )
     module.install_from_fab = _reuse_installed_fab(module.install_from_fab)
     module.get_load_client_app_fn = _warm_load_fn(module.get_load_client_app_fn)

@@ -16,7 +16,9 @@ flags>`` runs ``flower-supernode`` with those waits following the work
 (:class:`~pflarena.deploy.waits.ActivityPoll`): for ``W`` seconds after each message (default
 30) it asks for the next one every ``A`` seconds, then doubles its wait per empty poll up to
 ``I`` (default Flower's 3 s), so an idle node costs what it costs today; a message's objects
-are fetched after 0.02 s, doubling to 0.1 s; a reply is checked for every 0.02 s. ``--idle-poll
+are fetched after 0.02 s, doubling to 0.1 s (for as long as Flower's time bound, 2 h, allows;
+not its 500 tries, which at these waits would end after 50 s); a reply is checked for every
+0.02 s. ``--idle-poll
 S`` alone makes the first two waits a fixed ``S`` seconds (the back-off starts at and is
 capped at ``S``). Without these flags it is ``flower-supernode`` itself, kept alive: a 500
 from the SuperLink is retried, and a node that can no longer serve (its loop or its heartbeat
@@ -121,6 +123,9 @@ def patch_waits(
         poll = ActivityPoll(active_s, idle_s, window_s, "supernode")
         module.time = PollClock(poll, FLOWER_IDLE_SLEEP_S, FLOWER_REPLY_SLEEP_S, REPLY_CHECK_S)
         fetch = {"initial_backoff": FETCH_INITIAL_S, "backoff_cap": FETCH_CAP_S}
+    # Bounded by Flower's time limit (PULL_MAX_TIME), not its 500 tries: at these waits they
+    # would last 50 s, where Flower's last over an hour (a large model over a slow link).
+    fetch["max_tries_per_object"] = None
     module.pull_objects = functools.partial(module.pull_objects, **fetch)
     pull_and_store = module._pull_and_store_message
 

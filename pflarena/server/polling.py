@@ -153,12 +153,17 @@ def _prompt_reply_objects() -> None:
     if isinstance(pull, functools.partial):
         return  # done in this process already
     params = inspect.signature(pull).parameters if callable(pull) else {}
-    if not {"initial_backoff", "backoff_cap"} <= set(params):
+    if not {"initial_backoff", "backoff_cap", "max_tries_per_object"} <= set(params):
         log(WARNING, "pflarena: this flwr's HttpGrid has no pull_objects back-off to set; "
             "replies' objects are retried on Flower's back-off")  # fmt: skip
         return
+    # Bounded by Flower's time limit (PULL_MAX_TIME), not its 500 tries: at these waits they
+    # would last 50 s, at Flower's over an hour (a node pushing a large reply over a slow link).
     http_grid.pull_objects = functools.partial(
-        pull, initial_backoff=REPLY_OBJECTS_INITIAL_S, backoff_cap=REPLY_OBJECTS_CAP_S
+        pull,
+        initial_backoff=REPLY_OBJECTS_INITIAL_S,
+        backoff_cap=REPLY_OBJECTS_CAP_S,
+        max_tries_per_object=None,
     )
 
 
