@@ -141,7 +141,7 @@ def guard_node_heartbeat(stop: Callable[[str], None] = _interrupt_this_process) 
                     isinstance(exc, httpx.HTTPStatusError)
                     and exc.response.status_code == _UNAUTHORIZED
                 )
-                if self._stop_event.is_set() or refused:
+                if not self.is_running or refused:  # in this thread: stopped by its node
                     return  # the node is stopping already (Flower stops it on a 401)
                 reason = f"{type(exc).__name__}: {exc}"
                 log(ERROR, "pflarena supernode: the heartbeat to the SuperLink stopped (%s); "

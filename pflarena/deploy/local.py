@@ -482,7 +482,7 @@ class LocalDeployment:
             )
             if executor is not None:  # it follows its parent out (--parent-pid)
                 self.executors.remove(executor)
-                stop_all([executor], grace=15.0)
+                stop_all([executor], grace=GRACE_S)
             home = self.root / f"home-{node.name}"
             again = self._spawn(node.name, node.cmd, home)
             if executor is not None:
