@@ -13,8 +13,10 @@ torch (with ``torch._dynamo``, and the lazily built optimizer wrappers warmed) a
 ClientApp module, then serves Flower's own task loop (:func:`run_superexec`, with its
 arguments: this command takes ``flower-superexec``'s flags) with an executor whose ``launch``
 forks a child for each ClientApp task. The child runs Flower's own ``run_clientapp`` (pull
-the message, install the FAB, load the app, call it, push the reply) and exits. Tasks of
-other types go to Flower's :class:`SubprocessExecutor`.
+the message, install the FAB, load the app, call it, push the reply) and exits; its task
+token stays in memory. Tasks of other types start Flower's app command as Flower's
+``SubprocessExecutor`` does, with the token in an inherited in-memory file instead of on the
+command line (:mod:`pflarena.deploy.task_tokens`); so does ``--stock``.
 
 Guarantees, each tested (``tests/test_executor.py``):
 
@@ -391,12 +393,12 @@ class ForkingExecutor:
         task_memory_mb: int | None = None,
         poll: ActivityPoll | None = None,
     ):
-        from flwr.supercore.superexec.executor import SubprocessExecutor
+        from pflarena.deploy.task_tokens import TokenFileExecutor
 
         self.task_timeout = task_timeout
         self.task_memory_mb = task_memory_mb
         self.poll = poll
-        self.fallback = SubprocessExecutor()
+        self.fallback = TokenFileExecutor()
         self.children: dict[int, _Child] = {}
 
     # Flower's Executor protocol ------------------------------------------------------
@@ -719,7 +721,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     <flower-superexec flags>``.
 
     Runs Flower's SuperExec with :class:`ForkingExecutor`; ``--stock`` runs Flower's own
-    ``flower-superexec`` unchanged (the fallback, same flags). Every other flag is
+    ``flower-superexec`` (the fallback, same flags: a fresh process per task), its task tokens
+    handed over in a file descriptor instead of the command line. Every other flag is
     ``flower-superexec``'s (``--runtime-api-address``, ``--insecure``,
     ``--root-certificates``, ``--parent-pid``, ...). ``--app-signing-public-key`` starts
     ServerApp tasks with ``pflarena-serverapp``, which runs approved apps only
@@ -745,6 +748,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         except (RuntimeError, OSError) as exc:
             raise SystemExit(f"pflarena executor: {exc}") from None
     if own.stock:
+        # Flower's executor, its task tokens kept off the command line.
+        from pflarena.deploy.task_tokens import use_token_files
+
+        use_token_files()
         cli.flower_superexec()
         return
     check_flower_internals()
