@@ -1,6 +1,7 @@
 """What the trackers show beyond the scalars: TensorBoard's HParams view (read back from the
 event file), Weights & Biases offline (read back from its run file), and MLflow's artifacts
-beside its store whatever the current directory."""
+beside its store whatever the current directory. The three trackers are in the ``dev``
+extra: imported here, so that a broken install fails these tests instead of skipping them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import struct
 import time
 from pathlib import Path
 
-import pytest
+from mlflow import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+from wandb.proto import wandb_internal_pb2
 
 from pflarena.server.build import parse_config
 from pflarena.server.trackers import artifact_root, open_trackers
@@ -44,10 +48,6 @@ def _log_a_run(cfg) -> Path:
 
 
 def test_tensorboard_writes_the_hparams_view_into_the_run_s_own_event_file(tmp_path):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
     out = _log_a_run(_cfg(tmp_path, "tensorboard"))
     # one event file, no run directory of its own (add_hparams would make one)
     assert [p.name for p in (out / "tensorboard").iterdir() if p.is_dir()] == []
@@ -74,8 +74,6 @@ def _wandb_records(path: Path):
     """The records of a W&B run file (``run-<id>.wandb``): W&B's LevelDB-style log (a
     7-byte header, 32 KiB blocks of checksummed chunks), each a ``Record`` protobuf. wandb
     0.2x no longer ships a Python reader (its Go core writes the file), hence this one."""
-    from wandb.proto import wandb_internal_pb2
-
     data = path.read_bytes()
     ident, magic, _version = struct.unpack("<4sHB", data[:7])
     assert ident == b":W&B" and magic == 0xBEE1
@@ -112,10 +110,6 @@ def _finished_wandb_run(out: Path) -> list:
 
 
 def test_wandb_offline_logs_the_config_rounds_and_summary(tmp_path, monkeypatch):
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        pytest.skip("wandb is not installed (pip install 'pflarena[wandb]')")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = _log_a_run(_cfg(tmp_path, "wandb", **{"tracking-experiment": "arena-test"}))
@@ -156,9 +150,6 @@ def test_wandb_offline_logs_the_config_rounds_and_summary(tmp_path, monkeypatch)
 def test_mlflow_keeps_artifacts_beside_its_store_whatever_the_current_directory(
     tmp_path, monkeypatch
 ):
-    pytest.importorskip("mlflow")
-    from mlflow import MlflowClient
-
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     store = tmp_path / "store"
@@ -179,9 +170,6 @@ def test_mlflow_keeps_artifacts_beside_its_store_whatever_the_current_directory(
 
 
 def test_an_experiment_made_elsewhere_keeps_its_place_and_says_so(tmp_path, monkeypatch, caplog):
-    pytest.importorskip("mlflow")
-    from mlflow import MlflowClient
-
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
     other = tmp_path / "other-artifacts"
@@ -214,10 +202,6 @@ def test_a_relative_sqlite_store_in_mlflow_tracking_uri_is_made_absolute_where_s
 
 
 def test_a_sweep_s_wandb_runs_share_a_group_and_are_named_by_their_place(tmp_path, monkeypatch):
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        pytest.skip("wandb is not installed (pip install 'pflarena[wandb]')")
     from pflarena.server.trackers import SweepGroup
 
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -1,5 +1,6 @@
 """The experiment trackers (pflarena/server/trackers.py), checked by reading back what was
-logged: MLflow's client on a real local store, TensorBoard's own event reader."""
+logged: MLflow's client on a real local store, TensorBoard's own event reader (both in the
+``dev`` extra: imported, so that a broken install fails here instead of skipping)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-pytest.importorskip("mlflow")
-pytest.importorskip("tensorboard")
-
-from mlflow import MlflowClient  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
-    EventAccumulator,
-)
-
-from pflarena.cli import main  # noqa: E402
-from pflarena.core.config import ConfigError  # noqa: E402
-from pflarena.server.build import parse_config  # noqa: E402
-from pflarena.server.trackers import (  # noqa: E402
+from pflarena.cli import main
+from pflarena.core.config import ConfigError
+from pflarena.server.build import parse_config
+from pflarena.server.trackers import (
     SweepGroup,
     TrackerSet,
     check_available,
