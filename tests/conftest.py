@@ -1,9 +1,31 @@
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+#: Set to 1 by ``.ci/run``, which installs every command the suite runs: a test that lacks one
+#: fails there, saying which, where a developer's ``make test`` skips it, saying which.
+REQUIRE_TOOLS = "PFLARENA_REQUIRE_TOOLS"
+
+
+@pytest.fixture
+def lacking() -> Callable[[str], NoReturn]:
+    """``lacking(reason)`` ends a test that cannot run here for want of a command (``reason``
+    names it): a skip, or a failure under ``PFLARENA_REQUIRE_TOOLS=1`` (CI), so that a CI
+    step never passes with the test left out."""
+
+    def end(reason: str) -> NoReturn:
+        __tracebackhide__ = True  # reported where the test calls it
+        if os.environ.get(REQUIRE_TOOLS) == "1":
+            pytest.fail(f"{REQUIRE_TOOLS}=1, but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+    return end
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -366,12 +366,12 @@ def _compose_commands() -> list[list[str]]:
         ["docker-compose.edge.yml"],
     ],
 )
-def test_docker_compose_config_accepts_the_files(files: list[str]) -> None:
+def test_docker_compose_config_accepts_the_files(files: list[str], lacking) -> None:
     """Every Compose installed here (v2 and the Python 1.29) accepts each file and the GPU
     override on both variants."""
     commands = _compose_commands()
     if not commands:
-        pytest.skip(
+        lacking(
             "neither `docker compose` (v2 plugin) nor `docker-compose` is installed here; "
             "the files are checked as YAML by the other tests"
         )
@@ -535,11 +535,11 @@ def test_dockerignore_keeps_secrets_and_data_out_of_the_context() -> None:
         assert _docker_ignored(patterns, path), path
 
 
-def test_certs_make_a_ca_and_certificates_that_verify(tmp_path: Path) -> None:
+def test_certs_make_a_ca_and_certificates_that_verify(tmp_path: Path, lacking) -> None:
     """``pflarena certs``: the SuperLink's and each SuperNode's certificate verify against
     the CA with openssl and name their hosts; keys are private; a second call keeps them."""
     if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
-        pytest.skip("openssl or ssh-keygen is not installed")
+        lacking("openssl or ssh-keygen is not installed")
     out = tmp_path / "certs"
     args = [
         "certs",
