@@ -35,7 +35,8 @@ run: setup
 # fixtures, such as its deployment, start once): most of the suite's time is waiting (Flower's
 # processes starting and polling, round timeouts), which the other workers overlap: the suite
 # used 19 CPU-minutes in 57 wall-minutes on two workers. tests/conftest.py puts the longest
-# modules first.
+# modules first. pytest also reads PYTEST_ADDOPTS: .ci/run adds its junit XML report and the
+# skip reasons (-rfEs) there, and counts the tests each step ran.
 TEST_WORKERS ?= 3
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
@@ -44,8 +45,9 @@ test: setup
 # nothing can be pulled; root and debootstrap) or reused by the digest of their inputs, then
 # `docker-compose up` federations: plain, faults, TLS, an edge node behind a degraded link, an
 # edge node that loses its network and comes back, then loses its power (40 rounds: 3-8
-# minutes). Skipped, saying why, where no Docker Engine answers. A step of its own in .ci/run:
-# a cold image build takes minutes.
+# minutes). Opted in here, so nothing is skipped: a missing Docker Engine, Compose, root or
+# network tool (nsenter, tc, iptables) fails the scenarios that need it, saying which. A step
+# of its own in .ci/run: a cold image build takes minutes.
 test-containers: setup
 	PFLARENA_CONTAINER_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_containers.py
 
