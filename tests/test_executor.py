@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -168,8 +169,20 @@ def _run(dep: LocalDeployment, out: Path, app: Path, plan: str = "", **config) -
     return read_rounds(out / "rounds.jsonl")
 
 
-def _log(dep: LocalDeployment, name: str) -> str:
-    return (dep.root / "logs" / f"{name}.log").read_text(errors="replace")
+def _log_path(dep: LocalDeployment, name: str) -> Path:
+    return dep.root / "logs" / f"{name}.log"
+
+
+def _log_size(dep: LocalDeployment, name: str) -> int:
+    """How many bytes the process ``name`` has logged so far (where its log resumes)."""
+    return _log_path(dep, name).stat().st_size
+
+
+def _log(dep: LocalDeployment, name: str, start: int = 0) -> str:
+    """The log of the process ``name``, from byte ``start`` on."""
+    with _log_path(dep, name).open("rb") as log:
+        log.seek(start)
+        return log.read().decode(errors="replace")
 
 
 @pytest.mark.slow
@@ -181,6 +194,8 @@ def test_faulty_children_cost_their_message_only(
     one failure, every other client and round succeeds, and the executors are the same
     processes at the end (nothing restarted them)."""
     before = _executors(deployment)
+    names = sorted(before)
+    start = {name: _log_size(deployment, name) for name in names}
     plan = "crash@0:1,hang@1:2,memory@0:3,kill@1:4"
     rounds = _run(
         deployment, tmp_path / "faults", flwr_run_dir(tmp_path / "app"), plan, **{"num-rounds": 5}
@@ -192,12 +207,23 @@ def test_faulty_children_cost_their_message_only(
     assert _executors(deployment) == before
     assert all(p.alive() for p in [*deployment.supernodes, *deployment.executors])
     assert deployment.supervise() == []
-    logs = _log(deployment, "executor-supernode-0") + _log(deployment, "executor-supernode-1")
-    # The crashed, killed and hung children were replied for by their parent (not left to
-    # the task heartbeat's expiry); the out-of-memory one raised and replied itself.
-    assert logs.count("replied for it") == 3, logs[-4000:]
-    assert "past --task-timeout 40s" in logs
-    assert "MemoryError" in logs
+    # Only what this run caused: the logs written since it started (an earlier test's hung
+    # child may still be replied for in them), and the children its own rounds name.
+    logs = "".join(_log(deployment, name, start[name]) for name in names)
+    problems = {r["round"]: r["train"]["problems"][0]["problem"] for r in rounds[1:5]}
+    replied = dict(re.findall(r"replied for it: ClientApp process (\d+) (.*)", logs))
+    # The crashed, hung and killed children were replied for by their parent (not left to
+    # the task heartbeat's expiry), each reply naming its child; the out-of-memory one
+    # raised and replied itself.
+    children = {}
+    for server_round in (1, 2, 4):
+        named = re.search(r"ClientApp process (\d+)", problems[server_round])
+        assert named and named[1] in replied, (problems[server_round], replied)
+        children[server_round] = replied[named[1]]
+    assert children[1] == "exit 70", children  # crash: os._exit(70)
+    assert children[2].endswith("(past --task-timeout 40s)"), children  # hang
+    assert children[4].startswith(f"killed by signal {signal.SIGKILL.value}"), children
+    assert "ClientApp process" not in problems[3] and "MemoryError" in logs, problems
 
 
 @pytest.mark.slow
