@@ -228,8 +228,11 @@ def install_guard(token_sha256: str) -> None:
 
 
 def _own_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    from pflarena.deploy.serving import add_flags
+
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--operator-token-hash", metavar="FILE")
+    add_flags(parser)
     return parser.parse_known_args(list(argv))
 
 
@@ -245,35 +248,56 @@ def _flower_flags(rest: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``pflarena superlink [--operator-token-hash FILE] <flower-superlink flags>``.
+    """``pflarena superlink [--operator-token-hash FILE] [--max-request-mb MB]
+    [--max-unauthenticated-kb KB] [--request-timeout S] [--header-timeout S] [--listen-fd N]
+    <flower-superlink flags>``.
 
-    Without ``--operator-token-hash`` it is ``flower-superlink`` itself.
+    Without ``--operator-token-hash`` it is ``flower-superlink`` serving within the request
+    limits (:mod:`pflarena.deploy.limits`), which apply in every variant: a request body
+    over ``--max-request-mb`` (default 15) or, from a caller not authenticated by its
+    headers, over ``--max-unauthenticated-kb`` (default 64) is refused with 413; a body
+    that does not arrive within ``--request-timeout`` seconds (default 30) with 408, as are
+    request headers that take longer than ``--header-timeout`` (default 10).
+    ``--listen-fd N`` serves on the listening TCP socket inherited as descriptor ``N``
+    instead of binding ``--host``/``--port`` (:mod:`pflarena.deploy.serving`).
     """
+    from pflarena.deploy.serving import install_superlink, serving_from_flags
+
     own, rest = _own_args(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in rest):
         print(main.__doc__)
         print(__doc__.split("\n\n")[2])
-    elif own.operator_token_hash is not None:
-        flags = _flower_flags(rest)
-        missing = []
-        if flags.insecure or not flags.ssl_certfile:
-            missing.append("TLS (--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile, no --insecure)")
-        if flags.isolation != "process" or not flags.superexec_auth_secret_file:
-            missing.append("--isolation process with --superexec-auth-secret-file FILE")
-        if missing:
-            raise SystemExit(
-                "pflarena superlink: --operator-token-hash guards the Control API of a "
-                f"SuperLink whose other APIs are authenticated; it needs {' and '.join(missing)}"
-            )
-        try:
-            install_guard(read_token_hash(own.operator_token_hash))
-        except (RuntimeError, OSError) as exc:
-            raise SystemExit(f"pflarena superlink: {exc}") from None
-        if not flags.enable_supernode_auth:
-            from logging import WARNING
+    else:
+        token_sha256 = None
+        if own.operator_token_hash is not None:
+            flags = _flower_flags(rest)
+            missing = []
+            if flags.insecure or not flags.ssl_certfile:
+                missing.append(
+                    "TLS (--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile, no --insecure)"
+                )
+            if flags.isolation != "process" or not flags.superexec_auth_secret_file:
+                missing.append("--isolation process with --superexec-auth-secret-file FILE")
+            if missing:
+                raise SystemExit(
+                    "pflarena superlink: --operator-token-hash guards the Control API of a "
+                    f"SuperLink whose other APIs are authenticated; it needs {' and '.join(missing)}"
+                )
+            try:
+                token_sha256 = read_token_hash(own.operator_token_hash)
+                install_guard(token_sha256)
+            except (RuntimeError, OSError) as exc:
+                raise SystemExit(f"pflarena superlink: {exc}") from None
+            if not flags.enable_supernode_auth:
+                from logging import WARNING
 
-            _log(WARNING, "pflarena superlink: without --enable-supernode-auth any process "
-                 "that reaches this port can join as a SuperNode and receive messages")  # fmt: skip
+                _log(WARNING, "pflarena superlink: without --enable-supernode-auth any process "
+                     "that reaches this port can join as a SuperNode and receive messages")  # fmt: skip
+        try:
+            serving, rest = serving_from_flags(own, rest)
+            install_superlink(serving, token_sha256)
+        except (RuntimeError, ValueError) as exc:
+            raise SystemExit(f"pflarena superlink: {exc}") from None
     from flwr.superlink.cli import flower_superlink
 
     sys.argv = ["pflarena superlink", *rest]

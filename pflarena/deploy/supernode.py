@@ -218,13 +218,27 @@ def require_approved_apps(public_key_files: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``pflarena supernode [--active-poll A] [--idle-poll I] [--active-window W]
-    [--app-signing-public-key KEY.pub ...] <flower-supernode flags>``."""
+    [--app-signing-public-key KEY.pub ...] [--max-request-mb MB] [--max-unauthenticated-kb KB]
+    [--request-timeout S] [--header-timeout S] [--listen-fd N] <flower-supernode flags>``.
+
+    The Runtime API's server always keeps the request limits (:mod:`pflarena.deploy.limits`;
+    the flags and defaults are ``pflarena superlink``'s); ``--listen-fd N`` serves it on the
+    listening TCP socket inherited as descriptor ``N`` instead of binding
+    ``--host``/``--port`` (:mod:`pflarena.deploy.serving`)."""
+    from pflarena.deploy.serving import add_flags, install_supernode, serving_from_flags
+
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--idle-poll", type=float, default=None)
     parser.add_argument("--active-poll", type=float, default=None)
     parser.add_argument("--active-window", type=float, default=30.0)
     parser.add_argument("--app-signing-public-key", action="append", default=[])
+    add_flags(parser)
     own, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        serving, rest = serving_from_flags(own, rest)
+        install_supernode(serving)
+    except (RuntimeError, ValueError) as exc:
+        raise SystemExit(f"pflarena supernode: {exc}") from None
     enable_trace()
     try:
         keep_node_alive()
