@@ -2,19 +2,31 @@
 
 The round trip is checked through Flower's own object transport (each object deflated to
 bytes and inflated from them, as the SuperLink and SuperNodes pass them), byte for byte
-against the arrays that went in; the deployment Grid and the ClientApp are checked on their
-own (packing on the way out, unpacking on the way in, a broken packed reply costing only its
-sender).
+against the arrays that went in; a packed record that is damaged, forged or past the format's
+bounds is refused by name; the deployment Grid (over an in-memory SuperLink,
+``fake_superlink.py``) and the ClientApp are checked on their own (packing on the way out,
+unpacking on the way in, a broken packed reply costing only its sender).
+``test_packing_fuzz.py`` throws random and adversarial packed records at both.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict
+from fake_superlink import FakeSuperLink, serverapp_identity
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    Metadata,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.app.message import make_message
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
@@ -26,6 +38,7 @@ from pflarena.core.packing import (
     is_packed,
     pack_arrays,
     pack_content,
+    packable,
     unpack_content,
 )
 from pflarena.server.polling import PromptGrid
@@ -140,22 +153,89 @@ def test_a_damaged_packed_record_is_refused_by_name(damage, says) -> None:
         unpack_content(_with_blob(damage(blob)))
 
 
+def _npy(array: np.ndarray) -> bytes:
+    return Array(array).data
+
+
+def _forged(table: object, *datas: bytes) -> RecordDict:
+    """A packed record whose table is ``table`` (JSON, or bytes as they are) and whose
+    arrays' bytes are ``datas``."""
+    head = table if isinstance(table, bytes) else json.dumps(table).encode()
+    return _with_blob(b"PFLPACK1" + len(head).to_bytes(4, "big") + head + b"".join(datas))
+
+
+W2 = _npy(np.zeros(2, np.float32))  # a float32 array of shape (2,), as Flower writes it
+
+
 @pytest.mark.parametrize(
-    ("table", "says"),
+    ("table", "datas", "says"),
     [
-        (b'[["w","float32",[2],"numpy.ndarray",-1]]', "malformed table entry"),
-        (
-            b'[["w","float32",[2],"numpy.ndarray",0],["w","float32",[2],"numpy.ndarray",0]]',
-            "appears twice",
-        ),
-        (b'[["w","float32","2","numpy.ndarray",0]]', "malformed table entry"),
-        (b"{}", "not a list"),
+        ([["w", "float32", [2], "numpy.ndarray", -1]], [], "malformed table entry"),
+        ([["w", "float32", [2], "numpy.ndarray", len(W2)]] * 2, [W2, W2], "appears twice"),
+        ([["w", "float32", "2", "numpy.ndarray", len(W2)]], [W2], "malformed table entry"),
+        ({}, [], "not a list"),
+        # JSON's true is Python's True, an int to isinstance: refused as a dimension
+        ([["w", "float32", [True, 2], "numpy.ndarray", len(W2)]], [W2], "malformed table entry"),
+        ([["w", "float32", [2], "numpy.ndarray", True]], [W2], "malformed table entry"),
+        ([["w", "float32", [2.0], "numpy.ndarray", len(W2)]], [W2], "malformed table entry"),
+        ([["w", "object", [2], "numpy.ndarray", len(W2)]], [W2], "dtype 'object'"),
+        ([["w", "<U3", [2], "numpy.ndarray", len(W2)]], [W2], "dtype '<U3'"),
+        ([["w", "float32", [2], "torch.Tensor", len(W2)]], [W2], "stype 'torch.Tensor'"),
+        ([["w", "float32", [1] * 40, "numpy.ndarray", len(W2)]], [W2], "40 dimensions"),
+        ([["k" * 2000, "float32", [2], "numpy.ndarray", len(W2)]], [W2], "2000 characters"),
+        # the shape against the bytes: the .npy header says (2,), the entry (3,) or (1, 2)
+        ([["w", "float32", [3], "numpy.ndarray", len(W2)]], [W2], r"hold float32 \(2,\)"),
+        ([["w", "float32", [1, 2], "numpy.ndarray", len(W2)]], [W2], "its bytes hold"),
+        ([["w", "float64", [2], "numpy.ndarray", len(W2)]], [W2], "its entry says float64"),
+        # an .npy header that says (2,) over 4 bytes instead of 8
+        ([["w", "float32", [2], "numpy.ndarray", len(W2) - 4]], [W2[:-4]], "takes 8 bytes"),
+        ([["w", "float32", [2], "numpy.ndarray", 8]], [b"\0" * 8], "not an .npy array"),
+        (b"[" * 100_000, [], "nests deeper than 3"),
+        (b'[["w","float32",[[[[2]]]],"numpy.ndarray",0]]', [], "nests deeper than 3"),
+        (b"[" + b"9" * 5000 + b"]", [], "not JSON"),  # past Python's int digits limit
+        (b"\xff\xfe", [], "not JSON"),
     ],
 )
-def test_a_forged_table_is_refused_by_name(table: bytes, says: str) -> None:
-    blob = b"PFLPACK1" + len(table).to_bytes(4, "big") + table
+def test_a_forged_table_is_refused_by_name(table, datas, says: str) -> None:
     with pytest.raises(PackingError, match=says):
-        unpack_content(_with_blob(blob))
+        unpack_content(_forged(table, *datas))
+
+
+def test_the_bounds_on_the_table_and_its_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pflarena.core import packing
+
+    entries = [[f"w{i}", "float32", [2], "numpy.ndarray", len(W2)] for i in range(3)]
+    unpack_content(_forged(entries, W2, W2, W2))  # within the bounds
+    monkeypatch.setattr(packing, "MAX_ARRAYS", 2)
+    with pytest.raises(PackingError, match=r"3 arrays \(at most 2\)"):
+        unpack_content(_forged(entries, W2, W2, W2))
+    monkeypatch.setattr(packing, "MAX_TABLE_BYTES", 100)
+    with pytest.raises(PackingError, match="a table of .* bytes"):
+        unpack_content(_forged(entries, W2, W2, W2))
+    # A table's length field past the bytes there are
+    with pytest.raises(PackingError, match="truncated"):
+        unpack_content(_with_blob(b"PFLPACK1" + (50).to_bytes(4, "big") + b"[]"))
+
+
+def test_brackets_inside_keys_do_not_count_as_nesting() -> None:
+    keys = ["a[[[[b", "c]]]}{", 'd\\"[[[[', '"']
+    record = ArrayRecord({k: Array(np.arange(3, dtype=np.int16) + i) for i, k in enumerate(keys)})
+    _same(unpack_content(pack_content(RecordDict({"a": record})))["a"], record)
+
+
+def test_only_numpy_arrays_of_plain_dtypes_are_packed() -> None:
+    big_endian = ArrayRecord({"a": Array(np.arange(3, dtype=">f4")), "b": Array(np.ones(2))})
+    other = ArrayRecord(
+        {"a": Array("float32", (2,), "custom.stype", b"12345678"), "b": Array(np.ones(2))}
+    )
+    plain = ArrayRecord({"a": Array(np.ones(2, np.float32)), "b": Array(np.ones(2))})
+    assert not packable(big_endian) and not packable(other) and packable(plain)
+    content = RecordDict({"be": big_endian, "other": other, "plain": plain})
+    packed = pack_content(content)
+    assert packed["be"] is big_endian and packed["other"] is other  # Flower's tree
+    assert list(packed["plain"].keys()) == [PACKED_KEY]
+    with pytest.raises(PackingError, match="'a' is numpy.ndarray >f4"):
+        pack_arrays(big_endian)
 
 
 # ------------------------------------------------------------------ the deployment's Grid
@@ -165,43 +245,28 @@ def _metadata(node: int, reply_to: str = "") -> Metadata:
     return Metadata(7, "", src, dst, reply_to, "1", time.time(), 600.0, "train")
 
 
-class _Wire:
-    """A Grid that keeps what it was pushed and answers each message from its node with
-    ``answer(node, content)``, as deflated and inflated objects would arrive."""
-
-    def __init__(self, answer) -> None:
-        self.answer = answer
-        self.pushed: dict[str, RecordDict] = {}
-        self.nodes: dict[str, int] = {}
-
-    def push_messages(self, messages):
-        ids = []
-        for i, message in enumerate(messages):
-            mid = f"m{len(self.pushed) + i}"
-            message.metadata.__dict__["_message_id"] = mid
-            self.pushed[mid] = _over_the_wire(message.content)
-            self.nodes[mid] = message.metadata.dst_node_id
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, message_ids):
-        return [
-            make_message(_metadata(self.nodes[m], m), self.answer(self.nodes[m], self.pushed[m]))
-            for m in message_ids
-        ]
+@pytest.fixture
+def serverapp(monkeypatch: pytest.MonkeyPatch) -> None:
+    serverapp_identity(monkeypatch)
 
 
-def test_the_deployment_grid_packs_on_the_way_out_and_unpacks_replies() -> None:
-    def answer(node: int, content: RecordDict) -> RecordDict:
-        assert is_packed(content)  # what travelled was packed
-        model = unpack_content(content)["arrays"]
+def _train(node: int) -> Message:
+    return Message(RecordDict({"arrays": _arrays()}), dst_node_id=node, message_type="train")
+
+
+def test_the_deployment_grid_packs_on_the_way_out_and_unpacks_replies(serverapp) -> None:
+    def answer(node: int, message: Message) -> Message:
+        assert is_packed(message.content)  # what travelled was packed
+        model = unpack_content(message.content)["arrays"]
         model["bias-of-" + str(node)] = Array(np.full(2, node, np.float32))
-        return pack_content(RecordDict({"arrays": model, "metrics": MetricRecord({"n": node})}))
+        reply = RecordDict({"arrays": model, "metrics": MetricRecord({"n": node})})
+        return Message(pack_content(reply), reply_to=message)
 
-    grid = PromptGrid(_Wire(answer), poll=0.01, pack=True)  # type: ignore[arg-type]
-    messages = [make_message(_metadata(node), RecordDict({"arrays": _arrays()})) for node in (1, 2)]
+    link = FakeSuperLink(answer)
+    grid = PromptGrid(link.grid(), poll=0.01, pack=True)
+    messages = [_train(node) for node in (1, 2)]
     replies = list(grid.send_and_receive(messages, timeout=5))
-    assert sorted(r.metadata.src_node_id for r in replies) == [1, 2]
+    assert [r.metadata.src_node_id for r in replies] == [1, 2]
     for message in messages:  # the ServerApp's own messages keep their unpacked content
         _same(message.content["arrays"], _arrays())
     for reply in replies:
@@ -214,29 +279,27 @@ def test_the_deployment_grid_packs_on_the_way_out_and_unpacks_replies() -> None:
         )
 
 
-def test_an_unreadable_packed_reply_costs_only_its_sender() -> None:
-    def answer(node: int, content: RecordDict) -> RecordDict:
-        reply = pack_content(RecordDict({"arrays": unpack_content(content)["arrays"]}))
+def test_an_unreadable_packed_reply_costs_only_its_sender(serverapp) -> None:
+    def answer(node: int, message: Message) -> Message:
+        reply = pack_content(RecordDict({"arrays": unpack_content(message.content)["arrays"]}))
         if node == 2:  # a broken or hostile client: its packed bytes cut short
-            return _with_blob(_blob(reply["arrays"])[:-3])
-        return reply
+            reply = _with_blob(_blob(reply["arrays"])[:-3])
+        return Message(reply, reply_to=message)
 
-    grid = PromptGrid(_Wire(answer), poll=0.01, pack=True)  # type: ignore[arg-type]
-    messages = [
-        make_message(_metadata(node), RecordDict({"arrays": _arrays()})) for node in (1, 2, 3)
-    ]
+    grid = PromptGrid(FakeSuperLink(answer).grid(), poll=0.01, pack=True)
+    messages = [_train(node) for node in (1, 2, 3)]
     replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=5)}
-    assert replies[2].has_error() and "unreadable reply" in replies[2].error.reason
+    assert replies[2].has_error() and "unreadable reply: PackingError" in replies[2].error.reason
     assert replies[2].metadata.reply_to_message_id == messages[1].metadata.message_id
     for node in (1, 3):
         _same(replies[node].content["arrays"], _arrays())
 
 
-def test_the_grid_without_packing_sends_flowers_objects() -> None:
-    grid = PromptGrid(_Wire(lambda node, content: content), poll=0.01)  # type: ignore[arg-type]
-    message = make_message(_metadata(1), RecordDict({"arrays": _arrays()}))
-    (reply,) = grid.send_and_receive([message], timeout=5)
-    assert not is_packed(grid._grid.pushed[message.metadata.message_id])
+def test_the_grid_without_packing_sends_flowers_objects(serverapp) -> None:
+    link = FakeSuperLink(lambda node, message: Message(message.content, reply_to=message))
+    grid = PromptGrid(link.grid(), poll=0.01)
+    (reply,) = grid.send_and_receive([_train(1)], timeout=5)
+    assert not is_packed(link.pushed[0].content)
     _same(reply.content["arrays"], _arrays())
 
 
