@@ -20,7 +20,14 @@ import pytest
 from flwr.supercore import heartbeat as flower_heartbeat
 from flwr.supernode import fleet_http_connection
 
-from pflarena.deploy.liveness import LOOP_ENDED, guard_node_heartbeat, retry_server_errors
+from pflarena.deploy.liveness import (
+    LOOP_ENDED,
+    RETRY_ENV,
+    ServerErrorStreak,
+    guard_node_heartbeat,
+    retry_limit,
+    retry_server_errors,
+)
 from pflarena.runtime.launch import simulation_env
 from pflarena.runtime.processes import Supervised, free_port, stop_all, wait_healthy
 
@@ -143,43 +150,144 @@ def test_a_flower_without_the_heartbeat_internals_is_named(
         guarded()
 
 
-@pytest.mark.parametrize("patched", [False, True], ids=["flower", "pflarena"])
-def test_a_request_answered_with_500_is_tried_again(
-    monkeypatch: pytest.MonkeyPatch, patched: bool
-) -> None:
-    """Flower's retry invoker gives a request answered with 500 up at once (the SuperNode's
-    loop then ends); with :func:`retry_server_errors` it tries again, as after a 503."""
-    from flwr.supercore.retry import http_retry
+class Clock:
+    """A clock that advances only by the waits given to it."""
 
-    monkeypatch.setattr(http_retry, "_RETRYABLE_STATUS_CODES", http_retry._RETRYABLE_STATUS_CODES)
-    if patched:
-        retry_server_errors()
-        assert {500, 502, 503, 504} == http_retry._RETRYABLE_STATUS_CODES
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wait(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def connection(monkeypatch: pytest.MonkeyPatch):
+    """Flower's SuperNode connection module, its retry invoker factory restored after."""
+    monkeypatch.setattr(
+        fleet_http_connection,
+        "make_simple_http_retry_invoker",
+        fleet_http_connection.make_simple_http_retry_invoker,
+    )
+    return fleet_http_connection
+
+
+def _requests(*answers: object) -> tuple[Callable[[], str], list[int]]:
+    """A request giving ``answers`` in turn (an exception is raised), then "answered"."""
     calls: list[int] = []
 
     def request() -> str:
         calls.append(1)
-        if len(calls) == 1:
-            raise _http_error(500)
-        return "answered"
+        answer = answers[len(calls) - 1] if len(calls) <= len(answers) else "answered"
+        if isinstance(answer, BaseException):
+            raise answer
+        return str(answer)
 
-    invoker = http_retry.make_simple_http_retry_invoker()
+    return request, calls
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["flower", "pflarena"])
+def test_a_request_answered_with_500_is_tried_again(connection, patched: bool) -> None:
+    """Flower's retry invoker gives a request answered with 500 up at once (the SuperNode's
+    loop then ends); with :func:`retry_server_errors` the node's connection tries again, as
+    after a 503."""
+    if patched:
+        retry_server_errors(ServerErrorStreak(300.0))
+    invoker = connection.make_simple_http_retry_invoker()
+    invoker.wait_function = lambda seconds: None
+    request, calls = _requests(_http_error(500), _http_error(503))
     if patched:
         assert invoker.invoke(request) == "answered"
-        assert len(calls) == 2
+        assert len(calls) == 3
     else:
         with pytest.raises(httpx.HTTPStatusError):
             invoker.invoke(request)
         assert len(calls) == 1
 
 
-def test_a_flower_without_the_retried_codes_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_superlink_answering_only_500_is_given_up_after_the_limit(
+    connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """500s with no success between them for the limit: the request is given up (its error
+    ends the node's loop, and ``pflarena supernode`` exits); a success starts the count
+    again, so a SuperLink that is only busy now and then is waited for."""
+    clock = Clock()
+    retry_server_errors(ServerErrorStreak(60.0, clock=clock))
+    invoker = connection.make_simple_http_retry_invoker()
+    invoker.wait_function = clock.wait
+    invoker.jitter = None  # Flower's back-off as it is: 1, 2, 4, 8, 16, 20, 20... s
+    request, calls = _requests(*[_http_error(500)] * 1000)
+    with pytest.raises(httpx.HTTPStatusError, match="500"):
+        invoker.invoke(request)
+    assert 60.0 <= clock.t <= 60.0 + 20.0  # Flower's back-off waits at most 20 s
+    assert "answered nothing but 500 for" in caplog.text
+
+    clock.t = 0.0
+    busy = [_http_error(500)] * 5  # 31 s of 500s each time (1 + 2 + 4 + 8 + 16 s)
+    request, calls = _requests(*busy, "ok", *busy, "ok", *busy)
+    for _ in range(3):
+        invoker.invoke(request)
+    assert clock.t == 93.0 and len(calls) == 18
+
+
+def test_a_heartbeat_answered_only_with_500_stops_the_node_after_the_limit(
+    guarded: Callable[..., type],
+) -> None:
+    clock = Clock()
+    stopped: list[str] = []
+    cls = guarded(stop=stopped.append, streak=ServerErrorStreak(30.0, clock=clock))
+    fn, calls = _answers(*[_http_error(500)] * 1000)
+
+    def heartbeat() -> bool:
+        clock.wait(5.0)  # each try 5 s after the last
+        return fn()
+
+    sender = cls(heartbeat)
+    sender._retry_invoker.wait_function = lambda seconds: None
+    sender.start()
+    assert _wait(lambda: bool(stopped), 5.0), calls
+    assert stopped == ["HTTPStatusError: 500"]
+    assert len(calls) == 7  # the first 500 at 5 s, the one 30 s later at 35 s
+
+
+def test_a_heartbeat_500_streak_ends_with_a_success(guarded: Callable[..., type]) -> None:
+    clock = Clock()
+    stopped: list[str] = []
+    cls = guarded(stop=stopped.append, streak=ServerErrorStreak(30.0, clock=clock))
+    fn, calls = _answers(*[_http_error(500)] * 5, True, *[_http_error(500)] * 5)
+
+    def heartbeat() -> bool:
+        clock.wait(5.0)
+        return fn()
+
+    sender = cls(heartbeat)
+    sender._retry_invoker.wait_function = lambda seconds: None
+    sender._stop_event.wait = lambda seconds=None: sender._stop_event.is_set()  # no pause
+    sender.start()
+    try:
+        assert _wait(lambda: len(calls) >= 13, 5.0), calls
+        assert not stopped
+    finally:
+        sender.stop()
+
+
+def test_the_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RETRY_ENV, "45")
+    assert retry_limit() == 45.0
+    for value, says in [("later", "not a number"), ("0.5", "at least 1 second")]:
+        monkeypatch.setenv(RETRY_ENV, value)
+        with pytest.raises(ValueError, match=f"{RETRY_ENV}='{value}' .*{says}"):
+            retry_limit()
+
+
+def test_a_flower_without_the_retried_codes_is_named(connection, monkeypatch) -> None:
     from flwr.supercore.retry import http_retry
 
     monkeypatch.setattr(http_retry, "_RETRYABLE_STATUS_CODES", frozenset({503}))
     with pytest.raises(RuntimeError, match="_RETRYABLE_STATUS_CODES"):
-        retry_server_errors()
-    assert {503} == http_retry._RETRYABLE_STATUS_CODES
+        retry_server_errors(ServerErrorStreak(300.0))
 
 
 # --------------------------------------------------------------- against a real SuperLink
@@ -251,13 +359,17 @@ def test_supernodes_against_a_locked_and_a_broken_superlink(tmp_path: Path) -> N
     * its first two heartbeats answered with 500: it tries again and stays;
     * its first heartbeat answered with 400: it stops, exit status 1, its log saying why;
     * its first ask for messages answered with 400 (Flower's loop ends on it): it exits with
-      status 1 instead of lingering."""
+      status 1 instead of lingering;
+    * every ask for messages answered with 500 (its heartbeats answered): it retries them
+      for ``PFLARENA_SUPERLINK_RETRY_S`` (5 s here), then exits with status 1."""
     env = simulation_env(tmp_path / "home")
     procs: dict[str, Supervised] = {}
     proxies: dict[str, _Proxy] = {}
 
-    def spawn(name: str, cmd: list[str]) -> Supervised:
-        procs[name] = Supervised.spawn(name, cmd, tmp_path / f"{name}.log", env, cwd=tmp_path)
+    def spawn(name: str, cmd: list[str], **extra: str) -> Supervised:
+        procs[name] = Supervised.spawn(
+            name, cmd, tmp_path / f"{name}.log", env | extra, cwd=tmp_path
+        )
         return procs[name]
 
     def log(name: str) -> str:
@@ -285,14 +397,17 @@ def test_supernodes_against_a_locked_and_a_broken_superlink(tmp_path: Path) -> N
             "heartbeat-500": (pflarena, (HEARTBEAT_PATH, 500, 2)),
             "heartbeat-400": (pflarena, (HEARTBEAT_PATH, 400, 1)),
             "pull-400": (pflarena, ("/v1/fleet/pull-messages", 400, 1)),
+            "pull-500": (pflarena, ("/v1/fleet/pull-messages", 500, 10**9)),
         }
         for name, (cmd, broken) in nodes.items():
             target = port
             if broken is not None:
                 proxies[name] = _Proxy(port, *broken)
                 target = proxies[name].port
+            # The node whose asks for messages all get 500 gives up after 5 s of them.
+            extra = {RETRY_ENV: "5"} if name == "pull-500" else {}
             spawn(name, [*cmd, "--insecure", "--superlink", f"127.0.0.1:{target}",
-                         "--isolation", "process", "--port", str(free_port())])  # fmt: skip
+                         "--isolation", "process", "--port", str(free_port())], **extra)  # fmt: skip
 
         assert _wait(exited("heartbeat-400"), 90.0), why()
         assert procs["heartbeat-400"].popen.returncode == 1, why()
@@ -300,6 +415,13 @@ def test_supernodes_against_a_locked_and_a_broken_superlink(tmp_path: Path) -> N
         assert _wait(exited("pull-400"), 90.0), why()
         assert procs["pull-400"].popen.returncode == 1, why()
         assert f"pflarena supernode: {LOOP_ENDED}; exiting" in log("pull-400"), why()
+        # Its heartbeats answered, its asks for messages all 500: listed online, serving
+        # nothing, until it gives up and exits for its supervisor.
+        assert _wait(exited("pull-500"), 90.0), why()
+        assert procs["pull-500"].popen.returncode == 1, why()
+        assert "answered nothing but 500 for" in log("pull-500"), why()
+        assert f"pflarena supernode: {LOOP_ENDED}; exiting" in log("pull-500"), why()
+        assert len(proxies["pull-500"].answers) >= 3, why()
         assert _wait(lambda: 200 in proxies["heartbeat-500"].answers, 30.0), why()
         assert proxies["heartbeat-500"].answers[:2] == [500, 500], why()
         assert "answered a heartbeat with 500; trying again" in log("heartbeat-500"), why()

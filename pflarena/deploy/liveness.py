@@ -20,7 +20,13 @@ SuperLink under load locks it: "database is locked", ``tests/test_liveness.py``)
 ``pflarena supernode`` therefore (:func:`keep_node_alive`, and its ``main``):
 
 * retries a request or heartbeat answered with 500 as Flower retries 502-504: the SuperLink is
-  there, and busy or briefly broken;
+  there, and busy or briefly broken; but not forever: a SuperLink that has answered nothing
+  but 500s for :data:`RETRY_ENV` seconds (default :data:`DEFAULT_RETRY_S`; a success resets
+  the count) is not busy, and the node gives up, ending its loop (or its heartbeat), so
+  that it exits for its supervisor as below, instead of heartbeating, listed online and
+  sampled, while it serves nothing. A SuperLink that cannot be reached at all (transport
+  errors, 502-504) is still waited for without limit, as Flower does: an edge node's link
+  may be down for hours;
 * when the heartbeat thread would end otherwise, logs why and stops the node the way Flower
   does on a refused credential (``SIGINT``, its graceful shutdown; a 401 is left to Flower,
   which is stopping the node already), then exits with status 1;
@@ -29,8 +35,9 @@ SuperLink under load locks it: "database is locked", ``tests/test_liveness.py``)
 so that its supervisor (compose's ``restart:``, systemd's ``Restart=on-failure``) starts it
 again and it activates anew.
 
-This leans on Flower internals (the retry invoker's ``_RETRYABLE_STATUS_CODES``, the
-heartbeat class and its ``_run`` and ``_heartbeat``, ``HeartbeatFailure``):
+This leans on Flower internals (the connection's ``make_simple_http_retry_invoker`` and the
+invoker's ``should_giveup`` and ``on_success``, the heartbeat class and its ``_run`` and
+``_heartbeat``, ``HeartbeatFailure``):
 :func:`keep_node_alive` fails, naming what moved, when the installed flwr differs.
 """
 
@@ -39,10 +46,13 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from logging import ERROR, WARNING
+from typing import Any
 
-__all__ = ["LOOP_ENDED", "keep_node_alive", "stopped_reason"]
+__all__ = ["DEFAULT_RETRY_S", "LOOP_ENDED", "RETRY_ENV", "keep_node_alive", "stopped_reason"]
 
 _RETRY_MODULE = "flwr.supercore.retry.http_retry"
 _CONNECTION_MODULE = "flwr.supernode.fleet_http_connection"
@@ -50,6 +60,10 @@ _HEARTBEAT_MODULE = "flwr.supercore.heartbeat"
 #: What flwr 1.41 retries (502, 503, 504), and what this module adds (500).
 FLOWER_RETRIED = frozenset({502, 503, 504})
 SERVER_ERROR = 500
+#: Environment variable: seconds of nothing but 500s after which the node gives up (the same
+#: variable bounds the ServerApp's retries, :mod:`pflarena.server.polling`).
+RETRY_ENV = "PFLARENA_SUPERLINK_RETRY_S"
+DEFAULT_RETRY_S = 300.0
 #: The status Flower handles itself (it stops the node on a refused credential).
 _UNAUTHORIZED = 401
 #: Why ``pflarena supernode`` exits when Flower's loop returns (it only returns on an error).
@@ -79,21 +93,106 @@ def _flwr_differs(missing: list[str], what: str) -> RuntimeError:
     )
 
 
-def retry_server_errors() -> None:
-    """Make this process's Flower HTTP clients retry a request answered with 500, as they
-    retry 502-504 (with their back-off, without limit)."""
-    module = importlib.import_module(_RETRY_MODULE)
-    codes = getattr(module, "_RETRYABLE_STATUS_CODES", None)
-    if not isinstance(codes, frozenset) or not codes >= FLOWER_RETRIED:
-        raise _flwr_differs([f"{_RETRY_MODULE}._RETRYABLE_STATUS_CODES"], "retry a 500")
-    module._RETRYABLE_STATUS_CODES = codes | {SERVER_ERROR}
+class ServerErrorStreak:
+    """How long the SuperLink has answered nothing but server errors to one kind of request
+    (the node's loop, or its heartbeat): from the first of them since the last success (from
+    any thread), against ``limit_s``."""
+
+    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit_s = limit_s
+        self._clock = clock
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self) -> float:
+        """Note a server error; the seconds the streak has lasted."""
+        with self._lock:
+            now = self._clock()
+            if self._since is None:
+                self._since = now
+            return now - self._since
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def exhausted(self) -> bool:
+        """Note a server error; whether the streak has reached the limit."""
+        return self.failed() >= self.limit_s
 
 
-def guard_node_heartbeat(stop: Callable[[str], None] = _interrupt_this_process) -> type:
-    """Make this process's SuperNode retry a heartbeat answered with any 5xx, and call
-    ``stop(reason)`` (default: interrupt this process) when its heartbeat thread would end
-    otherwise. Returns the class the SuperNode's connection now uses (once guarded, the same
-    class again)."""
+def retry_limit() -> float:
+    """The node's limit on a streak of 500s, from :data:`RETRY_ENV` (seconds)."""
+    value = os.environ.get(RETRY_ENV, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_RETRY_S
+    except ValueError:
+        raise ValueError(f"{RETRY_ENV}={value!r} is not a number of seconds") from None
+    if not seconds >= 1:
+        raise ValueError(f"{RETRY_ENV}={value!r} must be at least 1 second")
+    return seconds
+
+
+def limit_server_errors(invoker: Any, streak: ServerErrorStreak) -> Any:
+    """``invoker`` (Flower's HTTP ``RetryInvoker``) retrying a 500 as Flower retries 502-504,
+    until ``streak`` reaches its limit; then it gives the request up (its error ends the
+    node's loop). Returns ``invoker``."""
+    import httpx
+    from flwr.common.logger import log
+
+    flower_giveup = invoker.should_giveup
+    flower_success = invoker.on_success
+
+    def should_giveup(exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == SERVER_ERROR:
+            if not streak.exhausted():
+                return False
+            log(ERROR, "pflarena supernode: the SuperLink has answered nothing but 500 for "
+                "%.0f s (%s=%g); giving up, so that this node exits for its supervisor",
+                streak.failed(), RETRY_ENV, streak.limit_s)  # fmt: skip
+            return True
+        return bool(flower_giveup(exc)) if flower_giveup is not None else False
+
+    def on_success(state: Any) -> None:
+        streak.succeeded()
+        if flower_success is not None:
+            flower_success(state)
+
+    invoker.should_giveup = should_giveup
+    invoker.on_success = on_success
+    return invoker
+
+
+def retry_server_errors(streak: ServerErrorStreak) -> None:
+    """Make this process's SuperNode connection retry a request answered with 500, as it
+    retries 502-504 (with Flower's back-off), until ``streak`` reaches its limit."""
+    module = importlib.import_module(_CONNECTION_MODULE)
+    retry = importlib.import_module(_RETRY_MODULE)
+    make = getattr(module, "make_simple_http_retry_invoker", None)
+    codes = getattr(retry, "_RETRYABLE_STATUS_CODES", None)
+    if getattr(make, "_pflarena_limited", False):
+        return
+    if not callable(make) or not isinstance(codes, frozenset) or not codes >= FLOWER_RETRIED:
+        raise _flwr_differs(
+            [f"{_CONNECTION_MODULE}.make_simple_http_retry_invoker",
+             f"{_RETRY_MODULE}._RETRYABLE_STATUS_CODES"], "retry a 500",
+        )  # fmt: skip
+
+    def make_limited() -> Any:
+        return limit_server_errors(make(), streak)
+
+    make_limited._pflarena_limited = True  # type: ignore[attr-defined]
+    module.make_simple_http_retry_invoker = make_limited
+
+
+def guard_node_heartbeat(
+    stop: Callable[[str], None] = _interrupt_this_process,
+    streak: ServerErrorStreak | None = None,
+) -> type:
+    """Make this process's SuperNode retry a heartbeat answered with any 5xx (until
+    ``streak``, if given, reaches its limit), and call ``stop(reason)`` (default: interrupt
+    this process) when its heartbeat thread would end otherwise. Returns the class the
+    SuperNode's connection now uses (once guarded, the same class again)."""
     import httpx
     from flwr.common.logger import log
 
@@ -127,11 +226,13 @@ def guard_node_heartbeat(stop: Callable[[str], None] = _interrupt_this_process) 
                 super()._heartbeat()
             except httpx.HTTPStatusError as exc:
                 code = exc.response.status_code
-                if code < 500:
-                    raise
+                if code < 500 or (streak is not None and streak.exhausted()):
+                    raise  # ends the thread, and the node with it (``_run``)
                 log(WARNING, "pflarena supernode: the SuperLink answered a heartbeat with %s; "
                     "trying again", code)  # fmt: skip
                 raise failure from exc
+            if streak is not None:
+                streak.succeeded()
 
         def _run(self) -> None:
             try:
@@ -160,6 +261,11 @@ def keep_node_alive() -> None:
     ------
     RuntimeError
         The installed flwr differs from flwr 1.41 where they lean on it.
+    ValueError
+        :data:`RETRY_ENV` is not a number of seconds, at least 1.
     """
-    retry_server_errors()
-    guard_node_heartbeat()
+    limit = retry_limit()
+    # Apart: a SuperLink that takes the heartbeats and answers every ask for messages with
+    # 500 would otherwise keep the node listed online, and sampled, while it serves nothing.
+    retry_server_errors(ServerErrorStreak(limit))
+    guard_node_heartbeat(streak=ServerErrorStreak(limit))
