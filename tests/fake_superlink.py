@@ -93,6 +93,7 @@ class FakeSuperLink:
         self.replies: dict[str, tuple[Any, ObjectTree]] = {}  # instruction id -> reply
         self.answered: set[str] = set()  # instructions a node has answered (or refused)
         self.confirmed: list[str] = []
+        self.object_pulls: dict[str, int] = {}
         self.paths: list[str] = []  # every request, in order
         #: the instructions, as a node inflates them (once each, as a node first sees them)
         self.pushed: list[Message] = []
@@ -228,10 +229,20 @@ class FakeSuperLink:
         proto = message_to_proto(remove_content_from_message(reply))
         self.replies[mid] = (proto, get_object_tree(reply))
 
+    def delay_objects(self, pulls: int) -> None:
+        """Every reply object is still on its way (preregistered, not yet pushed) for the
+        first ``pulls`` pulls of it, as a node's large reply over a slow link is."""
+        self.object_delay = pulls
+
+    object_delay = 0
+
     def _pull_object(self, req: PullObjectRequest) -> PullObjectResponse:
         content = self.objects.get(req.object_id)
         if content is None:
             return PullObjectResponse(object_found=False, object_available=False)
+        self.object_pulls[req.object_id] = self.object_pulls.get(req.object_id, 0) + 1
+        if self.object_pulls[req.object_id] <= self.object_delay:
+            return PullObjectResponse(object_found=True, object_available=False)
         return PullObjectResponse(object_found=True, object_available=True, object_content=content)
 
     def _confirm(self, req: ConfirmMessageReceivedRequest) -> ConfirmMessageReceivedResponse:

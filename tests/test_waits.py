@@ -5,7 +5,6 @@ SuperNodes and executors with these waits."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import time
 
@@ -115,21 +114,53 @@ def test_the_executors_task_poll_follows_its_tasks(monkeypatch: pytest.MonkeyPat
     assert executor.patch_task_poll(2.0, 30.0).active_s == 1.0
 
 
-def test_the_serverapp_retries_reply_objects_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("prompt", [False, True], ids=["flower", "pflarena"])
+def test_the_serverapp_pulls_a_late_reply_promptly_and_past_flowers_500_tries(
+    monkeypatch: pytest.MonkeyPatch, prompt: bool
+) -> None:
+    """A reply listed before its objects have arrived (a node pushing a large reply over a
+    slow link: here 510 pulls of each object find it not yet there). Flower's pull waits
+    1 s doubling to 10 s between tries and gives up after 500 (an error reply for a client
+    that did reply); the ServerApp's waits 0.02 s doubling to 0.1 s, and gets the reply."""
+    import threading
+    from types import SimpleNamespace
+
+    from fake_superlink import FakeSuperLink, serverapp_identity
+    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.supercore.inflatable import inflatable_utils
     from flwr.superlink.grid import http_grid
 
     from pflarena.server import polling
 
+    serverapp_identity(monkeypatch)
     monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
-    polling._prompt_reply_objects()
-    assert isinstance(http_grid.pull_objects, functools.partial)
-    assert http_grid.pull_objects.keywords == {
-        "initial_backoff": polling.REPLY_OBJECTS_INITIAL_S,
-        "backoff_cap": polling.REPLY_OBJECTS_CAP_S,
-        "max_tries_per_object": None,
-    }
-    polling._prompt_reply_objects()  # twice: not wrapped twice
-    assert not isinstance(http_grid.pull_objects.func, functools.partial)
+    waits: list[float] = []
+
+    class Event(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:  # recorded, not waited
+            waits.append(float(timeout or 0.0))
+            return self.is_set()
+
+    monkeypatch.setattr(
+        inflatable_utils, "threading", SimpleNamespace(Event=Event, Lock=threading.Lock)
+    )
+    if prompt:
+        polling._prompt_reply_objects()
+        polling._prompt_reply_objects()  # twice in a process: the same waits
+    link = FakeSuperLink(
+        lambda node, m: Message(RecordDict({"m": MetricRecord({"n": node})}), reply_to=m)
+    )
+    link.delay_objects(510)
+    grid = polling.PromptGrid(link.grid(), poll=0.001)
+    (reply,) = grid.send_and_receive(
+        [Message(RecordDict(), dst_node_id=1, message_type="train")], timeout=60
+    )
+    if prompt:
+        assert not reply.has_error() and reply.content["m"]["n"] == 1
+        assert min(waits) >= 0.02 * 0.8 and max(waits) <= 0.1 * 1.2  # Flower's ±20% jitter
+    else:
+        assert reply.has_error() and "unavailable" in reply.error.reason
+        assert max(waits) > 8.0
 
 
 def test_prompt_object_pulls_are_bounded_by_time_not_by_flowers_500_tries(
