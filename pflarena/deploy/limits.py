@@ -4,8 +4,9 @@ their callers are authenticated.
 In flwr 1.41 every protobuf request's body is read whole (``ProtobufTranslationMiddleware``
 awaits ``request.body()``) before any of Flower's authentication runs, and uvicorn, which
 serves Flower's apps, bounds neither a body's size nor the time its headers or its body take:
-a 256 MB body to the Fleet API took a SuperLink from 172 to 657 MB resident, kept after its
-``400``, and slow connections were held open for as long as their sender liked. Here:
+four 256 MiB bodies to the Fleet API take a SuperLink's resident memory up by gigabytes, kept
+after its ``400``, and slow connections are held open for as long as their sender likes
+(``benchmarks/results/request_limits.md``). Here:
 
 * :class:`RequestLimits`: the settings (two body caps and two time limits).
 * :class:`RequestLimitsMiddleware`: an ASGI middleware around Flower's app. It reads each
@@ -24,8 +25,9 @@ a 256 MB body to the Fleet API took a SuperLink from 172 to 657 MB resident, kep
 * :func:`protocol_class`: uvicorn's HTTP protocol (httptools, or h11 without it) that also
   closes a connection whose request headers do not arrive within
   :attr:`RequestLimits.header_timeout_s` (``408``), from the moment the connection is made
-  (after the TLS handshake) or the next request's first byte, and bounds their size with
-  httptools as h11 does (:data:`MAX_HEADER_BYTES`).
+  (after the TLS handshake) or the next request's first byte; and that bounds what it holds
+  of a request's incomplete headers (:data:`MAX_HEADER_BYTES`: h11 bounds them itself and
+  answers ``400``; uvicorn's httptools protocol does not, and here answers ``431``).
 
 Authentication is decided lazily: a body up to the small cap is read without asking (most
 requests; Flower authenticates them afterwards as before); the caller is checked once, when a
@@ -45,7 +47,7 @@ The defaults, and why (``benchmarks/results/request_limits.md`` measures them):
   size if that is raised through its environment variable.
 * the unauthenticated cap, 64 KiB: the largest request a legitimate caller sends before it
   holds a credential (a SuperNode's ``register-node`` and ``activate-node``, its public key)
-  is a few hundred bytes, and uvicorn buffers 64 KiB of every connection's body anyway
+  is 227 bytes, and uvicorn buffers up to 64 KiB of every connection's body anyway
   (``HIGH_WATER_LIMIT``) before the app reads it.
 * the request timeout, 30 s: Flower's own HTTP clients give up after 30 s without progress
   (``flwr/supercore/protobuf/client.py``), so a caller waiting longer has given up itself.

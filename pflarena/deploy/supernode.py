@@ -236,8 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     own, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     try:
         serving, rest = serving_from_flags(own, rest)
-        install_supernode(serving)
-    except (RuntimeError, ValueError) as exc:
+    except ValueError as exc:
         raise SystemExit(f"pflarena supernode: {exc}") from None
     enable_trace()
     try:
@@ -262,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             require_approved_apps(own.app_signing_public_key)
         except (RuntimeError, OSError) as exc:
             raise SystemExit(f"pflarena supernode: {exc}") from None
+    try:
+        install_supernode(serving)
+    except RuntimeError as exc:
+        raise SystemExit(f"pflarena supernode: {exc}") from None
     from flwr.supernode.cli import flower_supernode
 
     sys.argv = ["pflarena supernode", *rest]
