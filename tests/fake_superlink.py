@@ -174,7 +174,17 @@ class FakeSuperLink:
             message_ids=ids, objects_to_push=list(dict.fromkeys(missing)), session_id="s"
         )
 
+    def refuse_objects(self, pushes: int) -> None:
+        """The next ``pushes`` objects pushed are not kept (``stored: false``: what the
+        SuperLink answers when its SQLite state is locked while it stores one)."""
+        self.refusals = pushes
+
+    refusals = 0
+
     def _push_object(self, req: PushObjectRequest) -> PushObjectResponse:
+        if self.refusals > 0:
+            self.refusals -= 1
+            return PushObjectResponse(stored=False)
         # As the SuperLink's object store: an object is kept only under its content's
         # SHA-256 and with a valid header.
         try:

@@ -102,6 +102,45 @@ def test_a_500_is_retried_and_costs_no_message(clock: Clock) -> None:
     assert link.paths.count("/v1/runtime/push-messages") == 1
 
 
+def test_objects_the_superlink_did_not_keep_are_pushed_again(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SuperLink whose SQLite state is locked while it stores a pushed object answers
+    ``stored: false``, on which Flower's push raises (it ended a deployed run in the locked
+    database test): the messages are pushed again, the same ones."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
+
+    flower = FakeSuperLink(_echo)
+    flower.refuse_objects(1)
+    with pytest.raises(ObjectPushError):
+        flower.grid().push_messages([_message(1)])
+
+    slept: list[float] = []
+    monkeypatch.setattr(polling.time, "sleep", slept.append)
+    link = FakeSuperLink(_echo)
+    link.refuse_objects(1)
+    messages = [_message(n) for n in (1, 2)]
+    replies = list(_grid(link, clock).send_and_receive(messages, timeout=30))
+    assert _seen(replies) == [(1, {"node": 1, "w": 1.0}), (2, {"node": 2, "w": 1.0})]
+    assert slept[0] == 1.0  # Flower's first wait, before the push again
+    assert link.paths.count("/v1/runtime/push-messages") == 2
+    assert len(link.pushed) == 2  # the same two messages
+
+
+def test_pushes_the_superlink_never_keeps_are_given_up_after_the_time_limit(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
+
+    time_ = SimpleNamespace(monotonic=clock.monotonic, sleep=clock.wait, time=clock.monotonic)
+    monkeypatch.setattr(polling, "time", time_)
+    link = FakeSuperLink(_echo)
+    link.refuse_objects(10**9)
+    with pytest.raises(ObjectPushError):
+        _grid(link, clock, retry_s=50.0).send_and_receive([_message(1)], timeout=600)
+    assert clock.waits[:4] == [1.0, 2.0, 4.0, 8.0] and sum(clock.waits) == pytest.approx(50.0)
+
+
 @pytest.mark.parametrize("code", [500, 503])
 def test_a_superlink_that_keeps_failing_is_given_up_after_the_time_limit(
     clock: Clock, code: int, caplog: pytest.LogCaptureFixture

@@ -17,9 +17,11 @@ requests instead of 2K + 3 (:data:`PACK_ENV` ``=0`` sends Flower's per-array tre
 fails by transport (the SuperLink restarting, a dropped link) or with 502-504, with a back-off
 (1 s doubling to 20 s, jittered), without limit; a 500 it gives up at once, which ends the
 run. A SuperLink whose SQLite state is locked by its own load answers 500 ("database is
-locked"; its answer carries no detail to tell it from another 500). The ServerApp retries a
-500 as a 502, and gives every request up after :data:`RETRY_ENV` seconds (default
-:data:`DEFAULT_RETRY_S`): the run then fails with the SuperLink's error, and resumes.
+locked"; its answer carries no detail to tell it from another 500), and a pushed object it
+could not store with ``stored: false`` (on which Flower's push raises). The ServerApp retries a
+500 as a 502, pushes the messages again when an object was not kept, and gives every request
+(and the pushes) up after :data:`RETRY_ENV` seconds (default :data:`DEFAULT_RETRY_S`): the run
+then fails with the SuperLink's error, and resumes.
 
 **A SuperLink restart mid-exchange loses nothing.** The SuperLink hands a reply over once:
 answering a pull, it deletes the message and its reply from its state before the answer
@@ -84,6 +86,10 @@ PACK_ENV = "PFLARENA_PACK_ARRAYS"
 #: retried (a 500, 502-504, no connection) before the run fails with its error.
 RETRY_ENV = "PFLARENA_SUPERLINK_RETRY_S"
 DEFAULT_RETRY_S = 300.0
+#: The first and longest waits between two pushes of an exchange's messages whose objects
+#: the SuperLink did not keep (Flower's back-off for its own retries: 1 s doubling to 20 s).
+RETRY_FIRST_WAIT_S = 1.0
+RETRY_LONGEST_WAIT_S = 20.0
 #: A SuperLink that answers 500 is retried as Flower retries 502-504 (flwr 1.41's
 #: ``http_retry._RETRYABLE_STATUS_CODES``).
 SERVER_ERROR = 500
@@ -225,17 +231,41 @@ class PromptGrid:
         the replies name)."""
         messages = list(messages)
         if not self.pack:
-            return self._grid.push_messages(messages)
+            return self._push(messages)
         originals = [m.content if m.has_content() else None for m in messages]
         try:
             for message, content in zip(messages, originals, strict=True):
                 if content is not None:
                     message.content = pack_content(content)
-            return list(self._grid.push_messages(messages))
+            return self._push(messages)
         finally:
             for message, content in zip(messages, originals, strict=True):
                 if content is not None:
                     message.content = content
+
+    def _push(self, messages: list[Message]) -> list[str]:
+        """Flower's ``push_messages``, done again while the SuperLink answers that it did
+        not keep an object (``stored: false``, what a SuperLink whose SQLite state is locked
+        answers a pushed object): within the retry time limit, on Flower's back-off. The
+        messages are the same (their ids too), so the SuperLink takes them as the same and
+        asks only for the objects it lacks."""
+        from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
+
+        start = time.monotonic()
+        wait = RETRY_FIRST_WAIT_S
+        while True:
+            try:
+                return list(self._grid.push_messages(messages))
+            except ObjectPushError as exc:
+                left = self.retries.limit_s - (time.monotonic() - start)
+                if left <= 0:
+                    log(ERROR, "pflarena: the SuperLink did not keep the objects pushed for "
+                        "%g s (%s); giving up", self.retries.limit_s, RETRY_ENV)  # fmt: skip
+                    raise
+                log(WARNING, "pflarena: the SuperLink did not keep an object pushed (%s); "
+                    "pushing the messages again in %.1f s", exc, min(wait, left))  # fmt: skip
+                time.sleep(min(wait, left))
+                wait = min(2 * wait, RETRY_LONGEST_WAIT_S)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Flower's ``HttpGrid.pull_messages``, each reply on its own: pulled, inflated,
