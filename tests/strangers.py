@@ -138,7 +138,7 @@ try:
     )
 except Exception as exc:  # the refusal: an HTTP error
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    print(f"refused {status} {type(exc).__name__}")
+    print(f"refused {status} {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
 else:
     print("task" if response.HasField("task") and response.token else "no task")
 """

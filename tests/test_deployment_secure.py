@@ -287,14 +287,16 @@ def test_pfedgt_over_tls_with_a_node_killed_and_replaced(secured: Secured, tmp_p
     assert "Sending: train message" in replacement.log.read_text(), "the new node never trained"
 
 
-def _runtime_ports(dep: LocalDeployment) -> list[int]:
-    """The Runtime API ports of the deployment's SuperNodes (from their command lines)."""
-    ports = []
+def _runtime_apis(dep: LocalDeployment) -> list[tuple[str, Path]]:
+    """The Runtime API addresses of the deployment's SuperNodes (from their command lines),
+    each with the CA of its certificate (a stranger holding it still needs the secret)."""
+    apis = []
     for node in dep.supernodes:
         args = cmdline(node.pid).split()
         if node.alive() and "--port" in args:
-            ports.append(int(args[args.index("--port") + 1]))
-    return ports
+            port = int(args[args.index("--port") + 1])
+            apis.append((f"127.0.0.1:{port}", dep.runtime_certs(node.name).ca_cert))
+    return apis
 
 
 def _finished(dep: LocalDeployment, run_id: int, timeout: float = 180.0) -> dict[str, Any]:
@@ -348,10 +350,10 @@ def test_a_stranger_is_refused_while_the_operators_run_completes(
     home = stranger_home(tmp_path, dep.address, dep.certs.ca_cert)
     control_api_refuses(home, make_node_key(tmp_path / "stranger-node")[1], app)
 
-    runtimes = [dep.address, *(f"127.0.0.1:{p}" for p in _runtime_ports(dep))]
+    runtimes = [(dep.address, dep.certs.ca_cert), *_runtime_apis(dep)]
     assert len(runtimes) == 1 + NUM_NODES, runtimes
-    for index, address in enumerate(runtimes):
-        answer = acquire_task(address, dep.certs.ca_cert if index == 0 else None)
+    for address, ca in runtimes:
+        answer = acquire_task(address, ca)
         print(f"stranger asks {address} for a task: {answer}")
         assert answer.startswith("refused 401"), (address, answer)
 

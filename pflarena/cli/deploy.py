@@ -66,9 +66,27 @@ def _shards_for(args: argparse.Namespace, root: Path) -> list[Path]:
     return paths
 
 
+def _warn_if_readable(shards: list[Path]) -> None:
+    """Shards from ``--shards-dir`` that other users can read: said, not refused (they are
+    the operator's files, where the operator put them)."""
+    from pflarena.deploy.private import readable_by_others
+
+    exposed = readable_by_others(Path(shards[0]).parent)
+    if exposed:
+        print(
+            f"warning: other users of this host can read {exposed} (every client's data): "
+            f"`chmod go-rwx {exposed}` keeps them out",
+            file=sys.stderr,
+        )
+
+
 def _cmd_local_deploy(args: argparse.Namespace) -> int:
     from pflarena.deploy import local as deploy
+    from pflarena.deploy.private import private_dir, private_umask
 
+    # Everything this command and its processes write (shards, state, logs, results) is the
+    # operator's alone: umask 077, under a 0700 directory no one else could have prepared.
+    private_umask()
     root = Path(args.dir).resolve()
     if args.stop:
         deploy.stop_recorded(root)
@@ -77,7 +95,10 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         raise ConfigError("--num-supernodes must be at least 1")
     if args.auth and not args.tls:
         raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+    root = private_dir(args.dir, say=print)
     shards = _shards_for(args, root)
+    if args.shards_dir:
+        _warn_if_readable(shards)
     dep = deploy.LocalDeployment(
         root,
         shards,
@@ -89,6 +110,7 @@ def _cmd_local_deploy(args: argparse.Namespace) -> int:
         executor=args.executor,
         idle_poll=args.idle_poll,
         active_poll=args.active_poll or None,
+        trust=[Path(p) for p in args.trust],
     )
     stop_requested: list[int] = []
 
@@ -151,28 +173,33 @@ def _own_pid() -> int:
 
 def _cmd_certs(args: argparse.Namespace) -> int:
     from pflarena.deploy import certs as deploy
+    from pflarena.deploy.private import private_umask
 
+    private_umask()
+    trust = [Path(p) for p in args.trust]
     servers: dict[str, list[str]] = {
         "superlink": [*args.superlink_host, "localhost", "127.0.0.1"],
     }
     for index in range(args.supernodes):
         # The SuperNode's Runtime API (process isolation: its ClientApp executor connects).
         servers[f"supernode-{index}"] = [f"supernode-{index}", "localhost", "127.0.0.1"]
-    certs = deploy.make_certificates(args.out, servers, days=args.days)
+    certs = deploy.make_certificates(args.out, servers, days=args.days, trust=trust)
     print(f"CA: {certs.ca_cert}")
     for stem, (cert, key) in certs.servers.items():
         print(f"{stem}: {cert} {key}")
     if args.secure:
-        token, token_hash = deploy.make_operator_token(args.out)
+        token, token_hash = deploy.make_operator_token(args.out, trust=trust)
         print(f"operator token: {token} (yours: `pflarena connect`); the SuperLink's: {token_hash}")
         for owner in ["superlink", *(f"supernode-{i}" for i in range(args.supernodes))]:
-            path = deploy.make_secret(deploy.secret_path(args.out, owner))
+            path = deploy.make_secret(deploy.secret_path(args.out, owner), trust=trust)
             print(f"SuperExec secret of {owner} and its executor: {path}")
-        private, public = deploy.make_signing_key(Path(args.out) / deploy.SIGNING_KEY)
+        private, public = deploy.make_signing_key(Path(args.out) / deploy.SIGNING_KEY, trust=trust)
         print(f"app signing key: {private} (yours: `pflarena approve`); the nodes': {public}")
     if args.node_keys:
         for index in range(args.node_keys):
-            private, public = deploy.make_node_key(Path(args.out) / "keys" / f"supernode-{index}")
+            private, public = deploy.make_node_key(
+                Path(args.out) / "keys" / f"supernode-{index}", trust=trust
+            )
             print(f"SuperNode {index} key: {private} (register {public})")
         print(
             "register each public key with the SuperLink (TLS, --enable-supernode-auth):\n"
@@ -215,6 +242,12 @@ def _cmd_approve(args: argparse.Namespace) -> int:
 
 def _cmd_compose(args: argparse.Namespace) -> int:
     from pflarena.deploy.compose import compose_files, write_compose_files
+    from pflarena.deploy.private import private_dir, private_umask
+
+    private_umask()
+    # The files, and the shards, certificates and results the services mount from beside
+    # them, under a directory that is the operator's alone.
+    out_dir = private_dir(args.out_dir, "compose directory", say=print)
 
     gpus = [g for g in args.gpus.split(",")] if args.gpus else None
     command = f"pflarena compose --num-supernodes {args.num_supernodes}"
@@ -235,7 +268,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         command_line=command,
         edge_platform=args.edge_platform,
     )
-    for path in write_compose_files(files, Path(args.out_dir), force=args.force):
+    for path in write_compose_files(files, out_dir, force=args.force):
         print(f"wrote {path}")
     n = args.num_supernodes + args.edge_nodes
     print(
@@ -327,6 +360,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--detach", action="store_true", help="start, print how to use it, and leave it running"
     )
     local.add_argument("--stop", action="store_true", help="stop the deployment recorded in --dir")
+    local.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a credential under --dir that pflarena did not make there but is yours (a "
+        "directory: everything below it); without it such a file is refused (repeatable)",
+    )
     add_config_flags(local, tuple(k for k in DATA_KEYS if k != "num-clients"))
     local.set_defaults(func=_cmd_local_deploy)
 
@@ -338,7 +379,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "and, with --supernodes N, one per SuperNode Runtime API (supernode-0 .. N-1, for "
         "ClientApp executors in their own containers); with --node-keys N, N SuperNode key "
         "pairs (ssh-keygen, EC P-384) to register with `flwr supernode register`. Files "
-        "already there are kept.",
+        "pflarena made there before are kept; any other credential there is refused unless "
+        "named with --trust. The directory is made 0700, every file 0600.",
     )
     certs.add_argument("--out", required=True, help="directory for the files")
     certs.add_argument(
@@ -360,6 +402,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="also the operator's token (operator.token; operator.token.sha256 for the "
         "SuperLink), a SuperExec secret for the SuperLink and each of --supernodes "
         "(secrets/), and the app signing key pair (app-signing.key, .pub for the nodes)",
+    )
+    certs.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a credential in --out that pflarena did not make there but is yours (a "
+        "directory: everything below it); without it such a file is refused (repeatable)",
     )
     certs.set_defaults(func=_cmd_certs)
 

@@ -731,6 +731,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "executor":
         argv = argv[1:]
+    # What the apps write (client state, checkpoints, results) is the operator's alone.
+    from pflarena.deploy.private import private_umask
+
+    private_umask()
     own, rest = _own_args(argv)
     cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
     sys.argv = ["pflarena executor", *rest]

@@ -46,6 +46,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -69,8 +70,15 @@ from pflarena.deploy.certs import (
     secret_path,
 )
 from pflarena.deploy.errors import DeploymentError
+from pflarena.deploy.private import PRIVATE_UMASK, check_owned, private_dir
 from pflarena.deploy.supernode import FLOWER_IDLE_SLEEP_S
-from pflarena.runtime.processes import Supervised, flower_env, free_port, start_time, stop_all
+from pflarena.runtime.processes import (
+    Supervised,
+    flower_env,
+    listening_socket,
+    start_time,
+    stop_all,
+)
 
 __all__ = [
     "CONNECTION",
@@ -185,6 +193,9 @@ class LocalDeployment:
         Seconds between a SuperNode's asks for a message for 30 s after each message
         (``pflarena supernode --active-poll``, :mod:`pflarena.deploy.supernode`); ``None``:
         Flower's waits (with ``idle_poll``, a fixed wait).
+    trust : list of pathlib.Path
+        Credentials (or directories of them) under ``root`` that pflarena did not make there
+        but the operator vouches for (:mod:`pflarena.deploy.certs`): kept instead of refused.
     """
 
     root: Path
@@ -201,9 +212,12 @@ class LocalDeployment:
     superlink: Supervised | None = None
     supernodes: list[Supervised] = field(default_factory=list)
     executors: list[Supervised] = field(default_factory=list)
+    trust: list[Path] = field(default_factory=list)
     certs: CertificateSet | None = None
     launcher: dict[str, Any] | None = None
-    _ports: set[int] = field(default_factory=set)
+    #: Listening sockets this process bound, by the name of the process that serves them
+    #: (kept open: a restarted process inherits the same one, and the port stays ours).
+    _sockets: dict[str, socket.socket] = field(default_factory=dict)
     _spawned_at: dict[str, float] = field(default_factory=dict)  # name -> time.monotonic()
     _left_down: set[str] = field(default_factory=set)  # SuperNodes supervise() gave up on
 
@@ -247,7 +261,7 @@ class LocalDeployment:
             active_poll=state.get("active_poll"),
         )
         dep.port = int(state["address"].rsplit(":", 1)[1])
-        dep._ports.add(dep.port)
+        dep.trust = [Path(p) for p in state.get("trust", [])]
         if dep.tls:
             dep.make_credentials()
         dep.superlink = next((p for p in procs if p.name == "superlink"), None)
@@ -287,13 +301,27 @@ class LocalDeployment:
     def make_credentials(self) -> None:
         """The CA and the SuperLink's certificate, the operator's token, the SuperExec
         secrets of the SuperLink and of every SuperNode, and the app signing key (what
-        exists is kept: :mod:`pflarena.deploy.certs`)."""
-        self.certs = make_certificates(self.certs_dir, {"superlink": ["localhost", "127.0.0.1"]})
-        make_operator_token(self.certs_dir)
-        make_secret(self.secret("superlink"))
+        pflarena made there before, or :attr:`trust` names, is kept: :mod:`pflarena.deploy.certs`)."""
+        trust = self.trust
+        self.certs = make_certificates(
+            self.certs_dir, {"superlink": ["localhost", "127.0.0.1"]}, trust=trust
+        )
+        make_operator_token(self.certs_dir, trust=trust)
+        make_secret(self.secret("superlink"), trust=trust)
         for index in range(len(self.shards)):
-            make_secret(self.secret(f"supernode-{index}"))
-        make_signing_key(self.signing_key)
+            make_secret(self.secret(f"supernode-{index}"), trust=trust)
+        make_signing_key(self.signing_key, trust=trust)
+
+    def runtime_certs(self, name: str) -> CertificateSet:
+        """The TLS files of SuperNode ``name``'s Runtime API (``tls``): a CA of its own and a
+        certificate for 127.0.0.1 signed by it. Its executor trusts that CA alone, so it talks
+        to its own SuperNode only: not to another node, nor to a process that took the port
+        after the node exited (such a process could hand it tasks and apps of its own)."""
+        return make_certificates(
+            self.certs_dir / "runtime" / name,
+            {"runtime": ["127.0.0.1", "localhost"]},
+            trust=self.trust,
+        )
 
     def approved_app(self, app_root: Path | None = None) -> Path:
         """The app laid out for ``flwr run``; with ``tls``, under ``app_root`` (default
@@ -322,11 +350,18 @@ class LocalDeployment:
 
     # ------------------------------------------------------------------ starting
     def _spawn(self, name: str, cmd: list[str], home: Path) -> Supervised:
-        home.mkdir(parents=True, exist_ok=True)
+        """Start ``cmd`` as process ``name``: with umask 077 (what it writes is the operator's
+        alone), inheriting the socket its ``--listen-fd`` names, its output in
+        ``logs/NAME.log``; recorded in :data:`STATE_FILE` at once."""
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.root / "logs").mkdir(mode=0o700, exist_ok=True)
+        fds = [int(cmd[cmd.index("--listen-fd") + 1])] if "--listen-fd" in cmd else []
         # A session of its own: a Ctrl-C in the terminal reaches this command only, which
         # then stops every process by PID, SuperNodes first.
         log = self.root / "logs" / f"{name}.log"
-        proc = Supervised.spawn(name, cmd, log, self.process_env(home), cwd=home)
+        proc = Supervised.spawn(
+            name, cmd, log, self.process_env(home), cwd=home, pass_fds=fds, umask=PRIVATE_UMASK
+        )
         self._spawned_at[name] = time.monotonic()
         if name == "superlink":
             self.superlink = proc
@@ -337,25 +372,29 @@ class LocalDeployment:
         self.save()  # recorded at once: `--stop` finds whatever was started
         return proc
 
-    def start(self, wait_s: float = 120.0) -> None:
-        """Start the SuperLink, register the nodes' keys (``auth``), start the SuperNodes
-        and wait until every one is online. Stops what it started if any step fails."""
+    def start(self, wait_s: float = 120.0, say: Callable[[str], Any] = print) -> None:
+        """Make :attr:`root` the operator's alone (:func:`~pflarena.deploy.private.private_dir`:
+        refused if another user could have changed it), start the SuperLink, register the
+        nodes' keys (``auth``), start the SuperNodes and wait until every one is online.
+        Stops what it started if any step fails."""
+        self.root = private_dir(self.root, say=say)
         if (self.root / STATE_FILE).exists() and running_processes(self.root):
             raise DeploymentError(
                 f"a deployment recorded in {self.root / STATE_FILE} is still running; "
                 f"stop it first (pflarena local-deploy --stop --dir {self.root})"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._ports.add(self.port)
-        self.port = self.port or free_port(self._ports)
         try:
+            self.port = self._listen("superlink", self.port).getsockname()[1]
             if self.tls:
                 self.make_credentials()
             self.start_superlink()
             self.write_cli_config()
             if self.auth:
                 self.register(
-                    *(make_node_key(self.node_key(i))[1] for i in range(len(self.shards)))
+                    *(
+                        make_node_key(self.node_key(i), trust=self.trust)[1]
+                        for i in range(len(self.shards))
+                    )
                 )
             for index in range(len(self.shards)):
                 self.start_supernode(index)
@@ -364,18 +403,38 @@ class LocalDeployment:
             self.stop()
             raise
 
+    def _listen(self, name: str, port: int = 0) -> socket.socket:
+        """The listening socket process ``name`` serves on: bound here, on 127.0.0.1 (to
+        ``port``, or one the kernel picks), before anyone learns the port, so that no other
+        process can take it (:func:`~pflarena.runtime.processes.listening_socket`); kept
+        for a restart of ``name``."""
+        if name not in self._sockets:
+            try:
+                self._sockets[name] = listening_socket("127.0.0.1", port)
+            except OSError as exc:
+                raise DeploymentError(
+                    f"cannot listen on 127.0.0.1:{port} for the {name}: {exc.strerror}"
+                    + ("; --port 0 picks a free port" if port else "")
+                ) from None
+        return self._sockets[name]
+
+    def _serve_flags(self, name: str) -> list[str]:
+        """``--port P --listen-fd N`` for process ``name`` (its socket: :meth:`_listen`)."""
+        sock = self._listen(name)
+        return ["--port", str(sock.getsockname()[1]), "--listen-fd", str(sock.fileno())]
+
     def superlink_cmd(self) -> list[str]:
-        cmd = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port)]
+        """``pflarena superlink`` (Flower's, with its requests bounded; with ``tls`` its
+        Control API for the operator only), serving the socket bound for it, with ``--isolation
+        process``: its ServerApp executor is started beside it, never by it."""
+        cmd = [*_pflarena_cmd(), "superlink"]
         if self.tls:
             assert self.certs is not None
             cert, key = self.certs.servers["superlink"]
-            cmd = [
-                *_pflarena_cmd(), "superlink",
+            cmd += [
                 "--operator-token-hash", str(self.certs_dir / OPERATOR_TOKEN_HASH),
-                *cmd[1:],
                 "--ssl-ca-certfile", str(self.certs.ca_cert),
                 "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
-                "--isolation", "process",
                 "--superexec-auth-secret-file", str(self.secret("superlink")),
             ]  # fmt: skip
         else:
@@ -384,36 +443,35 @@ class LocalDeployment:
             cmd += ["--enable-supernode-auth"]
         if self.database:
             cmd += ["--database", str(self.root / "superlink.db")]
+        cmd += ["--isolation", "process", "--host", "127.0.0.1", *self._serve_flags("superlink")]
         return cmd + ["--disable-runtime-dependency-installation"]
 
     def start_superlink(self) -> None:
-        """Start the SuperLink and wait until it answers; with ``tls`` also its ServerApp
-        executor (``executor-superlink``, Flower's, with the SuperLink's secret)."""
+        """Start the SuperLink, wait until it answers, and start its ServerApp executor
+        (``executor-superlink``: Flower's, a fresh ``flwr-serverapp`` per run, its task token
+        never on a command line; with ``tls``, with the SuperLink's secret and running only
+        approved apps)."""
         home = self.root / "home-superlink"
         superlink = self._spawn("superlink", self.superlink_cmd(), home)
         self.wait_healthy()
+        cmd = executor_cmd(
+            self.address,
+            parent_pid=superlink.pid,
+            root_certificates=self.certs.ca_cert if self.tls and self.certs else None,
+            secret=self.secret("superlink") if self.tls else None,
+            stock=True,
+        )
         if self.tls:
-            assert self.certs is not None
-            self._spawn(
-                _executor_name("superlink"),
-                [
-                    *executor_cmd(
-                        self.address,
-                        parent_pid=superlink.pid,
-                        root_certificates=self.certs.ca_cert,
-                        secret=self.secret("superlink"),
-                        stock=True,
-                    ),
-                    "--app-signing-public-key",
-                    f"{self.signing_key}.pub",
-                ],
-                home,
-            )
+            cmd += ["--app-signing-public-key", f"{self.signing_key}.pub"]
+        self._spawn(_executor_name("superlink"), cmd, home)
 
-    def supernode_cmd(self, index: int, key: Path | None = None) -> list[str]:
+    def supernode_cmd(self, index: int, key: Path | None = None, name: str = "") -> list[str]:
         """``pflarena supernode`` (Flower's, kept alive: :mod:`pflarena.deploy.liveness`) for
         SuperNode ``index`` (``key``: its private key; with ``auth``, the registered one by
-        default)."""
+        default), as process ``name`` (default ``supernode-INDEX``), serving its Runtime API on
+        the socket bound for ``name`` (with ``tls``, over TLS with :meth:`runtime_certs`), with
+        ``--isolation process``: its executor runs beside it."""
+        name = name or f"supernode-{index}"
         shard = Path(self.shards[index]).resolve()
         cmd = [*_pflarena_cmd(), "supernode"]
         if self.idle_poll is not None:
@@ -423,9 +481,13 @@ class LocalDeployment:
         cmd += ["--superlink", self.address]
         if self.tls:
             assert self.certs is not None
+            runtime = self.runtime_certs(name)
+            cert, cert_key = runtime.servers["runtime"]
             cmd += ["--root-certificates", str(self.certs.ca_cert)]
             cmd += ["--app-signing-public-key", f"{self.signing_key}.pub"]
             cmd += ["--superexec-auth-secret-file", str(self.secret(f"supernode-{index}"))]
+            cmd += ["--ssl-certfile", str(cert), "--ssl-keyfile", str(cert_key)]
+            cmd += ["--ssl-ca-certfile", str(runtime.ca_cert)]
         else:
             cmd += ["--insecure"]
         key = key or (self.node_key(index) if self.auth else None)
@@ -433,29 +495,31 @@ class LocalDeployment:
             cmd += ["--auth-supernode-private-key", str(key)]
         # Node config values are TOML: paths are quoted.
         node_config = f'data-path="{shard}" state-dir="{self.state_dir(index)}"'
-        port = free_port(self._ports)
-        if self.executor == "warm" or self.tls:
-            cmd += ["--isolation", "process"]
-        return cmd + ["--port", str(port), "--node-config", node_config]
+        cmd += ["--isolation", "process", "--host", "127.0.0.1", *self._serve_flags(name)]
+        return cmd + ["--node-config", node_config]
 
     def start_supernode(
         self, index: int, key: Path | None = None, name: str | None = None
     ) -> Supervised:
-        """Start SuperNode ``index`` (not waiting for it), and with the warm executor its
-        executor; record them; returns the SuperNode's process."""
+        """Start SuperNode ``index`` (not waiting for it) and its executor beside it (the warm
+        one, or Flower's with ``executor="flower"``: :func:`executor_cmd`), which trusts only
+        this node's Runtime API certificate with ``tls``; record them; returns the
+        SuperNode's process."""
         name = name or f"supernode-{index}"
-        cmd = self.supernode_cmd(index, key)
+        cmd = self.supernode_cmd(index, key, name)
         node = self._spawn(name, cmd, self.root / f"home-{name}")
-        if "process" in cmd:  # --isolation process: its executor runs beside it
-            runtime = f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"
-            secret = self.secret(f"supernode-{index}") if self.tls else None
-            self._spawn(
-                _executor_name(name),
-                executor_cmd(
-                    runtime, parent_pid=node.pid, secret=secret, stock=self.executor == "flower"
-                ),
-                self.root / f"home-{name}",
-            )
+        runtime = f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+        self._spawn(
+            _executor_name(name),
+            executor_cmd(
+                runtime,
+                parent_pid=node.pid,
+                root_certificates=self.runtime_certs(name).ca_cert if self.tls else None,
+                secret=self.secret(f"supernode-{index}") if self.tls else None,
+                stock=self.executor == "flower",
+            ),
+            self.root / f"home-{name}",
+        )
         return node
 
     def supervise(self, say: Callable[[str], Any] = print) -> list[str]:
@@ -637,12 +701,17 @@ class LocalDeployment:
             "idle_poll": self.idle_poll,
             "active_poll": self.active_poll,
             "shards": [str(Path(s).resolve()) for s in self.shards],
+            "trust": [str(p) for p in self.trust],
             "launcher": self.launcher,
             "processes": [p.record() for p in self.processes()],
         }
         path = self.root / STATE_FILE
-        path.with_suffix(".tmp").write_text(json.dumps(state, indent=2) + "\n")
-        path.with_suffix(".tmp").replace(path)
+        partial = path.with_suffix(".tmp")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(state, indent=2) + "\n")
+        partial.replace(path)
 
     def stop(self, grace: float = GRACE_S) -> None:
         """Stop every process this deployment started, by PID (SuperNodes, then the
@@ -650,6 +719,9 @@ class LocalDeployment:
         stop_all([*self.supernodes, *self.executors], grace)
         if self.superlink is not None:
             stop_all([self.superlink], grace)
+        for sock in self._sockets.values():
+            sock.close()
+        self._sockets.clear()
         state = self.root / STATE_FILE
         if state.exists() and not running_processes(self.root):
             state.unlink(missing_ok=True)
@@ -681,6 +753,8 @@ def _recorded(root: Path) -> tuple[dict[str, Any], list[Supervised]]:
     path = Path(root) / STATE_FILE
     if not path.exists():
         raise DeploymentError(f"no deployment recorded in {root} (no {STATE_FILE})")
+    # Its PIDs are signalled: a record another user could have written is not read.
+    check_owned(path, "deployment record")
     try:
         state = json.loads(path.read_text())
         procs = [Supervised.from_record(p) for p in state["processes"]]

@@ -38,6 +38,7 @@ __all__ = [
     "describe_owner",
     "private_dir",
     "private_umask",
+    "readable_by_others",
 ]
 
 #: The umask of every process of a deployment: files 0600, directories 0700.
@@ -138,6 +139,21 @@ def check_owned(path: str | Path, what: str, *, private: bool = False) -> os.sta
             "secret: remove it to have a new one made"
         )
     return info
+
+
+def readable_by_others(directory: str | Path) -> Path | None:
+    """``directory`` if other users (its group or anyone) can open a file in it (it lets
+    them in, and a file lets them read), else None."""
+    directory = Path(directory)
+    try:
+        if not stat.S_IMODE(directory.stat().st_mode) & 0o011:
+            return None
+        for child in directory.iterdir():
+            if child.is_file() and stat.S_IMODE(child.stat().st_mode) & 0o044:
+                return directory
+    except OSError:
+        return None
+    return None
 
 
 def private_dir(path: str | Path, what: str = "deployment directory", say=None) -> Path:

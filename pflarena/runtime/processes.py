@@ -27,6 +27,7 @@ __all__ = [
     "Supervised",
     "flower_env",
     "free_port",
+    "listening_socket",
     "start_time",
     "stop",
     "stop_all",
@@ -59,6 +60,28 @@ def free_port(taken: set[int] | None = None) -> int:
         if port not in taken:
             taken.add(port)
             return port
+
+
+def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: a port the kernel picks) and listening, for a
+    server started later to inherit (``pass_fds``): the port is taken before anyone learns
+    its number, so no other process can bind it first.
+
+    Raises
+    ------
+    OSError
+        ``port`` is in use (``EADDRINUSE``).
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Linux: binds over connections in TIME_WAIT, never over a listening socket.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -107,10 +130,13 @@ class Supervised:
         env: Mapping[str, str],
         cwd: Path,
         append: bool = True,
+        pass_fds: Sequence[int] = (),
+        umask: int = -1,
     ) -> Supervised:
         """Start ``cmd`` with its output (stdout and stderr) in ``log``, in a session of its
         own: a Ctrl-C in the terminal reaches the command that started it only, which then
-        stops it by PID."""
+        stops it by PID. ``pass_fds`` (a bound socket, say) are inherited under the same
+        numbers; ``umask``, if given, is the child's."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab" if append else "wb") as handle:
             popen = subprocess.Popen(
@@ -121,6 +147,8 @@ class Supervised:
                 stdin=subprocess.DEVNULL,
                 cwd=cwd,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
+                umask=umask,
             )
         return cls(name, cmd, log, popen=popen, pid=popen.pid, started=start_time(popen.pid))
 
