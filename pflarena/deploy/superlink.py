@@ -36,6 +36,13 @@ The operator's ``flwr`` CLI sends the token as Flower's CLI sends an account's a
 from the credential store of its ``FLWR_HOME``, where ``pflarena connect`` puts it
 (:mod:`pflarena.deploy.operator`).
 
+Every variant, with or without ``--operator-token-hash``, also serves within request limits
+(:mod:`pflarena.deploy.limits`: a body over 64 KiB only from a caller its headers
+authenticate, none over 15 MiB, a body within 30 s, headers within 10 s; the flags
+``--max-request-mb``, ``--max-unauthenticated-kb``, ``--request-timeout``,
+``--header-timeout``), and ``--listen-fd N`` serves on a listening socket the launcher bound
+(:mod:`pflarena.deploy.serving`).
+
 This leans on Flower internals (the app factory ``create_app`` that ``flower-superlink``
 imports when it starts, and the API prefixes): :func:`check_superlink_internals` fails,
 naming what moved, on a flwr release that changed them, and :func:`classify` refuses to start

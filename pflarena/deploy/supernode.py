@@ -34,6 +34,10 @@ takes over Flower's FAB check (``_verify_fab`` in ``start_client_internal``), so
 be combined with ``--trusted-entities``; :func:`check_fab_verification` fails, naming what
 moved, if the installed flwr checks FABs differently.
 
+Its Runtime API always serves within the request limits ``pflarena superlink`` has
+(:mod:`pflarena.deploy.limits`, the same flags), and ``--listen-fd N`` serves it on a
+listening socket the launcher bound (:mod:`pflarena.deploy.serving`).
+
 The waits lean on Flower internals: :func:`check_loop_waits` fails, naming the file, when the
 installed flwr's loop no longer has exactly one ``time.sleep(3)``, two ``time.sleep(0.5)`` and
 its ``pull_objects``, so an upgrade cannot silently keep or drop the change
