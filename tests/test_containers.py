@@ -35,6 +35,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -646,6 +647,23 @@ def _inspect(container: str, fmt: str) -> str:
     ).stdout.strip()
 
 
+#: What a task token looks like on a command line (flwr: 128 random bytes, hex).
+TASK_TOKEN = re.compile(r"[0-9a-f]{256}")
+
+
+def _command_lines(project: ComposeProject, services: list[str]) -> list[str]:
+    """Every process's command line in ``services``' containers, as the Docker host's
+    ``ps`` shows them to any user of the host (``docker top``)."""
+    lines = []
+    for service in services:
+        top = subprocess.run(
+            ["docker", "top", project.container(service), "-eo", "args"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        lines += [f"{service}: {line.strip()}" for line in top.stdout.splitlines()[1:]]
+    return lines
+
+
 def _chown_tree(path: Path, uid: int) -> None:
     for item in [path, *path.rglob("*")]:
         os.chown(item, uid, uid)
@@ -725,6 +743,24 @@ def test_tls_admits_the_operator_and_registered_nodes_only(tmp_path: Path, image
             Path("/runs/tls"), num_clients=num_nodes, num_rounds=2, round_timeout=180.0
         )
         operator_run = project.submit(cfg.to_run_config())
+        # On the Docker host, while the run goes on: no task token or secret in any command
+        # line of the project's containers (any user of the host reads them with ps).
+        services = ["superlink", "serverapp"]
+        services += [f"{kind}-{i}" for i in range(num_nodes) for kind in ("supernode", "clientapp")]
+        secret_files = [certs / "operator.token", *sorted((certs / "secrets").iterdir())]
+        values = {str(f): f.read_text().strip() for f in secret_files}
+        seen: set[str] = set()
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not any("serverapp" in line and "--token-file" in line for line in seen):
+            assert operator_run.poll() is None, f"the run ended unseen\n{project.logs()}"
+            assert time.monotonic() < deadline, f"no ServerApp process seen\n{project.logs()}"
+            seen |= set(_command_lines(project, services))
+            time.sleep(0.2)
+        print("the ServerApp's process on the host:",
+              [line for line in seen if "token" in line])  # fmt: skip
+        assert not [line for line in seen if TASK_TOKEN.search(line)], sorted(seen)
+        for path, value in values.items():
+            assert not [line for line in seen if value in line], f"{path} on a command line"
         marker = "/runs/stranger-was-here"
         app = stranger_app(tmp_path, marker)
         home = stranger_home(tmp_path, address, certs / "ca.crt")
@@ -753,6 +789,9 @@ def test_tls_admits_the_operator_and_registered_nodes_only(tmp_path: Path, image
 
         rounds = project.completed(tmp_path / "runs" / "tls", project.wait(operator_run))
         assert [r["train"]["clients"] for r in rounds[1:]] == [num_nodes] * 2, rounds
+        loose = {p.name: oct(p.stat().st_mode & 0o777)
+                 for p in (tmp_path / "runs" / "tls").iterdir() if p.stat().st_mode & 0o077}  # fmt: skip
+        assert not loose, f"results readable by others: {loose}"  # the executor's umask 077
         local = in_process_rounds(cfg, project.shards[:num_nodes], tmp_path)
         assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
         assert markers(str(tmp_path / "runs" / "stranger-was-here")) == []

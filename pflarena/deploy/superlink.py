@@ -268,7 +268,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``--listen-fd N`` serves on the listening TCP socket inherited as descriptor ``N``
     instead of binding ``--host``/``--port`` (:mod:`pflarena.deploy.serving`).
     """
+    from pflarena.deploy.private import private_umask
     from pflarena.deploy.serving import install_superlink, serving_from_flags
+
+    private_umask()  # its state, database and logs: the operator's alone (containers too)
 
     own, rest = _own_args(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in rest):

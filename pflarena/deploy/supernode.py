@@ -229,7 +229,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     the flags and defaults are ``pflarena superlink``'s); ``--listen-fd N`` serves it on the
     listening TCP socket inherited as descriptor ``N`` instead of binding
     ``--host``/``--port`` (:mod:`pflarena.deploy.serving`)."""
+    from pflarena.deploy.private import private_umask
     from pflarena.deploy.serving import add_flags, install_supernode, serving_from_flags
+
+    private_umask()  # its state, database and logs: the operator's alone (containers too)
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--idle-poll", type=float, default=None)
