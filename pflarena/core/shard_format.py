@@ -37,10 +37,12 @@ __all__ = [
     "SHARD_FORMAT_VERSIONS",
     "ShardError",
     "ShardSet",
+    "check_shard_file",
     "load_shard",
     "load_shard_client",
     "read_shard_set",
     "shard_file_name",
+    "shard_set_problems",
     "write_shards",
 ]
 
@@ -501,3 +503,141 @@ def load_shard_client(directory: str | Path, client_id: int) -> tuple[ClientData
             f"samples; the manifest says {expected[0]} / {expected[1]} / {expected[2]}"
         )
     return client, info
+
+
+def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype an ``.npz`` member's ``.npy`` header gives, read without its data."""
+    with archive.open(f"{name}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, _fortran_order, dtype = read(member)
+    return tuple(shape), dtype
+
+
+def check_shard_file(shard_set: ShardSet, client_id: int) -> None:
+    """Check client ``client_id``'s shard file as far as that is cheap: the archive's
+    directory and every member within the file's size, the arrays and metadata there, the
+    metadata naming this client and the manifest's data, and each array's ``.npy`` header
+    (its shape and dtype, not its data) agreeing with the manifest's sample counts. What
+    only reading the data shows (its values: labels in range, finite inputs) is
+    :func:`load_shard`'s.
+
+    Raises
+    ------
+    ShardError
+        Naming the path and what is wrong (a truncated file: ``BadZipFile``).
+    """
+    path = shard_set.path(client_id)
+    try:
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename: info for info in archive.infolist()}
+            beyond = [
+                name
+                for name, info in members.items()
+                if info.header_offset + info.compress_size > size
+            ]
+            if beyond:
+                raise ShardError(
+                    f"shard file {path} is truncated: {', '.join(beyond)} ends past its "
+                    f"{size} bytes"
+                )
+            names = {name.removesuffix(".npy") for name in members}
+            missing = [name for name in (*_V1_ARRAYS, _METADATA_KEY) if name not in names]
+            if missing:
+                raise ShardError(f"shard file {path} lacks array(s): {', '.join(missing)}")
+            with archive.open(f"{_METADATA_KEY}.npy") as member:
+                raw = np.lib.format.read_array(member, allow_pickle=False)
+            metadata = _parse_metadata(path, raw)
+            if metadata["version"] > 1:
+                missing = [name for name in SHARD_ARRAYS if name not in names]
+                if missing:
+                    raise ShardError(f"shard file {path} lacks array(s): {', '.join(missing)}")
+            headers = {name: _npy_header(archive, name) for name in SHARD_ARRAYS if name in names}
+    except ShardError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as error:
+        raise ShardError(
+            f"shard file {path} is unreadable, corrupt or truncated: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if metadata.get("client_id") != client_id:
+        raise ShardError(
+            f"{path} holds client {metadata.get('client_id')!r}, but the manifest names it for "
+            f"client {client_id}"
+        )
+    info = shard_set.info
+    if (metadata.get("num_classes"), tuple(metadata.get("input_shape") or ())) != (
+        info.num_classes,
+        info.input_shape,
+    ):
+        raise ShardError(
+            f"{path} holds {metadata.get('num_classes')} classes of shape "
+            f"{tuple(metadata.get('input_shape') or ())}; the manifest says {info.num_classes} "
+            f"of {info.input_shape}"
+        )
+    expected = {
+        "train": shard_set.num_train[client_id],
+        "val": shard_set.num_val[client_id],
+        "test": shard_set.num_test[client_id],
+    }
+    for split, count in expected.items():
+        if f"x_{split}" not in headers:  # a version-1 shard: no validation split
+            if count:
+                raise ShardError(
+                    f"{path} holds no {split} split; the manifest says {count} samples"
+                )
+            continue
+        (x_shape, x_dtype), (y_shape, y_dtype) = headers[f"x_{split}"], headers[f"y_{split}"]
+        if len(y_shape) != 1 or not x_shape or x_shape[0] != y_shape[0]:
+            raise ShardError(
+                f"shard file {path}: x_{split} has shape {x_shape} but y_{split} has shape "
+                f"{y_shape}"
+            )
+        if x_shape[0] != count:
+            raise ShardError(
+                f"{path} holds {x_shape[0]} {split} samples; the manifest says {count}"
+            )
+        if tuple(x_shape[1:]) != info.input_shape:
+            raise ShardError(
+                f"shard file {path}: x_{split} samples have shape {tuple(x_shape[1:])}, the "
+                f"manifest says {info.input_shape}"
+            )
+        if y_dtype.kind not in "iuf" or x_dtype.kind not in "biuf":
+            raise ShardError(
+                f"shard file {path}: x_{split} has dtype {x_dtype} and y_{split} {y_dtype}, "
+                "not numbers"
+            )
+
+
+def shard_set_problems(directory: str | Path) -> list[tuple[int, str]]:
+    """Every client of a shard directory whose file :func:`check_shard_file` refuses, with
+    why (client id, problem); each file is checked once while its size and time stay the
+    same. Raises :class:`ShardError` for the manifest itself (:func:`read_shard_set`)."""
+    shard_set = read_shard_set(directory)
+    problems = []
+    for client_id in range(shard_set.num_clients):
+        path = shard_set.path(client_id)
+        try:
+            stat = path.stat()
+        except OSError as error:
+            problems.append((client_id, f"shard file {path} cannot be read: {error}"))
+            continue
+        problem = _checked(shard_set, client_id, stat.st_size, stat.st_mtime_ns)
+        if problem is not None:
+            problems.append((client_id, problem))
+    return problems
+
+
+@lru_cache(maxsize=65536)
+def _checked(shard_set: ShardSet, client_id: int, size: int, mtime_ns: int) -> str | None:
+    """:func:`check_shard_file`'s problem, or None, for a file of this size and time."""
+    try:
+        check_shard_file(shard_set, client_id)
+    except ShardError as error:
+        return " ".join(str(error).split())
+    return None

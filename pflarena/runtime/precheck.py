@@ -5,8 +5,10 @@ partition and splits, :func:`pflarena.core.federation.client_sizes`) and raises 
 :class:`~pflarena.core.config.ConfigError` with one line naming the numbers when the data
 cannot satisfy the settings: more clients than samples, a partition that cannot give every
 client its minimum, label groups that the classes cannot fill, shard files that do not
-match the run (the run config's validation checks the shard directory's manifest). Without
-it such a run would fail inside every client, once per client.
+match the run (the run config's validation checks the shard directory's manifest), shard
+files that cannot be read (:func:`check_shards`: truncated, corrupt, or not the manifest's).
+Without it such a run would fail inside every client, once per client, or go on without the
+clients whose file is damaged.
 
 Files that are not there are :func:`~pflarena.core.datasets.check_files`'s to report (the
 path looked at, the layout expected and where to get them).
@@ -16,7 +18,34 @@ from __future__ import annotations
 
 from pflarena.core.config import ConfigError, RunConfig
 
-__all__ = ["check_data"]
+__all__ = ["check_data", "check_shards"]
+
+#: Damaged shard files the one line names before it counts the rest.
+SHOWN_SHARDS = 3
+
+
+def check_shards(directory: str) -> None:
+    """Raise :class:`ConfigError`, in one line naming each client and its file's problem (the
+    first :data:`SHOWN_SHARDS`, then a count), when a shard file of ``directory`` cannot be
+    read (:func:`pflarena.core.shard_format.shard_set_problems`): a truncated, corrupt or
+    mismatched file would otherwise fail its client in every round, and the run would go on
+    over the others."""
+    from pflarena.core.shard_format import ShardError, read_shard_set, shard_set_problems
+
+    try:
+        problems = shard_set_problems(directory)
+    except ShardError as error:
+        raise ConfigError(f"shards-dir {directory}: {' '.join(str(error).split())}") from None
+    if not problems:
+        return
+    total = read_shard_set(directory).num_clients
+    named = "; ".join(f"client {client}: {problem}" for client, problem in problems[:SHOWN_SHARDS])
+    more = len(problems) - SHOWN_SHARDS
+    raise ConfigError(
+        f"shards-dir {directory}: {len(problems)} of {total} shard files cannot be used "
+        f"(their clients would fail every round): {named}"
+        + (f"; and {more} more" if more > 0 else "")
+    )
 
 
 def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
@@ -30,7 +59,10 @@ def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
     from pflarena.core.datasets import DatasetError, check_files
 
     if cfg.shards_dir:
-        return None  # the shard set is checked against the run by the config's validation
+        # the manifest is checked against the run by the config's validation; here each
+        # shard file, as far as that is cheap (its archive, metadata and array headers)
+        check_shards(cfg.shards_dir)
+        return None
     try:
         check_files(cfg.dataset, cfg.data_dir)
     except DatasetError as error:
