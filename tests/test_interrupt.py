@@ -8,6 +8,7 @@ agents) is listed just before, and none may be alive afterwards, nor anything in
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 from processes import cmdline, descendants
 
-from pflarena.server.results import read_rounds
+from pflarena.reporting.compare import compare_table
+from pflarena.server.results import comparable_rounds, read_rounds
 
 pytestmark = pytest.mark.slow
 
@@ -134,6 +136,39 @@ def test_ctrl_c_stops_a_run_with_one_line_and_leaves_no_process(
     recorded = _last_round(out / "rounds.jsonl")
     time.sleep(3)
     assert _last_round(out / "rounds.jsonl") == recorded  # nothing goes on in the background
+    # recorded as what it was: interrupted, by its own signal (before: failed, with
+    # "KeyboardInterrupt: signal 15" for a Ctrl-C)
+    summary = json.loads((out / "summary.json").read_text())
+    signal_name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM"}[how]
+    assert (summary["status"], summary["signal"]) == ("interrupted", signal_name), summary
+    assert "error" not in summary
+    assert summary["rounds_completed"] == recorded
+
+
+def test_a_run_interrupted_by_ctrl_c_resumes_to_completion(tmp_path):
+    """`pflarena run --resume` continues a run Ctrl-C interrupted, to the rounds of a run
+    never interrupted; compare shows the interruption with its signal until then."""
+    out, whole = tmp_path / "run", tmp_path / "whole"
+    common = ["--strategy", "fedavg", "--num-clients", "3", "--num-rounds", "60",
+              "--engine", "inprocess", "--workers", "1", "--quiet"]  # fmt: skip
+    cli = [sys.executable, "-m", "pflarena.cli", "run"]
+    proc, _, stderr, _, _ = _interrupt([*cli, *common, "--output-dir", str(out)],
+                                       out / "rounds.jsonl", tmp_path)  # fmt: skip
+    assert proc.returncode == 130, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["status"], summary["signal"]) == ("interrupted", "SIGINT")
+    assert "**interrupted** by SIGINT at round" in compare_table([out])
+    resumed = subprocess.run([*cli, "--resume", str(out), "--engine", "inprocess", "--quiet"],
+                             capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    done = subprocess.run([*cli, *common, "--output-dir", str(whole)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and "signal" not in summary
+    assert comparable_rounds(read_rounds(out / "rounds.jsonl")) == comparable_rounds(
+        read_rounds(whole / "rounds.jsonl")
+    )
 
 
 def test_ctrl_c_stops_a_sweep_and_leaves_no_process(tmp_path):

@@ -23,6 +23,7 @@ from pflarena.core.config import ConfigError, RunConfig, toml_value
 from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import resume_config, simulate
 from pflarena.server.progress import Progress
+from pflarena.server.results import failure_text, recorded_failures
 
 __all__ = ["add_parser", "command", "resume_run_config"]
 
@@ -175,7 +176,7 @@ def command(args: argparse.Namespace) -> int:
         cfg = resume_run_config(args, keys)
         if cfg is None:  # complete: nothing to run, nothing rewritten
             print(console_table(Path(args.resume)))
-            return 0
+            return exit_code(_read_summary(Path(args.resume)), Path(args.resume))
     else:
         file_values = load_run_file(args.config) if args.config else {}
         cfg = parse_config(_with_strategy(run_overrides(args, keys, base=file_values), args.preset))
@@ -250,7 +251,48 @@ def command(args: argparse.Namespace) -> int:
     (run_dir / TABLE_FILE).write_text(compare_table([run_dir]) + "\n")
     print(console_table(run_dir))
     print(f"\nresults: {cfg.output_dir}\n({_times(summary)}; full table: {TABLE_FILE})")
-    return 0
+    return exit_code(summary, run_dir)
+
+
+#: Exit code of a run that completed but some of whose clients failed (``summary.json``'s
+#: ``client_failures``): its results are written, over fewer clients than the run has.
+EXIT_CLIENTS_FAILED = 3
+#: Distinct errors the closing lines show (``summary.json`` lists them all).
+SHOWN_ERRORS = 5
+
+
+def exit_code(summary: dict[str, Any], run_dir: Path) -> int:
+    """0 for a run that completed with every client, :data:`EXIT_CLIENTS_FAILED` (after
+    saying on stderr which clients failed, where and why) for one that lost some."""
+    failures = recorded_failures(run_dir, summary)
+    text = failure_text(failures)
+    if not text:
+        return 0
+    lines = [f"pflarena run: completed, but {text} (exit code {EXIT_CLIENTS_FAILED}):"]
+    total = failures.get("of")
+    for error in (failures.get("errors") or [])[:SHOWN_ERRORS]:
+        count = f"{error['clients']} of {total}" if isinstance(total, int) else error["clients"]
+        where = ", ".join(error.get("exchanges") or [])
+        lines.append(f"  {count} clients ({where}; rounds {error['rounds']}): {error['error']}")
+    hidden = len(failures.get("errors") or []) - SHOWN_ERRORS + failures.get("other_errors", 0)
+    if hidden > 0:
+        lines.append(f"  ... and {hidden} other error(s)")
+    if failures.get("never_evaluated"):
+        never = ", ".join(map(str, failures["never_evaluated"]))
+        lines.append(f"  never evaluated: clients {never}")
+    lines.append(f"  (every failed client: client_failures in {run_dir / 'summary.json'})")
+    print("\n".join(lines), file=sys.stderr)
+    return EXIT_CLIENTS_FAILED
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _times(summary: dict[str, Any]) -> str:
@@ -286,18 +328,30 @@ def console_table(run_dir: Path) -> str:
         return f"{100 * value:.2f}" if isinstance(value, int | float) else "—"
 
     done = summary.get("rounds_completed", summary.get("num_rounds"))
+    status = str(summary.get("status", "?"))
+    if summary.get("signal"):
+        status += f" by {summary['signal']}"
     rows = [
         ("run", f"{summary.get('strategy', '?')} on {summary.get('dataset', '?')}, "
                 f"{summary.get('num_clients', '?')} clients, seed {summary.get('seed', '?')}"),
-        ("status", f"{summary.get('status', '?')}, {done}/{summary.get('num_rounds', '?')} rounds"),
+        ("status", f"{status}, {done}/{summary.get('num_rounds', '?')} rounds"),
+    ]  # fmt: skip
+    if lost := failure_text(recorded_failures(run_dir, summary)):
+        rows.append(("client failures", lost))
+    rows += [
         (f"{label('personalized', 'mean')}, %", pct(summary.get("personalized"), "mean")),
         (f"{label('personalized', 'worst10')}, %", pct(summary.get("personalized"), "worst10")),
         (f"{label('global', 'weighted')}, %", pct(summary.get("global"), "weighted")),
-    ]  # fmt: skip
+    ]
+    # the accuracies' header: over how many clients they are, where fewer than the run's
+    header = "last round"
+    evaluated = ((summary.get("personalized") or {}).get("last") or {}).get("clients")
+    if isinstance(evaluated, int) and evaluated != summary.get("num_clients"):
+        header += f" ({evaluated} of {summary.get('num_clients')} clients evaluated)"
     left = max(len(name) for name, _ in rows)
-    right = max(len("last round"), *(len(value) for _, value in rows))
+    right = max(len(header), *(len(value) for _, value in rows))
     lines = [
-        f"| {'':{left}} | {'last round':{right}} |",
+        f"| {'':{left}} | {header:{right}} |",
         f"|{'-' * (left + 2)}|{'-' * (right + 2)}|",
     ]
     lines += [f"| {name:{left}} | {value:{right}} |" for name, value in rows]

@@ -49,6 +49,7 @@ from pflarena.cli.options import (
     collect_overrides,
     with_tracking,
 )
+from pflarena.cli.run import EXIT_CLIENTS_FAILED
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.presets import flatten_table, load_preset
 from pflarena.reporting.leaderboard import (
@@ -60,6 +61,7 @@ from pflarena.reporting.leaderboard import (
 from pflarena.reporting.plots import leaderboard_plot
 from pflarena.runtime.launch import check_flower_keys, run_simulations
 from pflarena.server.progress import Progress
+from pflarena.server.results import failure_text, recorded_failures
 from pflarena.strategies import declarations
 
 __all__ = [
@@ -355,7 +357,8 @@ SWEEP_OWN_KEYS = ("strategy", "seed", "output-dir")
 
 def command(args: argparse.Namespace) -> int:
     """``pflarena sweep``: plan the runs, run those not completed on one start-up, write the
-    leaderboard; 1 when a run did not complete."""
+    leaderboard; 1 when a run did not complete, else 3 (``EXIT_CLIENTS_FAILED``) when a
+    run lost clients (each named on stderr and in the leaderboard)."""
     grid: dict[str, list[Any]] = {}
     for item in args.grid or []:
         key, sep, values = item.partition("=")
@@ -429,6 +432,14 @@ def command(args: argparse.Namespace) -> int:
     unfinished = [run for run in plan if run.status != "completed"]
     if group is not None:
         group.finish(written, complete=not unfinished)
+    lost = runs_with_failed_clients(plan)
+    if lost:
+        print(
+            f"pflarena sweep: {len(lost)} run(s) completed, but some of their clients failed "
+            "(their summary.json's client_failures says which, where and why):\n  "
+            + "\n  ".join(f"{run.directory}: {text}" for run, text in lost),
+            file=sys.stderr,
+        )
     if unfinished:
         if todo and code != 0 and args.quiet:
             print("the simulation's last lines:\n" + "".join(tail), file=sys.stderr)
@@ -439,7 +450,19 @@ def command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return EXIT_CLIENTS_FAILED if lost else 0
+
+
+def runs_with_failed_clients(plan: list[PlannedRun]) -> list[tuple[PlannedRun, str]]:
+    """The completed runs some of whose clients failed, each with the line that says so."""
+    found = []
+    for run in plan:
+        if run.status != "completed":
+            continue
+        summary = json.loads((run.directory / "summary.json").read_text())
+        if text := failure_text(recorded_failures(run.directory, summary)):
+            found.append((run, text))
+    return found
 
 
 def add_parser(sub: Any, full_help: bool = False) -> None:

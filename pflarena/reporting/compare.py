@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pflarena.server.metrics import short_label
+from pflarena.server.results import failure_text, recorded_failures
 
 __all__ = [
     "SUMMARY_FIELDS",
@@ -164,7 +165,7 @@ def _interrupted_summary(path: Path) -> dict[str, Any]:
         "seed": int(run_config.get("seed", 0)),
         "status": "interrupted",
         "wall_time_s": float(max((r.get("elapsed_s", 0.0) for r in rounds), default=0.0)),
-    } | summarize_rounds(rounds)
+    } | summarize_rounds(rounds, int(run_config.get("num-clients", 0)) or None)
 
 
 def load_run(path: Path) -> dict[str, Any]:
@@ -191,9 +192,10 @@ def load_run(path: Path) -> dict[str, Any]:
         value = summary.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ValueError(f"{summary_path}: {key!r} is missing or malformed ({value!r})")
-    for key in ("personalized", "global", "cross", "method"):
+    for key in ("personalized", "global", "cross", "method", "client_failures"):
         if not isinstance(summary.get(key) or {}, dict):
             raise ValueError(f"{summary_path}: {key!r} is malformed")
+    summary["client_failures"] = recorded_failures(path, summary)
     return summary
 
 
@@ -211,12 +213,26 @@ def comparable_runs(run_dirs: list[Path]) -> tuple[list[Path], list[str]]:
 
 
 def run_status(summary: dict[str, Any]) -> str:
-    """``completed``, or ``failed``/``interrupted`` with the round it stopped at."""
+    """``completed`` (with the clients that failed, if any: ``completed, **1 of 4 clients
+    failed in every round**``), or ``failed``/``interrupted`` (with its signal) and the
+    round it stopped at."""
     status = str(summary.get("status", "unknown"))
     done, planned = rounds_done(summary), summary.get("num_rounds")
     if status == "completed":
-        return status
-    return f"**{status}** at round {done} of {planned}"
+        lost = failure_text(entry(summary, "client_failures"))
+        return f"{status}, **{lost}**" if lost else status
+    by = f" by {summary['signal']}" if status == "interrupted" and summary.get("signal") else ""
+    return f"**{status}**{by} at round {done} of {planned}"
+
+
+def clients_cell(summary: dict[str, Any]) -> str:
+    """The run's clients, and how many its last evaluation counted where that is fewer:
+    ``4 (3 evaluated)``."""
+    total = summary["num_clients"]
+    evaluated = entry(entry(summary, "personalized"), "last").get("clients")
+    if isinstance(evaluated, int) and evaluated != total:
+        return f"{total} ({evaluated} evaluated)"
+    return f"{total}"
 
 
 def rounds_done(summary: dict[str, Any]) -> int:
@@ -333,7 +349,7 @@ def compare_table(run_dirs: list[Path]) -> str:
         startup, rounds_s = _seconds(s)
         rows.append(
             f"| {run_label(run_dir, common)} | {run_status(s)} | {s['strategy']} | {s['dataset']} "
-            f"| {s['num_clients']} | {rounds_done(s)}/{s['num_rounds']} | {s['seed']} "
+            f"| {clients_cell(s)} | {rounds_done(s)}/{s['num_rounds']} | {s['seed']} "
             + (
                 "| " + (", ".join(f"{k}={v}" for k, v in diff.items()) or "—") + " "
                 if shown_params

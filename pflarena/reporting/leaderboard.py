@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pflarena.server.metrics import label, short_label
+from pflarena.server.results import failure_text, recorded_failures
 
 __all__ = [
     "LEADERBOARD_METRICS",
@@ -92,17 +93,28 @@ def leaderboard(runs: Sequence[BoardRun]) -> list[dict[str, Any]]:
     rows = []
     for (setting, method), members in groups.items():
         summaries = []
+        lost: list[tuple[str, str]] = []
+        unfinished: list[tuple[str, str]] = []
         for run in members:
-            path = run.directory / "summary.json"
-            if path.exists():
-                summary = json.loads(path.read_text())
-                if summary.get("status") == "completed":
-                    summaries.append(summary)
+            name = f"{setting}/{method}/seed-{run.seed}"
+            summary = _summary(run.directory)
+            if summary is None:
+                continue
+            if summary.get("status") != "completed":
+                unfinished.append((name, _why_unfinished(summary)))
+                continue
+            summaries.append(summary)
+            if text := failure_text(summary.get("client_failures")):
+                lost.append((name, _with_first_error(text, summary["client_failures"])))
         row: dict[str, Any] = {
             "setting": setting,
             "method": method,
             "planned": len(members),
             "completed": len(summaries),
+            # completed runs some of whose clients failed (run, what failed), and runs
+            # begun that did not complete (run, why): each named under the tables
+            "lost_clients": lost,
+            "unfinished": unfinished,
             "seeds": [s["seed"] for s in summaries],
             "rounds": max((s.get("rounds_completed", 0) for s in summaries), default=0),
             # the rounds' own time: the start-up (the runtime, the clients' first data
@@ -122,6 +134,36 @@ def leaderboard(runs: Sequence[BoardRun]) -> list[dict[str, Any]]:
         )
     )
     return rows
+
+
+def _summary(run_dir: Path) -> dict[str, Any] | None:
+    """A run's ``summary.json``, with its ``client_failures`` (for a summary written before
+    runs recorded them, from its ``rounds.jsonl``); for a run begun and killed before it
+    wrote one, ``{"status": "interrupted"}``; None for a run not begun."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return {"status": "interrupted"} if (run_dir / "config.json").exists() else None
+    summary = json.loads(path.read_text())
+    summary["client_failures"] = recorded_failures(run_dir, summary)
+    return summary
+
+
+def _why_unfinished(summary: Mapping[str, Any]) -> str:
+    """A run that did not complete, in a few words: its status, signal or error."""
+    status = str(summary.get("status", "unknown"))
+    if summary.get("signal"):
+        return f"{status} by {summary['signal']}"
+    error = " ".join(str(summary.get("error") or "").split())
+    return f"{status}: {error[:200]}" if error else status
+
+
+def _with_first_error(text: str, failures: Mapping[str, Any]) -> str:
+    """``text`` with the most common error the failed clients had (cut at 200 characters)."""
+    errors = failures.get("errors") or []
+    if not errors:
+        return text
+    first = " ".join(str(errors[0].get("error", "")).split())
+    return f"{text} ({first[:200]})"
 
 
 def _rounds_time(summary: Mapping[str, Any]) -> float:
@@ -164,12 +206,26 @@ def leaderboard_markdown(rows: list[dict[str, Any]], title: str = "Leaderboard")
         for row in (r for r in rows if r["setting"] == setting):
             count = row["completed"]
             seeds = f"{count}/{row['planned']}"
+            if row.get("lost_clients"):
+                seeds += f", {len(row['lost_clients'])} with failed clients"
             took = f"{row['rounds_time_s'][0]:.0f}" if row["rounds_time_s"] else "—"
             cells = [row["method"], seeds, *(_pct(row[n], count) for n in names)]
             cells += [str(row["rounds"]), took]
             if private:
                 cells.append(f"{row['epsilon'][0]:.3g}" if row.get("epsilon") else "—")
             lines.append("| " + " | ".join(cells) + " |")
+    lost = [item for row in rows for item in row.get("lost_clients") or []]
+    if lost:  # completed, counted in the figures above, but over fewer clients
+        lines += ["", "## Runs with failed clients", ""]
+        lines.append(
+            "These runs completed and are counted above, but some of their clients failed "
+            "(their `summary.json`'s `client_failures` says which, where and why):"
+        )
+        lines += [""] + [f"- `{name}`: {text}" for name, text in lost]
+    unfinished = [item for row in rows for item in row.get("unfinished") or []]
+    if unfinished:
+        lines += ["", "## Runs that did not complete", ""]
+        lines += [f"- `{name}`: {why}" for name, why in unfinished]
     return "\n".join(lines) + "\n"
 
 
@@ -179,6 +235,9 @@ def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     for name, *_ in LEADERBOARD_METRICS:
         fields += [f"{name} mean", f"{name} std"]
     fields += ["rounds s mean", "dp epsilon mean"]
+    lost = any(row.get("lost_clients") for row in rows)
+    if lost:  # only then: a sweep whose clients never failed keeps its columns
+        fields.append("runs with failed clients")
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(fields)
@@ -188,6 +247,8 @@ def leaderboard_csv(rows: list[dict[str, Any]], path: Path) -> Path:
                 values += list(row[name]) if row[name] else ["", ""]
             for key in ("rounds_time_s", "epsilon"):
                 values.append(row[key][0] if row.get(key) else "")
+            if lost:
+                values.append(len(row.get("lost_clients") or []))
             writer.writerow(values)
     return path
 

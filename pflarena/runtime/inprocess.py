@@ -368,9 +368,9 @@ class InProcessGrid(Grid):
 
         for msg, node_id, future, submitted in pending:
             ttl = msg.metadata.ttl
-            remaining = None if not ttl else max(0.0, ttl - (time.monotonic() - submitted))
+            deadline = None if not ttl else submitted + ttl
             try:
-                payload, problem, context = future.result(timeout=remaining)
+                payload, problem, context = _result(future, deadline)
             except FutureTimeout:
                 self.busy[node_id] = future
                 log(
@@ -417,7 +417,8 @@ class InProcessGrid(Grid):
 
         thread = threading.Thread(target=call, name=f"pflarena-node-{node_id}", daemon=True)
         thread.start()
-        thread.join(timeout=msg.metadata.ttl)
+        ttl = msg.metadata.ttl
+        _join(thread, None if not ttl else time.monotonic() + ttl)
         if thread.is_alive():
             self.busy[node_id] = thread
             log(
@@ -431,6 +432,34 @@ class InProcessGrid(Grid):
         if "raise" in outcome:
             raise outcome["raise"]
         return outcome["reply"]
+
+
+#: Seconds between the run's thread's looks at the signals that arrived while it waits for
+#: a client: the kernel may give a Ctrl-C to another thread, and the Python handler runs on
+#: the main one only once its wait returns.
+WAKE_S = 0.2
+
+
+def _join(thread: threading.Thread, deadline: float | None) -> None:
+    """``thread.join`` until ``deadline`` (``time.monotonic``; None: no limit), in steps of
+    :data:`WAKE_S`, so that a signal is handled within a step."""
+    while thread.is_alive():
+        left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+        if left <= 0:
+            return
+        thread.join(left)
+
+
+def _result(future: Future, deadline: float | None) -> Any:
+    """``future.result`` by ``deadline`` (None: no limit; ``FutureTimeout`` past it), waiting
+    in steps of :data:`WAKE_S` (:func:`_join`)."""
+    while True:
+        left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+        try:
+            return future.result(timeout=max(0.0, left))
+        except FutureTimeout:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
 def run_inprocess(

@@ -12,7 +12,9 @@ app submitted with ``flwr run`` and its log streamed, the SuperLink stopped (by 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -114,7 +116,8 @@ def simulate(
     forked worker processes (:mod:`pflarena.runtime.inprocess`); ``engine="ray"`` runs them
     on Flower's Ray engine, and ``ray_address`` joins that Ray cluster instead of starting a
     private Ray instance.
-    Raises ``RuntimeError`` when the run did not complete.
+    Raises ``RuntimeError`` when the run did not complete. A run that completed with
+    clients failing returns its summary, whose ``client_failures`` says which.
     """
     output_dir = Path(cfg.output_dir).resolve()
     cfg = with_absolute_paths(cfg.model_copy(update={"output_dir": str(output_dir)}))
@@ -148,6 +151,11 @@ def simulate(
             + "".join(tail)
         )
     summary = json.loads(summary_path.read_text())
+    if summary.get("status") == "interrupted":  # a signal sent to the simulation itself
+        raise RuntimeError(
+            f"run interrupted by {summary.get('signal') or 'a signal'}; "
+            f"`pflarena run --resume {output_dir}` continues it"
+        )
     if summary.get("status") != "completed":
         raise RuntimeError(
             f"run failed: {summary.get('error', 'unknown error')} (see {output_dir})"
@@ -213,6 +221,43 @@ class _SigtermHandler:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None
+
+
+class _SignalsNoted:
+    """Notes which of SIGINT and SIGTERM this process gets while a simulation process runs
+    (each still handled as before: the handler found is called), so that the one received
+    is passed on to the simulation process (:meth:`forward`) and its run recorded as
+    interrupted by that signal. Only on the main thread, and not for a signal ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                self.previous[signum] = handler
+                signal.signal(signum, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        self.previous[signum](signum, frame)
+
+    def restore(self, handlers: dict[int, Any]) -> None:
+        """Put the handlers found in place of these in ``handlers`` (what is restored at
+        the end)."""
+        handlers.update(self.previous)
+        self.previous = {}
+
+    def forward(self, proc: subprocess.Popen) -> None:
+        """Send ``proc`` the first signal received, if any (not reaping it: its process
+        group is stopped after, :func:`~pflarena.runtime.processes.stop_group`)."""
+        if self.received and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, self.received[0])
 
 
 def run_simulations(
@@ -305,6 +350,7 @@ def run_simulations(
     log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
     proc = None
     terminate = _SigtermHandler()
+    received = _SignalsNoted()
     try:
         # Its own process group: a Ctrl-C at the terminal reaches this process only, which
         # stops the simulation in order (Ray shut down, its helpers ended) and then ends
@@ -324,8 +370,12 @@ def run_simulations(
         # a second Ctrl-C or SIGTERM must not cut the shutdown short and leave processes
         # behind
         previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        received.restore(previous)
         try:
             if proc is not None:
+                # the signal this process got, passed on: the run is recorded as
+                # interrupted by it (SIGINT, SIGTERM), not by the SIGTERM that stops it
+                received.forward(proc)
                 stop_group(proc)
         finally:
             for signum, handler in previous.items():

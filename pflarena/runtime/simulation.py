@@ -49,6 +49,7 @@ from queue import Queue
 from typing import Any
 
 from pflarena.runtime.flowerapp import FlowerApp, flower_overrides, load_client_app, module_of
+from pflarena.server.results import RunInterrupted
 
 __all__ = [
     "SimulationRuntime",
@@ -328,25 +329,78 @@ class SimulationRuntime:
         )
         nodes = _register_nodes(num_nodes=num_supernodes, state_factory=state_factory)
         stores = _register_node_info_stores(nodes_mapping=nodes, run=run, app_dir=app_dir)
+        # Flower's message workers in a thread of their own, this thread waiting in short
+        # steps: a signal is handled here whichever thread it lands on (Ray's threads take
+        # some), not only once a wait of Flower's ends
+        crashed: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                run_api(
+                    lambda: client_app,
+                    lambda: backend,
+                    nodes,
+                    state_factory,
+                    stores,
+                    f_stop,
+                    VceMetrics(),
+                )
+            except BaseException as exc:  # raised here, in the runtime's thread
+                crashed.append(exc)
+
+        api_thread = threading.Thread(target=serve, name="pflarena-run-api", daemon=True)
+        api_thread.start()
         try:
-            run_api(
-                lambda: client_app,
-                lambda: backend,
-                nodes,
-                state_factory,
-                stores,
-                f_stop,
-                VceMetrics(),
-            )
-        except KeyboardInterrupt:
+            wait_for(api_thread)
+        except KeyboardInterrupt as interrupt:
             # Interrupted: the ServerApp thread does not watch f_stop and would finish the
-            # run; do not wait for it (the process ends once Ray is shut down).
+            # run. It gets the interrupt too, so that it records the run as interrupted, by
+            # its signal, and is waited for that long only (the process ends once Ray is
+            # shut down).
             f_stop.set()
+            interrupt_thread(server_thread, interrupt)
+            server_thread.join(timeout=SERVER_STOP_S)
+            api_thread.join(timeout=SERVER_STOP_S)
             raise
+        if crashed:
+            raise crashed[0]
         f_stop.set()
-        server_thread.join()
+        wait_for(server_thread)
         if not errors.empty():
             raise errors.get_nowait()
+
+
+#: Seconds between a waiting thread's looks at the signals that arrived (:func:`wait_for`).
+WAKE_S = 0.2
+
+
+def wait_for(thread: threading.Thread) -> None:
+    """Wait until ``thread`` ends, in steps of :data:`WAKE_S`: a signal that the kernel
+    gave another thread (the Python handler always runs on the main one) interrupts the
+    wait within a step, where one long join would only see it once it ended."""
+    while thread.is_alive():
+        thread.join(WAKE_S)
+
+
+#: Seconds an interrupted run's ServerApp thread is given to record the interruption.
+SERVER_STOP_S = 20.0
+
+
+def interrupt_thread(thread: threading.Thread, interrupt: BaseException) -> bool:
+    """Raise ``interrupt``'s kind in ``thread`` (as :class:`RunInterrupted` for its signal)
+    at its next Python instruction: a ServerApp thread waiting for replies that will not
+    come then ends as the main thread's Ctrl-C would end it. False if the thread is gone."""
+    import ctypes
+
+    if thread.ident is None or not thread.is_alive():
+        return False
+    signum = getattr(interrupt, "signum", None)
+    kind = RunInterrupted.for_signal(signum) if signum is not None else KeyboardInterrupt
+    return bool(
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(kind)
+        )
+    )
 
 
 # --------------------------------------------------------------------------- worker
@@ -380,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args.spec).read_text())
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    _take_signals()
+    threading.excepthook = _quiet_interrupts
     _become_subreaper()
 
     runtime = SimulationRuntime(
@@ -402,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not in_process:
             runtime.start()  # Ray starts while the thread imports Flower and the apps
+            _take_signals()  # back from Ray's driver, whose SIGTERM handler exits at once
         imports.join()
         from flwr.supercore import log
 
@@ -434,23 +489,56 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 emit(RunEnded(failed=True, reason=str(exc)))
                 log(DEBUG, traceback.format_exc())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         # One stop, done in order: no second signal interrupts the shutdown.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print("pflarena: interrupted", file=sys.stderr, flush=True)
+        _ignore_signals()
+        by = getattr(interrupt, "signal_name", None)
+        print(f"pflarena: interrupted{f' by {by}' if by else ''}", file=sys.stderr, flush=True)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _ignore_signals()
         runtime.close()
         stop_descendants()
     log(INFO, "pflarena: %d of %d runs completed", len(spec["runs"]) - failed, len(spec["runs"]))
     return 1 if failed else 0
 
 
+def _take_signals() -> None:
+    """SIGINT and SIGTERM stop the runs (:func:`_raise_keyboard_interrupt`), unless a stop
+    has begun. Called again once Ray has started: its driver sets a SIGTERM handler of its
+    own (``sys.exit``), which would end the process without recording the interruption."""
+    if signal.getsignal(signal.SIGTERM) is _let_go:
+        return
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+
+
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    """The first SIGINT or SIGTERM: the runs stop, the one running recorded as interrupted
+    by that signal (:class:`RunInterrupted`); any later one is let go (the launcher follows
+    the Ctrl-C it passes on with a SIGTERM), so that it cannot cut the stop short."""
+    _ignore_signals()
+    raise RunInterrupted(signum)
+
+
+def _let_go(signum: int, frame: Any) -> None:
+    """A signal that comes while the runs stop: nothing to do."""
+
+
+def _ignore_signals() -> None:
+    """Let SIGINT and SIGTERM go from now on, with a handler that does nothing: with
+    ``SIG_IGN`` one already arrived but not yet handled would be reported by Python as
+    "ignored due to race condition"."""
+    signal.signal(signal.SIGTERM, _let_go)
+    signal.signal(signal.SIGINT, _let_go)
+
+
+def _quiet_interrupts(args: threading.ExceptHookArgs) -> None:
+    """A thread ended by the run's interrupt (:func:`interrupt_thread`) ends quietly: its
+    run was recorded as interrupted; any other exception is reported as Python does."""
+    if issubclass(args.exc_type, KeyboardInterrupt):
+        return
+    threading.__excepthook__(args)
 
 
 #: ``prctl`` option making orphaned descendants this process's children (Linux).

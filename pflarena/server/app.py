@@ -32,9 +32,14 @@ from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.polling import PromptGrid, prompt_grid
 from pflarena.server.progress_events import RunEnded, RunStarted, StartupPhase, emit
 from pflarena.server.results import (
+    COMPLETED,
+    FAILED,
+    INTERRUPTED,
     ResultsWriter,
     check_output_dir,
     completed_summary,
+    failure_text,
+    interruption_signal,
     plot_run,
     read_rounds,
 )
@@ -245,21 +250,22 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         startup_s = before_rounds + outcome.startup_s
     except BaseException as exc:
         rounds = read_rounds(output_dir / "rounds.jsonl")
-        failed = summary_record(
-            cfg,
-            rounds,
-            status="failed",
-            wall_time_s=time.monotonic() - start,
-            error="".join(traceback.format_exception_only(exc)).strip(),
-        )
+        failed = ended_summary(cfg, rounds, exc, wall_time_s=time.monotonic() - start)
         writer.write_summary(failed)
         writer.close()
-        emit(RunEnded(str(output_dir), failed=True))
+        interrupted = failed["status"] == INTERRUPTED
+        emit(
+            RunEnded(
+                str(output_dir),
+                failed=True,
+                interrupted=(failed.get("signal") or "KeyboardInterrupt") if interrupted else None,
+            )
+        )
         if trackers:
             trackers.finish(failed, output_dir)
         raise
     summary = summary_record(
-        cfg, rounds, status="completed", wall_time_s=time.monotonic() - start, startup_s=startup_s
+        cfg, rounds, status=COMPLETED, wall_time_s=time.monotonic() - start, startup_s=startup_s
     )
     if method_results := strategy.run_summary():
         summary["method"] = method_results
@@ -269,21 +275,40 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
     strategy.write_artifacts(output_dir)
     if trackers:
         trackers.finish(summary, output_dir)
-    emit(RunEnded(str(output_dir)))
+    emit(RunEnded(str(output_dir), failures=failure_text(summary.get("client_failures"))))
+
+
+def ended_summary(
+    cfg: RunConfig, rounds: list[dict], exc: BaseException, wall_time_s: float = 0.0
+) -> dict:
+    """The ``summary.json`` of a run that ``exc`` ended before its last round: status
+    ``interrupted`` with the signal's name for a ``KeyboardInterrupt`` (Ctrl-C, SIGTERM:
+    ``pflarena run --resume`` continues it), else ``failed`` with the error; the failures
+    of a round that stopped the run (``TooManyFailures``) are counted with the others."""
+    if isinstance(exc, KeyboardInterrupt):
+        return summary_record(
+            cfg,
+            rounds,
+            status=INTERRUPTED,
+            wall_time_s=wall_time_s,
+            signal=interruption_signal(exc),
+        )
+    return summary_record(
+        cfg,
+        rounds,
+        status=FAILED,
+        wall_time_s=wall_time_s,
+        error="".join(traceback.format_exception_only(exc)).strip(),
+        stopped=getattr(exc, "round_record", None),
+    )
 
 
 def _write_failed_summary(output_dir: Path, cfg: RunConfig, exc: BaseException) -> None:
-    """A ``summary.json`` saying the run failed with ``exc`` (the rounds recorded so far)."""
+    """A ``summary.json`` saying the run failed with ``exc``, or was interrupted (the rounds
+    recorded so far)."""
     from pflarena.server.results import _write_json_atomic
 
     rounds = (
         read_rounds(output_dir / "rounds.jsonl") if (output_dir / "rounds.jsonl").exists() else []
     )
-    summary = summary_record(
-        cfg,
-        rounds,
-        status="failed",
-        wall_time_s=0.0,
-        error="".join(traceback.format_exception_only(exc)).strip(),
-    )
-    _write_json_atomic(output_dir / "summary.json", summary)
+    _write_json_atomic(output_dir / "summary.json", ended_summary(cfg, rounds, exc))

@@ -24,7 +24,13 @@ from pflarena.server.checkpoint import Checkpoint, save_checkpoint
 from pflarena.server.crosseval import run_cross_evaluation
 from pflarena.server.metrics import definitions
 from pflarena.server.progress_events import RoundDone, StartupPhase, emit
-from pflarena.server.results import ResultsWriter, read_rounds, summarize_rounds
+from pflarena.server.results import (
+    INTERRUPTED,
+    ResultsWriter,
+    client_failures,
+    read_rounds,
+    summarize_rounds,
+)
 from pflarena.strategies.base import PflStrategy, evaluation_stats
 from pflarena.strategies.exchange import NO_REPLY, Exchange, record_nbytes
 
@@ -204,15 +210,15 @@ def _evaluate(
     """The protocol's evaluation of every client, and the cross-evaluation when asked for;
     returns the record and the traffic (``eval_bytes_down``, ``cross_eval_bytes_*``)."""
     timeout = cfg.round_timeout
-    messages = list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+    messages = with_sync(
+        strategy,
+        list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)),
+        None,
+        sync,
+    )
     lost: list[dict[str, Any]] = []
     replies, down, _ = _send(
-        grid,
-        strategy,
-        with_sync(strategy, messages, None, sync),
-        timeout,
-        lost,
-        stop=cfg.max_failure_fraction < 1,
+        grid, strategy, messages, timeout, lost, stop=cfg.max_failure_fraction < 1
     )
     traffic: dict[str, Any] = {"eval_bytes_down": down}
     if server_round == 0 and (data_s := _client_time(replies, keys.DATA_TIME, max)):
@@ -220,18 +226,37 @@ def _evaluate(
     strategy.aggregate_evaluate(server_round, replies)
     results = list(strategy.last_evaluation.values())
     failures = strategy.last_eval_failures
-    missing = len(messages) - len(replies)
+    silent = _silent_nodes(messages, replies)
+    missing = len(silent)
     if not results and server_round == 0:
         raise RuntimeError(
             f"no client could evaluate the initial model ({len(failures)} of {len(messages)} "
             f"replies unusable, {missing} missing); first problem: "
             f"{failures[0][1] if failures else 'no reply'}"
         )
+    # every client that failed, with why: those whose reply was unusable, those with none
+    problems = [
+        _who_failed(strategy, node) | {"problem": reason}
+        for node, reason in [*failures, *((node, NO_REPLY) for node in silent)]
+    ]
     first = failures[0][1] if failures else NO_REPLY
-    check_eval_failures(
-        cfg, server_round, len(failures) + missing, len(messages), first + _lost_state_text(lost)
-    )
+    try:
+        check_eval_failures(
+            cfg,
+            server_round,
+            len(failures) + missing,
+            len(messages),
+            first + _lost_state_text(lost),
+        )
+    except TooManyFailures as stop:
+        stop.round_record = {
+            "round": server_round,
+            "evaluation_failures": {"failures": len(problems), "problems": problems},
+        }
+        raise
     if not results:
+        if problems:  # no usable evaluation, and who failed it, with why
+            traffic["evaluation_failures"] = {"failures": len(problems), "problems": problems}
         return None, traffic
     personalized, global_ = evaluation_stats(results)
     record = {
@@ -246,11 +271,8 @@ def _evaluate(
         },
         "failures": len(failures) + missing,
     }
-    if failures:
-        record["problems"] = [
-            {"client": strategy.client_ids.get(node), "problem": reason}
-            for node, reason in failures
-        ]
+    if problems:
+        record["problems"] = problems
     if lost:
         record["state_problems"] = lost
     if strategy.last_eval_details:
@@ -271,6 +293,20 @@ def _evaluate(
             "cross_eval_bytes_up": cross.bytes_up,
         }
     return record, traffic
+
+
+def _silent_nodes(messages: list[Message], replies: list[Message]) -> list[int]:
+    """The nodes of ``messages`` that sent no reply (within the round timeout)."""
+    answered = {reply.metadata.reply_to_message_id for reply in replies}
+    return [m.metadata.dst_node_id for m in messages if m.metadata.message_id not in answered]
+
+
+def _who_failed(strategy: PflStrategy, node_id: int) -> dict[str, Any]:
+    """A failed client as a round's ``problems`` name it: its client id, and where that is
+    not known (a node that never replied usefully) its node id, so that the summary can
+    tell such nodes apart (``client_failures``)."""
+    client = strategy.client_ids.get(node_id)
+    return {"client": client} if client is not None else {"client": None, "node": node_id}
 
 
 def cross_evaluates(cfg: RunConfig, server_round: int) -> bool:
@@ -381,7 +417,13 @@ class RoundExchanges:
 
 
 class TooManyFailures(RuntimeError):
-    """More clients failed in a round than ``max-failure-fraction`` allows."""
+    """More clients failed in a round than ``max-failure-fraction`` allows.
+
+    ``round_record`` holds what the round recorded up to the stop (its failures, with
+    why), which ``rounds.jsonl`` does not get: the summary's ``client_failures`` includes
+    it."""
+
+    round_record: dict[str, Any] | None = None
 
 
 def _stop(cfg: RunConfig, server_round: int, what: str, failed: int, total: int, first: str):
@@ -436,7 +478,8 @@ def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any
     """The round's ``train`` entry: the sampled clients and those that failed in any exchange,
     with why (``problems``: one entry per failed client and exchange, only when some failed)."""
     sampled = list(strategy.last_sampled)
-    failed = {node for exchange in exchanges for node in exchange.failed} & set(sampled)
+    failing = {node for exchange in exchanges for node in exchange.failed}
+    failed = failing & set(sampled)
     record: dict[str, Any] = {
         "clients": len(sampled) - len(failed),
         "failures": len(failed),
@@ -451,16 +494,12 @@ def _train_record(strategy: PflStrategy, exchanges: list[Exchange], metrics: Any
             if k not in (keys.TRAIN_LOSS, "clients-trained") and isinstance(v, (int, float))
         },
     }
-    if failed:
+    if failing:  # every client that failed in an exchange, sampled or not, with why
         record["problems"] = [
-            {
-                "client": strategy.client_ids.get(node),
-                "exchange": exchange.name,
-                "problem": exchange.problem_of(node),
-            }
+            _who_failed(strategy, node)
+            | {"exchange": exchange.name, "problem": exchange.problem_of(node)}
             for exchange in exchanges
             for node in exchange.failed
-            if node in failed
         ]
     return record
 
@@ -558,7 +597,13 @@ def run_rounds(
         }
         if send.state_problems:
             record["train"]["state_problems"] = send.state_problems
-        check_failures(cfg, server_round, "training", strategy, send.exchanges, send.state_problems)
+        try:
+            check_failures(
+                cfg, server_round, "training", strategy, send.exchanges, send.state_problems
+            )
+        except TooManyFailures as stop:
+            stop.round_record = record
+            raise
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
             evaluation, traffic = _evaluate(
                 grid, strategy, server_round, outcome.arrays, cfg, initial_arrays, sync
@@ -594,10 +639,15 @@ def summary_record(
     wall_time_s: float,
     error: str | None = None,
     startup_s: float | None = None,
+    signal: str | None = None,
+    stopped: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` contents. ``startup_s``: the part of ``wall_time_s`` until round
     0 was done (the clients' start-up and first data build, the initial evaluation);
-    ``rounds_time_s`` is the rest, the rounds' own time."""
+    ``rounds_time_s`` is the rest, the rounds' own time. ``signal``: the signal that
+    interrupted the run (status ``interrupted``); ``stopped``: what the round that stopped
+    the run recorded (:class:`TooManyFailures`), whose failures ``client_failures``
+    includes though the round is not one of ``rounds``."""
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
         "dataset": cfg.data_name(),
@@ -614,8 +664,12 @@ def summary_record(
         summary["rounds_time_s"] = max(0.0, wall_time_s - startup_s)
     if cfg.shards_dir:
         summary["shards_dir"] = cfg.shards_dir
-    summary |= summarize_rounds(rounds)
+    summary |= summarize_rounds(rounds, cfg.num_clients)
+    if stopped is not None:
+        summary["client_failures"] = client_failures([*rounds, stopped], cfg.num_clients)
     summary["metric_definitions"] = definitions()
     if error is not None:
         summary["error"] = error
+    if status == INTERRUPTED:
+        summary["signal"] = signal
     return summary

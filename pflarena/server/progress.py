@@ -247,12 +247,19 @@ class Progress:
         return ("last bar" if number == total else "bar"), text + accuracy
 
     def _run_ended(self, run_dir: Path | None, failed: str | None = None) -> str:
+        # here, not at the top: the results module imports numpy, which showing progress
+        # needs only once a run ends
+        from pflarena.server.results import COMPLETED, INTERRUPTED, failure_text
+
         took = self.clock() - (self.run_began or self.begin)
         self.durations.append(took)
         self.run_began = None
         prefix = f"run {self.run_index} of {self.total}" if self.total > 1 else "run"
         summary = _read_summary(run_dir)
-        if failed or summary.get("status") not in (None, "completed"):
+        if summary.get("status") == INTERRUPTED:
+            by = summary.get("signal") or "a signal"
+            return f"pflarena {self._elapsed()} {prefix} {self.run_name}: INTERRUPTED by {by}"
+        if failed or summary.get("status") not in (None, COMPLETED):
             why = summary.get("error") or failed or "failed"
             return f"pflarena {self._elapsed()} {prefix} {self.run_name}: FAILED ({why})"
         pers = ((summary.get("personalized") or {}).get("last") or {}).get("mean")
@@ -268,6 +275,8 @@ class Progress:
         epsilon = (((summary.get("method") or {}).get("dp")) or {}).get("epsilon")
         if isinstance(epsilon, int | float):
             text += f", DP ε {epsilon:.3g}"
+        if lost := failure_text(summary.get("client_failures")):
+            text += f"; {lost}"
         if run_dir is not None:
             text += f" -> {run_dir}"
         return text

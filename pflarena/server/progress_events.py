@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, fields
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from typing import Any, ClassVar
 
 from pflarena.server.metrics import label
@@ -119,6 +119,9 @@ class RoundDone:
             )
             if evaluation.get("global"):
                 figures.append(f"{label('global')} {100 * evaluation['global']['weighted']:.2f}%")
+            if evaluation.get("failures"):
+                asked = len(evaluation.get("per_client") or {}) + evaluation["failures"]
+                figures.append(f"evaluation failed on {evaluation['failures']} of {asked} clients")
         train = record.get("train")
         if train and train.get("loss") is not None:
             text = f"train loss {train['loss']:.4f} ({train['clients']} clients"
@@ -140,17 +143,27 @@ class RoundDone:
 
 @dataclass(frozen=True)
 class RunEnded:
-    """A run's end: its results written (``failed`` false), or it failed, with its partial
-    results in ``output_dir`` or, where the runtime failed it, ``reason``."""
+    """A run's end: its results written (``failed`` false; ``failures``: the line saying
+    which clients failed, if any did), or it did not complete, with its partial results in
+    ``output_dir`` or, where the runtime failed it, ``reason``; ``interrupted``: the signal
+    that stopped it (``SIGINT``, ``SIGTERM``)."""
 
     kind: ClassVar[str] = "end"
     output_dir: str | None = None
     failed: bool = False
     reason: str | None = None
+    interrupted: str | None = None
+    failures: str | None = None
 
     def text(self) -> str:
         if not self.failed:
-            return f"pflarena: results in {self.output_dir}"
+            text = f"pflarena: results in {self.output_dir}"
+            return text + (f" (completed, but {self.failures})" if self.failures else "")
+        if self.interrupted:
+            return (
+                f"pflarena: run interrupted by {self.interrupted}; partial results in "
+                f"{self.output_dir} (`pflarena run --resume` continues it)"
+            )
         if self.output_dir is not None:
             return f"pflarena: run failed; partial results in {self.output_dir}"
         return f"pflarena: run failed: {self.reason}"
@@ -175,7 +188,9 @@ def emit(event: Event) -> None:
     (failures at ``ERROR``, the rest at ``INFO``)."""
     from flwr.common.logger import log  # the producers' processes run Flower; readers need not
 
-    level = ERROR if isinstance(event, RunEnded) and event.failed else INFO
+    level = INFO
+    if isinstance(event, RunEnded) and (event.failed or event.failures):
+        level = WARNING if event.interrupted or not event.failed else ERROR
     for line in log_lines(event, bool(os.environ.get(EVENTS_ENV))):
         log(level, "%s", line)
 

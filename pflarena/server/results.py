@@ -18,7 +18,16 @@ from pflarena.core.drawing import pyplot
 from pflarena.server.metrics import HEADLINE, label
 
 __all__ = [
+    "COMPLETED",
+    "FAILED",
+    "INTERRUPTED",
+    "RunInterrupted",
+    "client_failures",
     "comparable_rounds",
+    "failure_text",
+    "format_rounds",
+    "interruption_signal",
+    "recorded_failures",
     "ResultsWriter",
     "OutputDirError",
     "read_rounds",
@@ -31,6 +40,48 @@ __all__ = [
 
 RESULT_FILES = ("config.json", "rounds.jsonl", "summary.json")
 STAT_KEYS = ("mean", "weighted", "std", "worst10")
+
+#: ``summary.json``'s ``status``: every round ran (clients may still have failed in some:
+#: its ``client_failures`` says), the run stopped on an error (``error``), or a signal
+#: stopped it (``signal``; ``pflarena run --resume`` continues it).
+COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal: Ctrl-C's ``SIGINT`` or a process manager's ``SIGTERM``
+    (the simulation process raises it from its signal handler, and the ServerApp records
+    the run as :data:`INTERRUPTED` with the signal's name). A ``KeyboardInterrupt``, so
+    that every ``except KeyboardInterrupt`` stays the way out."""
+
+    #: the signal of a subclass made by :meth:`for_signal` (raised without arguments)
+    default_signum: int | None = None
+
+    def __init__(self, signum: int | None = None) -> None:
+        self.signum = signum if signum is not None else self.default_signum
+        super().__init__(f"interrupted by {self.signal_name or 'a signal'}")
+
+    @property
+    def signal_name(self) -> str | None:
+        """``SIGINT``, ``SIGTERM``, ...; None when no signal is known."""
+        import signal
+
+        if self.signum is None:
+            return None
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+    @classmethod
+    def for_signal(cls, signum: int) -> type[RunInterrupted]:
+        """A subclass that stands for ``signum`` when raised as a class (a thread is
+        interrupted from another with an exception class, not an instance)."""
+        return type(cls.__name__, (cls,), {"default_signum": signum})
+
+
+def interruption_signal(exc: BaseException) -> str | None:
+    """The signal's name a ``KeyboardInterrupt`` stands for (None when not known)."""
+    return exc.signal_name if isinstance(exc, RunInterrupted) else None
 
 
 class OutputDirError(ValueError):
@@ -242,14 +293,23 @@ def _stats_block(evals: list[tuple[int, dict]]) -> dict[str, Any] | None:
         return None
     last_round, last = evals[-1]
     best_round, best = max(evals, key=lambda item: item[1]["mean"])
-    return {
-        "last": {k: last.get(k) for k in STAT_KEYS} | {"round": last_round},
-        "best": {k: best.get(k) for k in STAT_KEYS} | {"round": best_round},
-    }
+    return {"last": _point(last, last_round), "best": _point(best, best_round)}
 
 
-def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The accuracy and traffic part of ``summary.json``, from the round records."""
+def _point(stats: dict[str, Any], server_round: int) -> dict[str, Any]:
+    """One evaluation's figures, its round, and the clients they are over (``clients``,
+    where the round's record counts them: the clients that were evaluated)."""
+    point = {k: stats.get(k) for k in STAT_KEYS} | {"round": server_round}
+    if isinstance(stats.get("num_clients"), int):
+        point["clients"] = stats["num_clients"]
+    return point
+
+
+def summarize_rounds(
+    rounds: list[dict[str, Any]], num_clients: int | None = None
+) -> dict[str, Any]:
+    """The accuracy, traffic and failure part of ``summary.json``, from the round records
+    (``num_clients``: the run's, which ``client_failures`` counts against)."""
     evaluated = [r for r in rounds if r.get("evaluation")]
     personalized = _stats_block(
         [(r["round"], r["evaluation"].get("personalized")) for r in evaluated]
@@ -262,6 +322,7 @@ def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "bytes_down": sum(r.get("bytes_down", 0) for r in rounds),
         "eval_bytes_down": sum(r.get("eval_bytes_down", 0) for r in rounds),
         "rounds_completed": max((r["round"] for r in rounds), default=0),
+        "client_failures": client_failures(rounds, num_clients),
     }
     if lost := state_problems(rounds):
         summary["state_problems"] = lost
@@ -298,6 +359,177 @@ def state_problems(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             entry["rounds"] += 1
     return sorted(found.values(), key=lambda e: (e["client"] is None, e["client"] or 0))
+
+
+#: Distinct errors ``client_failures`` lists (the others are counted in ``other_errors``).
+MAX_ERRORS = 20
+#: Runs of consecutive rounds :func:`format_rounds` writes before it counts the rest.
+MAX_ROUND_RUNS = 8
+
+
+def format_rounds(rounds: list[int] | set[int]) -> str:
+    """Round numbers as runs of consecutive rounds: ``0-1, 5, 7-9`` (past
+    :data:`MAX_ROUND_RUNS` runs, the rest counted: ``..., 40 rounds in all``)."""
+    numbers = sorted(set(rounds))
+    runs: list[tuple[int, int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], number)
+        else:
+            runs.append((number, number))
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:MAX_ROUND_RUNS])
+    if len(runs) > MAX_ROUND_RUNS:
+        text += f", ... ({len(numbers)} rounds in all)"
+    return text
+
+
+def _round_failures(record: dict[str, Any]) -> list[tuple[Any, str, str]]:
+    """The failures a round's record names: (who, exchange, problem) per client and
+    exchange; who is the client id, else ``node <id>`` (a node that never said which client
+    it holds), else ``unknown``."""
+    found = []
+    train = record.get("train") or {}
+    evaluation = record.get("evaluation") or record.get("evaluation_failures") or {}
+    for part, default in ((train, "train"), (evaluation, "evaluate")):
+        for problem in part.get("problems") or []:
+            if not isinstance(problem, dict):
+                continue
+            client, node = problem.get("client"), problem.get("node")
+            who = client if client is not None else f"node {node}" if node else "unknown"
+            exchange = str(problem.get("exchange") or default)
+            found.append((who, exchange, " ".join(str(problem.get("problem") or "").split())))
+    return found
+
+
+def client_failures(rounds: list[dict[str, Any]], num_clients: int | None = None) -> dict[str, Any]:
+    """Every client failure the round records name, for ``summary.json``.
+
+    ``clients``: how many clients failed at least once (of ``of``, the run's clients);
+    ``rounds``: the rounds any failed in (:func:`format_rounds`), ``every_round`` whether
+    each failed client failed in every round recorded; ``by_client``: per client (its id,
+    else ``node``: the node that never said which client it holds) its rounds, exchanges
+    (``train``, ``evaluate``, the method's own) and first problem; ``errors``: one entry
+    per distinct error with the clients and rounds it hit (the first :data:`MAX_ERRORS`,
+    most clients first); ``never_evaluated``: the client ids no evaluation counted, when
+    some failed; ``text``: the one line the console, ``results.md``, the leaderboard and
+    ``compare`` show (:func:`failure_text`). With no failure, ``clients`` 0 (and ``of``)."""
+    recorded = sorted({int(r["round"]) for r in rounds if isinstance(r.get("round"), int)})
+    clients: dict[Any, dict[str, Any]] = {}
+    errors: dict[str, dict[str, Any]] = {}
+    cross: dict[int, int] = {}
+    for record in rounds:
+        number = record.get("round")
+        for who, exchange, problem in _round_failures(record):
+            entry = clients.setdefault(who, {"rounds": set(), "exchanges": [], "problem": problem})
+            entry["rounds"].add(number)
+            if exchange not in entry["exchanges"]:
+                entry["exchanges"].append(exchange)
+            error = errors.setdefault(problem, {"clients": set(), "rounds": set(), "exchanges": []})
+            error["clients"].add(who)
+            error["rounds"].add(number)
+            if exchange not in error["exchanges"]:
+                error["exchanges"].append(exchange)
+        lost = ((record.get("evaluation") or {}).get("cross") or {}).get("failures")
+        if isinstance(lost, int) and lost > 0:
+            cross[number] = lost
+    block: dict[str, Any] = {"clients": len(clients)}
+    if num_clients is not None:
+        block["of"] = num_clients
+    if not clients and not cross:
+        return block
+    if clients:
+        every = all(entry["rounds"] >= set(recorded) for entry in clients.values())
+        block |= {
+            "rounds": format_rounds(set().union(*(e["rounds"] for e in clients.values()))),
+            "every_round": every,
+            "by_client": [
+                _who(who)
+                | {
+                    "rounds": format_rounds(entry["rounds"]),
+                    "failed_rounds": len(entry["rounds"]),
+                    "exchanges": entry["exchanges"],
+                    "problem": entry["problem"],
+                }
+                for who, entry in sorted(clients.items(), key=lambda item: _who_order(item[0]))
+            ],
+        }
+        ranked = sorted(errors.items(), key=lambda item: -len(item[1]["clients"]))
+        block["errors"] = [
+            {
+                "error": text,
+                "clients": len(error["clients"]),
+                "rounds": format_rounds(error["rounds"]),
+                "exchanges": error["exchanges"],
+            }
+            for text, error in ranked[:MAX_ERRORS]
+        ]
+        if len(ranked) > MAX_ERRORS:
+            block["other_errors"] = len(ranked) - MAX_ERRORS
+        if num_clients is not None:
+            evaluated = {
+                str(c)
+                for r in rounds
+                for c in ((r.get("evaluation") or {}).get("per_client") or {})
+            }
+            never = [c for c in range(num_clients) if str(c) not in evaluated]
+            if never:
+                block["never_evaluated"] = never
+    if cross:
+        block["cross_evaluation"] = {
+            "failures": sum(cross.values()),
+            "rounds": format_rounds(set(cross)),
+        }
+    block["text"] = failure_text(block)
+    return block
+
+
+def _who(who: Any) -> dict[str, Any]:
+    """A failed client as ``by_client`` names it: its id, else its node (or neither)."""
+    if isinstance(who, int):
+        return {"client": who}
+    if str(who).startswith("node "):
+        node = str(who).split(" ", 1)[1]
+        return {"client": None, "node": int(node) if node.isdigit() else node}
+    return {"client": None}
+
+
+def _who_order(who: Any) -> tuple[bool, int, str]:
+    """Client ids in order, then the nodes that never said which client they hold."""
+    return (not isinstance(who, int), who if isinstance(who, int) else 0, str(who))
+
+
+def recorded_failures(run_dir: str | Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``client_failures``: its summary's, or for a summary written before runs
+    recorded them, :func:`client_failures` of its ``rounds.jsonl`` (none without one)."""
+    if isinstance(summary.get("client_failures"), dict):
+        return summary["client_failures"]
+    path = Path(run_dir) / "rounds.jsonl"
+    rounds = read_rounds(path) if path.is_file() else []
+    clients = summary.get("num_clients")
+    return client_failures(rounds, clients if isinstance(clients, int) else None)
+
+
+def failure_text(block: dict[str, Any] | None) -> str | None:
+    """The one line that says a run lost clients (``1 of 4 clients failed in every
+    round``), from ``summary.json``'s ``client_failures``; None when none failed."""
+    if not isinstance(block, dict):
+        return None
+    parts = []
+    count = block.get("clients")
+    if isinstance(count, int) and count > 0:
+        of = f" of {block['of']}" if isinstance(block.get("of"), int) else ""
+        noun = "client" if count == 1 and not of else "clients"
+        rounds = str(block.get("rounds", ""))
+        if block.get("every_round"):
+            where = "in every round"
+        else:
+            plural = "s" if ("," in rounds or "-" in rounds) else ""
+            where = f"in round{plural} {rounds}"
+        parts.append(f"{count}{of} {noun} failed {where}")
+    cross = block.get("cross_evaluation") or {}
+    if isinstance(cross.get("failures"), int) and cross["failures"] > 0:
+        parts.append(f"{cross['failures']} cross-evaluation replies lost")
+    return "; ".join(parts) or None
 
 
 def _run_config(out: Path) -> dict[str, Any]:
