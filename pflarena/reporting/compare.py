@@ -3,8 +3,10 @@
 
 Each run is a results directory (:mod:`pflarena.server.results`). Runs that did not
 complete are shown too, marked: ``failed`` (the ServerApp wrote a failed summary) or
-``interrupted`` (killed: rounds recorded but no summary), with the rounds they completed out
-of those planned; their figures are those of their last evaluated round. The parameters
+``interrupted`` (by a signal, named; or killed: rounds recorded but no summary), with the
+rounds they completed out of those planned; their figures are those of their last evaluated
+round. A completed run some of whose clients failed says so in its status (``completed, 1 of
+4 clients failed in every round``) and its clients column (``4 (3 evaluated)``). The parameters
 that differ between the compared runs (the method's, and the run config's but for where
 they are written and how they are tracked) get a column of their own, so that two runs of
 one method with different settings can be told apart. Accuracy columns name their figure

@@ -1,6 +1,7 @@
 """A sweep's leaderboard: per setting and method, the mean and standard deviation over
 seeds of each run's ``summary.json`` values, as rows, Markdown and CSV (the picture:
-:func:`pflarena.reporting.plots.leaderboard_plot`).
+:func:`pflarena.reporting.plots.leaderboard_plot`). The completed runs some of whose clients
+failed, and the runs that did not complete, are named under the tables.
 
 ``pflarena sweep`` (:mod:`pflarena.cli.sweep`) writes them as ``leaderboard.md``,
 ``leaderboard.csv`` and ``leaderboard.png`` into its output folder.
