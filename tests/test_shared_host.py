@@ -291,7 +291,11 @@ def test_another_user_sees_no_secret_and_reads_nothing_while_the_run_completes(
         assert proc.returncode == 0, log.read_text()[-3000:]
     finally:
         stop_watching.touch()
-        seen_out, seen_err = watcher.communicate(timeout=120)
+        try:
+            seen_out, seen_err = watcher.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            watcher.kill()  # ours: stopped by its PID
+            seen_out, seen_err = watcher.communicate()
         if proc.poll() is None:
             proc.kill()
     assert watcher.returncode == 0, seen_err[-2000:]
