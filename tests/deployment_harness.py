@@ -88,10 +88,21 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 class Deployment:
     """One SuperLink, its SuperNodes and ``flwr run`` on loopback; files under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, *, serverapp_executor: bool = False, plugins: str = PLUGINS
+    ) -> None:
         self.root = root
+        #: ``PFLARENA_PLUGINS`` of every process of the deployment
+        self.plugins = plugins
         self.port = 0
         self.superlink: subprocess.Popen | None = None
+        #: ``serverapp_executor``: the ServerApps run under a SuperExec of their own
+        #: (``--isolation process``), as compose's ``serverapp`` service runs them, so that a
+        #: SuperLink restart leaves the ServerApp running (Flower's own SuperExec, a child
+        #: of the SuperLink, stops with it, and its ServerApp with it): Flower's SuperExec
+        #: with its 500s retried (``python -m pflarena.deploy.liveness``).
+        self.serverapp_executor = serverapp_executor
+        self.superexec: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen] = []
         #: each SuperNode's warm ClientApp executor (``pflarena executor``), by index
         self.executors: list[subprocess.Popen] = []
@@ -115,6 +126,7 @@ class Deployment:
             *self.supernodes,
             *self.executors,
             *self.stopped,
+            *([self.superexec] if self.superexec else []),
             *([self.superlink] if self.superlink else []),
         ]
 
@@ -138,7 +150,7 @@ class Deployment:
         # request the SuperLink answers (seven ServerApps checking every 0.1 s kept the
         # SuperLink at 90 % of a core), CPU the other test worker needs.
         env[REPLY_POLL_ENV] = "0.2"
-        env["PFLARENA_PLUGINS"] = PLUGINS
+        env["PFLARENA_PLUGINS"] = self.plugins
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         return env
 
@@ -167,6 +179,7 @@ class Deployment:
                 "--database",
                 str(self.root / "superlink.db"),
                 "--disable-runtime-dependency-installation",
+                *(["--isolation", "process"] if self.serverapp_executor else []),
             ],
             self.root / "home-superlink",
         )
@@ -191,6 +204,21 @@ class Deployment:
         self.shards = shards
         self.port = self._port()
         self.start_superlink()
+        if self.serverapp_executor:
+            # Flower's SuperExec, its 500s retried (pflarena/deploy/liveness.py): Flower's
+            # own exits on the first one, and its ServerApp with it.
+            self.superexec = self._spawn(
+                "serverapp-executor",
+                [
+                    sys.executable,
+                    "-m",
+                    "pflarena.deploy.liveness",
+                    "--insecure",
+                    "--runtime-api-address",
+                    f"127.0.0.1:{self.port}",
+                ],
+                self.root / "home-serverapp",
+            )
         warm = os.environ.get(EXECUTOR_ENV, "warm") != "flower"
         for i, shard in enumerate(shards):
             runtime_port = self._port()
@@ -304,6 +332,30 @@ class Deployment:
             assert time.monotonic() < deadline, f"no round {server_round}\n{self.log_tails()}"
             time.sleep(0.3)
 
+    def wait_for_clientapp(self, out: Path, proc: subprocess.Popen, after_round: int) -> None:
+        """Block until a ClientApp runs (a child of a node's warm executor, or Flower's
+        ``flwr-clientapp``) while ``rounds.jsonl`` holds round ``after_round`` and no later
+        one: an exchange of round ``after_round + 1`` is in flight, its message with a node."""
+        path = out / "rounds.jsonl"
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        earlier: set[int] | None = None  # ClientApps still running as the round ended
+        while True:
+            self.check_running([proc, *self.supernodes, self.superlink])
+            assert time.monotonic() < deadline, f"no ClientApp ran\n{self.log_tails()}"
+            running = descendants({p.pid for p in self.executors if p.poll() is None}) | {
+                pid
+                for pid in descendants({p.pid for p in self.supernodes})
+                if "flwr-clientapp" in cmdline(pid)
+            }
+            done = max((r["round"] for r in read_rounds(path)), default=-1) if path.exists() else -1
+            assert done <= after_round, f"round {done} ended before a ClientApp was seen running"
+            if done == after_round:
+                if earlier is None:
+                    earlier = running
+                elif running - earlier:
+                    return
+            time.sleep(0.05)
+
     def run_status(self, run_id: int) -> dict[str, Any]:
         """The run as ``flwr list <connection> --run-id <id> --format json`` shows it."""
         res = subprocess.run(
@@ -320,6 +372,20 @@ class Deployment:
         runs = [r for r in json.loads(res.stdout).get("runs", []) if int(r["run-id"]) == run_id]
         assert runs, f"run {run_id} is not in `flwr list`:\n{res.stdout}"
         return runs[0]
+
+    def run_log(self, run_id: int) -> str:
+        """The run's ServerApp log as the SuperLink keeps it (``flwr log <id> --show``): a
+        ServerApp under a SuperExec of its own writes nowhere else."""
+        res = subprocess.run(
+            ["flwr", "log", str(run_id), CONNECTION, "--show"],
+            env=self._env(self.cli_home),
+            cwd=self.cli_home,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 0, f"flwr log failed ({res.returncode}):\n{res.stdout}{res.stderr}"
+        return res.stdout
 
     def finished_status(self, run_id: int, timeout: float = 120.0) -> dict[str, Any]:
         """The run's SuperLink record once it is ``finished:*``: a ServerApp writes its
@@ -356,6 +422,8 @@ class Deployment:
         self.note_children()
         stop_all(self.cli, GRACE_S)
         stop_all([*self.supernodes, *self.executors], GRACE_S)
+        if self.superexec is not None:
+            stop(self.superexec, grace=GRACE_S)
         if self.superlink is not None:
             stop(self.superlink, grace=GRACE_S)
         for thread in self._threads.values():
@@ -400,13 +468,18 @@ def stop_pids(pids: set[int], grace: float = GRACE_S) -> None:
 
 
 def started_deployment(
-    tmp_path_factory: pytest.TempPathFactory, num_nodes: int = NUM_NODES
+    tmp_path_factory: pytest.TempPathFactory,
+    num_nodes: int = NUM_NODES,
+    *,
+    serverapp_executor: bool = False,
+    plugins: str = PLUGINS,
 ) -> Iterator[Deployment]:
     """A started deployment of ``num_nodes`` SuperNodes on shards of its own (one each),
     stopped (by PID) when the generator is closed, also after a failed test: the body of a
-    test module's ``deployment`` fixture."""
+    test module's ``deployment`` fixture (``serverapp_executor``, ``plugins``:
+    :class:`Deployment`'s)."""
     root = tmp_path_factory.mktemp("deployment")
-    dep = Deployment(root)
+    dep = Deployment(root, serverapp_executor=serverapp_executor, plugins=plugins)
     try:
         dep.start(write_test_shards(root, num_nodes))
         yield dep

@@ -1,6 +1,11 @@
-"""A loopback deployment's faults: the SuperLink stopped and started again mid-run (the run
-resumes), and a SuperNode killed mid-run (the run completes with the others), on a deployment
-of this module's own (``deployment_harness.py``), whose last test stops it.
+"""A loopback deployment's faults: the SuperLink stopped and started again while an exchange
+is in flight (the run's rounds are the uninterrupted run's), its SQLite state locked while an
+exchange is in flight (the ServerApp retries the 500s and the run completes), a client whose
+replies are hostile (the run completes without it), and a SuperNode killed mid-run (the run
+completes with the others), on a deployment of this module's own (``deployment_harness.py``),
+whose last test stops it. Its ServerApps run under a SuperExec of their own, as compose's do,
+so that a SuperLink restart leaves the ServerApp running (with Flower's SuperExec, a child of
+the SuperLink, the ServerApp stops with the SuperLink and the run is resumed).
 
 What Flower 1.41 does with a SuperNode that dies (measured with these tests):
 
@@ -17,15 +22,20 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from deployment_harness import (
+    PLUGINS,
     RUN_TIMEOUT_S,
     Deployment,
     completed_rounds,
+    evaluations,
     idle_clientapps,
+    in_process_rounds,
     run_config,
     started_deployment,
     stop_and_check,
@@ -36,37 +46,49 @@ from processes import cmdline, descendants
 
 from pflarena.runtime.launch import resume_config
 from pflarena.server.build import parse_config
+from pflarena.server.results import read_rounds
 
 pytestmark = pytest.mark.slow
+
+#: Longer than the SuperLink's wait for its SQLite lock (5 s), so that requests fail with 500.
+LOCK_S = 12.0
+#: The test methods, and ``hostile-avg`` (``pflarena_hostile_methods.py``).
+PLUGINS_HERE = f"{PLUGINS},pflarena_hostile_methods"
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """One SuperLink and its SuperNodes for both tests; the second one stops it."""
-    yield from started_deployment(tmp_path_factory)
+    """One SuperLink, its SuperNodes and a ServerApp executor for the module's tests; the
+    last one stops them."""
+    yield from started_deployment(tmp_path_factory, serverapp_executor=True, plugins=PLUGINS_HERE)
 
 
 # --------------------------------------------------------------------------- tests
-def test_a_run_survives_a_superlink_restart_and_resumes(
+def test_a_superlink_restart_mid_exchange_keeps_the_uninterrupted_rounds(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    """Stop the SuperLink after round 1; start it again and submit ``resume``.
+    """Stop the SuperLink while round 2's train exchange is in flight (a ClientApp of it is
+    running, after round 1 was recorded), and start it again: its SQLite state keeps the run,
+    the nodes, the messages and the replies, and the ServerApp's Grid sends again what the
+    interruption could have lost (``pflarena/server/polling.py``), so that the rounds equal
+    an uninterrupted in-process run on the same shards, to the last digit.
 
-    Seen three ways: the ServerApp reconnects to the restarted SuperLink (its database keeps
-    the run) and completes the run by itself, so the resumed submission finds nothing to
-    resume; the same, but the SuperLink records the run ``finished:failed`` ("No heartbeat
-    received from the task": the ServerApp's heartbeats lapsed while it was down), and the
-    resumed submission finds the run complete; or it ends short and the resumed submission
-    continues it. The SuperNodes keep
+    Seen three ways: the ServerApp reconnects to the restarted SuperLink and completes the
+    run by itself, so the resumed submission finds nothing to resume; the same, but the
+    SuperLink records the run ``finished:failed`` ("No heartbeat received from the task": the
+    ServerApp's heartbeats lapsed while it was down), and the resumed submission finds the run
+    complete; or it ends short and the resumed submission continues it. The SuperNodes keep
     running, and their clients' state in their ``state-dir``: either way every round is
-    recorded once, and the results equal an uninterrupted in-process run on the same shards.
+    recorded once, and the results are the uninterrupted run's.
     """
     out = tmp_path / "out"
-    # One client of two per round: the resumed run must sample as the uninterrupted one.
-    cfg = run_config(out, strategy="ditto", num_rounds=2, round_timeout=120.0, fraction_train=0.5)
+    # One client of two per round: the resumed run must sample as the uninterrupted one. A
+    # round after the interrupted one: its results depend on what the restart kept.
+    cfg = run_config(out, strategy="ditto", num_rounds=3, round_timeout=120.0, fraction_train=0.5)
     proc = deployment.submit(cfg)
-    deployment.wait_for_round(out, 1, proc)
+    deployment.wait_for_clientapp(out, proc, after_round=1)  # round 2's exchange in flight
     deployment.restart_superlink()
+    assert max(r["round"] for r in read_rounds(out / "rounds.jsonl")) == 1  # mid-exchange
     proc.wait(timeout=RUN_TIMEOUT_S)  # `flwr run` ends with the SuperLink it streamed from
     # ClientApp processes of the interrupted run: Flower leaves them blocked (seen alive
     # minutes later, re-parented to init); they are ours to stop, after the resumed run.
@@ -96,7 +118,7 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
     blocked = interrupted | idle_clientapps(deployment)
     print(f"blocked ClientApps of the interrupted run, stopped by PID: {sorted(blocked)}")
     stop_pids(blocked)
-    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3], f"{rounds}\n{logs()}"
     resumes = json.loads((out / "config.json").read_text()).get("resumes", [])
     print(f"resumed after rounds: {[r['after_round'] for r in resumes]}")
     assert all(r["after_round"] >= 1 for r in resumes), resumes
@@ -109,9 +131,66 @@ def test_a_run_survives_a_superlink_restart_and_resumes(
     assert [r["train"]["sampled"] for r in rounds[1:]] == [
         r["train"]["sampled"] for r in local.rounds[1:]
     ]
+    assert [r["train"]["failures"] for r in rounds[1:]] == [0, 0, 0], f"{rounds}\n{logs()}"
     ours = [r["evaluation"]["personalized"]["mean"] for r in rounds]
     theirs = [r["evaluation"]["personalized"]["mean"] for r in local.rounds]
     assert ours == pytest.approx(theirs, abs=1e-9), (ours, theirs)
+    # The restart reached the ServerApp mid-run (its Grid retried the SuperLink).
+    serverapp_log = deployment.run_log(run_id)
+    assert "pflarena: the SuperLink failed (ConnectError" in serverapp_log, serverapp_log
+
+
+def test_a_locked_superlink_database_is_waited_out(deployment: Deployment, tmp_path: Path) -> None:
+    """Lock the SuperLink's SQLite state for 12 s while round 2's exchange is in flight, as a
+    SuperLink under load locks it: it answers the ServerApp's requests (and its task
+    heartbeat) with 500 ("database is locked"), which Flower's Grid gives up at once, ending
+    the run. The ServerApp retries them with back-off and the run completes with no client
+    lost and the rounds of an uninterrupted in-process run."""
+    out = tmp_path / "out"
+    cfg = run_config(out, num_rounds=3, round_timeout=120.0)
+    proc = deployment.submit(cfg)
+    deployment.wait_for_clientapp(out, proc, after_round=1)
+    with sqlite3.connect(
+        deployment.root / "superlink.db", timeout=30.0, isolation_level=None
+    ) as db:
+        db.execute("BEGIN EXCLUSIVE")
+        time.sleep(LOCK_S)
+        db.execute("COMMIT")
+    # `flwr run --stream` may end on a 500 of its own stream, the run going on without it:
+    # its end is the SuperLink's record.
+    rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
+    run_id = int(json.loads((out / "config.json").read_text())["run_id"])
+    status = deployment.finished_status(run_id, timeout=RUN_TIMEOUT_S)["status"]
+    print(f"with the SuperLink's database locked, `flwr run` exited {rc}; the run ended {status}")
+    rounds = completed_rounds(deployment, out, 0)
+    logs = deployment.log_tails
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3], f"{rounds}\n{logs()}"
+    assert [r["train"]["failures"] for r in rounds[1:]] == [0, 0, 0], f"{rounds}\n{logs()}"
+    serverapp_log = deployment.run_log(run_id)
+    assert "pflarena: the SuperLink failed (HTTP 500)" in serverapp_log, serverapp_log
+    local = in_process_rounds(cfg, deployment.shards, tmp_path)
+    assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
+
+
+def test_a_hostile_reply_costs_only_its_sender(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client 1 replies to every train message with a packed record whose table is nested
+    100,000 deep (``hostile-avg``), which raised ``RecursionError`` in the ServerApp and ended
+    the run: now each of its replies becomes its error reply, named in the round, and the run
+    completes on client 0."""
+    monkeypatch.setenv("PFLARENA_PLUGINS", PLUGINS_HERE)  # to validate its config here too
+    out = tmp_path / "out"
+    cfg = run_config(out, strategy="hostile-avg", num_rounds=2, round_timeout=120.0)
+    proc = deployment.submit(cfg)
+    rc = deployment.wait(proc, expected=[*deployment.supernodes, deployment.superlink])
+    rounds = completed_rounds(deployment, out, rc)
+    logs = deployment.log_tails
+    assert [r["round"] for r in rounds] == [0, 1, 2], f"{rounds}\n{logs()}"
+    for record in rounds[1:]:
+        train = record["train"]
+        assert (train["clients"], train["failures"]) == (1, 1), f"{train}\n{logs()}"
+        assert "nests deeper than 3" in json.dumps(train), train
 
 
 def test_supernode_stopped_mid_run(deployment: Deployment, tmp_path: Path) -> None:

@@ -158,6 +158,9 @@ def test_a_superlink_that_keeps_failing_is_given_up_after_the_time_limit(
 def test_the_time_limit_is_set_by_the_environment(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from flwr.superlink.grid import http_grid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)  # prompt_grid sets it
     monkeypatch.setenv(RETRY_ENV, "45")
     link = FakeSuperLink(_echo)
     grid = prompt_grid(link.grid())

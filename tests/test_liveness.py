@@ -25,6 +25,7 @@ from pflarena.deploy.liveness import (
     RETRY_ENV,
     ServerErrorStreak,
     guard_node_heartbeat,
+    keep_superexec_alive,
     retry_limit,
     retry_server_errors,
 )
@@ -205,6 +206,27 @@ def test_a_request_answered_with_500_is_tried_again(connection, patched: bool) -
         with pytest.raises(httpx.HTTPStatusError):
             invoker.invoke(request)
         assert len(calls) == 1
+
+
+def test_the_serverapp_executor_retries_a_500_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's SuperExec (the ServerApp's executor) gives a task poll answered with 500 up
+    and exits; kept alive, it tries again."""
+    from flwr.supercore.superexec import run_superexec
+
+    monkeypatch.setattr(
+        run_superexec,
+        "make_simple_http_retry_invoker",
+        run_superexec.make_simple_http_retry_invoker,
+    )
+    flower = run_superexec.make_simple_http_retry_invoker()
+    request, calls = _requests(_http_error(500))
+    with pytest.raises(httpx.HTTPStatusError):
+        flower.invoke(request)
+    keep_superexec_alive()
+    kept = run_superexec.make_simple_http_retry_invoker()
+    kept.wait_function = lambda seconds: None
+    request, calls = _requests(_http_error(500), _http_error(500))
+    assert kept.invoke(request) == "answered" and len(calls) == 3
 
 
 def test_a_superlink_answering_only_500_is_given_up_after_the_limit(

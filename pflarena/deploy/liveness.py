@@ -35,6 +35,13 @@ SuperLink under load locks it: "database is locked", ``tests/test_liveness.py``)
 so that its supervisor (compose's ``restart:``, systemd's ``Restart=on-failure``) starts it
 again and it activates anew.
 
+The ServerApp's executor (Flower's ``flower-superexec``, polling the SuperLink for tasks) gives
+a 500 up the same way and exits (seen with a SuperLink whose database was locked for 12 s: no
+later run started), and a ServerApp it started watches its PID (``--parent-pid``) and stops
+once it is gone.
+:func:`keep_superexec_alive` (``python -m pflarena.deploy.liveness <flower-superexec flags>``)
+retries its 500s within the same limit.
+
 This leans on Flower internals (the connection's ``make_simple_http_retry_invoker`` and the
 invoker's ``should_giveup`` and ``on_success``, the heartbeat class and its ``_run`` and
 ``_heartbeat``, ``HeartbeatFailure``):
@@ -46,17 +53,26 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from logging import ERROR, WARNING
 from typing import Any
 
-__all__ = ["DEFAULT_RETRY_S", "LOOP_ENDED", "RETRY_ENV", "keep_node_alive", "stopped_reason"]
+__all__ = [
+    "DEFAULT_RETRY_S",
+    "LOOP_ENDED",
+    "RETRY_ENV",
+    "keep_node_alive",
+    "keep_superexec_alive",
+    "stopped_reason",
+]
 
 _RETRY_MODULE = "flwr.supercore.retry.http_retry"
 _CONNECTION_MODULE = "flwr.supernode.fleet_http_connection"
 _HEARTBEAT_MODULE = "flwr.supercore.heartbeat"
+_SUPEREXEC_MODULE = "flwr.supercore.superexec.run_superexec"
 #: What flwr 1.41 retries (502, 503, 504), and what this module adds (500).
 FLOWER_RETRIED = frozenset({502, 503, 504})
 SERVER_ERROR = 500
@@ -163,10 +179,11 @@ def limit_server_errors(invoker: Any, streak: ServerErrorStreak) -> Any:
     return invoker
 
 
-def retry_server_errors(streak: ServerErrorStreak) -> None:
-    """Make this process's SuperNode connection retry a request answered with 500, as it
-    retries 502-504 (with Flower's back-off), until ``streak`` reaches its limit."""
-    module = importlib.import_module(_CONNECTION_MODULE)
+def retry_server_errors(streak: ServerErrorStreak, where: str = _CONNECTION_MODULE) -> None:
+    """Make this process's SuperNode connection (or the Flower module ``where``: each makes
+    its retry invoker with ``make_simple_http_retry_invoker``) retry a request answered with
+    500, as it retries 502-504 (with Flower's back-off), until ``streak`` reaches its limit."""
+    module = importlib.import_module(where)
     retry = importlib.import_module(_RETRY_MODULE)
     make = getattr(module, "make_simple_http_retry_invoker", None)
     codes = getattr(retry, "_RETRYABLE_STATUS_CODES", None)
@@ -174,7 +191,7 @@ def retry_server_errors(streak: ServerErrorStreak) -> None:
         return
     if not callable(make) or not isinstance(codes, frozenset) or not codes >= FLOWER_RETRIED:
         raise _flwr_differs(
-            [f"{_CONNECTION_MODULE}.make_simple_http_retry_invoker",
+            [f"{where}.make_simple_http_retry_invoker",
              f"{_RETRY_MODULE}._RETRYABLE_STATUS_CODES"], "retry a 500",
         )  # fmt: skip
 
@@ -254,6 +271,34 @@ def guard_node_heartbeat(
     return GuardedHeartbeatSender
 
 
+def keep_superexec_alive() -> None:
+    """Make this process's SuperExec (Flower's ``flower-superexec``, the ServerApp's
+    executor) retry a task poll answered with 500 as it retries 502-504, until the SuperLink
+    has answered nothing but 500 for :data:`RETRY_ENV` seconds. Flower's gives a 500 up and
+    exits (the module docstring): no run starts until its supervisor starts it again, and
+    the ServerApp it had started stops.
+
+    Raises
+    ------
+    RuntimeError, ValueError
+        As :func:`keep_node_alive`.
+    """
+    retry_server_errors(ServerErrorStreak(retry_limit()), where=_SUPEREXEC_MODULE)
+
+
+def run_superexec(argv: list[str]) -> None:
+    """``python -m pflarena.deploy.liveness <flower-superexec flags>``: Flower's SuperExec,
+    kept alive (:func:`keep_superexec_alive`)."""
+    try:
+        keep_superexec_alive()
+    except (RuntimeError, ValueError) as exc:
+        raise SystemExit(f"pflarena superexec: {exc}") from None
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+
+    sys.argv = ["flower-superexec", *argv]
+    flower_superexec()
+
+
 def keep_node_alive() -> None:
     """Both of the above for this process's SuperNode (the module docstring).
 
@@ -269,3 +314,7 @@ def keep_node_alive() -> None:
     # 500 would otherwise keep the node listed online, and sampled, while it serves nothing.
     retry_server_errors(ServerErrorStreak(limit))
     guard_node_heartbeat(streak=ServerErrorStreak(limit))
+
+
+if __name__ == "__main__":
+    run_superexec(sys.argv[1:])

@@ -216,11 +216,16 @@ class PromptGrid:
     def __init__(
         self, grid: Grid, poll: float, *, pack: bool = False, retry_s: float = DEFAULT_RETRY_S
     ) -> None:
+        from flwr.superlink.grid.http_grid import HttpGrid
+
         _check_flower_internals()
         self._grid = grid
         self.poll = poll
         self.pack = pack
-        self.retries = SuperLinkRetries.install(grid, retry_s)
+        #: Flower's HttpGrid (set up): each reply pulled on its own; another Grid (a test's
+        #: stand-in) is pulled through its own ``pull_messages``, each reply then checked
+        self._http = isinstance(grid, HttpGrid) and hasattr(grid, "_retry_invoker")
+        self.retries = SuperLinkRetries.install(grid, retry_s) if self._http else None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -257,10 +262,11 @@ class PromptGrid:
             try:
                 return list(self._grid.push_messages(messages))
             except ObjectPushError as exc:
-                left = self.retries.limit_s - (time.monotonic() - start)
+                limit_s = self.retries.limit_s if self.retries is not None else 0.0
+                left = limit_s - (time.monotonic() - start)
                 if left <= 0:
                     log(ERROR, "pflarena: the SuperLink did not keep the objects pushed for "
-                        "%g s (%s); giving up", self.retries.limit_s, RETRY_ENV)  # fmt: skip
+                        "%g s (%s); giving up", limit_s, RETRY_ENV)  # fmt: skip
                     raise
                 log(WARNING, "pflarena: the SuperLink did not keep an object pushed (%s); "
                     "pushing the messages again in %.1f s", exc, min(wait, left))  # fmt: skip
@@ -274,6 +280,8 @@ class PromptGrid:
         from flwr.proto.runtime_pb2 import PullAppMessagesRequest
 
         ids = list(message_ids)
+        if not self._http:
+            return [_checked_reply(reply) for reply in self._grid.pull_messages(ids)]
         try:
             res = self._grid._runtime_client.PullMessages(PullAppMessagesRequest(message_ids=ids))
         except httpx.HTTPStatusError as exc:
@@ -357,7 +365,7 @@ class PromptGrid:
         trace = tracing()
         pushed = time.time()
         exchange.sent(exchange.messages, list(self.push_messages(exchange.messages)))
-        seen = self.retries.interruptions
+        seen = self._interruptions()
         if trace:
             log(INFO, "pflarena trace: pushed %d messages in %.3f s: %s", len(exchange.waiting),
                 time.time() - pushed, " ".join(sorted(exchange.waiting)))  # fmt: skip
@@ -369,12 +377,15 @@ class PromptGrid:
                     log(INFO, "pflarena trace: reply to %s from node %d",
                         reply.metadata.reply_to_message_id, reply.metadata.src_node_id)  # fmt: skip
                 exchange.receive(reply)
-            if (now := self.retries.interruptions) != seen:
+            if (now := self._interruptions()) != seen:
                 seen = now
                 self._send_again(exchange)
             if exchange.waiting:
                 time.sleep(self.poll)
         return exchange.replies()
+
+    def _interruptions(self) -> int:
+        return self.retries.interruptions if self.retries is not None else 0
 
     def _send_again(self, exchange: _Exchange) -> None:
         """A copy of every message of ``exchange`` without a reply from its client."""
@@ -417,6 +428,21 @@ def _checked(reply: Any, message_id: str, reply_to: str, node: int) -> Message:
     return reply
 
 
+def _checked_reply(reply: Any) -> Any:
+    """A reply a Grid other than Flower's HttpGrid pulled, its packed arrays unpacked; an
+    error reply from its node when they cannot be."""
+    if not isinstance(reply, Message) or not reply.has_content() or not is_packed(reply.content):
+        return reply
+    try:
+        reply.content = unpack_content(reply.content)
+    except Exception as exc:  # noqa: BLE001 - whatever a reply's bytes do, only its sender pays
+        reason = f"unreadable reply: {type(exc).__name__}: {_reasons.repr(str(exc))[1:-1]}"
+        log(WARNING, "pflarena: the reply of node %d is unreadable: %s",
+            reply.metadata.src_node_id, reason)  # fmt: skip
+        return make_message(reply.metadata, error=Error(ErrorCode.UNKNOWN, reason))
+    return reply
+
+
 def _superlinks_own(exc: BaseException) -> bool:
     """Whether ``exc`` is the SuperLink's failure (left after the retries), not a reply's."""
     if isinstance(exc, httpx.HTTPStatusError):
@@ -441,7 +467,7 @@ def _error_reply(run_id: int, reply_to: str, src: int, code: int, reason: str) -
 
 def _undelivered(reply: Message) -> bool:
     """An error the SuperLink made because the message or reply could not be handed over."""
-    return reply.has_error() and reply.error.code in UNDELIVERED
+    return isinstance(reply, Message) and reply.has_error() and reply.error.code in UNDELIVERED
 
 
 @dataclass
@@ -450,8 +476,9 @@ class _Exchange:
     each pushed id stands for, and the answer each message has so far."""
 
     messages: list[Message]
-    #: pushed id -> index of the message it is (or copies)
+    #: pushed id -> index of the message it is (or copies); index -> the message's own id
     slot_of: dict[str, int] = field(default_factory=dict)
+    first_id: dict[int, str] = field(default_factory=dict)
     #: the ids still waited for (in the order they were pushed)
     waiting: dict[str, None] = field(default_factory=dict)
     #: index -> the client's reply; index -> the SuperLink's error for it (until a reply)
@@ -463,6 +490,7 @@ class _Exchange:
         for message, mid in zip(originals, ids, strict=False):
             if mid:
                 self.slot_of[mid] = index[id(message)]
+                self.first_id.setdefault(index[id(message)], mid)
                 self.waiting[mid] = None
 
     def receive(self, reply: Message) -> None:
@@ -473,8 +501,8 @@ class _Exchange:
         del self.waiting[mid]
         if slot in self.answers:
             return  # a copy's late reply: the first one counts
-        # The reply answers the message given, whichever copy it came to.
-        reply.metadata.__dict__["_reply_to_message_id"] = self.messages[slot].metadata.message_id
+        if mid != self.first_id[slot]:  # a copy's: it answers the message given
+            reply.metadata.__dict__["_reply_to_message_id"] = self.first_id[slot]
         if _undelivered(reply):
             self.errors[slot] = reply
             return
