@@ -28,7 +28,7 @@ from pflarena.core.shard_format import shard_set_problems, write_shards
 from pflarena.reporting.compare import compare_table
 from pflarena.reporting.leaderboard import leaderboard, leaderboard_csv, leaderboard_markdown
 from pflarena.server.app import ended_summary
-from pflarena.server.loop import TooManyFailures, summary_record
+from pflarena.server.loop import ClientsFailed, TooManyFailures, summary_record
 from pflarena.server.progress import Progress
 from pflarena.server.progress_events import RunEnded, log_lines
 from pflarena.server.results import (
@@ -301,6 +301,16 @@ def test_an_evaluation_no_client_passes_is_recorded_and_a_stopping_round_counted
     assert summary["status"] == "failed" and summary["rounds_completed"] == 1
     assert summary["client_failures"]["clients"] == 3
     assert summary["client_failures"]["rounds"] == "2"
+
+    # an exchange every client failed stops the run at once: each of them is counted too
+    grid = stateful_grid(strict, tmp_path / "state-all", 1_000_003)
+    grid.reply_filter = _error_in(grid, MessageType.TRAIN, set(grid.node_ids), 2)
+    with pytest.raises(ClientsFailed) as stopped:
+        run_resumable(strict, tmp_path / "all", grid)
+    rounds = read_rounds(tmp_path / "all" / "rounds.jsonl")
+    summary = ended_summary(strict, rounds, stopped.value)
+    assert "ClientsFailed: every client failed in train: 4 of 4 clients" in summary["error"]
+    assert summary["client_failures"]["text"] == "4 of 4 clients failed in round 2"
 
 
 def test_a_methods_own_exchange_is_named(tmp_path, monkeypatch):

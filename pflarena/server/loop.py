@@ -129,7 +129,27 @@ def screen_state(
 
 class ClientsFailed(RuntimeError):
     """Every client of an exchange replied with an error: the run stops (its next round
-    would fail the same way). The message is one line per distinct error with its count."""
+    would fail the same way). The message is one line per distinct error with its count;
+    ``round_record`` holds who failed, with why (the summary's ``client_failures``)."""
+
+    round_record: dict[str, Any] | None = None
+
+
+def failed_exchange(
+    strategy: PflStrategy, server_round: int, name: str, messages: list[Message], replies: list
+) -> dict[str, Any]:
+    """What a round records of an exchange every client failed: each client, with why."""
+    exchange = Exchange(name, messages, replies)
+    problems = [
+        _who_failed(strategy, node) | {"exchange": name, "problem": exchange.problem_of(node)}
+        for node in exchange.failed
+    ]
+    if name == "evaluate":
+        return {
+            "round": server_round,
+            "evaluation_failures": {"failures": len(problems), "problems": problems},
+        }
+    return {"round": server_round, "train": {"problems": problems}}
 
 
 def report_client_errors(
@@ -184,10 +204,21 @@ def _send(
     timeout: float,
     lost: list[dict[str, Any]] | None = None,
     stop: bool = True,
+    server_round: int | None = None,
 ) -> tuple[list[Message], int, int]:
+    """Send evaluation ``messages`` and receive; the usable and error replies and the bytes
+    down and up. ``stop``: raise :class:`ClientsFailed` when every client failed (with what
+    ``server_round`` records of it, when given)."""
     down = sum(record_nbytes(m.content) for m in messages)
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-    report_client_errors("evaluate", messages, replies, stop)
+    try:
+        report_client_errors("evaluate", messages, replies, stop)
+    except ClientsFailed as failed:
+        if server_round is not None:
+            failed.round_record = failed_exchange(
+                strategy, server_round, "evaluate", messages, replies
+            )
+        raise
     replies, found = screen_state(strategy, messages, replies)
     if lost is not None:
         lost.extend(found)
@@ -218,7 +249,13 @@ def _evaluate(
     )
     lost: list[dict[str, Any]] = []
     replies, down, _ = _send(
-        grid, strategy, messages, timeout, lost, stop=cfg.max_failure_fraction < 1
+        grid,
+        strategy,
+        messages,
+        timeout,
+        lost,
+        stop=cfg.max_failure_fraction < 1,
+        server_round=server_round,
     )
     traffic: dict[str, Any] = {"eval_bytes_down": down}
     if server_round == 0 and (data_s := _client_time(replies, keys.DATA_TIME, max)):
@@ -399,7 +436,13 @@ class RoundExchanges:
         replies = (
             list(self.grid.send_and_receive(messages, timeout=self.timeout)) if messages else []
         )
-        report_client_errors(name, messages, replies, self.stop)
+        try:
+            report_client_errors(name, messages, replies, self.stop)
+        except ClientsFailed as stop:
+            stop.round_record = failed_exchange(
+                self.strategy, self.server_round, name, messages, replies
+            )
+            raise
         replies, lost = screen_state(self.strategy, messages, replies)
         self.state_problems += [entry | {"exchange": name} for entry in lost]
         exchange = Exchange(name, messages, replies, update_id=update_id)
