@@ -34,6 +34,16 @@ takes over Flower's FAB check (``_verify_fab`` in ``start_client_internal``), so
 be combined with ``--trusted-entities``; :func:`check_fab_verification` fails, naming what
 moved, if the installed flwr checks FABs differently.
 
+Flower's loop holds one message at a time and waits for its reply without end, so a task that
+ends without one (a ClientApp that dies before it pulls its message, no executor at all)
+leaves the node heartbeating, listed online and sampled every round, answering nothing.
+``pflarena supernode`` bounds that wait (:class:`ReplyWait`): it stops when the message's
+ClientApp task has ended without a reply, when the message's time to live has passed, or after
+``--reply-wait S`` (:data:`REPLY_WAIT_ENV`; default :data:`DEFAULT_REPLY_WAIT_S`, an hour),
+then ends the task and sends Flower's ``CLIENT_APP_CRASHED`` error reply saying why, and asks
+for the next message; :func:`check_reply_wait` fails, naming what moved, if the installed
+flwr's loop holds its message differently.
+
 Its Runtime API always serves within the request limits ``pflarena superlink`` has
 (:mod:`pflarena.deploy.limits`, the same flags), and ``--listen-fd N`` serves it on a
 listening socket the launcher bound (:mod:`pflarena.deploy.serving`).
@@ -52,7 +62,9 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -60,11 +72,17 @@ from pflarena.deploy.liveness import LOOP_ENDED, keep_node_alive, stopped_reason
 from pflarena.deploy.waits import ActivityPoll, PollClock, enable_trace, tracing
 
 __all__ = [
+    "DEFAULT_REPLY_WAIT_S",
     "FLOWER_IDLE_SLEEP_S",
+    "REPLY_WAIT_ENV",
+    "ReplyWait",
+    "bound_reply_wait",
     "check_fab_verification",
     "check_loop_waits",
+    "check_reply_wait",
     "main",
     "patch_waits",
+    "reply_wait_limit",
     "require_approved_apps",
 ]
 
@@ -220,10 +238,301 @@ def require_approved_apps(public_key_files: Sequence[str]) -> None:
     log(INFO, "pflarena supernode: running apps approved with key(s) %s only", ", ".join(keys))
 
 
+# --------------------------------------------------------------------------- the reply wait
+#: Environment variable: the longest the node waits for the reply to a message it holds (s).
+REPLY_WAIT_ENV = "PFLARENA_SUPERNODE_REPLY_WAIT_S"
+#: Its default (s): an hour. The TTL of pflarena's messages (the round timeout, 600 s by
+#: default) ends the wait first; an hour is as long as ``pflarena executor`` lets a ClientApp
+#: run (``--task-timeout``), and a twelfth of the 12 h TTL Flower gives a message by default,
+#: so that another app's ServerApp that keeps it does not leave the node out for half a day.
+DEFAULT_REPLY_WAIT_S = 3600.0
+_REPLY_WAIT_LINE = "while not (reply_messages := state.get_messages_legacy(is_reply=True))"
+_PULL_CALLS = ("state.create_task(", "state.store_message(message)")
+_LOOP_CALLS = (
+    r"_pull_and_store_message\(\s*state=state,\s*object_store=store,",
+    r"_push_messages\(\s*state=state,\s*object_store=store,",
+)
+#: What the node's ClientApp task was doing when the wait ended without it (its status).
+_TASK_DOING = {
+    "pending": "no ClientApp executor took it",
+    "starting": "a ClientApp took it and never began (it did not pull its input)",
+    "running": "its ClientApp ran and did not reply",
+}
+
+
+def reply_wait_limit(value: str | None = None) -> float:
+    """The node's limit on a wait for a reply (s): ``value`` (``--reply-wait``), else
+    :data:`REPLY_WAIT_ENV`, else :data:`DEFAULT_REPLY_WAIT_S`.
+
+    Raises
+    ------
+    ValueError
+        Not a number of seconds, at least 1.
+    """
+    name, text = ("--reply-wait", value) if value is not None else (REPLY_WAIT_ENV, None)
+    if text is None:
+        text = os.environ.get(REPLY_WAIT_ENV, "").strip()
+        if not text:
+            return DEFAULT_REPLY_WAIT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a number of seconds") from None
+    if not seconds >= 1:
+        raise ValueError(f"{name} {text!r} must be at least 1 second")
+    return seconds
+
+
+def check_reply_wait() -> ModuleType:
+    """The SuperNode loop's module, after checking it holds one message at a time as flwr
+    1.41's does: ``start_client_internal`` calls ``_pull_and_store_message`` and then
+    ``_push_messages`` with ``state=state, object_store=store``; the first creates the task
+    (``state.create_task``), then stores the message (``state.store_message``), the second
+    waits on ``state.get_messages_legacy(is_reply=True)``; ``_insert_message`` stores a reply
+    the node makes; a ``NodeState`` has the task calls the wait makes.
+
+    Raises
+    ------
+    RuntimeError
+        Any of these moved (an upgrade): the wait could not be bounded.
+    """
+    import re
+
+    from flwr.supernode.nodestate import NodeState
+
+    module = importlib.import_module(_LOOP_MODULE)
+    problems = []
+    loop = getattr(module, "start_client_internal", None)
+    loop_source = inspect.getsource(loop) if loop is not None else ""
+    for name, call in zip(("_pull_and_store_message", "_push_messages"), _LOOP_CALLS, strict=True):
+        if not re.search(call, loop_source):
+            problems.append(f"start_client_internal's call {name}(state=state, object_store=store)")
+    pull = getattr(module, "_pull_and_store_message", None)
+    pull_source = inspect.getsource(inspect.unwrap(pull)) if pull is not None else ""
+    found = [pull_source.find(call) for call in _PULL_CALLS]
+    if not 0 <= found[0] < found[1]:  # the task first: the message is noted with its task
+        problems.append("_pull_and_store_message's state.create_task(...), then "
+                        "state.store_message(message)")  # fmt: skip
+    push = getattr(module, "_push_messages", None)
+    if push is None or _REPLY_WAIT_LINE not in inspect.getsource(inspect.unwrap(push)):
+        problems.append(f"_push_messages's `{_REPLY_WAIT_LINE}`")
+    if not callable(getattr(module, "_insert_message", None)):
+        problems.append("_insert_message")
+    calls = ("get_tasks", "finish_task", "get_messages_legacy", "record_message_processing_start",
+             "record_message_processing_end")  # fmt: skip
+    problems += [f"NodeState.{c}" for c in calls if not callable(getattr(NodeState, c, None))]
+    if problems:
+        import flwr
+
+        raise RuntimeError(
+            f"flwr {flwr.__version__}: {module.__file__} lacks {'; '.join(problems)} (as in flwr "
+            "1.41); pflarena supernode cannot bound its wait for a reply"
+        )
+    return module
+
+
+@dataclass
+class HeldMessage:
+    """The message the node's loop stored for its ClientApp, the task it created for it, and
+    when (``ReplyWait.now``) the message arrived."""
+
+    message: Any
+    task_id: int | None
+    received: float
+
+
+class _NotingState:
+    """Flower's ``NodeState`` to one ``_pull_and_store_message``: notes the message it stores
+    for the ClientApp and the task it creates (all else is the state's)."""
+
+    def __init__(self, state: Any, now: Callable[[], float]) -> None:
+        self._state = state
+        self._now = now
+        self.task_id: int | None = None
+        self.held: HeldMessage | None = None
+
+    def create_task(self, *args: Any, **kwargs: Any) -> Any:
+        self.task_id = self._state.create_task(*args, **kwargs)
+        return self.task_id
+
+    def store_message(self, message: Any) -> Any:
+        if not message.metadata.reply_to_message_id:  # not a reply the node makes itself
+            self.held = HeldMessage(message, self.task_id, self._now())
+        return self._state.store_message(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class _RepliesInHand:
+    """Flower's ``NodeState`` to one ``_push_messages``: its ask for replies gets those the
+    wait already took from the state (all else is the state's)."""
+
+    def __init__(self, state: Any, replies: Sequence[Any]) -> None:
+        self._state = state
+        self._replies: Sequence[Any] | None = replies
+
+    def get_messages_legacy(self, **kwargs: Any) -> Sequence[Any]:
+        if self._replies is not None and kwargs == {"is_reply": True}:
+            replies, self._replies = self._replies, None
+            return replies
+        return self._state.get_messages_legacy(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+@dataclass
+class ReplyWait:
+    """The node loop's wait for the reply to the message it holds (Flower's: without end).
+
+    It checks for a reply as Flower does, sleeping ``sleep()`` between checks (Flower's 0.5 s,
+    or the patched waits'), and stops when the message's ClientApp task has ended without a
+    reply, or when the message's time to live has passed (counted from its arrival on this
+    node's clock, so that a node whose clock is off does not give up early), or when
+    ``limit_s`` has. It then ends the task (failed: its token revoked, so no late reply
+    follows and no executor takes it again) and stores Flower's ``CLIENT_APP_CRASHED`` error
+    reply, with a reason naming what happened, as Flower's node does for a ClientApp that
+    stopped responding, for Flower's ``_push_messages`` to send; the loop then asks for the
+    next message. A reply Flower itself stored meanwhile (a ClientApp that lapsed holding its
+    message) goes instead.
+    """
+
+    limit_s: float
+    sleep: Callable[[], None]
+    insert_message: Callable[[Any, Any, Any], None]
+    now: Callable[[], float] = time.monotonic
+    held: HeldMessage | None = None
+
+    def replies(self, state: Any, object_store: Any) -> Sequence[Any]:
+        """The replies to send (taken from ``state``): once one is stored, or the error reply
+        for the held message; none only when no message is held past the limit."""
+        held, self.held = self.held, None
+        started = self.now()
+        while not (replies := state.get_messages_legacy(is_reply=True)):
+            reason, task = self.stop_reason(state, held, started)
+            if reason is not None:
+                return self.give_up(state, object_store, held, task, reason)
+            self.sleep()
+        return replies
+
+    def stop_reason(
+        self, state: Any, held: HeldMessage | None, started: float
+    ) -> tuple[str | None, Any]:
+        """Why the wait ends now (``None``: it goes on), and the held message's task."""
+        from flwr.common.constant import Status
+
+        if held is None:  # no message held (cannot happen in flwr 1.41's loop)
+            late = self.now() - started >= self.limit_s
+            return (f"no reply within {self.limit_s:g} s" if late else None), None
+        task = None
+        if held.task_id is not None:
+            found = state.get_tasks(task_ids=[held.task_id])
+            task = found[0] if found else None
+            if task is None or task.status.status == Status.FINISHED:
+                how = f"{task.status.sub_status}: {task.status.details}" if task else "gone"
+                return f"its ClientApp task ended without replying ({how.rstrip(': ')})", task
+        waited = self.now() - held.received
+        ttl = held.message.metadata.ttl
+        if waited >= ttl:
+            why = f"no reply within the message's time to live ({ttl:g} s)"
+        elif waited >= self.limit_s:
+            why = f"no reply within {self.limit_s:g} s (--reply-wait)"
+        else:
+            return None, task
+        if task is not None:
+            doing = _TASK_DOING.get(task.status.status, task.status.status)
+            why += f"; its ClientApp task was {task.status.status}: {doing}"
+        return why, task
+
+    def give_up(
+        self, state: Any, object_store: Any, held: HeldMessage | None, task: Any, reason: str
+    ) -> Sequence[Any]:
+        """End the held message's task and store the error reply for it (the docstring)."""
+        from logging import WARNING
+
+        from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode, Status, SubStatus
+        from flwr.common.logger import log
+
+        if held is None:
+            log(WARNING, "pflarena supernode: %s, and no message is held: the node asks for the "
+                "next one", reason)  # fmt: skip
+            return state.get_messages_legacy(is_reply=True)
+        if task is not None and task.status.status != Status.FINISHED:
+            state.finish_task(task.task_id, SubStatus.FAILED, f"pflarena supernode: {reason}")
+        if replies := state.get_messages_legacy(is_reply=True):
+            return replies  # Flower's own, stored as the task ended (or just before)
+        message_id = held.message.metadata.message_id
+        # Out of any ClientApp's reach; if none had taken it, its processing starts now.
+        untaken = state.get_messages_legacy(run_ids=[held.message.metadata.run_id], is_reply=False)
+        if any(m.metadata.message_id == message_id for m in untaken):
+            state.record_message_processing_start(message_id)
+        state.record_message_processing_end(message_id)
+        error = Error(ErrorCode.CLIENT_APP_CRASHED, f"pflarena supernode: {reason}")
+        reply = Message(error, reply_to=held.message)
+        self.insert_message(reply, state, object_store)
+        # Its objects: a ClientApp that pulled them deleted them (ConfirmMessageReceived).
+        object_store.delete(message_id)
+        log(WARNING, "pflarena supernode: message %s of run %s: %s; it gets an error reply, and "
+            "the node serves on", message_id, held.message.metadata.run_id, reason)  # fmt: skip
+        return state.get_messages_legacy(is_reply=True)
+
+
+def bound_reply_wait(
+    limit_s: float = DEFAULT_REPLY_WAIT_S,
+    *,
+    now: Callable[[], float] = time.monotonic,
+    sleep: Callable[[], None] | None = None,
+) -> ReplyWait:
+    """Bound this process's SuperNode loop's wait for a reply (:class:`ReplyWait`): its
+    ``_pull_and_store_message`` notes the message it holds, its ``_push_messages`` sends once
+    the wait has a reply. ``sleep`` defaults to the loop's own ``time.sleep(0.5)`` (so the
+    waits :func:`patch_waits` sets hold here too).
+
+    Raises
+    ------
+    RuntimeError
+        As :func:`check_reply_wait`.
+    """
+    module = check_reply_wait()
+    if sleep is None:
+
+        def sleep() -> None:
+            module.time.sleep(FLOWER_REPLY_SLEEP_S)
+
+    wait = ReplyWait(limit_s, sleep, module._insert_message, now)
+    pull_and_store, push = module._pull_and_store_message, module._push_messages
+
+    @functools.wraps(pull_and_store)
+    def pull_and_store_noting(*args: Any, **kwargs: Any) -> Any:
+        noting = _NotingState(kwargs["state"], wait.now)
+        kwargs["state"] = noting
+        run_id = pull_and_store(*args, **kwargs)
+        wait.held = noting.held if run_id is not None else None
+        return run_id
+
+    @functools.wraps(push)
+    def push_within_bound(*args: Any, **kwargs: Any) -> Any:
+        replies = wait.replies(kwargs["state"], kwargs["object_store"])
+        if not replies:
+            return None
+        kwargs["state"] = _RepliesInHand(kwargs["state"], replies)
+        return push(*args, **kwargs)
+
+    module._pull_and_store_message = pull_and_store_noting
+    module._push_messages = push_within_bound
+    return wait
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``pflarena supernode [--active-poll A] [--idle-poll I] [--active-window W]
-    [--app-signing-public-key KEY.pub ...] [--max-request-mb MB] [--max-unauthenticated-kb KB]
-    [--request-timeout S] [--header-timeout S] [--listen-fd N] <flower-supernode flags>``.
+    [--app-signing-public-key KEY.pub ...] [--reply-wait S] [--max-request-mb MB]
+    [--max-unauthenticated-kb KB] [--request-timeout S] [--header-timeout S] [--listen-fd N]
+    <flower-supernode flags>``.
+
+    The loop's wait for a reply is bounded (:func:`bound_reply_wait`): ``--reply-wait S``
+    (else :data:`REPLY_WAIT_ENV`, else :data:`DEFAULT_REPLY_WAIT_S`) is its limit.
 
     The Runtime API's server always keeps the request limits (:mod:`pflarena.deploy.limits`;
     the flags and defaults are ``pflarena superlink``'s); ``--listen-fd N`` serves it on the
@@ -239,10 +548,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--active-poll", type=float, default=None)
     parser.add_argument("--active-window", type=float, default=30.0)
     parser.add_argument("--app-signing-public-key", action="append", default=[])
+    parser.add_argument("--reply-wait", default=None)
     add_flags(parser)
     own, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     try:
         serving, rest = serving_from_flags(own, rest)
+        reply_wait_s = reply_wait_limit(own.reply_wait)
     except ValueError as exc:
         raise SystemExit(f"pflarena supernode: {exc}") from None
     enable_trace()
@@ -269,6 +580,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except (RuntimeError, OSError) as exc:
             raise SystemExit(f"pflarena supernode: {exc}") from None
     try:
+        bound_reply_wait(reply_wait_s)
         install_supernode(serving)
     except RuntimeError as exc:
         raise SystemExit(f"pflarena supernode: {exc}") from None
