@@ -261,9 +261,11 @@ def _services(
         },
         "serverapp": {
             "image": image("app"),
-            # With TLS: Flower's executor (--stock) with the SuperLink's secret, starting
+            # Flower's executor (--stock: a fresh ServerApp process per run, its task token
+            # in a file descriptor, not on a command line every user of the host can read;
+            # a SuperLink's 500 retried); with TLS with the SuperLink's secret, starting
             # approved apps only (pflarena-serverapp).
-            "entrypoint": ["pflarena", "executor", "--stock"] if tls else ["flower-superexec"],
+            "entrypoint": ["pflarena", "executor", "--stock"],
             "command": [
                 *transport,
                 "--runtime-api-address",

@@ -751,6 +751,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             require_approved_serverapps(own.app_signing_public_key)
         except (RuntimeError, OSError) as exc:
             raise SystemExit(f"pflarena executor: {exc}") from None
+    # A SuperLink (or SuperNode) answering 500 ("database is locked") is retried, not the
+    # end of this executor (pflarena.deploy.liveness).
+    from pflarena.deploy.liveness import keep_superexec_alive
+
+    try:
+        keep_superexec_alive()
+    except (RuntimeError, ValueError) as exc:
+        raise SystemExit(f"pflarena executor: {exc}") from None
     if own.stock:
         # Flower's executor, its task tokens kept off the command line.
         from pflarena.deploy.task_tokens import use_token_files

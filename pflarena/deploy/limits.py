@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
-from pflarena.deploy.superlink import classify, route_paths
+from pflarena.deploy.routes import classify, operator_token_problem, route_paths
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -374,9 +374,9 @@ class FlowerCallers:
     def _operator(self, scope: Scope) -> bool:
         if self.operator_token_sha256 is None:
             return True
-        from pflarena.deploy.superlink import ApiGuard
-
-        return ApiGuard(None, self.operator_token_sha256)._operator(scope)[0]
+        token_sha256 = self.operator_token_sha256
+        digest = token_sha256.encode() if isinstance(token_sha256, str) else token_sha256
+        return not operator_token_problem(scope.get("headers", []), digest)
 
     def _node(self, scope: Scope) -> bool:
         """A registered SuperNode's signature over a fresh timestamp (Flower's own check,

@@ -176,7 +176,8 @@ class LocalDeployment:
         Keep the SuperLink's state in ``root/superlink.db`` (it then survives a restart of
         the SuperLink) instead of in memory, Flower's default. Measured on 2 loaded cores
         with 10 SuperNodes, SQLite refused concurrent reply uploads ("database is locked",
-        the replies lost as failures), which the in-memory state does not.
+        HTTP 500), which the in-memory state does not; they are retried within
+        ``PFLARENA_SUPERLINK_RETRY_S`` (:mod:`pflarena.deploy.liveness`).
     env : dict
         Extra environment of every process (e.g. ``PFLARENA_PLUGINS``).
     executor : str

@@ -53,43 +53,34 @@ without a decision.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import hmac
 import importlib
 import inspect
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from pflarena.deploy.certs import read_token_hash
+from pflarena.deploy.routes import (
+    API_PREFIXES,
+    PUBLIC_APIS,
+    classify,
+    operator_token_problem,
+    route_paths,
+)
 
-__all__ = ["API_PREFIXES", "ApiGuard", "check_superlink_internals", "classify", "main"]
-
-#: Path prefixes (or exact paths) of the SuperLink's APIs, by the API they belong to.
-API_PREFIXES: dict[str, tuple[str, ...]] = {
-    "health": ("/health",),
-    "fleet": ("/v1/fleet/",),
-    "runtime": ("/v1/runtime/",),
-    "control": ("/v1/control/",),
-    # FastAPI's pages describing the API: the operator's, like the Control API.
-    "docs": ("/docs", "/docs/oauth2-redirect", "/openapi.json"),
-}
-#: The APIs that pass to Flower's own authentication (SuperNode keys, SuperExec secret).
-PUBLIC_APIS = ("health", "fleet", "runtime")
+__all__ = [
+    "API_PREFIXES",
+    "ApiGuard",
+    "check_superlink_internals",
+    "classify",
+    "main",
+    "route_paths",
+]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-def classify(path: str) -> str | None:
-    """The API a request path belongs to (a key of :data:`API_PREFIXES`), or None."""
-    for api, prefixes in API_PREFIXES.items():
-        for prefix in prefixes:
-            if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
-                return api
-    return None
 
 
 def _log(level: int, text: str, *args: Any) -> None:
@@ -115,18 +106,8 @@ class ApiGuard:
 
     def _operator(self, scope: Scope) -> tuple[bool, str]:
         """Whether the request carries the operator's token; what was wrong if not."""
-        values = [v for k, v in scope.get("headers", []) if k.lower() == b"authorization"]
-        if not values:
-            return False, "no operator token"
-        if len(values) > 1:
-            return False, "more than one Authorization header"
-        scheme, _, token = values[0].decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return False, "an Authorization header that is not a bearer token"
-        digest = hashlib.sha256(token.strip().encode("latin-1")).hexdigest().encode()
-        if not hmac.compare_digest(digest, self.token_sha256):
-            return False, "a wrong operator token"
-        return True, ""
+        problem = operator_token_problem(scope.get("headers", []), self.token_sha256)
+        return not problem, problem
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -201,14 +182,6 @@ def check_superlink_internals() -> None:
             f"flwr {flwr.__version__} lacks what `pflarena superlink` relies on (written against "
             f"flwr 1.41): {', '.join(problems)}; its Control API cannot be guarded"
         )
-
-
-def route_paths(app: Any) -> Iterable[str]:
-    """Every route's path of a FastAPI app, those of included routers too."""
-    from fastapi.routing import iter_route_contexts
-
-    for context in iter_route_contexts(app.routes):
-        yield context.path if isinstance(context.path, str) else repr(context.route)
 
 
 def install_guard(token_sha256: str) -> None:
