@@ -570,8 +570,9 @@ def _reply_error(spec: Any, report: _Report, reason: str) -> None:
             client.close()
         _log(WARNING, "%s %d: replied for it: %s", TASK_LOG_PREFIX, spec.task_id, reason)
     except Exception as exc:  # noqa: BLE001 - the node's heartbeat expiry still replies
-        _log(ERROR, "%s %d: could not reply for it (%r); its node replies when the task's "
-             "heartbeat lapses", TASK_LOG_PREFIX, spec.task_id, exc)  # fmt: skip
+        _log(ERROR, "%s %d: could not reply for it (%r); its node replies for it once the "
+             "task has ended (pflarena supernode's bounded reply wait)", TASK_LOG_PREFIX,
+             spec.task_id, exc)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the child

@@ -556,6 +556,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         reply_wait_s = reply_wait_limit(own.reply_wait)
     except ValueError as exc:
         raise SystemExit(f"pflarena supernode: {exc}") from None
+    # Flags refused before anything of Flower is patched in this process.
+    if own.app_signing_public_key and any(
+        a == "--trusted-entities" or a.startswith("--trusted-entities=") for a in rest
+    ):
+        raise SystemExit(
+            "pflarena supernode: --app-signing-public-key replaces Flower's --trusted-entities "
+            "check; give one of them"
+        )
     enable_trace()
     try:
         keep_node_alive()
@@ -570,11 +578,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (RuntimeError, ValueError) as exc:
         raise SystemExit(f"pflarena supernode: {exc}") from None
     if own.app_signing_public_key:
-        if any(a == "--trusted-entities" or a.startswith("--trusted-entities=") for a in rest):
-            raise SystemExit(
-                "pflarena supernode: --app-signing-public-key replaces Flower's --trusted-entities "
-                "check; give one of them"
-            )
         try:
             require_approved_apps(own.app_signing_public_key)
         except (RuntimeError, OSError) as exc:
