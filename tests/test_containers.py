@@ -659,11 +659,16 @@ def _command_lines(project: ComposeProject, services: list[str]) -> list[str]:
     ``ps`` shows them to any user of the host (``docker top``)."""
     lines = []
     for service in services:
-        top = subprocess.run(
-            ["docker", "top", project.container(service), "-eo", "args"],
+        top = subprocess.run(  # docker top needs the PID column; the rest is the command
+            ["docker", "top", project.container(service), "-ww", "-eo", "pid,args"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        lines += [f"{service}: {line.strip()}" for line in top.stdout.splitlines()[1:]]
+        assert top.returncode == 0, f"docker top {service}: {top.stderr}"
+        lines += [
+            f"{service}: {line.split(None, 1)[1]}"
+            for line in top.stdout.splitlines()[1:]
+            if len(line.split(None, 1)) == 2
+        ]
     return lines
 
 
