@@ -279,6 +279,28 @@ def test_a_node_that_never_replies_is_recorded_with_why(tmp_path):
     assert block["text"] == "1 of 4 clients failed in every round"
 
 
+def test_an_error_reply_the_superlink_makes_is_its_nodes_failure(tmp_path):
+    """A deployment's SuperLink answers for a node that went away with an error reply of its
+    own (its source: the SuperLink): each is that node's client's failure, found through the
+    message it answers, not one failure of "node 0"."""
+    cfg = config(num_clients=4, num_rounds=1, fraction_train=1.0)
+    grid = grid_for(cfg)
+    gone = set(grid.node_ids[:2])
+    node_failed = _error_in(grid, MessageType.EVALUATE, gone, 1)
+
+    def from_the_superlink(reply):
+        reply = node_failed(reply)
+        if reply.has_error():
+            reply.metadata.__dict__["_src_node_id"] = 0
+        return reply
+
+    grid.reply_filter = from_the_superlink
+    outcome = run_local(cfg, tmp_path, grid)
+    clients = [p["client"] for p in outcome.rounds[1]["evaluation"]["problems"]]
+    assert sorted(clients) == [0, 1]
+    assert client_failures(outcome.rounds, 4)["text"] == "2 of 4 clients failed in round 1"
+
+
 def test_an_evaluation_no_client_passes_is_recorded_and_a_stopping_round_counted(tmp_path):
     lenient = config(num_clients=3, num_rounds=2, fraction_train=1.0, max_failure_fraction=1.0)
     grid = stateful_grid(lenient, tmp_path / "state", 1_000_003)

@@ -32,7 +32,7 @@ from pflarena.server.results import (
     summarize_rounds,
 )
 from pflarena.strategies.base import PflStrategy, evaluation_stats
-from pflarena.strategies.exchange import NO_REPLY, Exchange, record_nbytes
+from pflarena.strategies.exchange import NO_REPLY, Exchange, record_nbytes, reply_error
 
 __all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
 
@@ -274,7 +274,10 @@ def _evaluate(
     # every client that failed, with why: those whose reply was unusable, those with none
     problems = [
         _who_failed(strategy, node) | {"problem": reason}
-        for node, reason in [*failures, *((node, NO_REPLY) for node in silent)]
+        for node, reason in [
+            *_evaluation_failures(messages, replies, failures),
+            *((node, NO_REPLY) for node in silent),
+        ]
     ]
     first = failures[0][1] if failures else NO_REPLY
     try:
@@ -330,6 +333,19 @@ def _evaluate(
             "cross_eval_bytes_up": cross.bytes_up,
         }
     return record, traffic
+
+
+def _evaluation_failures(
+    messages: list[Message], replies: list[Message], failures: list[tuple[int, str]]
+) -> list[tuple[int, str]]:
+    """The strategy's evaluation ``failures`` (node, why) with each error reply's node found
+    through the message it answers: an error reply the SuperLink makes for a node that went
+    away comes from the SuperLink, whose id the strategy would record for every such node."""
+    exchange = Exchange("evaluate", messages, replies)
+    answered = {reply.metadata.src_node_id for reply in replies if not reply.has_error()}
+    return [(exchange.node_of(r), reply_error(r)) for r in replies if r.has_error()] + [
+        (node, why) for node, why in failures if node in answered
+    ]
 
 
 def _silent_nodes(messages: list[Message], replies: list[Message]) -> list[int]:
