@@ -311,7 +311,14 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
     out.mkdir()
     first = open_trackers(cfg, out, _config_record(cfg))
     first.log_round(_records()[0])
-    first.finish({"status": "failed"}, out)
+    first.finish(
+        {"status": "interrupted", "client_failures": {"text": "1 of 2 clients failed in round 0"}},
+        out,
+    )
+    client = MlflowClient(tracking_uri=cfg.tracking_uri)
+    stopped = client.get_run(first.trackers[0].run_id)
+    assert stopped.info.status == "KILLED"  # resumable: not FAILED
+    assert stopped.data.tags["pflarena.client_failures"] == "1 of 2 clients failed in round 0"
     resumed = cfg.model_copy(update={"resume": True})
     again = open_trackers(resumed, out, _config_record(resumed))
     (tracker,) = again.trackers
@@ -319,8 +326,8 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
     for record in _records()[1:]:
         again.log_round(record)
     again.finish({"status": "completed"}, out)
-    client = MlflowClient(tracking_uri=cfg.tracking_uri)
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    assert client.get_run(tracker.run_id).data.tags["pflarena.client_failures"] == "none"
     steps = [m.step for m in client.get_metric_history(tracker.run_id, "personalized/mean")]
     assert sorted(steps) == [0, 1, 2]
     assert len(client.search_runs([client.get_experiment_by_name("pflarena").experiment_id])) == 1

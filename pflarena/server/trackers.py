@@ -286,9 +286,13 @@ class MLflowTracker:
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
         self.client.set_tag(self.run_id, "pflarena.status", str(summary.get("status")))
+        self.client.set_tag(self.run_id, "pflarena.client_failures", _failures_text(summary))
         for path in files:
             self.client.log_artifact(self.run_id, str(path))
-        status = "FINISHED" if summary.get("status") == "completed" else "FAILED"
+        # An interrupted run can be resumed: MLflow's KILLED, not FAILED.
+        status = {"completed": "FINISHED", "interrupted": "KILLED"}.get(
+            str(summary.get("status")), "FAILED"
+        )
         self.client.set_terminated(self.run_id, status=status)
 
 
@@ -405,6 +409,7 @@ class WandbTracker:
 
         self.run.summary.update(_summary_metrics(summary))
         self.run.summary["status"] = str(summary.get("status"))
+        self.run.summary["client_failures"] = _failures_text(summary)
         images = {
             f"plots/{path.stem}": wandb.Image(str(path)) for path in files if path.suffix == ".png"
         }
@@ -414,6 +419,11 @@ class WandbTracker:
             if path.suffix != ".png":
                 self.run.save(str(path), base_path=str(path.parent), policy="now")
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+
+
+def _failures_text(summary: dict[str, Any]) -> str:
+    """The run's client failures in one line (``summary.json``'s ``client_failures``)."""
+    return str((summary.get("client_failures") or {}).get("text") or "none")
 
 
 _CLASSES = {"mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandbTracker}
