@@ -16,9 +16,11 @@ both ways and the number of clients is the directory's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
@@ -179,6 +181,21 @@ def write_shards(
     return paths
 
 
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Read shard file ``path`` in this block: any sign of damage (a zip, deflate, NumPy or
+    file system error) becomes a :class:`ShardError` naming the file."""
+    try:
+        yield
+    except ShardError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as error:
+        raise ShardError(
+            f"shard file {path} is unreadable, corrupt or truncated: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
 def _read_shard_arrays(path: Path) -> dict[str, np.ndarray]:
     """Read every array of a shard file, raising :class:`ShardError` on any damage.
 
@@ -189,7 +206,7 @@ def _read_shard_arrays(path: Path) -> dict[str, np.ndarray]:
         raise ShardError(f"shard file not found: {path}")
     if not path.is_file():
         raise ShardError(f"shard path is not a file: {path}")
-    try:
+    with _reading(path):
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise ShardError(f"shard file {path} is a single .npy array, not an .npz archive")
@@ -199,13 +216,6 @@ def _read_shard_arrays(path: Path) -> dict[str, np.ndarray]:
                 raise ShardError(f"shard file {path} lacks array(s): {', '.join(missing)}")
             names = [name for name in (*SHARD_ARRAYS, _METADATA_KEY) if name in archive]
             return {name: np.asarray(archive[name]) for name in names}
-    except ShardError:
-        raise
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as error:
-        raise ShardError(
-            f"shard file {path} is unreadable, corrupt or truncated: "
-            f"{type(error).__name__}: {error}"
-        ) from error
 
 
 def _parse_metadata(path: Path, raw: np.ndarray) -> dict[str, Any]:
@@ -532,7 +542,7 @@ def check_shard_file(shard_set: ShardSet, client_id: int) -> None:
         Naming the path and what is wrong (a truncated file: ``BadZipFile``).
     """
     path = shard_set.path(client_id)
-    try:
+    with _reading(path):
         size = path.stat().st_size
         with zipfile.ZipFile(path) as archive:
             members = {info.filename: info for info in archive.infolist()}
@@ -558,13 +568,6 @@ def check_shard_file(shard_set: ShardSet, client_id: int) -> None:
                 if missing:
                     raise ShardError(f"shard file {path} lacks array(s): {', '.join(missing)}")
             headers = {name: _npy_header(archive, name) for name in SHARD_ARRAYS if name in names}
-    except ShardError:
-        raise
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError) as error:
-        raise ShardError(
-            f"shard file {path} is unreadable, corrupt or truncated: "
-            f"{type(error).__name__}: {error}"
-        ) from error
     if metadata.get("client_id") != client_id:
         raise ShardError(
             f"{path} holds client {metadata.get('client_id')!r}, but the manifest names it for "

@@ -511,6 +511,14 @@ class _HeaderLimits:
     transport: asyncio.Transport
     client: tuple[str, int] | None
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _arm(self) -> None:
         """Start the clock, unless it runs."""
         if self._header_timer is None:
@@ -547,14 +555,6 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         _incomplete_bytes = 0
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             if self._header_timer is None or self.transport.is_closing():
@@ -583,14 +583,6 @@ def _h11_class() -> type[asyncio.Protocol]:
 
     class H11WithHeaderLimits(_HeaderLimits, H11Protocol):
         """uvicorn's h11 protocol with the header time limit (h11 caps their size)."""
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
