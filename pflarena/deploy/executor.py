@@ -146,15 +146,12 @@ def check_flower_internals() -> None:
 
     import flwr
 
-    missing = []
+    from pflarena.core.internals import missing_internals
+
+    wanted: dict[str, list[str]] = {}
     for module_name, attribute in _INTERNALS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            missing.append(f"module {module_name} ({exc})")
-            continue
-        if not hasattr(module, attribute):
-            missing.append(f"{module_name}.{attribute}")
+        wanted.setdefault(module_name, []).append(attribute)
+    missing = missing_internals(wanted)
     if not missing:
         from flwr.supercore.superexec.executor import ExecutionSpec
         from flwr.supernode.runtime.run_clientapp import run_clientapp

@@ -17,7 +17,6 @@ and the SuperLink holds only the token's SHA-256.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import tomllib
@@ -38,20 +37,15 @@ def check_cli_internals() -> None:
     connection from its credential store as flwr 1.41 does."""
     import flwr
 
+    from pflarena.core.internals import missing_internals
+
     wanted = {
         "flwr.cli.constant": ("AUTHN_TYPE_STORE_KEY", "ACCESS_TOKEN_STORE_KEY", "REFRESH_TOKEN_STORE_KEY"),
         "flwr.cli.auth_plugin": ("get_cli_plugin_class",),
         "flwr.supercore.credential_store.file_credential_store": ("FileCredentialStore",),
         "flwr.cli.cli_account_auth_interceptor": ("CliAccountAuthHttpInterceptor",),
     }  # fmt: skip
-    missing = []
-    for module_name, names in wanted.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            missing.append(module_name)
-            continue
-        missing += [f"{module_name}.{n}" for n in names if not hasattr(module, n)]
+    missing = missing_internals(wanted)
     if not missing:
         from flwr.cli.auth_plugin import get_cli_plugin_class
 

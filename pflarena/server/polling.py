@@ -543,19 +543,11 @@ _GRID_INTERNALS = ("_retry_invoker", "_runtime_client", "_run", "node")
 
 def _check_flower_internals() -> None:
     """Fail, naming what moved, when the installed flwr lacks what the Grid leans on."""
-    import importlib
-
     import flwr
 
-    missing = []
-    for module_name, names in _FLOWER_INTERNALS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            missing.append(module_name)
-            continue
-        missing += [f"{module_name}.{n}" for n in names if not hasattr(module, n)]
-    if missing:
+    from pflarena.core.internals import missing_internals
+
+    if missing := missing_internals(_FLOWER_INTERNALS):
         raise RuntimeError(
             f"flwr {flwr.__version__} lacks {', '.join(missing)} (as in flwr 1.41): "
             "pflarena's deployment Grid cannot pull replies one by one"
