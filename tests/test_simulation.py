@@ -153,7 +153,9 @@ def test_cli_run_prints_table_and_exits_zero(tmp_path):
         "bytes_down",
     }
     assert expected_keys <= set(summary)
-    assert set(summary["personalized"]["best"]) == {"mean", "weighted", "std", "worst10", "round"}
+    assert set(summary["personalized"]["best"]) == {
+        "mean", "weighted", "std", "worst10", "round", "clients"
+    }  # fmt: skip
 
 
 def test_cli_run_fails_when_the_data_is_damaged(tmp_path):
