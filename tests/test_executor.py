@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -235,7 +236,12 @@ def test_a_client_past_the_round_timeout_costs_only_itself(
     timeout), the round timeout is 10 s. Round 1 ends at its timeout with client 0 recorded
     as not having replied and client 1 as a success; client 1 succeeds in round 2 too, while
     client 0's node may still be busy with the hung child (then client 0 alone fails again).
-    The round ends at its own timeout, not the child's."""
+    The round ends at its own timeout, not the child's. Once the hung child is killed (its
+    node ended its task at the round timeout, revoking its token), its executor is still the
+    same process: replying for the child with a revoked token must not stop the executor
+    (Flower's retry invoker answers a 401 with SIGINT to its own process)."""
+    before = _executors(deployment)
+    start = _log_size(deployment, "executor-supernode-0")
     rounds = _run(
         deployment,
         tmp_path / "slow",
@@ -253,6 +259,18 @@ def test_a_client_past_the_round_timeout_costs_only_itself(
         assert 1 not in [p["client"] for p in train.get("problems", [])], train
     # The round ended at its own timeout, well before the hung child's task timeout.
     assert rounds[1]["round_time_s"] < 40, rounds[1]
+    # The hung child ends once its token is revoked, or at its task timeout: either way its
+    # parent records it (the one task of that node to last 10 s or more), then replies for it.
+    hung = re.compile(r"pid \d+: .*, wall (\d+\.\d+)s")
+    deadline = time.monotonic() + 120
+    while not any(
+        float(w) >= 10 for w in hung.findall(_log(deployment, "executor-supernode-0", start))
+    ):
+        assert time.monotonic() < deadline, _log(deployment, "executor-supernode-0", start)
+        time.sleep(1.0)
+    time.sleep(2.0)  # what the executor does after it reaped the child
+    assert _executors(deployment) == before
+    assert all(p.alive() for p in deployment.executors), _log(deployment, "executor-supernode-0")
 
 
 @pytest.mark.slow

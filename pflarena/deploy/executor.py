@@ -535,7 +535,6 @@ def _reply_error(spec: Any, report: _Report, reason: str) -> None:
         RuntimeTokenHttpInterceptor,
         RuntimeVersionHttpInterceptor,
     )
-    from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
@@ -554,7 +553,10 @@ def _reply_error(spec: Any, report: _Report, reason: str) -> None:
                 RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                 RuntimeTokenHttpInterceptor(spec.token),
             ],
-            retry_invoker=make_simple_http_retry_invoker(),
+            # One try, no retry invoker: Flower's answers a 401 (the task's token revoked:
+            # its node has ended the task and replied itself) with SIGINT to its own
+            # process, which here is this executor, not a ClientApp.
+            retry_invoker=None,
         )
         try:
             reply = Message(
