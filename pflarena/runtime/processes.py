@@ -138,7 +138,9 @@ class Supervised:
         stops it by PID. ``pass_fds`` (a bound socket, say) are inherited under the same
         numbers; ``umask``, if given, is the child's."""
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab" if append else "wb") as handle:
+        # The log names runs, tasks and paths: its owner's alone (0600), whatever the umask.
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        with os.fdopen(os.open(log, flags, 0o600), "ab" if append else "wb") as handle:
             popen = subprocess.Popen(
                 cmd,
                 env=dict(env),
