@@ -153,3 +153,21 @@ def test_private_dir_refuses_a_link_to_elsewhere_only_if_another_user_owns_it(
     os.lchown(link, 65534, 65534)
     with pytest.raises(DeploymentError, match="symbolic link owned by .*65534"):
         private_dir(link)
+
+
+def test_commands_run_in_process_leave_the_umask_as_it_was(tmp_path: Path) -> None:
+    """``pflarena certs``, ``compose`` and ``local-deploy`` called in-process (as tests and
+    notebooks do) make their files private without changing the caller's umask: files the
+    caller writes afterwards (shards a container reads as another uid) keep their modes."""
+    from pflarena.cli import main
+
+    before = os.umask(0o022)
+    try:
+        assert main(["certs", "--out", str(tmp_path / "certs"), "--secure"]) == 0
+        assert main(["compose", "--num-supernodes", "1", "--out-dir", str(tmp_path / "c")]) == 0
+        refused = main(["local-deploy", "--num-supernodes", "1", "--auth", "--dir", str(tmp_path)])
+        assert refused == 2  # --auth without --tls
+        assert os.umask(0o022) == 0o022
+        assert _mode(tmp_path / "certs" / "ca.key") == 0o600  # private all the same
+    finally:
+        os.umask(before)

@@ -81,12 +81,18 @@ def _warn_if_readable(shards: list[Path]) -> None:
 
 
 def _cmd_local_deploy(args: argparse.Namespace) -> int:
-    from pflarena.deploy import local as deploy
-    from pflarena.deploy.private import private_dir, private_umask
+    from pflarena.deploy.private import private_files
 
     # Everything this command and its processes write (shards, state, logs, results) is the
     # operator's alone: umask 077, under a 0700 directory no one else could have prepared.
-    private_umask()
+    with private_files():
+        return _local_deploy(args)
+
+
+def _local_deploy(args: argparse.Namespace) -> int:
+    from pflarena.deploy import local as deploy
+    from pflarena.deploy.private import private_dir
+
     root = Path(args.dir).resolve()
     if args.stop:
         deploy.stop_recorded(root)
@@ -173,9 +179,7 @@ def _own_pid() -> int:
 
 def _cmd_certs(args: argparse.Namespace) -> int:
     from pflarena.deploy import certs as deploy
-    from pflarena.deploy.private import private_umask
 
-    private_umask()
     trust = [Path(p) for p in args.trust]
     servers: dict[str, list[str]] = {
         "superlink": [*args.superlink_host, "localhost", "127.0.0.1"],
@@ -242,9 +246,8 @@ def _cmd_approve(args: argparse.Namespace) -> int:
 
 def _cmd_compose(args: argparse.Namespace) -> int:
     from pflarena.deploy.compose import compose_files, write_compose_files
-    from pflarena.deploy.private import private_dir, private_umask
+    from pflarena.deploy.private import private_dir
 
-    private_umask()
     # The files, and the shards, certificates and results the services mount from beside
     # them, under a directory that is the operator's alone.
     out_dir = private_dir(args.out_dir, "compose directory", say=print)

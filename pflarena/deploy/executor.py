@@ -731,10 +731,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "executor":
         argv = argv[1:]
-    # What the apps write (client state, checkpoints, results) is the operator's alone.
     from pflarena.deploy.private import private_umask
 
-    private_umask()
     own, rest = _own_args(argv)
     cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
     sys.argv = ["pflarena executor", *rest]
@@ -764,6 +762,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from pflarena.deploy.task_tokens import use_token_files
 
         use_token_files()
+        private_umask()  # what the apps write (checkpoints, results): the operator's alone
         cli.flower_superexec()
         return
     check_flower_internals()
@@ -801,6 +800,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     superexec_module.get_executor = get_executor
     patch_clientapp_runtime()
     try:
+        private_umask()  # what the apps write (client state): the operator's alone
         cli.flower_superexec()
     except Exception as exc:
         _log(ERROR, "pflarena warm executor stopped: %r", exc)

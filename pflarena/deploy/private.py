@@ -27,6 +27,7 @@ import contextlib
 import os
 import pwd
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from pflarena.deploy.errors import DeploymentError
@@ -37,6 +38,7 @@ __all__ = [
     "check_owned",
     "describe_owner",
     "private_dir",
+    "private_files",
     "private_umask",
     "readable_by_others",
 ]
@@ -47,8 +49,20 @@ PRIVATE_UMASK = 0o077
 
 def private_umask() -> int:
     """Make what this process (and every child it starts) creates the user's alone; returns
-    the previous umask."""
+    the previous umask. For a process's main, just before it serves; a command that may run
+    inside another program uses :func:`private_files`."""
     return os.umask(PRIVATE_UMASK)
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Within the block, what this process creates is the user's alone (umask 077); the
+    umask it had is restored after it (a command called in-process leaves it as it was)."""
+    previous = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def describe_owner(uid: int) -> str:

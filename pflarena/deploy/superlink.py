@@ -244,8 +244,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from pflarena.deploy.private import private_umask
     from pflarena.deploy.serving import install_superlink, serving_from_flags
 
-    private_umask()  # its state, database and logs: the operator's alone (containers too)
-
     own, rest = _own_args(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in rest):
         print(main.__doc__)
@@ -284,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from flwr.superlink.cli import flower_superlink
 
     sys.argv = ["pflarena superlink", *rest]
+    private_umask()  # its state, database and logs: the operator's alone (containers too)
     flower_superlink()
 
 

@@ -541,8 +541,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from pflarena.deploy.private import private_umask
     from pflarena.deploy.serving import add_flags, install_supernode, serving_from_flags
 
-    private_umask()  # its state, database and logs: the operator's alone (containers too)
-
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--idle-poll", type=float, default=None)
     parser.add_argument("--active-poll", type=float, default=None)
@@ -591,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     sys.argv = ["pflarena supernode", *rest]
     try:
+        private_umask()  # its state and logs: the operator's alone (containers too)
         flower_supernode()
     except SystemExit:
         # Flower's graceful shutdown exits with 0; a node stopped for its heartbeat failed.
