@@ -77,6 +77,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "add_parsers",
         "write docker-compose.yml (N SuperNodes) and its TLS, GPU and edge files",
     ),
+    "bundle": (
+        "deploy",
+        "add_parsers",
+        "make what another host of a federation needs: the SuperLink's, a SuperNode's, the "
+        "operator's",
+    ),
     "images": (
         "deploy",
         "add_parsers",

@@ -484,6 +484,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     compose.add_argument("--force", action="store_true", help="replace compose files that differ")
     compose.set_defaults(func=_cmd_compose)
 
+    add_bundle_parser(sub)
+
     from pflarena.deploy import images
 
     images.add_parser(sub)
@@ -509,3 +511,122 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="flower-superlink whose Control API answers only the operator's token",
         description="See pflarena.deploy.superlink.",
     )
+
+
+def _cmd_bundle(args: argparse.Namespace) -> int:
+    from pflarena.deploy import bundles
+    from pflarena.deploy.private import private_files
+
+    with private_files():
+        if args.role == "superlink":
+            made = bundles.superlink_bundle(
+                args.dir, args.address, reissue=args.reissue, days=args.days, trust=args.trust
+            )
+            then = "copy it to the SuperLink's host, then there: tar -xf superlink.tar && "
+            then += "cd superlink && ./start.sh   (or ./run-superlink.sh without Docker)"
+        elif args.role == "supernode":
+            made = bundles.node_bundle(
+                args.dir,
+                args.name,
+                shard=args.shard,
+                data_path=args.data_path,
+                superlink=args.superlink,
+                new_key=args.new_key,
+                days=args.days,
+                trust=args.trust,
+            )
+            then = f"copy it to the node's host, then there: tar -xf {args.name}.tar && "
+            then += f"cd {args.name} && ./start.sh   (or ./run-node.sh without Docker)"
+        else:
+            made = bundles.operator_bundle(
+                args.dir, superlink=args.superlink, connection=args.connection
+            )
+            then = "copy it to the operator's machine, then there: tar -xf operator.tar && "
+            then += "operator/connect.sh"
+    print(f"bundle {made.name}: {made.archive} (and {made.directory}/), {len(made.files)} files")
+    for note in made.notes:
+        print(note)
+    print(then)
+    return 0
+
+
+def add_bundle_parser(sub: argparse._SubParsersAction) -> None:
+    """``pflarena bundle superlink|supernode|operator``."""
+    bundle = sub.add_parser(
+        "bundle",
+        help="make what another host of a federation needs: the SuperLink's, a SuperNode's, "
+        "the operator's",
+        description="From the operator's federation directory (--dir; made by the first "
+        "`pflarena bundle superlink`), make one host's bundle: a directory and a .tar under "
+        "DIR/bundles/ holding that host's credentials and nothing more, and a ready way to "
+        "start it (docker-compose.yml with start.sh; a plain script and a systemd unit for "
+        "a host without Docker). Directories 0700, files 0600. docs/deployment.md, "
+        "'Several hosts'.",
+    )
+    roles = bundle.add_subparsers(dest="role", required=True, metavar="ROLE")
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dir", required=True, help="the federation directory (0700)")
+        parser.add_argument(
+            "--days", type=int, default=365, help="validity of new certificates (default 365)"
+        )
+        parser.add_argument(
+            "--trust",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="a credential under --dir that pflarena did not make there but is yours",
+        )
+
+    link = roles.add_parser(
+        "superlink",
+        help="the SuperLink's host (makes the federation's CA, certificate, operator token, "
+        "secrets and app signing key where missing)",
+        description="The SuperLink's bundle. Its certificate names every --address given "
+        "(now and before): the DNS names and IPs the nodes and the operator dial.",
+    )
+    common(link)
+    link.add_argument(
+        "--address",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a name or IP the SuperLink is dialled by (repeatable; port default 9091)",
+    )
+    link.add_argument(
+        "--reissue",
+        action="store_true",
+        help="replace a SuperLink certificate that lacks an --address (same CA: other bundles "
+        "stay valid; the SuperLink needs its new bundle)",
+    )
+    node = roles.add_parser(
+        "supernode",
+        help="one SuperNode host: its key pair, its data, the CA, the SuperLink's address",
+        description="SuperNode host NAME's bundle: its node key pair (made once; --new-key "
+        "rotates it), the CA's certificate, the SuperLink's address (checked against its "
+        "certificate), a SuperExec secret and Runtime API certificate for its own executor, "
+        "its data and state paths.",
+    )
+    node.add_argument("name", help="the host's name (lower-case letters, digits, dashes)")
+    common(node)
+    data = node.add_mutually_exclusive_group(required=True)
+    data.add_argument("--shard", help="its shard file here (copied into the bundle)")
+    data.add_argument("--data-path", help="its data file's absolute path on its own host")
+    node.add_argument(
+        "--superlink", metavar="HOST[:PORT]", help="the address it dials (default: the first)"
+    )
+    node.add_argument(
+        "--new-key", action="store_true", help="a new key pair (the old one is kept, retired)"
+    )
+    op = roles.add_parser(
+        "operator",
+        help="the operator's machine: the connection (address, CA, token) and the signing key",
+        description="The operator's bundle: connect.sh (a flwr connection with the operator's "
+        "token), the CA's certificate and the app signing key.",
+    )
+    op.add_argument("--dir", required=True, help="the federation directory")
+    op.add_argument("--superlink", metavar="HOST[:PORT]", help="the address it dials")
+    op.add_argument(
+        "--connection", default="federation", help="the connection's name (default federation)"
+    )
+    bundle.set_defaults(func=_cmd_bundle)
