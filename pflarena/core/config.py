@@ -82,6 +82,13 @@ class RunConfig(FederationSpec):
         "(see `pflarena methods`)",
     )
     min_train_clients: int = Field(1, ge=1, description="at least this many clients per round")
+    min_available_clients: int = Field(
+        0,
+        ge=0,
+        description="start once this many clients are connected, the others taking part from "
+        "the first round after they connect (nodes that come online over time); 0: wait for "
+        "all num-clients",
+    )
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for replies")
     max_failure_fraction: float = Field(
         0.5,
@@ -198,6 +205,15 @@ class RunConfig(FederationSpec):
         if value and value not in MODEL_NAMES:
             raise ValueError(f"unknown model {value!r}; allowed: {', '.join(MODEL_NAMES)}")
         return value
+
+    @model_validator(mode="after")
+    def _available_within_clients(self) -> RunConfig:
+        if self.min_available_clients > self.num_clients:
+            raise ValueError(
+                f"min-available-clients={self.min_available_clients} exceeds "
+                f"num-clients={self.num_clients}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _model_fits_dataset(self) -> RunConfig:

@@ -585,14 +585,17 @@ def run_rounds(
     round's record once it is written (an experiment tracker's hook; it must not raise).
     """
     start = time.monotonic()
-    wait_for_nodes(grid, cfg.num_clients, timeout=cfg.round_timeout)
+    # min-available-clients: a client that connects later is sampled from the round after.
+    connected = wait_for_nodes(
+        grid, cfg.min_available_clients or cfg.num_clients, timeout=cfg.round_timeout
+    )
     outcome = RunOutcome(arrays=initial_arrays)
     sync = ClientSync(state_key=state_key, ttl=cfg.round_timeout)
 
     if resume is None:
         emit(
             StartupPhase(
-                f"round 0, the initial models evaluated on {cfg.num_clients} clients "
+                f"round 0, the initial models evaluated on {len(connected)} clients "
                 "(each builds its data on its first message)"
             )
         )
