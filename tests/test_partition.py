@@ -324,3 +324,82 @@ def test_dirichlet_runs_flwr_again_where_its_draws_run_out(labels: np.ndarray) -
             again = dirichlet_partition(skewed, 20, 0.1, seed)
             assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
             assert mean_label_entropy(skewed, parts) < 0.6 * math.log(NUM_CLASSES)
+
+
+def _flwr_dirichlet_raising(labels: np.ndarray, clients: int, alpha: float, minimum: int, seed: int):
+    """flwr-datasets' own DirichletPartitioner, as the partition ran before its numpy port."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    from pflarena.core.partition.flwr_partitioners import _run_partitioner
+
+    partitioner = DirichletPartitioner(
+        num_partitions=clients,
+        partition_by="label",
+        alpha=alpha,
+        min_partition_size=minimum,
+        self_balancing=False,
+        seed=seed,
+    )
+    return _run_partitioner(partitioner, labels, clients)
+
+
+@pytest.mark.parametrize(
+    "clients, alpha, minimum, seeds",
+    [(4, 0.5, 10, range(6)), (10, 0.1, 10, range(6)), (20, 0.1, 10, (3, 6)), (7, 100.0, 2, (1,))],
+)
+def test_the_numpy_dirichlet_is_flwr_datasets_own(clients, alpha, minimum, seeds) -> None:
+    """Catches the numpy port (which spares a run importing flwr-datasets and Hugging Face
+    datasets) drifting from flwr-datasets' DirichletPartitioner: the same indices in the same
+    order, and the same error once its redraws run out (20 clients at α = 0.1, seeds 3 and
+    6, on the embedded digits)."""
+    from pflarena.core.datasets import load_pooled
+    from pflarena.core.partition.flwr_partitioners import dirichlet_indices
+
+    digits = load_pooled("digits").y
+    for seed in seeds:
+        try:
+            expected = _flwr_dirichlet_raising(digits, clients, alpha, minimum, seed)
+        except DatasetError as error:
+            with pytest.raises(DatasetError) as ours:
+                dirichlet_indices(digits, clients, alpha, minimum, seed)
+            assert str(ours.value) == str(error)
+            continue
+        got = dirichlet_indices(digits, clients, alpha, minimum, seed)
+        assert [part.tolist() for part in got] == [part.tolist() for part in expected]
+        assert all(part.dtype == np.int64 for part in got)
+
+
+@pytest.mark.parametrize("num_samples", [2, 3, 7, 10, 51, 180])
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.25, 0.5, 0.9])
+def test_the_unstratified_split_is_scikit_learns_own(num_samples, fraction) -> None:
+    """Catches :func:`shuffle_split` (scikit-learn's train_test_split without importing
+    scikit-learn) drifting from scikit-learn: the same parts, the same empty-train error."""
+    from sklearn.model_selection import train_test_split
+
+    from pflarena.core.partition.split import shuffle_split
+
+    positions = np.arange(num_samples, dtype=np.int64)
+    for state in (0, 1, 12345, 2**32 - 1):
+        try:
+            expected = train_test_split(positions, test_size=fraction, random_state=state)
+        except ValueError as error:
+            with pytest.raises(ValueError) as ours:
+                shuffle_split(positions, fraction, state)
+            assert str(ours.value) == str(error)
+            continue
+        got = shuffle_split(positions, fraction, state)
+        assert [part.tolist() for part in got] == [part.tolist() for part in expected]
+        assert all(part.dtype == np.int64 for part in got)
+
+
+def test_the_digits_are_scikit_learns_own() -> None:
+    """Catches the digits read from scikit-learn's file (without importing it) differing
+    from what its load_digits gives."""
+    from sklearn.datasets import load_digits
+
+    from pflarena.core.datasets.digits import load_digits_arrays
+
+    x, y = load_digits_arrays()
+    bunch = load_digits()
+    assert x.tobytes() == np.ascontiguousarray(bunch.images[:, None] / 16.0, dtype=np.float32).tobytes()
+    assert y.tolist() == bunch.target.tolist() and y.dtype == np.int64

@@ -200,7 +200,7 @@ class RunConfig(FederationSpec):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        from pflarena.core.models import MODEL_NAMES
+        from pflarena.core.model_names import MODEL_NAMES
 
         if value and value not in MODEL_NAMES:
             raise ValueError(f"unknown model {value!r}; allowed: {', '.join(MODEL_NAMES)}")
@@ -219,7 +219,7 @@ class RunConfig(FederationSpec):
     def _model_fits_dataset(self) -> RunConfig:
         """Token models need token data and the other models numbers (``model`` or default)."""
         from pflarena.core.datasets import dataset_info
-        from pflarena.core.models import check_model_fits
+        from pflarena.core.model_names import check_model_fits
 
         if self.shards_dir:
             return self  # checked against the shards' own description (_shards_dir_problems)
@@ -247,7 +247,7 @@ class RunConfig(FederationSpec):
     # ------------------------------------------------------------------ derived
     def model_name(self) -> str:
         """The model to build: ``model`` if set, else the data's default."""
-        from pflarena.core.models import default_model_for
+        from pflarena.core.model_names import default_model_for
 
         return self.model or default_model_for(self.data_name(), self.data_info())
 
@@ -411,7 +411,7 @@ def _method_problems(
 
 def _shards_dir_problems(cfg: RunConfig, declaration: MethodDeclaration) -> list[str]:
     """A run on a shard directory: the directory's clients, its own splits, no server data."""
-    from pflarena.core.models import ModelError, check_model_fits
+    from pflarena.core.model_names import ModelError, check_model_fits
     from pflarena.core.shard_format import read_shard_set
 
     try:

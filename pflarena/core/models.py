@@ -19,6 +19,13 @@ import torch
 from torch import nn
 
 from pflarena.core.datasets import DatasetInfo
+from pflarena.core.model_names import (
+    MODEL_NAMES,
+    TOKEN_MODELS,
+    ModelError,
+    check_model_fits,
+    default_model_for,
+)
 
 __all__ = [
     "MODEL_NAMES",
@@ -43,10 +50,6 @@ class ModelShape:
     def of_run(cls, cfg: Any, info: DatasetInfo) -> ModelShape:
         """The run's model (``cfg``: a RunConfig; ``info``: its dataset's DatasetInfo)."""
         return cls(cfg.model_name(), tuple(info.input_shape), int(info.num_classes))
-
-
-class ModelError(ValueError):
-    """A model name, or a model/dataset combination, that cannot be built."""
 
 
 class LogisticRegression(nn.Module):
@@ -536,57 +539,11 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "char-lstm-100": lambda shape, classes: CharLSTM(shape, classes, hidden=100),
 }
 
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
-
-#: Models that take sequences of token ids (data sets with a ``vocabulary_size``).
-TOKEN_MODELS: frozenset[str] = frozenset({"char-lstm", "char-lstm-100"})
-
-
-def check_model_fits(name: str, info: DatasetInfo) -> None:
-    """Raise :class:`ModelError` when model ``name`` cannot read data set ``info``'s samples.
-
-    Token models (:data:`TOKEN_MODELS`) need token data whose ids index their embedding
-    (``vocabulary_size <= num_classes``); every other model needs numeric samples.
-
-    Parameters
-    ----------
-    name : str
-        Model name.
-    info : DatasetInfo
-        The data set's description.
-    """
-    if name not in _BUILDERS:
-        raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    if name in TOKEN_MODELS and not info.tokens:
-        raise ModelError(
-            f"model {name!r} reads token ids, but dataset {info.name!r} has numeric samples; "
-            "choose a model for images or features"
-        )
-    if name not in TOKEN_MODELS and info.tokens:
-        raise ModelError(
-            f"dataset {info.name!r} holds token ids (a vocabulary of {info.vocabulary_size}); "
-            f"model {name!r} reads numbers: choose one of {', '.join(sorted(TOKEN_MODELS))}"
-        )
-    if name in TOKEN_MODELS and info.vocabulary_size > info.num_classes:
-        raise ModelError(
-            f"model {name!r} embeds one row per class ({info.num_classes}), fewer than "
-            f"dataset {info.name!r}'s vocabulary of {info.vocabulary_size}"
-        )
-
-
-def default_model_for(dataset: str, info: DatasetInfo | None = None) -> str:
-    """The model ``dataset`` gets when the run config leaves ``model`` empty.
-
-    Each registered data set declares it
-    (:attr:`~pflarena.core.datasets.DatasetSpec.default_model`). Data that is not registered
-    (imported shards name data sets of their own) gets ``char-lstm`` when ``info`` says it
-    holds token ids, else ``mlp``, which fits any numeric sample shape.
-    """
-    from pflarena.core.datasets import DATASETS, dataset_spec
-
-    if dataset in DATASETS:
-        return dataset_spec(dataset).default_model
-    return "char-lstm" if info is not None and info.tokens else "mlp"
+if tuple(_BUILDERS) != MODEL_NAMES:  # the names the run config is checked against
+    raise ImportError(
+        "pflarena.core.model_names.MODEL_NAMES must list the models of core/models.py, "
+        f"in order: {', '.join(_BUILDERS)}"
+    )
 
 
 def build_model(

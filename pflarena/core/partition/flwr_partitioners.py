@@ -1,7 +1,11 @@
 """Partitioners built on flwr-datasets: ``iid``, ``dirichlet``, ``pathological``, ``shards``.
 
 Each runs a flwr-datasets partitioner over an in-memory ``datasets.Dataset`` with a
-``label`` and an ``index`` column and reads back every partition's ``index`` column.
+``label`` and an ``index`` column and reads back every partition's ``index`` column, but
+``dirichlet`` (the default partition): :func:`dirichlet_indices` computes flwr-datasets'
+``DirichletPartitioner`` in numpy, the same draws in the same order, so that a run, and
+``pflarena run --check``, do not import flwr-datasets and Hugging Face ``datasets``
+(pandas, pyarrow: over a second); ``tests/test_partition.py`` compares the two.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ __all__ = [
     "DIRICHLET_ATTEMPTS",
     "DIRICHLET_MIN_PARTITION_SIZE",
     "FLWR_PARTITIONS",
+    "dirichlet_indices",
     "dirichlet_partition",
     "iid_partition",
     "pathological_partition",
@@ -124,8 +129,6 @@ def dirichlet_partition(
     list of numpy.ndarray
         Sample indices of each client.
     """
-    from flwr_datasets.partitioner import DirichletPartitioner
-
     check_clients(labels, num_clients)
     if alpha <= 0:
         raise DatasetError(f"alpha must be positive, got {alpha}")
@@ -140,16 +143,14 @@ def dirichlet_partition(
             "use fewer clients"
         )
     for attempt in range(DIRICHLET_ATTEMPTS):
-        partitioner = DirichletPartitioner(
-            num_partitions=num_clients,
-            partition_by="label",
-            alpha=float(alpha),
-            min_partition_size=min_partition_size,
-            self_balancing=False,
-            seed=seed if attempt == 0 else _attempt_seed(seed, attempt),
-        )
         try:
-            return _run_partitioner(partitioner, labels, num_clients)
+            return dirichlet_indices(
+                labels,
+                num_clients,
+                float(alpha),
+                min_partition_size,
+                seed if attempt == 0 else _attempt_seed(seed, attempt),
+            )
         except DatasetError as error:
             last = error
     raise DatasetError(
@@ -157,6 +158,54 @@ def dirichlet_partition(
         f"{min_partition_size} samples with alpha={alpha} in {DIRICHLET_ATTEMPTS} x 11 draws "
         f"({last}); use a larger alpha or fewer clients"
     ) from last
+
+
+#: flwr-datasets' ``DirichletPartitioner``: draws after the first before it gives up.
+DIRICHLET_REDRAWS = 10
+
+
+def dirichlet_indices(
+    labels: np.ndarray, num_clients: int, alpha: float, min_partition_size: int, seed: int
+) -> list[np.ndarray]:
+    """flwr-datasets 0.6's ``DirichletPartitioner(num_partitions=num_clients,
+    partition_by="label", alpha=alpha, min_partition_size=min_partition_size,
+    self_balancing=False, shuffle=True, seed=seed)``, each partition's indices as its
+    ``load_partition`` gives them, computed in numpy.
+
+    Its algorithm: one ``numpy.random.default_rng(seed)``; per draw, for each class in
+    sorted order, a Dirichlet(α, ..., α) proportion per client, the class's samples (in
+    data order) cut at ``int(cumsum(proportions) · n_k)``; a draw whose smallest client
+    has fewer than ``min_partition_size`` samples is drawn again, up to
+    :data:`DIRICHLET_REDRAWS` times (then a :class:`DatasetError` with flwr-datasets'
+    message); finally each client's list is shuffled with the same generator.
+    """
+    targets = np.asarray(labels)
+    if num_clients > len(targets):
+        raise DatasetError(
+            "DirichletPartitioner: The number of partitions needs to be smaller than the "
+            "number of samples in the dataset."
+        )
+    rng = np.random.default_rng(seed)
+    concentration = np.array([float(alpha)], dtype=float).repeat(num_clients)
+    classes = sorted(np.unique(targets).tolist())
+    for sampling_try in range(DIRICHLET_REDRAWS + 1):
+        partitions: list[list[int]] = [[] for _ in range(num_clients)]
+        for k in classes:
+            indices = np.nonzero(targets == k)[0]
+            proportions = rng.dirichlet(concentration)
+            cuts = (np.cumsum(proportions.tolist()) * len(indices)).astype(int)[:-1]
+            for client, part in enumerate(np.split(indices, cuts)):
+                partitions[client].extend(part.tolist())
+        if min(len(part) for part in partitions) >= min_partition_size:
+            break
+        if sampling_try == DIRICHLET_REDRAWS:
+            raise DatasetError(
+                "DirichletPartitioner: The max number of attempts (10) was reached. Please "
+                "update the values of alpha and try again."
+            )
+    for part in partitions:
+        rng.shuffle(part)
+    return [np.asarray(part, dtype=np.int64) for part in partitions]
 
 
 def _attempt_seed(seed: int, attempt: int) -> int:

@@ -17,10 +17,15 @@ The label permutations of ``label-permutation-groups`` draw from a stream of the
 (:func:`label_permutation_seed`, used by :mod:`~pflarena.core.partition.label_permutation`).
 
 Each takes ``ceil(fraction · n)`` samples for the part it sets aside (the rule of
-``sklearn.model_selection.train_test_split``), and a fraction of 0 sets nothing aside.
+``sklearn.model_selection.train_test_split``), and a fraction of 0 sets nothing aside. The
+unstratified splits are :func:`shuffle_split`, scikit-learn's ``train_test_split`` computed
+without importing scikit-learn (about a second: pandas, scipy); the stratified server split
+still calls scikit-learn.
 """
 
 from __future__ import annotations
+
+from math import ceil
 
 import numpy as np
 
@@ -32,6 +37,7 @@ __all__ = [
     "label_permutation_seed",
     "server_indices",
     "server_seed",
+    "shuffle_split",
     "split_seed",
     "train_test_indices",
     "validation_indices",
@@ -117,13 +123,42 @@ def server_seed(seed: int, client_id: int | None = None) -> int:
     return _seed(np.random.SeedSequence(seed, spawn_key=key))
 
 
+def shuffle_split(
+    positions: np.ndarray, test_fraction: float, random_state: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``sklearn.model_selection.train_test_split(positions, test_size=test_fraction,
+    random_state=random_state)`` (unstratified, shuffled), the same arrays and the same
+    ``ValueError`` for an empty training part, without importing scikit-learn.
+
+    scikit-learn's rule: ``n_test = ceil(test_fraction · n)``, ``n_train = n - n_test``,
+    one permutation from ``numpy.random.RandomState(random_state)``, its first ``n_test``
+    positions the test part and the next ``n_train`` the training part
+    (``ShuffleSplit``); ``tests/test_partition.py`` compares it with scikit-learn's.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(
+            f"test_size={test_fraction} should be either positive and smaller than the "
+            f"number of samples {len(positions)} or a float in the (0, 1) range"
+        )
+    n_samples = len(positions)
+    n_test = ceil(test_fraction * n_samples)
+    n_train = n_samples - n_test
+    if n_train == 0:
+        raise ValueError(
+            f"With n_samples={n_samples}, test_size={test_fraction} and train_size=None, the "
+            "resulting train set will be empty. Adjust any of the aforementioned parameters."
+        )
+    permutation = np.random.RandomState(random_state).permutation(n_samples)
+    return positions[permutation[n_test : n_test + n_train]], positions[permutation[:n_test]]
+
+
 def train_test_indices(
     num_samples: int, test_fraction: float, seed: int, client_id: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded random train/test split of one client's samples.
 
-    ``sklearn.model_selection.train_test_split`` (not stratified) with
-    ``random_state = split_seed(seed, client_id)``; the test part has
+    ``sklearn.model_selection.train_test_split`` (not stratified, :func:`shuffle_split`)
+    with ``random_state = split_seed(seed, client_id)``; the test part has
     ``ceil(test_fraction · n)`` samples. ``test_fraction == 0`` keeps everything for
     training.
 
@@ -151,12 +186,8 @@ def train_test_indices(
     positions = np.arange(num_samples, dtype=np.int64)
     if test_fraction == 0.0:
         return positions, np.zeros(0, dtype=np.int64)
-    from sklearn.model_selection import train_test_split
-
     try:
-        train, test = train_test_split(
-            positions, test_size=test_fraction, random_state=split_seed(seed, client_id)
-        )
+        train, test = shuffle_split(positions, test_fraction, split_seed(seed, client_id))
     except ValueError as error:
         raise DatasetError(
             f"client {client_id}: cannot split {num_samples} samples with "
@@ -200,13 +231,9 @@ def validation_indices(
     positions = np.arange(num_train, dtype=np.int64)
     if validation_fraction == 0.0:
         return positions, np.zeros(0, dtype=np.int64)
-    from sklearn.model_selection import train_test_split
-
     try:
-        train, validation = train_test_split(
-            positions,
-            test_size=validation_fraction,
-            random_state=validation_seed(seed, client_id),
+        train, validation = shuffle_split(
+            positions, validation_fraction, validation_seed(seed, client_id)
         )
     except ValueError as error:
         raise DatasetError(
