@@ -111,7 +111,9 @@ def test_compare_table_and_plot(tmp_path, capsys):
         == 0
     )
     assert (tmp_path / "c.png").stat().st_size > 1000
-    assert (tmp_path / "c.md").read_text().strip() == table
+    written = (tmp_path / "c.md").read_text()
+    assert written.startswith(table + "\n\nWhat differs between the runs:")
+    assert "- `method`: local, fedavg" in written
 
 
 def test_compare_plot_tells_more_than_ten_runs_apart(tmp_path, monkeypatch):

@@ -108,7 +108,7 @@ def test_compare_marks_partial_runs_and_shows_the_parameters_that_differ(tmp_pat
     _run(tmp_path / "d", "fedavg", {"personal-model": "global"}, status=None, done=2)
     table = compare_table([tmp_path / n for n in "abcd"])
     header, _, a, b, c, d = table.splitlines()
-    assert "| parameters that differ |" in header
+    assert "| settings that differ |" in header
     assert "pers. mean (last)" in header and "global pooled (last)" in header
     assert "| a | completed | pfedgt | digits | 10 | 30/30 | 0 | pfedgt.lambda=0.7 |" in a
     assert "| b | completed | pfedgt | digits | 10 | 30/30 | 0 | pfedgt.lambda=0.25 |" in b
@@ -119,7 +119,7 @@ def test_compare_marks_partial_runs_and_shows_the_parameters_that_differ(tmp_pat
     # a killed run (no summary) is read from its config and rounds
     assert "| d | **interrupted** at round 2 of 30 | fedavg | digits | 10 | 2/30 |" in d
     # one run alone: no parameter column
-    assert "parameters that differ" not in compare_table([tmp_path / "a"])
+    assert "settings that differ" not in compare_table([tmp_path / "a"])
 
 
 def test_compare_and_the_leaderboard_show_the_privacy_spent(tmp_path):

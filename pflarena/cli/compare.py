@@ -11,6 +11,7 @@ from pflarena.reporting.compare import (
     RunArgumentError,
     comparable_runs,
     compare_table,
+    differences_markdown,
     expand_runs,
 )
 from pflarena.reporting.plots import compare_plot
@@ -31,6 +32,9 @@ def command(args: argparse.Namespace) -> int:
         print("pflarena compare: error: no run to compare", file=sys.stderr)
         return 1
     table = compare_table(dirs)
+    differing = differences_markdown(dirs)
+    if differing:  # each setting that differs once, with what it means
+        table += "\n\n" + differing
     print(table)
     if args.output:
         Path(args.output).write_text(table + "\n")

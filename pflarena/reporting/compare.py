@@ -6,17 +6,20 @@ complete are shown too, marked: ``failed`` (the ServerApp wrote a failed summary
 ``interrupted`` (by a signal, named; or killed: rounds recorded but no summary), with the
 rounds they completed out of those planned; their figures are those of their last evaluated
 round. A completed run some of whose clients failed says so in its status (``completed, 1 of
-4 clients failed in every round``) and its clients column (``4 (3 evaluated)``). The parameters
-that differ between the compared runs (the method's, and the run config's but for where
-they are written and how they are tracked) get a column of their own, so that two runs of
-one method with different settings can be told apart. Accuracy columns name their figure
-as :mod:`pflarena.server.metrics` defines it.
+4 clients failed in every round``) and its clients column (``4 (3 evaluated)``). The settings
+that differ between the compared runs (the run config's but for where they are written and
+how they are tracked, the model; a method's own parameters only between runs of that method)
+get a column of their own, and :func:`differences_markdown` says each once with what it means,
+so that two runs of one method with different settings can be told apart and the partition's
+Dirichlet α (``partition.alpha``) is not read as a method's α (``pfedsv.alpha``). Accuracy
+columns name their figure as :mod:`pflarena.server.metrics` defines it.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,11 @@ from pflarena.server.results import failure_text, recorded_failures
 
 __all__ = [
     "SUMMARY_FIELDS",
+    "Difference",
     "compare_table",
     "comparable_runs",
+    "differences",
+    "differences_markdown",
     "expand_runs",
     "load_run",
 ]
@@ -254,39 +260,178 @@ def rounds_done(summary: dict[str, Any]) -> int:
     return summary["num_rounds"] if summary.get("status") == "completed" else 0
 
 
-def _parameters(path: Path) -> dict[str, Any]:
-    """A run's parameters from its ``config.json``: the run config's (but those of
-    :data:`NOT_PARAMETERS`) and the method's as ``<method>.<param>``, defaults included."""
+#: The columns of ``compare``'s table that are settings (``strategy`` is the method).
+COLUMN_SETTINGS = ("dataset", "num-clients", "num-rounds", "seed")
+
+#: Run-config keys shown under another name, so that none reads like another: the
+#: partition's Dirichlet α beside a method's own α (``pfedsv.alpha``, ``apfl.alpha``).
+SHOWN_AS = {"alpha": "partition.alpha"}
+
+#: What a shown name means where the run-config schema's description is not enough.
+MEANINGS = {
+    "method": "",
+    "partition.alpha": "Dirichlet α, the partition's concentration over classes (smaller: "
+    "fewer classes per client; the run-config key `alpha`)",
+}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One setting whose value differs between compared runs: its shown name, what it
+    means, its distinct values in the runs' order, and the method whose runs alone it
+    was compared between (a method's own parameter), else None."""
+
+    name: str
+    meaning: str
+    values: tuple[str, ...]
+    between: str | None = None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings as ``compare`` compares them: its method, the settings every run
+    has (the run config's common keys by their shown names, the model, the table's
+    columns), and the method's own parameters as ``<method>.<param>``."""
+
+    method: str
+    shared: dict[str, Any]
+    own: dict[str, Any]
+
+
+def run_settings(path: Path, summary: dict[str, Any]) -> RunSettings:
+    """A run's :class:`RunSettings`: the table's columns from ``summary``, the rest from its
+    ``config.json`` (the run config's common keys but those of :data:`NOT_PARAMETERS`, the
+    model the run resolved, the method's parameters, defaults included)."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return {}
-    run_config = config.get("run_config") or {}
-    method = config.get("method") or run_config.get("strategy", "")
-    params = {k: v for k, v in run_config.items() if "." not in k and k not in NOT_PARAMETERS}
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    run_config = config.get("run_config") if isinstance(config.get("run_config"), dict) else {}
+    method = str(summary.get("strategy") or config.get("method") or run_config.get("strategy"))
+    shared: dict[str, Any] = {
+        "dataset": summary.get("dataset"),
+        "num-clients": summary.get("num_clients"),
+        "num-rounds": summary.get("num_rounds"),
+        "seed": summary.get("seed"),
+    }
+    for key, value in run_config.items():
+        if "." not in key and key not in NOT_PARAMETERS:
+            shared[SHOWN_AS.get(key, key)] = value
     if config.get("model"):  # the model the run resolved (an empty `model` key names none)
-        params["model"] = config["model"]
-    params |= {f"{method}.{k}": v for k, v in (config.get("method_params") or {}).items()}
-    return params
+        shared["model"] = config["model"]
+    params = config.get("method_params") if isinstance(config.get("method_params"), dict) else {}
+    own = {f"{method}.{key}": value for key, value in params.items()}
+    return RunSettings(method, shared, own)
 
 
-def differing_parameters(run_dirs: list[Path]) -> list[dict[str, Any]]:
-    """Per run, the settings that tell it apart from the others: a run-config key or a
-    method parameter whose value differs between the runs that have it, and a method
-    parameter only one run has (the settings of a method compared once with others, which
-    its strategy column alone does not show). A method parameter several runs share with
-    one value is left out."""
-    params = [_parameters(path) for path in run_dirs]
-    keys = sorted({k for p in params for k in p})
-    differing = []
-    for key in keys:
-        having = [p[key] for p in params if key in p]
-        if len(having) >= 2:
-            if len({json.dumps(v, sort_keys=True) for v in having}) > 1:
-                differing.append(key)
-        elif "." in key and len(params) > 1:  # one run's method parameter
-            differing.append(key)
-    return [{k: p[k] for k in differing if k in p} for p in params]
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _distinct(values: list[Any]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_text(v) for v in values))
+
+
+def _setting_meanings() -> dict[str, str]:
+    """The run config's common keys (by their shown names) and their schema descriptions,
+    each to its first clause."""
+    from pflarena.core.config import RunConfig
+
+    meanings = {}
+    for name, field in RunConfig.model_fields.items():
+        key = field.alias or name
+        meanings[SHOWN_AS.get(key, key)] = (field.description or "").split("; ")[0]
+    return meanings | MEANINGS
+
+
+def _own_meanings(method: str) -> dict[str, str]:
+    """``<method>.<param>`` and the help text the method declares for it; nothing for a
+    method not installed here."""
+    try:
+        # the declared methods, as the server validates a run config against them
+        from pflarena.server.build import declarations
+
+        declaration = declarations()[method]
+    except Exception:  # a plugin method not installed here: its names alone
+        return {}
+    return {key: description for key, _, _, description in declaration.param_docs()}
+
+
+def differences(
+    run_dirs: list[Path], summaries: list[dict[str, Any]] | None = None
+) -> tuple[list[dict[str, Any]], list[Difference]]:
+    """What tells the runs apart: per run, its settings that differ (``{shown name:
+    value}``, the table's own columns left out), and each differing setting once
+    (:class:`Difference`).
+
+    The method differs or not; a setting every run has (dataset, partition,
+    ``partition.alpha``, clients, rounds, seed, lr, model, ...) differs when the runs that
+    have it hold more than one value; a method's own parameter (``pfedsv.alpha``) is
+    compared only between the runs of that method, so that runs of different methods show
+    none of them."""
+    if summaries is None:
+        summaries = [load_run(path) for path in run_dirs]
+    settings = [run_settings(p, s) for p, s in zip(run_dirs, summaries, strict=True)]
+    per_run: list[dict[str, Any]] = [{} for _ in settings]
+    found: list[Difference] = []
+    if len(settings) < 2:
+        return per_run, found
+    methods = _distinct([s.method for s in settings])
+    if len(methods) > 1:
+        found.append(Difference("method", MEANINGS["method"], methods))
+    meanings = _setting_meanings()
+    names = sorted(
+        {k for s in settings for k in s.shared},
+        key=lambda k: (
+            k not in COLUMN_SETTINGS,
+            COLUMN_SETTINGS.index(k) if k in COLUMN_SETTINGS else 0,
+            k,
+        ),
+    )
+    for name in names:
+        having = [(i, s.shared[name]) for i, s in enumerate(settings) if name in s.shared]
+        values = _distinct([v for _, v in having])
+        if len(having) < 2 or len(values) < 2:
+            continue
+        found.append(Difference(name, meanings.get(name, ""), values))
+        if name not in COLUMN_SETTINGS:
+            for i, value in having:
+                per_run[i][name] = value
+    for method in methods:
+        group = [(i, s) for i, s in enumerate(settings) if s.method == method]
+        if len(group) < 2:
+            continue
+        keys = sorted({k for _, s in group for k in s.own})
+        described: dict[str, str] | None = None
+        for key in keys:
+            having = [(i, s.own[key]) for i, s in group if key in s.own]
+            values = _distinct([v for _, v in having])
+            if len(having) < 2 or len(values) < 2:
+                continue
+            if described is None:
+                described = _own_meanings(method)
+            found.append(Difference(key, described.get(key, ""), values, between=method))
+            for i, value in having:
+                per_run[i][key] = value
+    return per_run, found
+
+
+def differences_markdown(run_dirs: list[Path]) -> str:
+    """What differs between the compared runs, one line per setting with what it means
+    and its values (a method's own parameter: between that method's runs); empty when
+    nothing does (or for one run)."""
+    _, found = differences(run_dirs)
+    if not found:
+        return ""
+    lines = ["What differs between the runs:", ""]
+    for item in found:
+        where = f", between the {item.between} runs" if item.between else ""
+        meaning = f" — {item.between}'s {item.meaning}" if item.between else f" — {item.meaning}"
+        line = f"- `{item.name}`{where}: {', '.join(item.values)}"
+        lines.append(line + (meaning if item.meaning else ""))
+    return "\n".join(lines)
 
 
 def _fmt(value: Any, pct: bool = True) -> str:
@@ -323,11 +468,11 @@ def compare_table(run_dirs: list[Path]) -> str:
     """A Markdown table of personalized and global accuracy (in %) of several runs."""
     summaries = [load_run(run_dir) for run_dir in run_dirs]
     common = common_parent(run_dirs)
-    differences = differing_parameters(run_dirs) if len(run_dirs) > 1 else [{}] * len(run_dirs)
-    shown_params = any(differences)
+    per_run, _ = differences(run_dirs, summaries)
+    shown_params = any(per_run)
     header = (
         "| run | status | strategy | dataset | clients | rounds | seed "
-        + ("| parameters that differ " if shown_params else "")
+        + ("| settings that differ " if shown_params else "")
         + f"| {short_label('personalized', 'mean')} (last) "
         + f"| {short_label('personalized', 'weighted')} "
         + f"| {short_label('personalized', 'worst10')} "
@@ -343,7 +488,7 @@ def compare_table(run_dirs: list[Path]) -> str:
     if private:
         header += " DP ε (δ) |"
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    for run_dir, s, diff in zip(run_dirs, summaries, differences, strict=True):
+    for run_dir, s, diff in zip(run_dirs, summaries, per_run, strict=True):
         pers = s.get("personalized") or {}
         last, best = entry(pers, "last"), entry(pers, "best")
         glob = entry(s.get("global") or {}, "last")
@@ -353,7 +498,7 @@ def compare_table(run_dirs: list[Path]) -> str:
             f"| {run_label(run_dir, common)} | {run_status(s)} | {s['strategy']} | {s['dataset']} "
             f"| {clients_cell(s)} | {rounds_done(s)}/{s['num_rounds']} | {s['seed']} "
             + (
-                "| " + (", ".join(f"{k}={v}" for k, v in diff.items()) or "—") + " "
+                "| " + (", ".join(f"{k}={_text(v)}" for k, v in diff.items()) or "—") + " "
                 if shown_params
                 else ""
             )
