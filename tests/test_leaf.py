@@ -285,7 +285,7 @@ def _shakespeare_file(tmp_path: Path) -> Path:
         (json.dumps({"users": ["a"], "num_samples": [1]}), "found .'num_samples', 'users'."),
         (
             json.dumps({"users": ["a", "b"], "num_samples": [1], "user_data": {}}),
-            "2 users but 1 entries",
+            "2 users but 1 entry",
         ),
         (json.dumps({"users": ["a"], "num_samples": [1], "user_data": {}}), "user 'a' has no"),
         (
@@ -296,7 +296,7 @@ def _shakespeare_file(tmp_path: Path) -> Path:
                     "user_data": {"a": {"x": ["a" * 80], "y": ["b"]}},
                 }
             ),
-            "has 1 samples, 'num_samples' says 2",
+            "has 1 sample, 'num_samples' says 2",
         ),
         (
             json.dumps(

@@ -13,21 +13,71 @@ from typing import Any
 from pflarena.cli.options import DATA_KEYS, add_config_flags, collect_overrides
 from pflarena.core.config import ConfigError, parse_run_config
 from pflarena.core.datasets import DatasetSpec, check_files
+from pflarena.core.datasets.base import counted
 from pflarena.core.importers import IMPORT_FORMATS
 
 __all__ = ["add_parser", "add_shards_parser", "data_command", "shards_command"]
 
 
 def fetch_command(args: argparse.Namespace) -> int:
-    """``pflarena data fetch NAME --data-dir DIR``."""
+    """``pflarena data fetch NAME --data-dir DIR [--from PATH]``."""
     from pflarena.core.datasets import dataset_spec
     from pflarena.core.datasets.fetch import fetch_dataset
 
     if args.target is None:
-        raise ConfigError("pflarena data fetch needs a data set name: pflarena data fetch NAME")
+        raise ConfigError(
+            "pflarena data fetch needs a data set name: pflarena data fetch NAME --data-dir DIR"
+        )
     dataset_spec(args.target)  # an unknown name: the registered ones listed
-    print(fetch_dataset(args.target, args.data_dir, progress=not args.quiet))
+    print(fetch_dataset(args.target, args.data_dir, source=args.source, progress=not args.quiet))
     return 0
+
+
+def fetch_parser(prog: str = "pflarena data fetch") -> argparse.ArgumentParser:
+    """The flags of ``pflarena data fetch``, for its own ``--help`` (they are parsed by
+    ``pflarena data``'s parser, which ``data fetch NAME`` shares)."""
+    fetch = argparse.ArgumentParser(
+        prog=prog,
+        usage=f"{prog} NAME --data-dir DIR [--from PATH] [--quiet]",
+        description="Download data set NAME into DIR, laid out as `--data-dir DIR` reads it. "
+        "mnist, fashion-mnist, cifar10, cifar100, emnist: the files torchvision downloads, "
+        "checked against its MD5s, unpacked by torchvision; har, tiny-imagenet: one archive "
+        "each, checked against its published checksum, then unpacked. A download cut short "
+        "is continued by the same command; a fetch that fails removes what it made. "
+        "femnist, shakespeare: built by LEAF's scripts (it prints the steps). A data set "
+        "already in DIR is not fetched again; digits, synthetic and synthetic-mixture ship "
+        "with pflarena.",
+        epilog="Without network, --from installs the same from a copy made elsewhere: "
+        "torchvision's download files (e.g. MNIST's four *-ubyte.gz, CIFAR-10's "
+        "cifar-10-python.tar.gz) or a folder holding them, pflarena's single-file copies "
+        "(mnist-70k.npz, cifar10-jpeg.tar), the archive of har or tiny-imagenet, LEAF's "
+        "data/ folder for femnist and shakespeare. Each is checked (MD5, checksum, or the "
+        "loader's own check) before anything is put in place. "
+        "Example: pflarena data fetch mnist --data-dir data --from ~/Downloads/MNIST/raw",
+    )
+    fetch.add_argument("name", metavar="NAME", help="the data set (`pflarena data` lists them)")
+    fetch.add_argument("--data-dir", metavar="DIR", help="the folder to put it in (required)")
+    fetch.add_argument(
+        "--from",
+        metavar="PATH",
+        help="install it from this local file or folder instead of downloading it",
+    )
+    fetch.add_argument("--quiet", action="store_true", help="no progress bar")
+    return fetch
+
+
+class _DataHelp(argparse.Action):
+    """``-h``/``--help`` of ``pflarena data``: after ``data fetch``, the help of ``fetch``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001
+        if getattr(namespace, "name", None) == "fetch":
+            fetch_parser(f"{parser.prog} fetch").print_help()
+        else:
+            parser.print_help()
+        parser.exit()
 
 
 def data_command(args: argparse.Namespace) -> int:
@@ -35,6 +85,8 @@ def data_command(args: argparse.Namespace) -> int:
 
     if args.name == "fetch":
         return fetch_command(args)
+    if args.source is not None:
+        raise ConfigError("--from belongs to pflarena data fetch NAME --data-dir DIR --from PATH")
     if args.target is not None:
         raise ConfigError(
             f"pflarena data takes one data set name, got {args.name!r} and {args.target!r} "
@@ -85,7 +137,7 @@ def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
         pooled = load_pooled(spec.name, args.data_dir)
         shares = [pooled.y]
         x = pooled.x
-        print(f"{spec.name}: {len(pooled.y)} samples in one pool")
+        print(f"{spec.name}: {counted(len(pooled.y), 'sample')} in one pool")
     else:
         natural = load_natural(
             spec.name,
@@ -98,7 +150,7 @@ def _check_data(spec: DatasetSpec, args: argparse.Namespace) -> int:
         x = np.concatenate([client_x[:1] for client_x, _ in natural.clients])
         sizes = np.array([len(y) for y in shares])
         print(
-            f"{spec.name}: {len(shares)} clients, {sizes.sum()} samples "
+            f"{spec.name}: {counted(len(shares), 'client')}, {counted(int(sizes.sum()), 'sample')} "
             f"(per client min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})"
         )
     labels = np.concatenate(shares)
@@ -136,10 +188,10 @@ def shards_import_command(args: argparse.Namespace) -> int:
         print(
             f"config.json has no num_classes: {shard_set.info.num_classes} classes inferred "
             f"from the labels (largest label {record['largest_label']}, "
-            f"{record['labels_present']} distinct labels; --num-classes sets the count)"
+            f"{counted(record['labels_present'], 'distinct label')}; --num-classes sets the count)"
         )
     print(
-        f"wrote {len(paths)} shard files ({shard_set.info.name}: {shard_set.info.num_classes} "
+        f"wrote {counted(len(paths), 'shard file')} ({shard_set.info.name}: {shard_set.info.num_classes} "
         f"classes, samples {shard_set.info.input_shape}, {sum(shard_set.num_train)} train / "
         f"{sum(shard_set.num_val)} validation / {sum(shard_set.num_test)} test) to "
         f"{shard_set.directory}"
@@ -163,7 +215,7 @@ def shards_command(args: argparse.Namespace) -> int:
     federation = build_federation(spec)
     if args.out:
         paths = write_shards(federation, args.out, spec)
-        print(f"wrote {len(paths)} shard files to {Path(args.out).resolve()}")
+        print(f"wrote {counted(len(paths), 'shard file')} to {Path(args.out).resolve()}")
         example = paths[0].resolve()
         print(
             f"start each SuperNode with its own file, e.g. --node-config 'data-path=\"{example}\"'"
@@ -192,17 +244,26 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
         help="list the data sets, show where to get one, fetch one (data fetch NAME "
         "--data-dir DIR), or check a local copy",
         usage="pflarena data [NAME] [--check --data-dir DIR ...]\n"
-        "       pflarena data fetch NAME --data-dir DIR [--quiet]",
+        "       pflarena data fetch NAME --data-dir DIR [--from PATH] [--quiet]",
         description="Without NAME: every data set. With NAME: where to get it and its layout; "
         "--check reads a local copy. `data fetch NAME --data-dir DIR` downloads it into DIR "
-        "(torchvision's data sets, har, tiny-imagenet; checksummed and resumable) or, for "
-        "LEAF's, prints the steps to build it.",
+        "(torchvision's data sets, har, tiny-imagenet; checksummed and resumable), or with "
+        "--from PATH installs it from a local copy; for LEAF's it prints the steps to build "
+        "it. `pflarena data fetch --help`: its own flags.",
+        add_help=False,
     )
+    data.add_argument("-h", "--help", action=_DataHelp, help="show this help message and exit")
     data.add_argument(
         "name", nargs="?", help="a data set name, or `fetch` to download one: data fetch NAME"
     )
     data.add_argument("target", nargs="?", help=argparse.SUPPRESS)  # NAME of `data fetch NAME`
     data.add_argument("--quiet", action="store_true", help="data fetch: no progress bar")
+    data.add_argument(
+        "--from",
+        dest="source",
+        metavar="PATH",
+        help="data fetch: install from this local file or folder instead of downloading",
+    )
     data.add_argument(
         "--check", action="store_true", help="read the local copy in --data-dir and summarise it"
     )

@@ -6,7 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DatasetError", "DatasetInfo", "NaturalDataset", "PooledDataset"]
+__all__ = ["DatasetError", "DatasetInfo", "NaturalDataset", "PooledDataset", "counted"]
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, plural unless ``count`` is 1: ``counted(1, "shard file")``
+    is ``"1 shard file"``, ``counted(3, "shard file")`` is ``"3 shard files"``."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
 
 
 class DatasetError(ValueError):

@@ -1,10 +1,12 @@
-"""Fetching a data set's files into a ``data-dir``: ``pflarena data fetch NAME --data-dir DIR``.
+"""Fetching a data set's files into a ``data-dir``: ``pflarena data fetch NAME --data-dir DIR``,
+or installing them from a local copy: ``... --from PATH``.
 
 What can be downloaded is:
 
 * the torchvision data sets (``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``,
-  ``emnist``): through torchvision's own ``download=True``, which checks every file's MD5
-  and lays the files out where the loaders (``download=False``) read them;
+  ``emnist``): the files torchvision's ``download=True`` fetches, from its URLs (and
+  mirrors), checked against its MD5s, then laid out by torchvision itself, which finds them
+  verified and only unpacks them;
 * ``har`` (UCI HAR) and ``tiny-imagenet``: one archive each, by URL, checked against its
   published checksum, then unpacked (:data:`ARCHIVES`).
 
@@ -12,12 +14,20 @@ LEAF's ``femnist`` and ``shakespeare`` are built by LEAF's own ``preprocess.sh``
 raw NIST and Gutenberg sources (sampling, splitting, each with its flags); that is not
 copied here: :func:`fetch_dataset` says what to run instead (:class:`FetchError`).
 
-An archive is downloaded by :func:`download` to ``<name>.part`` beside its final place,
-continued with an HTTP ``Range`` request when a ``.part`` is there already (a download cut
-short resumes where it stopped), checked against its checksum and only then renamed into
-place; a checksum that does not match deletes the ``.part`` and leaves nothing in place.
-Unpacking goes to a scratch folder renamed into place once complete, so a loader never
-reads a half-written file.
+Without network, ``--from PATH`` installs the same from a copy made elsewhere
+(:func:`fetch_dataset`'s ``source``): the files torchvision downloads (or pflarena's
+single-file copy, ``mnist-70k.npz``, ``cifar10-jpeg.tar``), the archive of ``har`` or
+``tiny-imagenet``, LEAF's JSON folders; each is checked as a download is (MD5, checksum,
+the loader's own check) before it is put in place.
+
+Every file is downloaded by :func:`download` to ``<name>.part``, continued with an HTTP
+``Range`` request when a ``.part`` is there already (a download cut short resumes where it
+stopped), checked against its checksum and only then renamed into place; a checksum that
+does not match deletes the ``.part`` and leaves nothing in place. Unpacking goes to a
+scratch folder renamed into place once complete, so a loader never reads a half-written
+file. A fetch that fails removes what it had made (the folders it created, the files it
+put in place); only a cut download's ``.part`` is kept, for the same command to continue.
+Nothing that was there before is deleted.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ import sys
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -39,6 +50,7 @@ from pflarena.core.datasets.base import DatasetError
 __all__ = [
     "ARCHIVES",
     "Archive",
+    "DownloadError",
     "FetchError",
     "download",
     "extract_zip",
@@ -49,6 +61,15 @@ __all__ = [
 
 class FetchError(DatasetError):
     """A data set that could not be fetched; the message says why and what to do."""
+
+
+class DownloadError(FetchError):
+    """A URL that could not be reached (no network, no such host, an HTTP error): nothing
+    was received. ``url`` and ``reason`` say which and why."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot download {url}: {reason}")
+        self.url, self.reason = url, reason
 
 
 @dataclass(frozen=True)
@@ -157,11 +178,10 @@ def download(
         )
     except urllib.error.HTTPError as error:
         if error.code != 416 or not offset:  # 416: the .part already holds every byte
-            raise FetchError(f"cannot download {url}: HTTP {error.code} {error.reason}") from None
+            raise DownloadError(url, f"HTTP {error.code} {error.reason}") from None
         response = None
     except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise FetchError(f"cannot download {url}: {reason}") from None
+        raise DownloadError(url, str(getattr(error, "reason", error))) from None
     if response is not None:
         _receive(response, part, offset, url, progress, chunk_size)
     actual = file_digest(part, algorithm)
@@ -257,18 +277,254 @@ def extract_zip(path: Path, data_dir: Path, root: str, inner: str = "") -> Path:
     return target
 
 
+@contextmanager
+def _undone_on_failure(data_dir: Path, entries: Iterable[str]) -> Iterator[None]:
+    """Undo what the body made if it raises: each of ``data_dir``'s ``entries`` (names of
+    what the fetch writes there) that was not there before is removed, and so is
+    ``data_dir`` itself, with the folders above it, where this fetch created them and they
+    are left empty (a cut download's ``.part`` keeps its folder). What was there before is
+    never touched."""
+    data_dir = data_dir.absolute()
+    created = [folder for folder in (data_dir, *data_dir.parents) if not folder.exists()]
+    new = [data_dir / entry for entry in dict.fromkeys(entries) if not (data_dir / entry).exists()]
+    try:
+        yield
+    except BaseException:
+        for path in new:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists() or path.is_symlink():
+                path.unlink(missing_ok=True)
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (a .part kept for the next try), or gone
+                break
+        raise
+
+
+def _top(relative: str | Path) -> str:
+    """The first component of a path relative to ``data_dir`` (what is created there)."""
+    return Path(relative).parts[0]
+
+
+def _find(source: Path, filename: str, folder: str = "") -> Path | None:
+    """``source`` itself when it is the file ``filename``; in a folder: ``filename`` in it,
+    in its ``folder``, else the first file of that name below it."""
+    if source.is_file():
+        return source if source.name == filename else None
+    for candidate in (source / filename, source / folder / filename):
+        if candidate.is_file():
+            return candidate
+    return next((path for path in sorted(source.rglob(filename)) if path.is_file()), None)
+
+
+def _copy_in(path: Path, dest: Path) -> None:
+    """Copy ``path`` to ``dest`` through ``dest.part``: ``dest`` is whole or absent."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        shutil.copyfile(path, part)
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+def _check_digest(path: Path, checksum: str, what: str) -> None:
+    algorithm, expected = _split_checksum(checksum)
+    actual = file_digest(path, algorithm)
+    if actual != expected:
+        raise FetchError(
+            f"{path} is not {what}: its {algorithm} is {actual}, expected {expected}; "
+            "nothing was installed"
+        )
+
+
+def _offline_route(name: str, data_dir: Path, what: str) -> str:
+    """The ``--from`` command that installs ``name`` without network, in one sentence."""
+    return (
+        f"Offline, install it from a copy: pflarena data fetch {name} --data-dir {data_dir} "
+        f"--from PATH (PATH: {what})"
+    )
+
+
+def _torchvision_what(name: str) -> str:
+    """What ``--from`` takes for a torchvision data set, in words."""
+    from pflarena.core.datasets.torchvision_images import (
+        torchvision_resources,
+        torchvision_source,
+    )
+
+    files = [resource.filename for resource in torchvision_resources(name)]
+    if len(files) == 1:
+        what = f"the file {files[0]} or a folder holding it"
+    else:
+        what = f"a folder holding {', '.join(files[:-1])} and {files[-1]}"
+    offline = torchvision_source(name).offline
+    return what + (f"; or the single file {offline.name}" if offline is not None else "")
+
+
+def _fetch_torchvision(name: str, data_dir: Path, progress: bool, say: Callable) -> None:
+    """Download the files torchvision's ``download=True`` would, then have it unpack them."""
+    from pflarena.core.datasets.torchvision_images import (
+        torchvision_resources,
+        unpack_torchvision,
+    )
+
+    say(f"downloading {name} (torchvision's files) into {data_dir}")
+    for resource in torchvision_resources(name):
+        dest = data_dir / resource.folder / resource.filename
+        if dest.is_file() and file_digest(dest, "md5") == resource.md5:
+            continue
+        staged = data_dir / f".{name}-{resource.filename}"  # its .part: a cut download's
+        errors: list[DownloadError] = []
+        for url in resource.urls:
+            try:
+                download(url, staged, f"md5:{resource.md5}", progress=progress)
+            except DownloadError as error:  # the next mirror, if any
+                errors.append(error)
+                continue
+            break
+        else:
+            first = errors[0]
+            mirrors = "".join(
+                f", nor from its mirror {e.url}"
+                + (f" ({e.reason})" if e.reason != first.reason else "")
+                for e in errors[1:]
+            )
+            raise FetchError(
+                f"cannot download {name} from {first.url} ({first.reason}){mirrors}: nothing "
+                f"of it was kept in {data_dir}. "
+                f"{_offline_route(name, data_dir, _torchvision_what(name))}"
+            )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, dest)
+    unpack_torchvision(name, data_dir)
+
+
+def _install_torchvision(name: str, data_dir: Path, source: Path, say: Callable) -> None:
+    """``--from``: torchvision's download files (MD5-checked, then unpacked by torchvision),
+    else pflarena's single-file copy of the data set (checked by reading it)."""
+    from pflarena.core.datasets.torchvision_images import (
+        torchvision_resources,
+        torchvision_source,
+        unpack_torchvision,
+    )
+
+    resources = torchvision_resources(name)
+    found = {
+        resource.filename: _find(source, resource.filename, resource.folder)
+        for resource in resources
+    }
+    offline = torchvision_source(name).offline
+    if all(found.values()):
+        say(f"installing {name} into {data_dir} from {source} (torchvision's files)")
+        for resource in resources:
+            path = found[resource.filename]
+            _check_digest(path, f"md5:{resource.md5}", f"torchvision's {resource.filename}")
+            dest = data_dir / resource.folder / resource.filename
+            if not (dest.exists() and dest.samefile(path)):
+                _copy_in(path, dest)
+        unpack_torchvision(name, data_dir)
+        return
+    single = _find(source, offline.name, offline.parent.as_posix()) if offline else None
+    if single is not None:
+        say(f"installing {name} into {data_dir} from {single}")
+        _check_single_file(name, single)
+        _copy_in(single, data_dir / offline)
+        return
+    missing = [filename for filename, path in found.items() if path is None]
+    raise FetchError(
+        f"{source} does not hold what {name} is installed from: {_torchvision_what(name)}; "
+        f"missing: {', '.join(missing)}; nothing was installed"
+    )
+
+
+def _check_single_file(name: str, path: Path) -> None:
+    """Check pflarena's single-file copy of ``name`` before it is put in place: MNIST's
+    arrays are read; CIFAR-10's tar is opened and its first image's path checked."""
+    import tarfile
+
+    from pflarena.core.datasets.io import read_mnist_npz
+
+    if name == "mnist":
+        try:
+            read_mnist_npz(path)
+        except DatasetError as error:
+            raise FetchError(f"{error}; nothing was installed") from None
+        return
+    try:
+        with tarfile.open(path) as archive:
+            first = next((member for member in archive if member.isfile()), None)
+    except (tarfile.TarError, OSError) as error:
+        raise FetchError(f"{path} is not a readable tar ({error}); nothing was installed") from None
+    parts = PurePosixPath(first.name).parts if first is not None else ()
+    if len(parts) < 3 or parts[-3] not in ("train", "test") or not parts[-1].endswith(".jpg"):
+        raise FetchError(
+            f"{path} does not hold train/<class>/*.jpg and test/<class>/*.jpg (first entry: "
+            f"{first.name if first is not None else 'none'}); nothing was installed"
+        )
+
+
+def _install_leaf(name: str, data_dir: Path, source: Path, say: Callable) -> None:
+    """``--from``: LEAF's JSON folders (``train/`` and ``test/``, or ``all_data/``), from
+    LEAF's ``data/`` folder, its ``<name>/`` or its ``<name>/data/``, copied to
+    ``data_dir/<name>/data/`` once the loader's own check passes on them."""
+    from pflarena.core.datasets.leaf import check_leaf_files
+
+    roots = [source / name / "data", source / "data", source]
+    root = next(
+        (
+            folder
+            for folder in roots
+            if any((folder / part).is_dir() for part in ("train", "test", "all_data"))
+        ),
+        None,
+    )
+    if root is None:
+        raise FetchError(
+            f"{source} holds no LEAF {name} JSON folders (train/ and test/, or all_data/, in "
+            f"it, in {name}/data/ or in data/); nothing was installed"
+        )
+    scratch = data_dir / f".{name}.installing"
+    try:
+        parts = [part for part in ("train", "test", "all_data") if (root / part).is_dir()]
+        for part in parts:
+            shutil.copytree(root / part, scratch / name / "data" / part)
+        try:
+            check_leaf_files(name, scratch)
+        except DatasetError as error:
+            raise FetchError(f"{root}: {error}; nothing was installed") from None
+        target = data_dir / name / "data"
+        if target.exists():
+            raise FetchError(
+                f"{target} is there already, but does not hold {name} as its loader reads "
+                "it; nothing was installed (move it away to install this copy)"
+            )
+        say(f"installing {name} into {data_dir} from {root}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(scratch / name / "data", target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def fetch_dataset(
     name: str,
     data_dir: str | Path,
     *,
+    source: str | Path | None = None,
     progress: bool = True,
     archives: dict[str, Archive] | None = None,
     say: Callable[[str], None] = print,
 ) -> str:
     """Fetch data set ``name`` into ``data_dir``, so that ``--data-dir data_dir`` reads it;
     return what was done, in one line. Files already there (the data set's own check
-    passes) are not fetched again. :class:`FetchError` when it cannot be fetched (LEAF's
-    data sets: the message says what to run), or the download failed."""
+    passes) are not fetched again. With ``source`` (``--from``): install it from that local
+    copy instead of the network. :class:`FetchError` when it cannot be fetched (LEAF's data
+    sets without ``source``: the message says what to run), or the download failed (one
+    line: the URL, why, and the ``--from`` route); a failed fetch leaves nothing of its
+    own behind but a cut download's ``.part``."""
     from pflarena.core.datasets.registry import dataset_spec
 
     spec = dataset_spec(name)
@@ -283,31 +539,82 @@ def fetch_dataset(
         pass
     else:
         return f"{name} is already in {data_dir}: nothing fetched"
-    if name in _LEAF_STEPS:
-        raise FetchError(
-            f"{name} is built by LEAF's own scripts, which download and sample the raw data: "
-            "git clone https://github.com/TalwalkarLab/leaf; "
-            f"cd leaf/data/{name}; {_LEAF_STEPS[name]}; then pass leaf/data as --data-dir "
-            f"(or copy leaf/data/{name} into {data_dir})"
-        )
+    if source is not None:
+        source = Path(source).expanduser()
+        if not source.exists():
+            raise FetchError(f"--from {source}: no such file or folder")
     archive = (archives or ARCHIVES).get(name)
-    if archive is not None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        say(f"downloading {archive.url} to {data_dir}")
-        path = download(
-            archive.url, data_dir / archive.filename, archive.checksum, progress=progress
-        )
-        say(f"checksum ok ({archive.checksum.split(':')[0]}); unpacking {archive.root}/")
-        extract_zip(path, data_dir, archive.root, archive.inner)
-        path.unlink()
+    if name in _LEAF_STEPS:
+        if source is None:
+            raise FetchError(
+                f"{name} is built by LEAF's own scripts, which download and sample the raw "
+                "data: git clone https://github.com/TalwalkarLab/leaf; "
+                f"cd leaf/data/{name}; {_LEAF_STEPS[name]}; then pass leaf/data as --data-dir "
+                f"(or install it: pflarena data fetch {name} --data-dir {data_dir} --from "
+                "leaf/data)"
+            )
+        with _undone_on_failure(data_dir, [name, f".{name}.installing"]):
+            _install_leaf(name, data_dir, source, say)
+    elif archive is not None:
+        entries = [archive.root, f".{archive.root}.unpacking", archive.filename]
+        with _undone_on_failure(data_dir, entries):
+            _fetch_archive(name, archive, data_dir, source, progress, say)
     else:
-        from pflarena.core.datasets.torchvision_images import download_torchvision
+        from pflarena.core.datasets.torchvision_images import (
+            torchvision_resources,
+            torchvision_source,
+        )
 
-        data_dir.mkdir(parents=True, exist_ok=True)
-        say(f"downloading {name} with torchvision into {data_dir}")
-        download_torchvision(name, data_dir)
+        tv = torchvision_source(name)
+        entries = [_top(tv.layout)]
+        entries += [_top(r.folder or r.filename) for r in torchvision_resources(name)]
+        entries += [f".{name}-{r.filename}" for r in torchvision_resources(name)]
+        if tv.offline is not None:
+            entries.append(_top(tv.offline))
+        with _undone_on_failure(data_dir, entries):
+            if source is None:
+                _fetch_torchvision(name, data_dir, progress, say)
+            else:
+                _install_torchvision(name, data_dir, source, say)
     try:
         spec.check(data_dir)
     except DatasetError as error:
         raise FetchError(f"{name} was fetched but its files are not as expected: {error}") from None
-    return f"{name} fetched into {data_dir}: use --data-dir {data_dir}"
+    origin = f" from {source}" if source is not None else ""
+    return f"{name} {'installed' if source is not None else 'fetched'} into {data_dir}{origin}: use --data-dir {data_dir}"
+
+
+def _fetch_archive(
+    name: str,
+    archive: Archive,
+    data_dir: Path,
+    source: Path | None,
+    progress: bool,
+    say: Callable[[str], None],
+) -> None:
+    """Download (or, with ``source``, find there) ``archive``, check its checksum, unpack it."""
+    what = f"the archive {archive.filename} or a folder holding it"
+    if source is not None:
+        path = source if source.is_file() else _find(source, archive.filename)
+        if path is None:
+            raise FetchError(f"{source} does not hold {archive.filename}; nothing was installed")
+        _check_digest(path, archive.checksum, f"{name}'s archive {archive.filename}")
+        say(
+            f"checksum ok ({archive.checksum.split(':')[0]}); unpacking {archive.root}/ from {path}"
+        )
+        extract_zip(path, data_dir, archive.root, archive.inner)
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    say(f"downloading {archive.url} to {data_dir}")
+    try:
+        path = download(
+            archive.url, data_dir / archive.filename, archive.checksum, progress=progress
+        )
+    except DownloadError as error:
+        raise FetchError(
+            f"cannot download {name} from {error.url} ({error.reason}): nothing of it was "
+            f"kept in {data_dir}. {_offline_route(name, data_dir, what)}"
+        ) from None
+    say(f"checksum ok ({archive.checksum.split(':')[0]}); unpacking {archive.root}/")
+    extract_zip(path, data_dir, archive.root, archive.inner)
+    path.unlink()

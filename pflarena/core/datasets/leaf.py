@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from pflarena.core.datasets.base import DatasetError, DatasetInfo, NaturalDataset
+from pflarena.core.datasets.base import DatasetError, DatasetInfo, NaturalDataset, counted
 from pflarena.core.datasets.io import atomic_savez, cache_dir
 
 __all__ = [
@@ -192,7 +192,8 @@ def read_leaf_json(path: Path, decode: Decoder) -> list[tuple[str, np.ndarray, n
         )
     if len(users) != len(counts):
         raise DatasetError(
-            f"LEAF file {path}: {len(users)} users but {len(counts)} entries in 'num_samples'"
+            f"LEAF file {path}: {counted(len(users), 'user')} but "
+            f"{counted(len(counts), 'entry', 'entries')} in 'num_samples'"
         )
     decoded = []
     for user, count in zip(users, counts, strict=True):
@@ -208,7 +209,8 @@ def read_leaf_json(path: Path, decode: Decoder) -> list[tuple[str, np.ndarray, n
             )
         if len(ys) != count:
             raise DatasetError(
-                f"LEAF file {path}: user {user!r} has {len(ys)} samples, 'num_samples' says {count}"
+                f"LEAF file {path}: user {user!r} has {counted(len(ys), 'sample')}, "
+                f"'num_samples' says {count}"
             )
         x, y, repaired = decode(xs, ys, f"LEAF file {path}, user {user!r}")
         decoded.append((str(user), x, y, repaired))
@@ -379,9 +381,10 @@ def choose_clients(
     eligible = np.flatnonzero((users.counts > min_samples) & (users.counts >= 2))
     if num_clients > len(eligible):
         raise DatasetError(
-            f"dataset {info.name!r} has {len(eligible)} users with more than "
-            f"{max(min_samples, 1)} samples (of {len(users.names)} users), fewer than "
-            f"num_clients={num_clients}; use at most {len(eligible)} clients or a smaller "
+            f"dataset {info.name!r} has {counted(len(eligible), 'user')} with more than "
+            f"{counted(max(min_samples, 1), 'sample')} (of {counted(len(users.names), 'user')}), "
+            f"fewer than num_clients={num_clients}; use at most "
+            f"{counted(len(eligible), 'client')} or a smaller "
             "min-client-samples"
         )
     chosen = eligible

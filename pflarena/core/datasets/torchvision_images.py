@@ -27,10 +27,13 @@ from pflarena.core.datasets.registry import DatasetSpec, register_dataset
 
 __all__ = [
     "TORCHVISION_DATASETS",
+    "TorchvisionResource",
     "TorchvisionSource",
     "check_torchvision_files",
-    "download_torchvision",
     "load_torchvision_pool",
+    "torchvision_resources",
+    "torchvision_source",
+    "unpack_torchvision",
 ]
 
 
@@ -43,7 +46,10 @@ class TorchvisionSource:
     class_name : str
         Class in ``torchvision.datasets``.
     layout : str
-        What torchvision looks for under its root, for error messages.
+        The folder torchvision reads under its root (``MNIST/raw/``).
+    files : tuple of str
+        The files torchvision reads in that folder (the unpacked ones): the folder counts
+        as there only when it holds all of them.
     extra : mapping
         Further constructor arguments (EMNIST's ``split``).
     offline : pathlib.Path, optional
@@ -56,6 +62,7 @@ class TorchvisionSource:
 
     class_name: str
     layout: str
+    files: tuple[str, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
     offline: Path | None = None
     offline_reader: Callable[[Path], tuple[np.ndarray, np.ndarray]] | None = None
@@ -102,8 +109,7 @@ def load_torchvision_pool(
         raise DatasetError(
             f"dataset {name!r} needs data_dir (data-dir): a folder with the torchvision "
             f"files ({source.layout}){source.offline_hint()}. Nothing is "
-            "downloaded; fetch the files on a machine with network, e.g. "
-            f"torchvision.datasets.{source.class_name}(root, download=True)."
+            f"downloaded here: {_fetch_hint(name, 'DIR')}"
         )
     root = Path(data_dir)
     arrays = _read_torchvision(source, root)
@@ -116,10 +122,16 @@ def load_torchvision_pool(
             return source.offline_reader(path)
         tried.append(f"{path} ({source.offline_label})")
     raise DatasetError(
-        f"dataset {name!r} not found; tried: {'; '.join(tried)}. Nothing is downloaded: "
-        "fetch the files on a machine with network, e.g. "
-        f"torchvision.datasets.{source.class_name}({str(root)!r}, "
-        f"download=True){source.offline_hint()}."
+        f"dataset {name!r} not found; tried: {'; '.join(tried)}. Nothing is downloaded "
+        f"here: {_fetch_hint(name, root)}"
+    )
+
+
+def _fetch_hint(name: str, data_dir: str | Path) -> str:
+    """How to get data set ``name``'s files into ``data_dir``, for error messages."""
+    return (
+        f"`pflarena data fetch {name} --data-dir {data_dir}` downloads them (without "
+        "network: add `--from PATH`, a copy of the files torchvision downloads)."
     )
 
 
@@ -142,30 +154,88 @@ def _read_torchvision(
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def download_torchvision(name: str, data_dir: str | Path) -> None:
-    """Download a torchvision data set's train and test files into ``data_dir``, through
-    torchvision's own ``download=True`` (it checks each file's MD5 and lays them out where
-    :func:`load_torchvision_pool` reads them; its progress bar goes to stderr).
+@dataclass(frozen=True)
+class TorchvisionResource:
+    """One file torchvision downloads for a data set, as its class declares it.
+
+    Parameters
+    ----------
+    urls : tuple of str
+        Where it is: the first URL, then its mirrors.
+    filename : str
+        Its name.
+    md5 : str
+        Its MD5, torchvision's.
+    folder : str
+        Where torchvision looks for it under its root (``""``: the root itself).
+    """
+
+    urls: tuple[str, ...]
+    filename: str
+    md5: str
+    folder: str = ""
+
+
+def torchvision_source(name: str) -> TorchvisionSource:
+    """Where the files of torchvision data set ``name`` are.
 
     Raises
     ------
     DatasetError
-        Not a torchvision data set, or the download failed (the message says why).
+        Not a torchvision data set.
     """
-    import torchvision.datasets as tvd
-
     source = _SOURCES.get(name)
     if source is None:
         raise DatasetError(
             f"{name!r} is not a torchvision data set; those are {', '.join(_SOURCES)}"
         )
+    return source
+
+
+def torchvision_resources(name: str) -> list[TorchvisionResource]:
+    """The files torchvision's ``download=True`` fetches for data set ``name`` (its URLs,
+    mirrors and MD5s, read from its class), in the folders where it looks for them: with
+    those files in place, ``download=True`` checks their MD5 and unpacks them without
+    touching the network (:func:`unpack_torchvision`)."""
+    import torchvision.datasets as tvd
+
+    source = torchvision_source(name)
+    cls = getattr(tvd, source.class_name)
+    raw = f"{source.class_name}/raw"
+    if hasattr(cls, "tgz_md5"):  # CIFAR-10, CIFAR-100: one archive in the root
+        return [TorchvisionResource((cls.url,), cls.filename, cls.tgz_md5)]
+    if hasattr(cls, "md5") and hasattr(cls, "url"):  # EMNIST: one zip in its raw folder
+        return [TorchvisionResource((cls.url,), cls.url.rsplit("/", 1)[-1], cls.md5, raw)]
+    return [  # MNIST, Fashion-MNIST: four files, each from the first mirror that answers
+        TorchvisionResource(
+            tuple(f"{mirror}{filename}" for mirror in cls.mirrors), filename, md5, raw
+        )
+        for filename, md5 in cls.resources
+    ]
+
+
+def unpack_torchvision(name: str, data_dir: str | Path) -> None:
+    """Lay out data set ``name``'s downloaded files (:func:`torchvision_resources`, already
+    under ``data_dir``) where :func:`load_torchvision_pool` reads them, through
+    torchvision's own ``download=True``: it checks each file's MD5 and unpacks it, and
+    downloads nothing when they are there.
+
+    Raises
+    ------
+    DatasetError
+        Not a torchvision data set, or torchvision failed (the message says why).
+    """
+    import torchvision.datasets as tvd
+
+    source = torchvision_source(name)
     dataset_class = getattr(tvd, source.class_name)
     for train in (True, False):
         try:
             dataset_class(str(data_dir), train=train, download=True, **source.extra)
         except (RuntimeError, OSError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
             raise DatasetError(
-                f"torchvision could not download {name} into {data_dir}: {error}"
+                f"torchvision could not lay out {name} in {data_dir}: {first}"
             ) from None
 
 
@@ -181,18 +251,19 @@ def check_torchvision_files(name: str, source: TorchvisionSource, data_dir: Path
     data_dir : pathlib.Path
         Root folder.
     """
-    if (data_dir / source.layout).is_dir():
+    folder = data_dir / source.layout
+    missing = [file for file in source.files if not (folder / file).is_file()]
+    if folder.is_dir() and not missing:
         return
     if source.offline is not None and (data_dir / source.offline).is_file():
         return
-    tried = [f"{data_dir / source.layout} (torchvision layout)"]
+    lacks = f": lacks {', '.join(missing)}" if folder.is_dir() else ""
+    tried = [f"{folder} (torchvision layout{lacks})"]
     if source.offline is not None:
         tried.append(f"{data_dir / source.offline} ({source.offline_label})")
     raise DatasetError(
-        f"dataset {name!r} not found; tried: {'; '.join(tried)}. Nothing is downloaded: "
-        "fetch the files on a machine with network, e.g. "
-        f"torchvision.datasets.{source.class_name}({str(data_dir)!r}, "
-        f"download=True){source.offline_hint()}."
+        f"dataset {name!r} not found; tried: {'; '.join(tried)}. Nothing is downloaded "
+        f"here: {_fetch_hint(name, data_dir)}"
     )
 
 
@@ -214,11 +285,20 @@ def _register(info: DatasetInfo, source: TorchvisionSource) -> None:
     )
 
 
+#: The unpacked files torchvision's MNIST and Fashion-MNIST read from their raw folder.
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
 _register(
     DatasetInfo("mnist", 10, (1, 28, 28), (0.1307,), (0.3081,)),
     TorchvisionSource(
         "MNIST",
         "MNIST/raw/",
+        _MNIST_FILES,
         offline=MNIST_NPZ,
         offline_reader=read_mnist_npz,
         offline_label="offline npz",
@@ -226,13 +306,14 @@ _register(
 )
 _register(
     DatasetInfo("fashion-mnist", 10, (1, 28, 28), (0.2860,), (0.3530,)),
-    TorchvisionSource("FashionMNIST", "FashionMNIST/raw/"),
+    TorchvisionSource("FashionMNIST", "FashionMNIST/raw/", _MNIST_FILES),
 )
 _register(
     DatasetInfo("cifar10", 10, (3, 32, 32), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     TorchvisionSource(
         "CIFAR10",
         "cifar-10-batches-py/",
+        (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"),
         offline=CIFAR10_TAR,
         offline_reader=read_cifar10_jpeg_tar,
         offline_label="offline JPEG tar",
@@ -240,13 +321,22 @@ _register(
 )
 _register(
     DatasetInfo("cifar100", 100, (3, 32, 32), (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    TorchvisionSource("CIFAR100", "cifar-100-python/"),
+    TorchvisionSource("CIFAR100", "cifar-100-python/", ("train", "test")),
 )
 # EMNIST "byclass" (62 classes, 814,255 images: the FEMNIST label set). The statistics
 # are the commonly quoted ones for EMNIST and approximate.
 _register(
     DatasetInfo("emnist", 62, (1, 28, 28), (0.1736,), (0.3317,)),
-    TorchvisionSource("EMNIST", "EMNIST/raw/", extra={"split": "byclass"}),
+    TorchvisionSource(
+        "EMNIST",
+        "EMNIST/raw/",
+        tuple(
+            f"emnist-byclass-{split}-{kind}"
+            for split in ("train", "test")
+            for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
+        ),
+        extra={"split": "byclass"},
+    ),
 )
 
 TORCHVISION_DATASETS: tuple[str, ...] = tuple(_SOURCES)
