@@ -264,3 +264,22 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
     final = summary["personalized"]["last"]["mean"]
     print(f"per-character accuracy {final:.3f}, most-frequent-character baseline {baseline:.3f}")
     assert final > baseline + MARGIN, (final, baseline)
+
+
+def test_a_missing_shards_folder_is_named_as_missing(tmp_path: Path) -> None:
+    """A shards folder that is not there is said to be missing, not to lack a manifest; a
+    folder without one still says so."""
+    missing = tmp_path / "no-such-shards"
+    code, _, err = cli("run", "--shards-dir", str(missing), "--strategy", "fedavg", "--check")
+    assert code == 2 and f"the shard directory {missing} does not exist" in err, err
+    assert "manifest" not in err
+    code, _, err = cli("run", "--shards-dir", str(tmp_path), "--strategy", "fedavg", "--check")
+    assert code == 2 and f"no manifest.json in {tmp_path}: not a shard directory" in err
+
+
+def test_one_shard_file_is_one(tmp_path: Path) -> None:
+    code, out, _ = cli(
+        "shards", "--dataset", "digits", "--partition", "iid", "--num-clients", "1",
+        "--out", str(tmp_path / "one"),
+    )  # fmt: skip
+    assert code == 0 and f"wrote 1 shard file to {tmp_path / 'one'}" in out

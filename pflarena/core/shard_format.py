@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pflarena.core.datasets import DatasetInfo, atomic_write
+from pflarena.core.datasets.base import counted
 from pflarena.core.federation import ClientData, Federation, FederationSpec
 
 __all__ = [
@@ -389,7 +390,8 @@ class ShardSet:
         """Client ``client_id``'s shard file."""
         if not 0 <= client_id < self.num_clients:
             raise ShardError(
-                f"client {client_id} out of range: {self.directory} holds {self.num_clients} shards"
+                f"client {client_id} out of range: {self.directory} holds "
+                f"{counted(self.num_clients, 'shard')}"
             )
         return self.directory / self.files[client_id]
 
@@ -400,8 +402,9 @@ def read_shard_set(directory: str | Path) -> ShardSet:
     Raises
     ------
     ShardError
-        No manifest, one that is not JSON or not a shard manifest, or one whose clients
-        are not numbered ``0 .. n-1`` or whose files are missing; the message names the path.
+        No such directory (said so), no manifest, one that is not JSON or not a shard
+        manifest, or one whose clients are not numbered ``0 .. n-1`` or whose files are
+        missing; the message names the path.
     """
     if "\x00" in str(directory):
         raise ShardError(f"{str(directory)!r} is not a path: it contains a NUL byte")
@@ -414,9 +417,15 @@ def read_shard_set(directory: str | Path) -> ShardSet:
     try:
         stamp = path.stat().st_mtime_ns
     except OSError:
+        write = "write one with `pflarena shards --out DIR` or `pflarena shards import`"
+        if not path.parent.exists():
+            raise ShardError(
+                f"the shard directory {path.parent} does not exist ({write})"
+            ) from None
+        if not path.parent.is_dir():
+            raise ShardError(f"{path.parent} is a file, not a shard directory ({write})") from None
         raise ShardError(
-            f"no {MANIFEST_NAME} in {path.parent}: not a shard directory (write one with "
-            "`pflarena shards` or `pflarena shards import`)"
+            f"no {MANIFEST_NAME} in {path.parent}: not a shard directory ({write})"
         ) from None
     return _read_manifest(path, stamp)
 
@@ -592,7 +601,7 @@ def check_shard_file(shard_set: ShardSet, client_id: int) -> None:
         if f"x_{split}" not in headers:  # a version-1 shard: no validation split
             if count:
                 raise ShardError(
-                    f"{path} holds no {split} split; the manifest says {count} samples"
+                    f"{path} holds no {split} split; the manifest says {counted(count, 'sample')}"
                 )
             continue
         (x_shape, x_dtype), (y_shape, y_dtype) = headers[f"x_{split}"], headers[f"y_{split}"]
@@ -603,7 +612,7 @@ def check_shard_file(shard_set: ShardSet, client_id: int) -> None:
             )
         if x_shape[0] != count:
             raise ShardError(
-                f"{path} holds {x_shape[0]} {split} samples; the manifest says {count}"
+                f"{path} holds {counted(x_shape[0], split + ' sample')}; the manifest says {count}"
             )
         if tuple(x_shape[1:]) != info.input_shape:
             raise ShardError(
