@@ -217,3 +217,82 @@ def test_check_prints_each_clients_samples_and_labels_on_stderr(tmp_path, capsys
     assert all(f"client {i}:" in captured.err for i in range(4))
     assert "samples per client: min" in captured.err
     assert tomllib.loads(captured.out)["num-clients"] == 4
+
+
+def test_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> None:
+    """Catches a top-level torch or Flower import on the way from the command line to the
+    run config's validation: ``run --check`` and a run refused for its configuration (a
+    common key out of range, a method needing a validation split, a method parameter of the
+    wrong kind, a key misspelt) answer from the catalog and the config schema alone."""
+    out = str(tmp_path / "x")
+    runs = [
+        ["run", "--check", "--dataset", "digits", "--num-clients", "4", "--output-dir", out],
+        ["run", "--num-clients", "0", "--output-dir", out],
+        ["run", "--strategy", "pfedsv", "--output-dir", out],
+        ["run", "--strategy", "ditto", "--set", "ditto.lambda=-1", "--output-dir", out],
+        ["run", "--strategy", "fedavg", "--set", "fedavg.personal-modle=global", "--check"],
+        ["run", "--strategy", "fedper", "--num-rounds", "0", "--output-dir", out],
+    ]
+    code = (
+        "import sys, contextlib, io\n"
+        "from pflarena.cli import main\n"
+        f"for argv in {runs!r}:\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):\n"
+        "        code = main(argv)\n"
+        "    print(code, err.getvalue().strip().splitlines()[-1])\n"
+        "heavy = sorted(m for m in ('torch', 'flwr') if m in sys.modules)\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "none", result.stdout
+    codes = [line.split(" ", 1) for line in lines[:-1]]
+    assert [code for code, _ in codes] == ["0", "2", "2", "2", "2", "2"], result.stdout
+    assert "num-clients" in codes[1][1] and "ditto.lambda" in codes[3][1]
+    assert "did you mean fedavg.personal-model" in codes[4][1] and "num-rounds" in codes[5][1]
+    assert not Path(out).exists()
+
+
+def test_the_catalog_validates_as_the_declarations_do() -> None:
+    """Catches the catalog's rebuilt parameters (what ``run`` validates against before torch
+    and Flower are imported) accepting, refusing or normalizing a config otherwise than the
+    strategies' own declarations: every method with and without settings, good and bad."""
+    from pflarena.cli.methods import catalog_declarations, catalog_rules
+    from pflarena.cli.options import parse_run
+    from pflarena.core.config import ConfigError
+    from pflarena.server.build import parse_config
+    from pflarena.strategies import declarations
+
+    live = declarations()
+    rebuilt = catalog_declarations()
+    assert rebuilt is not None and list(rebuilt) == list(live)
+    rules = catalog_rules()
+    configs: list[dict] = [{}, {"num-clients": 0}, {"fedavg.personal-model": "local-result"}]
+    for name, declaration in live.items():
+        configs.append({"strategy": name})
+        if name not in rules:
+            assert rebuilt[name].params.defaults() == declaration.params.defaults(), name
+        for key, default in declaration.defaults().items():
+            bad = "nonsense" if not isinstance(default, str) else 3.5
+            for value in (default, bad, -1, 10**9, "1e999"):
+                configs.append({"strategy": name, key: value})
+            configs.append({"strategy": "local", key: default})  # another method's key
+        configs.append({"strategy": name, f"{name}.no-such-key": 1})
+        configs.append({"strategy": name, "validation-fraction": 0.2, "momentum": 0.5})
+    for values in configs:
+        try:
+            expected: object = parse_config(values)
+        except ConfigError as error:
+            expected = str(error)
+        try:
+            got: object = parse_run(values)
+        except ConfigError as error:
+            got = str(error)
+        if isinstance(expected, str):
+            assert got == expected, values
+        else:
+            assert not isinstance(got, str), (values, got)
+            assert got.to_run_config() == expected.to_run_config(), values
+            assert got.method_values() == expected.method_values(), values

@@ -15,13 +15,17 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import Field, create_model
 
 from pflarena.core.config import RunConfig, toml_value
 from pflarena.core.methods import (
     PLUGINS_ENV,
     TRAINING_SETTINGS,
     MethodDeclaration,
+    MethodParams,
+    hyphenate,
     plugin_entry_points,
 )
 
@@ -65,9 +69,62 @@ class CatalogEntry:
     needs_validation: bool
     needs_server_data: bool
     params: tuple[tuple[str, str, str, str], ...]
+    fields: tuple[dict[str, Any], ...] = ()
+    rules: bool = True
 
     def param_docs(self) -> list[tuple[str, Any, str, str]]:
         return [(key, _Shown(default), kind, text) for key, default, kind, text in self.params]
+
+
+#: The field types a catalog entry can rebuild (:func:`params_fields`); a method with another
+#: is validated against its own declaration (``rules``).
+_FIELD_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+_BOUNDS = ("ge", "gt", "le", "lt")
+
+
+def params_fields(params: type[MethodParams]) -> list[dict[str, Any]] | None:
+    """Each field of ``params`` as the catalog keeps it (its name, type or choices, default
+    and bounds), or None when a field is of a kind the catalog cannot rebuild."""
+    rows: list[dict[str, Any]] = []
+    for name, field in params.model_fields.items():
+        annotation = field.annotation
+        row: dict[str, Any] = {"field": name}
+        if get_origin(annotation) is Literal and all(
+            isinstance(choice, str) for choice in get_args(annotation)
+        ):
+            row["choices"] = list(get_args(annotation))
+        elif annotation in _FIELD_TYPES.values() and type(field.default) in (int, float, bool, str):
+            row["type"] = annotation.__name__
+        else:
+            return None
+        row["default"] = field.default
+        for item in field.metadata:
+            bounds = {b: getattr(item, b) for b in _BOUNDS if getattr(item, b, None) is not None}
+            if not bounds or len(bounds) != 1 or type(item).__name__.lower() not in _BOUNDS:
+                return None  # another constraint (a pattern, a length): not rebuilt
+            row |= bounds
+        aliases = {field.alias, field.validation_alias, field.serialization_alias} - {None}
+        if aliases != {hyphenate(name)}:
+            return None  # an alias of its own
+        rows.append(row)
+    return rows
+
+
+def has_rules(declaration: MethodDeclaration) -> bool:
+    """Whether the method's parameters are checked by more than their types and bounds (a
+    validator, ``run_problems``, a configuration of their own, a field the catalog cannot
+    rebuild): then only the declaration itself validates them."""
+    params = declaration.params
+    decorators = params.__pydantic_decorators__
+    return bool(
+        decorators.field_validators
+        or decorators.model_validators
+        or decorators.root_validators
+        or decorators.validators
+        or params.run_problems is not MethodParams.run_problems
+        or params.model_config != MethodParams.model_config
+        or params_fields(params) is None
+    )
 
 
 def catalog_entries(methods: dict[str, MethodDeclaration]) -> list[dict[str, Any]]:
@@ -85,6 +142,8 @@ def catalog_entries(methods: dict[str, MethodDeclaration]) -> list[dict[str, Any
             "needs_validation": d.needs_validation,
             "needs_server_data": d.needs_server_data,
             "params": [[k, repr(v), t, text] for k, v, t, text in d.param_docs()],
+            "fields": params_fields(d.params) or [],
+            "rules": has_rules(d),
         }
         for d in methods.values()
     ]
@@ -97,6 +156,10 @@ def listed_declarations() -> dict[str, Any]:
     catalog."""
     if os.environ.get(PLUGINS_ENV) or plugin_entry_points() or not CATALOG.is_file():
         return declarations()
+    return _catalog_entries()
+
+
+def _catalog_entries() -> dict[str, CatalogEntry]:
     entries = json.loads(CATALOG.read_text())
     return {
         entry["name"]: CatalogEntry(
@@ -104,10 +167,52 @@ def listed_declarations() -> dict[str, Any]:
             | {
                 "honours": tuple(entry["honours"]),
                 "params": tuple(tuple(row) for row in entry["params"]),
+                "fields": tuple(entry.get("fields", ())),
             }
         )
         for entry in entries
     }
+
+
+def catalog_declarations() -> dict[str, MethodDeclaration] | None:
+    """The built-in methods' declarations rebuilt from :data:`CATALOG`, without importing
+    the strategies (torch, Flower): the same names, flags and needs, and parameters models
+    with the same fields, types, defaults and bounds, which validate as the methods' own do
+    for every method without ``rules`` (:func:`has_rules`); a method with rules is validated
+    against its own declaration (:func:`pflarena.cli.options.parse_run`). None where
+    plug-ins are loaded or there is no catalog."""
+    if os.environ.get(PLUGINS_ENV) or plugin_entry_points() or not CATALOG.is_file():
+        return None
+    return {name: _declaration(entry) for name, entry in _catalog_entries().items()}
+
+
+def catalog_rules() -> set[str]:
+    """The built-in methods whose parameters only their own declaration validates."""
+    return {name for name, entry in _catalog_entries().items() if entry.rules}
+
+
+def _declaration(entry: CatalogEntry) -> MethodDeclaration:
+    params: type[MethodParams] = MethodParams
+    if entry.fields:
+        definitions: dict[str, Any] = {}
+        for row in entry.fields:
+            kind = _FIELD_TYPES[row["type"]] if "type" in row else Literal[tuple(row["choices"])]
+            bounds = {b: row[b] for b in _BOUNDS if b in row}
+            definitions[row["field"]] = (kind, Field(row["default"], **bounds))
+        params = create_model(f"{entry.name}-params", __base__=MethodParams, **definitions)
+    return MethodDeclaration(
+        name=entry.name,
+        kind=entry.kind,  # type: ignore[arg-type]
+        reference=entry.reference,
+        summary=entry.summary,
+        solver=entry.solver,
+        params=params,
+        global_model=entry.global_model,
+        default_fraction_train=entry.default_fraction_train,
+        honours=frozenset(entry.honours),
+        needs_validation=entry.needs_validation,
+        needs_server_data=entry.needs_server_data,
+    )
 
 
 __all__ = [

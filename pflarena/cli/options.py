@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.config import ConfigError, RunConfig
+from pydantic import ValidationError
+
+from pflarena.core.config import ConfigError, RunConfig, parse_run_config
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
 from pflarena.runtime.engines import ENGINES
@@ -19,6 +22,7 @@ __all__ = [
     "add_config_flags",
     "add_method_flags",
     "collect_overrides",
+    "parse_run",
     "run_overrides",
     "with_shard_clients",
     "with_tracking",
@@ -179,6 +183,31 @@ def add_method_flags(
             )
             keys.append(key)
     return keys
+
+
+def parse_run(values: Mapping[str, Any]) -> RunConfig:
+    """``values`` validated as the server validates a run config
+    (:func:`pflarena.server.build.parse_config`: every declared method), without importing
+    torch or Flower where that can be done: against the methods' catalog
+    (:func:`pflarena.cli.methods.catalog_declarations`) unless a method the config names
+    (its strategy, or the prefix of a method key) has rules of its own beyond its
+    parameters' types and bounds; then an error in the common keys is still said at once,
+    and the rest is checked against the strategies' own declarations (which import them)."""
+    from pflarena.cli.methods import catalog_declarations, catalog_rules
+
+    declared = catalog_declarations()
+    if declared is not None:
+        named = {str(values.get("strategy", RunConfig.model_fields["strategy"].default))}
+        named |= {key.split(".", 1)[0] for key in values if "." in key}
+        if not named & catalog_rules():
+            return parse_run_config(values, declared)
+        try:
+            RunConfig.model_validate({k: v for k, v in values.items() if "." not in k})
+        except ValidationError:
+            return parse_run_config(values, declared)  # raises, as the full check would
+    from pflarena.server.build import parse_config
+
+    return parse_config(values)
 
 
 def collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:

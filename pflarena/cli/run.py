@@ -16,6 +16,7 @@ from pflarena.cli.options import (
     add_runtime_flags,
     collect_overrides,
     default_output_dir,
+    parse_run,
     run_overrides,
     with_tracking,
 )
@@ -39,7 +40,6 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
     ``--num-rounds N`` past the recorded rounds extends it (each method's rounds do not
     depend on ``num-rounds``, so the rounds are those of a run started with N).
     """
-    from pflarena.server.build import parse_config
     from pflarena.server.results import completed_summary
 
     run_dir = Path(args.resume)
@@ -74,7 +74,7 @@ def resume_run_config(args: argparse.Namespace, keys: list[str]) -> RunConfig | 
             file=sys.stderr,
         )
         return None
-    return parse_config(run_config | {"num-rounds": rounds})
+    return parse_run(run_config | {"num-rounds": rounds})
 
 
 def early_plan(argv: list[str]) -> Any:
@@ -163,7 +163,6 @@ def _with_strategy(values: dict[str, Any], preset_name: str | None) -> dict[str,
 
 def command(args: argparse.Namespace) -> int:
     from pflarena.runtime.precheck import check_data
-    from pflarena.server.build import parse_config
     from pflarena.server.results import check_output_dir
 
     keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys
@@ -179,7 +178,7 @@ def command(args: argparse.Namespace) -> int:
             return exit_code(_read_summary(Path(args.resume)), Path(args.resume))
     else:
         file_values = load_run_file(args.config) if args.config else {}
-        cfg = parse_config(_with_strategy(run_overrides(args, keys, base=file_values), args.preset))
+        cfg = parse_run(_with_strategy(run_overrides(args, keys, base=file_values), args.preset))
         if not cfg.output_dir:
             cfg = cfg.model_copy(update={"output_dir": default_output_dir(cfg.to_run_config())})
         try:
@@ -385,9 +384,12 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
         help="run-config keys from a TOML file (examples/run.toml); flags override it",
     )
     add_config_flags(run, full_help=full_help)
-    from pflarena.strategies import declarations
+    # the methods as the catalog lists them: their flags without importing the strategies
+    from pflarena.cli.methods import listed_declarations
 
-    run.set_defaults(method_keys=add_method_flags(run, declarations(), full_help=full_help))
+    run.set_defaults(
+        method_keys=add_method_flags(run, listed_declarations(), full_help=full_help)
+    )
     run.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="any run-config key (repeatable)"
     )

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import reprlib
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -607,9 +608,10 @@ def prompt_grid(grid: Grid) -> Grid:
     ``HttpGrid``); other Grids (simulation) already poll every 0.1 s and are returned as
     they are. ``PFLARENA_REPLY_POLL_S=3`` restores Flower's interval, ``PFLARENA_PACK_ARRAYS=0``
     Flower's per-array objects, ``PFLARENA_SUPERLINK_RETRY_S`` bounds the retries."""
-    from flwr.superlink.grid.http_grid import HttpGrid
-
-    if not isinstance(grid, HttpGrid):
+    # A Grid of a module not imported is not one: the simulation's Grids spare the import of
+    # Flower's HTTP Grid (its LinkState and object store: about half a second).
+    http_grid = sys.modules.get("flwr.superlink.grid.http_grid")
+    if http_grid is None or not isinstance(grid, http_grid.HttpGrid):
         return grid
     enable_trace()
     _prompt_reply_objects()

@@ -46,8 +46,6 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 from pydantic import Field
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
 
 from pflarena.core import keys
 from pflarena.core.canonical import copy_name, parse_stacked
@@ -138,6 +136,11 @@ def optimal_bipartition(similarity: np.ndarray) -> tuple[list[int], list[int]]:
         raise ValueError("the similarity matrix must be symmetric")
     distance = 1.0 - similarity
     np.fill_diagonal(distance, 0.0)
+    # imported here: scipy's clustering takes half a second to import, and every run loads
+    # every strategy module
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
     tree = linkage(squareform(np.maximum(distance, 0.0), checks=False), method="single")
     labels = fcluster(tree, t=2, criterion="maxclust")
     first = labels == labels[0]
