@@ -33,10 +33,10 @@ run: setup
 
 # Three workers (pytest-xdist) on two cores, one test module at a time each (a module's
 # fixtures, such as its deployment, start once): most of the suite's time is waiting (Flower's
-# processes starting and polling, round timeouts), which the other workers overlap: the suite
-# used 19 CPU-minutes in 57 wall-minutes on two workers. tests/conftest.py puts the longest
-# modules first. pytest also reads PYTEST_ADDOPTS: .ci/run adds its junit XML report and the
-# skip reasons (-rfEs) there, and counts the tests each step ran.
+# processes starting and polling, round timeouts), which the other workers overlap; the
+# suite's time, with its commit and date: benchmarks/results/test_time.md. tests/conftest.py
+# puts the longest modules first. pytest also reads PYTEST_ADDOPTS: .ci/run adds its junit XML
+# report and the skip reasons (-rfEs) there, and counts the tests each step ran.
 TEST_WORKERS ?= 3
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
