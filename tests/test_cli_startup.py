@@ -296,3 +296,34 @@ def test_the_catalog_validates_as_the_declarations_do() -> None:
             assert not isinstance(got, str), (values, got)
             assert got.to_run_config() == expected.to_run_config(), values
             assert got.method_values() == expected.method_values(), values
+
+
+def test_the_run_notes_its_moments_from_the_process_start(tmp_path, monkeypatch) -> None:
+    """Catches a start-up figure that begins after Python and the imports: the command's
+    first moment is its process's start (/proc), and the moments of several processes in
+    one file make one table in time order."""
+    import time
+
+    from pflarena.core.phases import PHASES_ENV, mark, phase_rows, process_start, read_marks
+
+    started = process_start()
+    assert started <= time.time()
+    child = subprocess.run(
+        [sys.executable, "-c", "import time; time.sleep(0.3); from pflarena.core.phases import "
+         "process_start; print(repr(time.time() - process_start()))"],
+        capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)}, check=True,
+    )  # fmt: skip
+    assert 0.3 <= float(child.stdout) < 30, child.stdout  # its age includes Python's start
+    path = tmp_path / "phases"
+    monkeypatch.setenv(PHASES_ENV, str(path))
+    mark("b", at=started + 2.0)
+    mark("a", at=started + 1.0)
+    mark("a", at=started + 3.0)  # a name's first moment counts
+    rows = phase_rows(read_marks(path), started)
+    assert [(name, round(phase, 3), round(at, 3)) for name, phase, at in rows] == [
+        ("a", 1.0, 1.0),
+        ("b", 1.0, 2.0),
+    ]
+    monkeypatch.delenv(PHASES_ENV)
+    mark("c")  # nothing recorded, nothing raised
+    assert len(read_marks(path)) == 2

@@ -17,11 +17,13 @@ import importlib
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from pflarena import __version__
 from pflarena.cli.options import HELP_ALL
 from pflarena.core.config import ConfigError
+from pflarena.core.phases import process_start
 
 __all__ = ["COMMANDS", "PflArgumentParser", "build_parser", "main"]
 
@@ -200,6 +202,9 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # When the command started: its process's start when it is the process's own command
+    # line (the console script, `python -m pflarena.cli`), else now (a call from Python).
+    started_at = process_start() if argv is None else time.time()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["run"], ["sweep"]) and HELP_ALL in argv:
         build_parser(full_help=True, command=argv[0]).parse_args([argv[0], "--help"])
@@ -234,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         subparser = parser.subparsers.choices.get(args.command, parser)  # type: ignore[attr-defined]
         subparser.error(f"unrecognized arguments: {' '.join(extras)}")
     args.early_plan = early
+    args.started_at = started_at
     terminated: list[int] = []
 
     def _terminate(signum: int, frame: Any) -> None:

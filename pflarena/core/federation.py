@@ -58,6 +58,7 @@ from pflarena.core.partition import (
     train_test_indices,
     validation_indices,
 )
+from pflarena.core.phases import mark
 
 __all__ = [
     "ClientData",
@@ -371,8 +372,10 @@ def _shares(
             shares.append(start + kept)
             server.append(start + held)
             start += len(client_y)
+        mark("data set loaded")
         return natural.info, x, y, shares, np.concatenate(server)
     pooled = load_pooled(spec.dataset, spec.data_dir)
+    mark("data set loaded")
     kept, held = server_indices(pooled.y, spec.server_fraction, spec.seed)
     parts = partition_indices(
         pooled.y[kept],
@@ -404,6 +407,7 @@ def _federation_rows(spec: FederationSpec) -> _Rows:
         train.append(rows[train_split[kept]])
         val.append(rows[train_split[held]])
         test.append(rows[test_split])
+    mark("federation built (partition and splits)")
     return _Rows(info=info, x=x, y=y, train=train, val=val, test=test, server=server)
 
 

@@ -57,6 +57,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from pflarena.core.phases import mark
 from pflarena.runtime.engines import has_gpu
 
 __all__ = ["InProcessGrid", "run_inprocess"]
@@ -493,6 +494,7 @@ def run_inprocess(
     # (about 0.2 s each, which fell inside some rounds and doubled them).
     gc.freeze()
     _warm_torch()
+    mark("torch.optim warmed (torch._dynamo imported)")
     # The workers are forked once the clients are worth it (InProcessGrid._push_parallel),
     # after the ServerApp has set up: they inherit what was built (the federation's data),
     # as the clients calling in this process would find it.

@@ -48,6 +48,7 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
+from pflarena.core.phases import mark, process_start
 from pflarena.runtime.flowerapp import FlowerApp, flower_overrides, load_client_app, module_of
 from pflarena.server.results import RunInterrupted
 
@@ -404,12 +405,25 @@ def interrupt_thread(thread: threading.Thread, interrupt: BaseException) -> bool
 
 
 # --------------------------------------------------------------------------- worker
+#: What the import thread imports first, each one's end a moment of the start-up
+#: (:mod:`pflarena.core.phases`): the app modules import them anyway.
+TIMED_IMPORTS: tuple[tuple[str, str], ...] = (
+    ("torch", "torch imported"),
+    ("flwr.serverapp", "Flower imported"),
+)
+
+
 def _import_in_background(modules: list[str]) -> threading.Thread:
-    """Import ``modules`` in a thread (while Ray starts in the main one)."""
+    """Import ``modules`` in a thread (while Ray starts in the main one), after
+    :data:`TIMED_IMPORTS`, noting when each ends."""
 
     def load() -> None:
+        for module, moment in TIMED_IMPORTS:
+            importlib.import_module(module)
+            mark(moment)
         for module in modules:
             importlib.import_module(module)
+        mark("pflarena's ServerApp and ClientApp imported")
 
     thread = threading.Thread(target=load, name="pflarena-imports", daemon=True)
     thread.start()
@@ -431,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("spec", help="JSON file describing the runs")
     args = parser.parse_args(argv)
+    mark("simulation process started", at=process_start())
     spec = json.loads(Path(args.spec).read_text())
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
@@ -468,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             else "Ray engine"
         )
         emit(StartupPhase(f"runtime ready in {time.monotonic() - begin:.1f}s ({engine})"))
+        mark("engine ready" if in_process else "Ray engine ready")
 
         from pflarena.runtime.inprocess import run_inprocess
 
@@ -581,6 +597,7 @@ def stop_descendants(grace: float = 5.0) -> int:
 
 if __name__ == "__main__":
     code = main()
+    mark("simulation process done")
     sys.stdout.flush()
     sys.stderr.flush()
     # Every result is written and Ray is shut down: skip the interpreter's slow teardown of

@@ -24,6 +24,7 @@ import pflarena
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
+from pflarena.core.phases import mark
 from pflarena.core.partition import label_permutations, permutation_group_of
 from pflarena.core.versions import run_key
 from pflarena.server.build import build_strategy, declaration_of, parse_config
@@ -248,6 +249,7 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         )
         rounds = outcome.rounds
         startup_s = before_rounds + outcome.startup_s
+        mark("rounds done")
     except BaseException as exc:
         rounds = read_rounds(output_dir / "rounds.jsonl")
         failed = ended_summary(cfg, rounds, exc, wall_time_s=time.monotonic() - start)
@@ -271,8 +273,10 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
         summary["method"] = method_results
     writer.write_summary(summary)
     writer.close()
+    mark("results written")
     plot_run(output_dir)
     strategy.write_artifacts(output_dir)
+    mark("plots drawn")
     if trackers:
         trackers.finish(summary, output_dir)
     emit(RunEnded(str(output_dir), failures=failure_text(summary.get("client_failures"))))

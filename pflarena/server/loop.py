@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 
 from pflarena.core import keys
 from pflarena.core.config import RunConfig
+from pflarena.core.phases import mark
 from pflarena.server.checkpoint import Checkpoint, save_checkpoint
 from pflarena.server.crosseval import run_cross_evaluation
 from pflarena.server.metrics import definitions
@@ -613,6 +614,7 @@ def run_rounds(
         writer.append_round(record0)
         outcome.rounds.append(record0)
         emit(RoundDone.from_record(record0, cfg.num_rounds))
+        mark("round 0 evaluated")
         if on_round is not None:
             on_round(record0)
         first_round = 1
