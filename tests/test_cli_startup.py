@@ -174,7 +174,8 @@ def test_the_examples_run_and_the_run_file_is_kept(tmp_path) -> None:
     # results on stdout, progress on stderr: the first line names the engine
     first = result.stderr.splitlines()[0]
     assert first.startswith("pflarena run: engine: inprocess"), first
-    assert "pflarena run: ditto on digits, 4 clients, 1 rounds" in result.stderr
+    assert "pflarena run: ditto on digits, 4 clients, 1 round" in result.stderr
+    assert "1 rounds" not in result.stderr and "1 clients" not in result.stderr
     assert "pflarena [" not in result.stdout and "pflarena [" in result.stderr
     assert "personalized accuracy (mean over clients), %" in result.stdout
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
@@ -327,3 +328,90 @@ def test_the_run_notes_its_moments_from_the_process_start(tmp_path, monkeypatch)
     monkeypatch.delenv(PHASES_ENV)
     mark("c")  # nothing recorded, nothing raised
     assert len(read_marks(path)) == 2
+
+
+def _run_help() -> str:
+    """``pflarena run --help`` as printed (without --help-all)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(out):
+        main(["run", "--help"])
+    return out.getvalue()
+
+
+def test_run_help_lists_every_key_a_preset_or_a_method_needs() -> None:
+    """Catches a flag that a built-in preset sets, or a method needs (validation-fraction for
+    pFedSV, server-fraction for PAGE), left out of ``run --help``: a researcher leaving the
+    preset would not know it exists."""
+    from pflarena.cli.methods import listed_declarations
+    from pflarena.core.presets import load_preset, preset_names
+
+    text = _run_help()
+    shown = {word.rstrip(",") for word in text.split() if word.startswith("--")}
+    needed: set[str] = set()
+    for name in preset_names():
+        preset = load_preset(name)
+        for strategy in preset.strategies:
+            needed |= set(preset.overrides(strategy))
+    for declaration in listed_declarations().values():
+        if declaration.needs_validation:
+            needed.add("validation-fraction")
+        if declaration.needs_server_data:
+            needed.add("server-fraction")
+    assert {"validation-fraction", "server-fraction"} <= needed
+    missing = sorted(key for key in needed if f"--{key}" not in shown)
+    assert not missing, missing
+
+
+def test_a_needed_key_is_named_as_its_flag_and_the_preset_that_sets_it(tmp_path, capsys):
+    """Catches ``--strategy pfedsv`` refused without saying which flag, or which preset,
+    gives it its validation split."""
+    assert main(["run", "--check", "--strategy", "pfedsv", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "pfedsv needs a validation split" in err
+    assert "--validation-fraction" in err and "--preset pfedsv-digits --strategy pfedsv" in err
+    assert main(["run", "--check", "--strategy", "page", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "page needs server-held data" in err and "--server-fraction" in err
+    assert "--preset page-" in err
+
+
+def test_device_lists_its_values_and_refuses_others_in_one_line(capsys) -> None:
+    """Catches ``--device gpu`` refused only by the run config's validation (two lines,
+    after the parser), or ``run --help`` not saying which devices there are."""
+    assert "--device {auto,cpu,cuda}" in _run_help()
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--check", "--device", "gpu"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err, err
+    assert "--device" in err and all(f"'{value}'" in err for value in ("auto", "cpu", "cuda"))
+
+
+def test_one_round_and_one_client_are_singular() -> None:
+    """Catches ``1 rounds`` and ``1 clients`` on the console."""
+    from pflarena.core.text import count
+    from pflarena.server.progress import Progress
+    from pflarena.server.progress_events import RunStarted, event_line
+
+    assert (count(1, "round"), count(2, "round"), count(0, "client")) == (
+        "1 round",
+        "2 rounds",
+        "0 clients",
+    )
+    started = RunStarted(strategy="fedavg", data="digits", clients=1, rounds=1, output_dir="/r")
+    assert started.text() == "pflarena: fedavg on digits, 1 client, 1 round -> /r"
+    lines: list[str] = []
+
+    class Sink:
+        def write(self, text: str) -> None:
+            lines.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    progress = Progress(1, stream=Sink(), tty=False)  # type: ignore[arg-type]
+    progress.feed(event_line(started) + "\n")
+    assert "fedavg on digits, 1 client, 1 round -> /r" in "".join(lines)

@@ -326,7 +326,9 @@ def test_dirichlet_runs_flwr_again_where_its_draws_run_out(labels: np.ndarray) -
             assert mean_label_entropy(skewed, parts) < 0.6 * math.log(NUM_CLASSES)
 
 
-def _flwr_dirichlet_raising(labels: np.ndarray, clients: int, alpha: float, minimum: int, seed: int):
+def _flwr_dirichlet_raising(
+    labels: np.ndarray, clients: int, alpha: float, minimum: int, seed: int
+):
     """flwr-datasets' own DirichletPartitioner, as the partition ran before its numpy port."""
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -401,5 +403,8 @@ def test_the_digits_are_scikit_learns_own() -> None:
 
     x, y = load_digits_arrays()
     bunch = load_digits()
-    assert x.tobytes() == np.ascontiguousarray(bunch.images[:, None] / 16.0, dtype=np.float32).tobytes()
+    assert (
+        x.tobytes()
+        == np.ascontiguousarray(bunch.images[:, None] / 16.0, dtype=np.float32).tobytes()
+    )
     assert y.tolist() == bunch.target.tolist() and y.dtype == np.int64

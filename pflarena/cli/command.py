@@ -144,6 +144,8 @@ class PflArgumentParser(argparse.ArgumentParser):
             close = difflib.get_close_matches(choice, choices, n=1)
             if close:
                 message += f" (did you mean {close[0]!r}?)"
+            # one line: it names the values allowed (the usage would only repeat them)
+            self.exit(2, f"{self.prog}: error: {message}\n")
         super().error(message)
 
 

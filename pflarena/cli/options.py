@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
@@ -74,6 +74,55 @@ COMMON_FLAGS: tuple[str, ...] = (
 
 HELP_ALL = "--help-all"
 
+#: The run-config keys a method may need set (``MethodDeclaration.needs_validation``,
+#: ``needs_server_data``): always listed by ``run --help``.
+NEEDED_KEYS: tuple[str, ...] = ("validation-fraction", "server-fraction")
+
+
+def help_keys() -> set[str]:
+    """The run-config and method keys ``pflarena run --help`` lists: the common ones, every
+    key a built-in preset sets (a paper's setting needs them) and every key a method may
+    need; ``--help-all`` lists every one."""
+    from pflarena.core.presets import load_preset, preset_names
+
+    keys = set(COMMON_FLAGS) | set(NEEDED_KEYS)
+    for name in preset_names():
+        preset = load_preset(name)
+        for strategy in preset.strategies or (None,):
+            keys |= set(preset.overrides(strategy))
+    return keys
+
+
+def presets_setting(key: str, strategy: str, dataset: str = "") -> list[str]:
+    """The built-in presets that set ``key`` (to more than 0) for a run of ``strategy``,
+    those on ``dataset`` first."""
+    from pflarena.core.presets import load_preset, preset_names
+
+    found = []
+    for name in preset_names():
+        preset = load_preset(name)
+        values = preset.overrides(strategy) if strategy in preset.strategies else {}
+        if isinstance(values.get(key), int | float) and values[key] > 0:
+            found.append((values.get("dataset") != dataset, name))
+    return [name for _, name in sorted(found)]
+
+
+def with_flag_hints(error: ConfigError, strategy: str, dataset: str = "") -> ConfigError:
+    """``error`` with each key the method needs (:data:`NEEDED_KEYS`, ``error.needed``)
+    named as the flag that sets it and the preset that sets it for ``strategy`` (one on
+    ``dataset`` if any): ``set validation-fraction > 0`` becomes ``set validation-fraction
+    > 0: --validation-fraction 0.2, or --preset pfedsv-digits --strategy pfedsv``."""
+    text = str(error)
+    for key in getattr(error, "needed", ()):
+        said = f"set {key} > 0"
+        presets = presets_setting(key, strategy, dataset)
+        hint = f"--{key} 0.2"
+        if presets:
+            hint += f", or --preset {presets[0]} --strategy {strategy}, which sets it"
+        text = text.replace(said, f"{said}: {hint}", 1)
+    return ConfigError(text)
+
+
 #: Defaults of a plain run that the main job (``make run``, ``--preset digits-main``) sets
 #: otherwise, said in ``--help``.
 DEFAULTS_THAT_DIFFER: dict[str, str] = {
@@ -135,18 +184,22 @@ def add_config_flags(
     if not full_help:
         title = f"common run-config flags ({HELP_ALL} lists all)"
     group = parser.add_argument_group(title)
+    listed = help_keys() if not full_help else set()
     for name, field in RunConfig.model_fields.items():
         alias = name.replace("_", "-")
         if (only is not None and alias not in only) or alias in ("resume", *skip):
             continue  # --resume DIR is a flag of its own
-        shown = full_help or alias in COMMON_FLAGS
+        shown = full_help or alias in listed
         text = f"{field.description or ''} (default: {field.default!r}"
         text += f"; {DEFAULTS_THAT_DIFFER[alias]})" if alias in DEFAULTS_THAT_DIFFER else ")"
+        # a key of a few values takes only those (one line naming them otherwise)
+        choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
         group.add_argument(
             f"--{alias}",
             dest=alias,
             default=None,
-            metavar="VALUE",
+            metavar="{" + ",".join(choices) + "}" if choices else "VALUE",
+            choices=list(choices) if choices and all(isinstance(c, str) for c in choices) else None,
             help=text.strip().replace("%", "%%") if shown else argparse.SUPPRESS,
         )
 
@@ -161,6 +214,8 @@ def add_method_flags(
     Without ``full_help`` the flags work but are not listed (``--help-all`` and ``pflarena
     methods NAME`` show them)."""
     keys = []
+    listed = help_keys() if not full_help else set()
+    presets_group: Any = None
     for declaration in methods.values():
         rows = declaration.param_docs()
         if not rows:
@@ -172,13 +227,21 @@ def add_method_flags(
                 f"{declaration.summary} ({declaration.reference})",
             )
         for key, default, _type, description in rows:
-            group.add_argument(
+            shown = full_help or key in listed
+            where = group
+            if shown and not full_help:  # a key a preset sets: in a group of their own
+                if presets_group is None:
+                    presets_group = parser.add_argument_group(
+                        f"method parameters the presets set ({HELP_ALL} lists every one)"
+                    )
+                where = presets_group
+            where.add_argument(
                 f"--{key}",
                 dest=key,
                 default=None,
                 metavar="VALUE",
                 help=f"{description} (default: {default!r})".replace("%", "%%")
-                if full_help
+                if shown
                 else argparse.SUPPRESS,
             )
             keys.append(key)
@@ -195,19 +258,23 @@ def parse_run(values: Mapping[str, Any]) -> RunConfig:
     and the rest is checked against the strategies' own declarations (which import them)."""
     from pflarena.cli.methods import catalog_declarations, catalog_rules
 
-    declared = catalog_declarations()
-    if declared is not None:
-        named = {str(values.get("strategy", RunConfig.model_fields["strategy"].default))}
-        named |= {key.split(".", 1)[0] for key in values if "." in key}
-        if not named & catalog_rules():
-            return parse_run_config(values, declared)
-        try:
-            RunConfig.model_validate({k: v for k, v in values.items() if "." not in k})
-        except ValidationError:
-            return parse_run_config(values, declared)  # raises, as the full check would
-    from pflarena.server.build import parse_config
+    strategy = str(values.get("strategy", RunConfig.model_fields["strategy"].default))
+    dataset = str(values.get("dataset", RunConfig.model_fields["dataset"].default))
+    try:
+        declared = catalog_declarations()
+        if declared is not None:
+            named = {strategy} | {key.split(".", 1)[0] for key in values if "." in key}
+            if not named & catalog_rules():
+                return parse_run_config(values, declared)
+            try:
+                RunConfig.model_validate({k: v for k, v in values.items() if "." not in k})
+            except ValidationError:
+                return parse_run_config(values, declared)  # raises, as the full check would
+        from pflarena.server.build import parse_config
 
-    return parse_config(values)
+        return parse_config(values)
+    except ConfigError as error:
+        raise with_flag_hints(error, strategy, dataset) from None
 
 
 def collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:

@@ -25,6 +25,7 @@ from pflarena.cli.options import (
 )
 from pflarena.core.config import ConfigError, RunConfig, toml_value
 from pflarena.core.phases import PHASES_ENV, mark, phase_table, process_start, read_marks
+from pflarena.core.text import count
 from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import resume_config, simulate
 from pflarena.server.progress import Progress
@@ -260,8 +261,8 @@ def _start(args: argparse.Namespace, cfg: RunConfig, phases: Path) -> int:
         early = getattr(args, "early_plan", None)
         engine = "" if early == plan else f"; {plan.describe()}"
         print(
-            f"pflarena run: {cfg.strategy} on {cfg.dataset}, {cfg.num_clients} clients, "
-            f"{cfg.num_rounds} rounds{'; --superlink' if args.superlink else ''}{engine}",
+            f"pflarena run: {cfg.strategy} on {cfg.dataset}, {count(cfg.num_clients, 'client')}, "
+            f"{count(cfg.num_rounds, 'round')}{'; --superlink' if args.superlink else ''}{engine}",
             file=sys.stderr,
             flush=True,
         )
@@ -354,6 +355,11 @@ def _times(summary: dict[str, Any], startup_s: float | None = None) -> str:
     return f"wall time {summary['wall_time_s']:.1f}s"
 
 
+def _count(number: Any, noun: str) -> str:
+    """:func:`~pflarena.core.text.count` of a summary's number, ``? nouns`` where missing."""
+    return count(number, noun) if isinstance(number, int) else f"? {noun}s"
+
+
 #: The ``--config`` file's copy in the run directory.
 RUN_FILE_COPY = "run.toml"
 #: The run's full results table (every column of ``pflarena compare``).
@@ -382,7 +388,7 @@ def console_table(run_dir: Path) -> str:
         status += f" by {summary['signal']}"
     rows = [
         ("run", f"{summary.get('strategy', '?')} on {summary.get('dataset', '?')}, "
-                f"{summary.get('num_clients', '?')} clients, seed {summary.get('seed', '?')}"),
+                f"{_count(summary.get('num_clients'), 'client')}, seed {summary.get('seed', '?')}"),
         ("status", f"{status}, {done}/{summary.get('num_rounds', '?')} rounds"),
     ]  # fmt: skip
     if lost := failure_text(recorded_failures(run_dir, summary)):
@@ -437,9 +443,7 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
     # the methods as the catalog lists them: their flags without importing the strategies
     from pflarena.cli.methods import listed_declarations
 
-    run.set_defaults(
-        method_keys=add_method_flags(run, listed_declarations(), full_help=full_help)
-    )
+    run.set_defaults(method_keys=add_method_flags(run, listed_declarations(), full_help=full_help))
     run.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="any run-config key (repeatable)"
     )

@@ -48,7 +48,11 @@ RENAMED_KEYS: dict[str, str] = {
 
 
 class ConfigError(ValueError):
-    """An invalid run configuration; the message lists every offending key."""
+    """An invalid run configuration; the message lists every offending key. ``needed``: the
+    keys the run's method needs set and the config leaves at 0 (``validation-fraction``,
+    ``server-fraction``), for a caller to say how to set them."""
+
+    needed: tuple[str, ...] = ()
 
 
 class RunConfig(FederationSpec):
@@ -494,7 +498,22 @@ def parse_run_config(
     if methods is not None:
         problems, normalized = _method_problems(cfg, methods, known)
         if problems:
-            raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
+            error = ConfigError("invalid run config:\n  " + "\n  ".join(problems))
+            declaration = methods.get(cfg.strategy)
+            if declaration is not None and not cfg.shards_dir:
+                error.needed = tuple(
+                    key
+                    for key, needs, value in (
+                        (
+                            "validation-fraction",
+                            declaration.needs_validation,
+                            cfg.validation_fraction,
+                        ),
+                        ("server-fraction", declaration.needs_server_data, cfg.server_fraction),
+                    )
+                    if needs and value == 0
+                )
+            raise error
         cfg = cfg.with_method_values(normalized)
     return cfg
 

@@ -80,9 +80,7 @@ def read_marks(path: str | Path) -> list[tuple[float, int, str]]:
     return sorted(marks)
 
 
-def phase_rows(
-    marks: list[tuple[float, int, str]], start: float
-) -> list[tuple[str, float, float]]:
+def phase_rows(marks: list[tuple[float, int, str]], start: float) -> list[tuple[str, float, float]]:
     """``(moment, seconds since the one before, seconds since start)`` for each moment at or
     after ``start``."""
     rows = []

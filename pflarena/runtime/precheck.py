@@ -17,6 +17,7 @@ path looked at, the layout expected and where to get them).
 from __future__ import annotations
 
 from pflarena.core.config import ConfigError, RunConfig
+from pflarena.core.text import count
 
 __all__ = ["check_data", "check_shards"]
 
@@ -76,19 +77,19 @@ def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
     except (DatasetError, ValueError) as error:
         text = " ".join(str(error).split())
         raise ConfigError(
-            f"the data cannot satisfy this run ({cfg.dataset}, {cfg.num_clients} clients, "
+            f"the data cannot satisfy this run ({cfg.dataset}, {count(cfg.num_clients, 'client')}, "
             f"partition {cfg.partition}): {text}"
         ) from None
     empty = [i for i, n in enumerate(train) if n == 0]
     if empty:
         raise ConfigError(
-            f"the data cannot satisfy this run ({cfg.dataset}, {cfg.num_clients} clients, "
+            f"the data cannot satisfy this run ({cfg.dataset}, {count(cfg.num_clients, 'client')}, "
             f"partition {cfg.partition}): {len(empty)} client(s) would get no training "
             f"samples (client {empty[0]} first); use fewer clients or a larger alpha"
         )
     if cfg.test_fraction > 0 and (no_test := [i for i, n in enumerate(test) if n == 0]):
         raise ConfigError(
-            f"the data cannot satisfy this run ({cfg.dataset}, {cfg.num_clients} clients): "
+            f"the data cannot satisfy this run ({cfg.dataset}, {count(cfg.num_clients, 'client')}): "
             f"{len(no_test)} client(s) would get no test samples (client {no_test[0]} "
             "first); use fewer clients or a larger test-fraction"
         )

@@ -24,8 +24,8 @@ import pflarena
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
-from pflarena.core.phases import mark
 from pflarena.core.partition import label_permutations, permutation_group_of
+from pflarena.core.phases import mark
 from pflarena.core.versions import run_key
 from pflarena.server.build import build_strategy, declaration_of, parse_config
 from pflarena.server.checkpoint import load_checkpoint

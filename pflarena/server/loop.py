@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.core.phases import mark
+from pflarena.core.text import count
 from pflarena.server.checkpoint import Checkpoint, save_checkpoint
 from pflarena.server.crosseval import run_cross_evaluation
 from pflarena.server.metrics import definitions
@@ -596,7 +597,7 @@ def run_rounds(
     if resume is None:
         emit(
             StartupPhase(
-                f"round 0, the initial models evaluated on {len(connected)} clients "
+                f"round 0, the initial models evaluated on {count(len(connected), 'client')} "
                 "(each builds its data on its first message)"
             )
         )

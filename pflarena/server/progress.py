@@ -29,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
+from pflarena.core.text import count
 from pflarena.server.metrics import HEADLINE, label
 from pflarena.server.progress_events import (
     Event,
@@ -214,8 +215,8 @@ class Progress:
         text = f"pflarena {self._elapsed()} "
         if self.total > 1:
             text += f"run {self.run_index} of {self.total}: "
-        text += f"{event.strategy} on {event.data}, {event.clients} clients, "
-        text += f"{event.rounds} rounds -> {where}"
+        text += f"{event.strategy} on {event.data}, {count(event.clients, 'client')}, "
+        text += f"{count(event.rounds, 'round')} -> {where}"
         if self.total > 1 and self.durations:
             left = self.total - self.run_index + 1
             eta = sum(self.durations) / len(self.durations) * left

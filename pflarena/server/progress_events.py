@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from logging import ERROR, INFO, WARNING
 from typing import Any, ClassVar
 
+from pflarena.core.text import count
 from pflarena.server.metrics import label
 
 __all__ = [
@@ -83,8 +84,8 @@ class RunStarted:
 
     def text(self) -> str:
         return (
-            f"pflarena: {self.strategy} on {self.data}, {self.clients} clients, "
-            f"{self.rounds} rounds -> {self.output_dir}"
+            f"pflarena: {self.strategy} on {self.data}, {count(self.clients, 'client')}, "
+            f"{count(self.rounds, 'round')} -> {self.output_dir}"
         )
 
 
@@ -124,7 +125,7 @@ class RoundDone:
                 figures.append(f"evaluation failed on {evaluation['failures']} of {asked} clients")
         train = record.get("train")
         if train and train.get("loss") is not None:
-            text = f"train loss {train['loss']:.4f} ({train['clients']} clients"
+            text = f"train loss {train['loss']:.4f} ({count(train['clients'], 'client')}"
             text += f", {train['failures']} failed)" if train["failures"] else ")"
             figures.append(text)
         epsilon = ((train or {}).get("server") or {}).get("dp-epsilon")
