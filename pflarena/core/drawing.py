@@ -14,6 +14,11 @@ and nothing below it may import it). matplotlib is imported on the first drawing
   scale (PAGE's clients' actions);
 - :func:`round_heatmap_with_lines`: a clients × rounds matrix above lines by round (PAGE's
   aggregation weights and their entropy).
+
+Every picture pflarena draws fits its canvas: matplotlib's constrained layout, titles wrapped
+to the figure's width (:func:`fit_text`), legends outside the data (:func:`legend_below`),
+whole-number ticks for rounds and clients (:func:`integer_ticks`) and accuracy in percent
+(:func:`percent_ticks`) are the helpers the server's and the reporting side's pictures use too.
 """
 
 from __future__ import annotations
@@ -28,12 +33,21 @@ import numpy as np
 
 __all__ = [
     "RoundPanel",
-    "pyplot",
+    "fit_text",
     "heatmap",
     "heatmap_panels",
+    "integer_ticks",
+    "legend_below",
+    "legend_columns",
+    "percent_ticks",
+    "pyplot",
     "round_heatmap_with_lines",
     "round_heatmaps",
 ]
+
+#: The separator of a title's parts (``ditto on digits · dirichlet α=0.1 · 10 clients``),
+#: where :func:`fit_text` breaks a title that is wider than its figure.
+TITLE_SEPARATOR = " · "
 
 
 def pyplot() -> ModuleType:
@@ -45,6 +59,97 @@ def pyplot() -> ModuleType:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def fit_text(
+    fig: Any, text: str, fontsize: float | str | None = None, fraction: float = 0.94
+) -> str:
+    """``text`` broken into lines no wider than ``fraction`` of ``fig``'s width at
+    ``fontsize`` points (matplotlib's large title size by default): between the parts of a
+    title (``a · b · c``) where it has them, else between words. A line already shorter is
+    left whole; a single word wider than the figure stays on its own line."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=fontsize if fontsize is not None else rcParams["figure.titlesize"])
+    room = fraction * fig.bbox.width
+
+    def width(line: str) -> float:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0]
+
+    def greedy(parts: list[str], joint: str) -> list[str]:
+        lines: list[str] = []
+        for part in parts:
+            if lines and width(lines[-1] + joint + part) <= room:
+                lines[-1] += joint + part
+            else:
+                lines.append(part)
+        return lines
+
+    out: list[str] = []
+    for line in text.split("\n"):
+        if width(line) <= room:
+            out.append(line)
+            continue
+        for part in greedy(line.split(TITLE_SEPARATOR), TITLE_SEPARATOR):
+            out += [part] if width(part) <= room else greedy(part.split(" "), " ")
+    return "\n".join(out)
+
+
+def percent_ticks(axis: Any) -> None:
+    """Tick labels in percent (``80%``) on an axis whose values are percentages (0-100)."""
+    from matplotlib.ticker import PercentFormatter
+
+    axis.set_major_formatter(PercentFormatter(xmax=100, decimals=0))
+
+
+def integer_ticks(axis: Any) -> None:
+    """Ticks on whole numbers only (rounds, client counts): never "2.5 clients"."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def legend_columns(fig: Any, labels: Sequence[str], fontsize: float = 9) -> int:
+    """How many columns of ``labels`` (each with its handle) fit ``fig``'s width at
+    ``fontsize`` points, measured as matplotlib draws them; at least one, at most one per
+    label."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=fontsize)
+    em = fontsize * fig.dpi / 72
+    widest = max(
+        (renderer.get_text_width_height_descent(t, font, ismath=False)[0] for t in labels),
+        default=em,
+    )
+    column = widest + 5 * em  # the handle (2 em), the gap to its text and to the next column
+    return max(1, min(len(labels), int(0.95 * fig.bbox.width / column)))
+
+
+def legend_below(
+    fig: Any,
+    handles: Sequence[Any] | None = None,
+    labels: Sequence[str] | None = None,
+    fontsize: float = 9,
+    **options: Any,
+) -> Any:
+    """One legend for the whole figure, below its panels, off every panel's data (a figure
+    drawn with ``layout="constrained"`` makes room for it); as many columns as fit the
+    figure's width (:func:`legend_columns`). ``handles``/``labels`` default to every labelled
+    artist of the figure's axes, each label once."""
+    if handles is None:
+        found: dict[str, Any] = {}
+        for ax in fig.axes:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                found.setdefault(label, handle)
+        labels, handles = list(found), list(found.values())
+    labels = list(labels if labels is not None else [h.get_label() for h in handles])
+    options.setdefault("ncols", legend_columns(fig, labels, fontsize))
+    return fig.legend(
+        handles, labels, loc="outside lower center", fontsize=fontsize, frameon=False, **options
+    )
 
 
 def _matrix(values: Any, what: str) -> np.ndarray:
@@ -107,12 +212,16 @@ def heatmap(
         raise ValueError(f"marks {sorted(outside)} lie outside the {rows} x {columns} matrix")
     plt = pyplot()
     if square:
-        size = min(12.0, 3.0 + 0.35 * rows)
-        fig, ax = plt.subplots(figsize=(size, size * 0.85))
+        size = min(12.0, max(6.0, 3.0 + 0.35 * rows))
+        fig, ax = plt.subplots(figsize=(size, size * 0.85), layout="constrained")
         image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
     else:
         fig, ax = plt.subplots(
-            figsize=(min(14.0, 3.0 + 0.2 * columns), min(10.0, 2.0 + 0.3 * rows))
+            figsize=(
+                min(14.0, max(6.0, 3.0 + 0.2 * columns)),
+                min(10.0, max(4.0, 2.0 + 0.3 * rows)),
+            ),
+            layout="constrained",
         )
         image = ax.imshow(
             matrix, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest"
@@ -127,9 +236,11 @@ def heatmap(
         ax.set_yticks(range(0, rows, step), list(row_labels)[::step])
     for row, column in sorted(marks, key=lambda m: (m[1], m[0])):
         ax.text(column, row, "×", ha="center", va="center", color="white", fontsize=8)
-    ax.set_title(title)
+    from matplotlib import rcParams
+
+    # centred over the image, the colour bar beside it: the image's share of the width
+    ax.set_title(fit_text(fig, title, rcParams["axes.titlesize"], fraction=0.75))
     fig.colorbar(image, ax=ax, shrink=0.8, label=colorbar_label)
-    fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return Path(path)
@@ -167,10 +278,12 @@ def heatmap_panels(
         1,
         len(matrices),
         figsize=(
-            1.2 + 1.6 * len(matrices) * max(1.0, columns / 4),
-            min(12.0, 2.0 + 0.12 * rows),
+            max(6.0, 2.2 + 1.6 * len(matrices) * max(1.0, columns / 4)),
+            min(12.0, max(4.0, 2.0 + 0.12 * rows)),
         ),
         squeeze=False,
+        sharey=True,  # the client ids once, on the left
+        layout="constrained",
     )
     image = None
     for ax, (name, matrix) in zip(axes[0], matrices.items(), strict=True):
@@ -178,11 +291,11 @@ def heatmap_panels(
             matrix, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest"
         )
         ax.set_title(name)
-        ax.set_xlabel(xlabel)
         ax.set_xticks(range(columns))
         ax.set_yticks(range(0, rows, max(1, math.ceil(rows / 25))))
     axes[0][0].set_ylabel(ylabel)
-    fig.suptitle(title)
+    fig.supxlabel(xlabel)  # once under the panels: narrow panels' labels ran into each other
+    fig.suptitle(fit_text(fig, title))
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label=colorbar_label)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -237,7 +350,11 @@ def round_heatmaps(
 
     count = len(panels)
     fig, axes = plt.subplots(
-        1, count, figsize=(min(8.0 * count, 3.5 * count + 0.08 * len(rounds)), 6.0), squeeze=False
+        1,
+        count,
+        figsize=(max(6.0, min(8.0 * count, 3.5 * count + 0.08 * len(rounds))), 6.0),
+        squeeze=False,
+        layout="constrained",
     )
     for ax, panel, matrix in zip(axes[0], panels, matrices, strict=True):
         scale = (
@@ -251,8 +368,9 @@ def round_heatmaps(
     for ax in axes[0]:
         ax.set_xlabel("round")
         ax.set_ylabel("client id")
-    fig.suptitle(title)
-    fig.tight_layout()
+        integer_ticks(ax.xaxis)
+        integer_ticks(ax.yaxis)
+    fig.suptitle(fit_text(fig, title))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
@@ -284,20 +402,24 @@ def round_heatmap_with_lines(
     fig, (top, bottom) = plt.subplots(
         2,
         1,
-        figsize=(min(14.0, 4.0 + 0.05 * len(rounds)), 7.5),
+        figsize=(min(14.0, max(7.0, 4.0 + 0.05 * len(rounds))), 7.5),
         height_ratios=[3, 1],
+        sharex=True,
         layout="constrained",
     )
     image = _round_image(top, rounds, matrix, cmap="viridis")
     top.set_ylabel("client id")
-    top.set_title(title)
+    integer_ticks(top.yaxis)
+    fig.suptitle(fit_text(fig, title))
     fig.colorbar(image, ax=[top, bottom], shrink=0.8, label=colorbar_label)
     for label, values, color in lines:
         bottom.plot(rounds, values, color=color, label=label)
     bottom.set_ylim(0, 1.05)
     bottom.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
     bottom.set_xlabel("round")
-    bottom.legend(loc="lower left", fontsize=8)
+    integer_ticks(bottom.xaxis)
+    bottom.grid(alpha=0.3)
+    legend_below(fig)  # under the strip, off its lines
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
