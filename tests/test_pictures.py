@@ -111,20 +111,24 @@ def test_a_run_s_plots_are_titled_and_show_loss_and_each_client_by_round(tmp_pat
     mean = next(
         line for line in trajectories.get_lines() if line.get_label() == "mean over clients"
     )
-    assert np.allclose(mean.get_ydata(), [r["evaluation"]["personalized"]["mean"] for r in records])
+    # in percent, as the tables and the console show accuracy
+    assert np.allclose(
+        mean.get_ydata(), [100 * r["evaluation"]["personalized"]["mean"] for r in records]
+    )
     (band,) = trajectories.collections
     lows = band.get_paths()[0].vertices[:, 1]
-    assert lows.min() == pytest.approx(0.0, abs=0.05)
+    assert lows.min() == pytest.approx(0.0, abs=5)
 
 
 def test_a_run_without_a_global_model_says_so_in_its_accuracy_plot(tmp_path, figures):
     _write_run(tmp_path / "run", "local", global_model=False)
     plot_run(tmp_path / "run")
-    labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    (legend,) = figures[0].legends  # below the panels
+    labels = [t.get_text() for t in legend.get_texts()]
     assert any("no global model" in text for text in labels)
 
 
-def test_compare_plot_has_a_legend_in_every_panel_and_marks_runs_without_a_global_model(
+def test_compare_plot_has_one_legend_for_both_panels_and_marks_runs_without_a_global_model(
     tmp_path, figures
 ):
     _write_run(tmp_path / "ditto", "ditto", params={"lambda": 0.1})
@@ -132,9 +136,9 @@ def test_compare_plot_has_a_legend_in_every_panel_and_marks_runs_without_a_globa
     compare_plot([tmp_path / "ditto", tmp_path / "local"], tmp_path / "compare.png")
     (fig,) = figures
     personalized, global_ = fig.axes
-    for ax in (personalized, global_):
-        assert ax.get_legend() is not None
-    texts = [t.get_text() for t in global_.get_legend().get_texts()]
+    assert [len(personalized.get_lines()), len(global_.get_lines())] == [2, 1]
+    (legend,) = fig.legends  # one colour and style per run in both panels: named once
+    texts = [t.get_text() for t in legend.get_texts()]
     assert texts == ["ditto", "local: no global model"]
     assert "digits" in fig._suptitle.get_text() and "dirichlet α=0.1" in fig._suptitle.get_text()
 

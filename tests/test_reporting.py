@@ -88,11 +88,11 @@ def test_the_accuracy_plot_shows_the_headline_figures_named_and_whole_rounds(tmp
     accuracy, clients_figure = figures
     ax = accuracy.axes[0]
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
-    assert lines == {
+    assert lines == {  # in percent
         label("personalized"): [
-            r["evaluation"]["personalized"][HEADLINE["personalized"]] for r in records
+            100 * r["evaluation"]["personalized"][HEADLINE["personalized"]] for r in records
         ],
-        label("global"): [r["evaluation"]["global"]["weighted"] for r in records],
+        label("global"): [100 * r["evaluation"]["global"]["weighted"] for r in records],
     }
     assert label("global") == "global accuracy (pooled)"
     accuracy.canvas.draw()

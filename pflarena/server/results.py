@@ -14,7 +14,13 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.drawing import pyplot
+from pflarena.core.drawing import (
+    fit_text,
+    integer_ticks,
+    legend_below,
+    percent_ticks,
+    pyplot,
+)
 from pflarena.server.metrics import HEADLINE, label
 
 __all__ = [
@@ -556,7 +562,8 @@ def run_title(config: dict[str, Any]) -> str:
 
 
 def plot_run(output_dir: str | Path) -> list[Path]:
-    """A run's pictures, each titled with :func:`run_title`:
+    """A run's pictures, each titled with :func:`run_title`, accuracy in percent and the
+    legend below the panels:
 
     * ``accuracy.png``: the headline accuracies by round (left) and the training loss by
       round (right: the clients' mean training loss, as the round lines show it);
@@ -575,7 +582,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
     title = run_title(_run_config(out))
     written = []
 
-    fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.6), sharex=True, layout="constrained")
     xs = [r["round"] for r in rounds]
     for scope, style in (("personalized", "-"), ("global", "--")):
         # each model's headline figure (pflarena/server/metrics.py): personalized mean over
@@ -584,7 +591,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         if any(y is not None for y in ys):
             ax.plot(
                 xs,
-                [math.nan if y is None else y for y in ys],
+                [math.nan if y is None else 100 * y for y in ys],
                 style,
                 marker="o",
                 ms=3,
@@ -594,10 +601,11 @@ def plot_run(output_dir: str | Path) -> list[Path]:
             ax.plot([], [], style, label=f"{label(scope)}: none (no global model)")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
+    ax.set_ylim(-2, 102)
+    percent_ticks(ax.yaxis)
     ax.set_title("test accuracy")
     integer_ticks(ax.xaxis)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     losses = [
         (r["round"], (r.get("train") or {}).get("loss"))
         for r in records
@@ -612,7 +620,6 @@ def plot_run(output_dir: str | Path) -> list[Path]:
             color="C3",
             label="training loss (mean over the round's clients)",
         )
-        loss_ax.legend(fontsize=8)
     else:
         loss_ax.text(
             0.5, 0.5, "no training loss recorded", ha="center", transform=loss_ax.transAxes
@@ -622,8 +629,8 @@ def plot_run(output_dir: str | Path) -> list[Path]:
     loss_ax.set_title("training loss")
     integer_ticks(loss_ax.xaxis)
     loss_ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
+    legend_below(fig)
+    fig.suptitle(fit_text(fig, title))
     fig.savefig(out / "accuracy.png", dpi=120)
     plt.close(fig)
     written.append(out / "accuracy.png")
@@ -639,9 +646,14 @@ def plot_run(output_dir: str | Path) -> list[Path]:
             for j, client in enumerate(clients):
                 value = (per_client.get(client) or {}).get("personalized")
                 if isinstance(value, int | float):
-                    matrix[i, j] = value
+                    matrix[i, j] = 100 * value
         fig, (ax, hist_ax) = plt.subplots(
-            1, 2, figsize=(11, 4.5), sharey=True, gridspec_kw={"width_ratios": [3, 1]}
+            1,
+            2,
+            figsize=(11, 5),
+            sharey=True,
+            gridspec_kw={"width_ratios": [3, 1]},
+            layout="constrained",
         )
         for j in range(len(clients)):
             ax.plot(xs, matrix[:, j], color="0.55", lw=0.6, alpha=0.5)
@@ -656,15 +668,15 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         ax.plot(xs, mean, color="C0", lw=2.2, label="mean over clients")
         ax.set_xlabel("round")
         ax.set_ylabel("personalized test accuracy")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-2, 102)
+        percent_ticks(ax.yaxis)
         ax.set_title("each client's personalized accuracy by round")
         integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
         last = matrix[-1][~np.isnan(matrix[-1])]
         hist_ax.hist(
             last,
-            bins=np.linspace(0, 1, 21),
+            bins=np.linspace(0, 100, 21),
             orientation="horizontal",
             color="C0",
             edgecolor="black",
@@ -673,16 +685,9 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         hist_ax.set_title(f"round {rounds[-1]['round']}")
         integer_ticks(hist_ax.xaxis)
         hist_ax.grid(alpha=0.3)
-        fig.suptitle(title)
-        fig.tight_layout()
+        legend_below(fig)
+        fig.suptitle(fit_text(fig, title))
         fig.savefig(out / "client_accuracy.png", dpi=120)
         plt.close(fig)
         written.append(out / "client_accuracy.png")
     return written
-
-
-def integer_ticks(axis: Any) -> None:
-    """Ticks on whole numbers only (rounds, client counts): never "2.5 clients"."""
-    from matplotlib.ticker import MaxNLocator
-
-    axis.set_major_locator(MaxNLocator(integer=True))
