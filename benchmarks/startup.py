@@ -1,18 +1,23 @@
-"""Where a run's start-up goes: ``pflarena run`` through a SuperLink against Flower's runtime
-started by pflarena, side by side, plus the cost of each ingredient alone.
+"""``pflarena run``'s start-up, this tree against an earlier one, side by side.
 
-Each repetition runs the same one-round job both ways, one after the other under the same
-load: ``pflarena run --superlink`` (a private simulation SuperLink, ``flwr run`` building,
-uploading and installing the FAB, a ``flwr-simulation`` process, as before) and ``pflarena
-run`` (:mod:`pflarena.runtime.simulation`). Phases are read from Flower's own log lines
-(``FLWR_LOG_LEVEL=DEBUG`` puts a timestamp on each) and from when lines arrive; CPU time is
-summed over the whole process tree (sampled from ``/proc``), which on a shared machine says
-more than wall time about what an idle one would take. With ``--sweep`` it also times the
-main job's strategies for one round each, run separately against ``pflarena sweep``.
+Each repetition runs the same commands with both source trees, one right after the other
+under the same load, with this Python environment (the earlier tree first on
+``PYTHONPATH``):
 
-Usage::
+* the job, ``pflarena run --strategy fedavg --dataset digits --num-clients 4 --num-rounds 1
+  --seed 0``: wall time from the command's start to its exit, and the CPU seconds of its
+  whole process tree (sampled from ``/proc``), which say more than wall time on a shared
+  machine;
+* ``pflarena run --check`` of the same job, and a configuration error (``--num-clients 0``).
 
-    python benchmarks/startup.py --repeats 2 --sweep
+The tree under test notes its moments (``PFLARENA_PHASES``, :mod:`pflarena.core.phases`):
+their medians make the phase table. The results of every run of the job must be equal
+(``rounds.jsonl`` and ``summary.json`` but for wall-clock fields).
+
+Usage (the earlier tree exported from git)::
+
+    git archive <commit> | tar -x -C /tmp/before
+    python benchmarks/startup.py --before /tmp/before --repeats 5
 """
 
 from __future__ import annotations
@@ -21,49 +26,26 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
-from pflarena.server.results import comparable_rounds
-
 ROOT = Path(__file__).resolve().parents[1]
-PFLARENA = [sys.executable, "-m", "pflarena.cli"]
-JOB = ["--strategy", "fedavg", "--dataset", "digits", "--num-clients", "10", "--num-rounds", "1"]
+JOB = [
+    "run",
+    "--strategy", "fedavg", "--dataset", "digits", "--num-clients", "4", "--num-rounds", "1",
+    "--seed", "0",
+]  # fmt: skip
+CHECK = [*JOB, "--check"]
+CONFIG_ERROR = [*JOB, "--num-clients", "0"]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-STAMP = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR)\S*\s+(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
-
-#: (event, pattern) in the order they happen; the first line matching each one counts.
-SUPERLINK_EVENTS = [
-    ("flwr run started (SuperLink healthy)", "Using SuperLink"),
-    ("FAB built and run submitted", "Successfully started run"),
-    ("flwr-simulation process started", "Starting Flower Simulation"),
-    ("FAB installed", "Pre-registering run"),
-    ("ServerApp started (apps imported)", r"pflarena: \S+ on "),
-    ("Ray init begins", "Initialising: RayBackend"),
-    ("Ray up, actors created", "Constructed ActorPool"),
-    ("round 0 evaluated (actors import the ClientApp, load data)", r"\[round 0/"),
-    ("round 1 trained and evaluated", r"\[round 1/"),
-    ("results and plots written", "pflarena: results in"),
-    ("actors terminated, Ray shut down", "Terminated RayBackend"),
-]
-RUNTIME_EVENTS = [
-    # "Ray started in X s": its start is X seconds before that line
-    ("simulation process started, Ray init begins", r"pflarena: Ray started in ([\d.]+)s"),
-    ("Ray up", "pflarena: Ray started"),
-    ("actors created", "actors created"),
-    ("ServerApp started (Flower and the apps imported meanwhile)", r"pflarena: \S+ on "),
-    ("round 0 evaluated (actors import the ClientApp, load data)", r"\[round 0/"),
-    ("round 1 trained and evaluated", r"\[round 1/"),
-    ("results and plots written", "pflarena: results in"),
-    ("actors terminated, Ray shut down", "Terminated ReusableRayBackend"),
-]
+#: Fields of summary.json that are wall-clock times, not results.
+CLOCK_FIELDS = ("wall_time_s", "startup_s", "rounds_time_s")
 
 
 # --------------------------------------------------------------------------- process tree CPU
@@ -78,13 +60,10 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
 
 
 class TreeCPU:
-    """CPU seconds of a process and all its descendants, sampled every ``period`` seconds.
+    """CPU seconds of a process and all its descendants, sampled every ``period`` seconds
+    (a descendant that lives less than a period may be missed)."""
 
-    A descendant that lives less than a period may be missed; one that outlives the root
-    (Ray's daemons are reparented when the driver dies) keeps being counted while seen.
-    """
-
-    def __init__(self, root: int, period: float = 0.25) -> None:
+    def __init__(self, root: int, period: float = 0.1) -> None:
         self.root, self.period = root, period
         self.seen: dict[tuple[int, int], float] = {}
         self.members: set[int] = {root}
@@ -103,7 +82,7 @@ class TreeCPU:
             if entry.isdigit() and (stat := _stat(int(entry))) is not None:
                 stats[int(entry)] = stat
         changed = True
-        while changed:  # add children of members until nothing new
+        while changed:
             changed = False
             for pid, (ppid, _, _) in stats.items():
                 if ppid in self.members and pid not in self.members:
@@ -120,226 +99,176 @@ class TreeCPU:
         return sum(self.seen.values())
 
 
-# --------------------------------------------------------------------------- one run
-def _epoch(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def timed_run(args: list[str], events: list[tuple[str, str]], out: Path) -> dict:
-    """Run a pflarena command, timing the events its log shows and its CPU use."""
-    env = dict(os.environ, FLWR_LOG_LEVEL="DEBUG")
+# --------------------------------------------------------------------------- one command
+def timed(tree: Path, args: list[str], work: Path, phases: Path | None = None) -> dict:
+    """Run ``python -m pflarena.cli ARGS`` from ``tree``; its wall and CPU seconds."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("PFLARENA_PHASES", None)
+    if phases is not None:
+        env["PFLARENA_PHASES"] = str(phases)
     load = os.getloadavg()[0]
     start = time.time()
     proc = subprocess.Popen(
-        [*PFLARENA, *args, "--verbose", "--output-dir", str(out)],
+        [sys.executable, "-m", "pflarena.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        cwd=out.parent,
+        cwd=work,
     )
     cpu = TreeCPU(proc.pid)
-    found: dict[str, float] = {}
-    log = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        arrived = time.time() - start
-        log.append(f"{arrived:8.2f} {line}")
-        if "ClientAppActor" in line or line.startswith("(pid="):
-            continue
-        for name, pattern in events:
-            if name not in found and (match := re.search(pattern, line)):
-                stamp = STAMP.search(line)
-                found[name] = _epoch(stamp.group(1)) - start if stamp else arrived
-                if match.groups():
-                    found[name] -= float(match.group(1))
-    proc.wait()
+    output, _ = proc.communicate()
     wall = time.time() - start
-    total_cpu = cpu.stop()
-    (out.parent / f"{out.name}.log").write_text("".join(log))
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}; see {out}.log")
-    summary = json.loads((out / "summary.json").read_text())
-    return {
-        "events": [(name, found.get(name)) for name, _ in events],
-        "wall": wall,
-        "cpu": total_cpu,
-        "load": load,
-        "accuracy": summary["personalized"]["last"]["mean"],
-        "rounds": (out / "rounds.jsonl").read_text(),
-    }
+    return {"wall": wall, "cpu": cpu.stop(), "load": load, "code": proc.returncode, "out": output}
 
 
-# --------------------------------------------------------------------------- ingredients
-INGREDIENTS = {
-    "python + import torch": "import torch",
-    "python + import flwr.simulation": "import flwr.simulation",
-    "python + import the ClientApp (torch, flwr, pflarena)": "import pflarena.client.app",
-    "python + build digits over 10 clients (flwr-datasets, scikit-learn)": (
-        "from pflarena.core.federation import FederationSpec, build_federation;"
-        "build_federation(FederationSpec(dataset='digits', num_clients=10, alpha=0.5))"
-    ),
-    "python + ray.init() + ray.shutdown() (Ray's daemons included)": (
-        "import ray; ray.init(include_dashboard=False, logging_level='WARNING'); ray.shutdown()"
-    ),
-}
+def comparable(run_dir: Path) -> tuple[list[dict], dict]:
+    """A run's rounds and summary without their wall-clock fields."""
+    sys.path.insert(0, str(ROOT))
+    from pflarena.server.results import comparable_rounds
 
-
-def ingredient(code: str) -> tuple[float, float]:
-    start = time.time()
-    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))
-    cpu = TreeCPU(proc.pid, period=0.1)
-    proc.wait()
-    return time.time() - start, cpu.stop()
-
-
-# --------------------------------------------------------------------------- sweep
-def sweep_comparison(work: Path, strategies: list[str]) -> dict:
-    """The main job's strategies for one round: separate `pflarena run`s, then one sweep."""
-    main_job = ["--preset", "digits-main", "--num-rounds", "1", "--quiet"]
-    load = os.getloadavg()[0]
-    start = time.time()
-    for strategy in strategies:
-        subprocess.run(
-            [*PFLARENA, "run", *main_job, "--strategy", strategy, "--output-dir",
-             str(work / "separate" / strategy)],
-            check=True, stdout=subprocess.DEVNULL, cwd=work,
-        )  # fmt: skip
-    separate = time.time() - start
-    start = time.time()
-    subprocess.run(
-        [*PFLARENA, "sweep", "--preset", "digits-main", "--set", "num-rounds=1",
-         "--strategies", ",".join(strategies), "--out", str(work / "sweep"), "--quiet"],
-        check=True, stdout=subprocess.DEVNULL, cwd=work,
-    )  # fmt: skip
-    swept = time.time() - start
-    same = all(
-        _comparable(work / "separate" / s / "rounds.jsonl")
-        == _comparable(next((work / "sweep").rglob(f"{s}/**/rounds.jsonl")))
-        for s in strategies
+    rounds = comparable_rounds(
+        [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     )
-    return {"separate": separate, "sweep": swept, "load": load, "identical": same}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return rounds, {k: v for k, v in summary.items() if k not in CLOCK_FIELDS}
 
 
-def _comparable(path: Path) -> list[dict]:
-    return comparable_rounds([json.loads(line) for line in path.read_text().splitlines()])
+def phase_medians(files: list[Path]) -> list[tuple[str, float, float]]:
+    """Each moment's median time since the command's start, and the median phase before it,
+    over the runs whose moments ``files`` hold (in the order of the first run)."""
+    from pflarena.core.phases import phase_rows, read_marks
+
+    runs = []
+    for path in files:
+        marks = read_marks(path)
+        runs.append({name: (phase, at) for name, phase, at in phase_rows(marks, marks[0][0])})
+    order = list(runs[0])
+    return [
+        (
+            name,
+            statistics.median(run[name][0] for run in runs if name in run),
+            statistics.median(run[name][1] for run in runs if name in run),
+        )
+        for name in order
+    ]
+
+
+def _commit(tree: Path) -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes of the working tree)" if dirty else "")
 
 
 # --------------------------------------------------------------------------- report
-def _phase_table(runs: list[dict], events: list[tuple[str, str]]) -> list[str]:
-    rows = ["| phase ends when | at s (each run) | phase s (median) |", "|---|---|---|"]
-    previous = [0.0] * len(runs)
-    for index, (name, _) in enumerate(events):
-        ats = [run["events"][index][1] for run in runs]
-        phases = [at - prev for at, prev in zip(ats, previous, strict=True) if at is not None]
-        rows.append(
-            f"| {name} | {' / '.join('—' if at is None else f'{at:.1f}' for at in ats)} "
-            f"| {statistics.median(phases):.1f} |"
-            if phases
-            else f"| {name} | — | — |"
-        )
-        previous = [at if at is not None else prev for at, prev in zip(ats, previous, strict=True)]
-    walls = [run["wall"] for run in runs]
-    tails = [w - p for w, p in zip(walls, previous, strict=True)]
-    rows.append(
-        f"| process exited | {' / '.join(f'{w:.1f}' for w in walls)} "
-        f"| {statistics.median(tails):.1f} |"
-    )
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=2, help="pairs of runs (default 2)")
-    parser.add_argument("--sweep", action="store_true", help="also time the sweep")
+    parser.add_argument("--before", required=True, help="the earlier source tree")
+    parser.add_argument("--before-name", default="", help="what to call it (its commit)")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/startup.md"))
     args = parser.parse_args()
+    before, after = Path(args.before).resolve(), ROOT
     work = Path(tempfile.mkdtemp(prefix="pflarena-startup-"))
-    before: list[dict] = []
-    after: list[dict] = []
+    started = datetime.now(timezone.utc)
+    load_start = os.getloadavg()
+    kinds = {"job": JOB, "check": CHECK, "config error": CONFIG_ERROR}
+    results: dict[tuple[str, str], list[dict]] = {}
+    phase_files: list[Path] = []
     for index in range(args.repeats):
-        before.append(
-            timed_run(["run", *JOB, "--superlink"], SUPERLINK_EVENTS, work / f"superlink{index}")
-        )
-        after.append(timed_run(["run", *JOB], RUNTIME_EVENTS, work / f"runtime{index}"))
-        print(
-            f"pair {index}: superlink {before[-1]['wall']:.1f}s, runtime {after[-1]['wall']:.1f}s"
-        )
+        for name, command in kinds.items():
+            for side, tree in (("before", before), ("after", after)):
+                extra = ["--output-dir", str(work / f"{side}-{name}-{index}")]
+                phases = None
+                if side == "after" and name == "job":
+                    phases = work / f"phases-{index}"
+                    phase_files.append(phases)
+                result = timed(tree, [*command, *extra], work, phases)
+                results.setdefault((side, name), []).append(result)
+                expected = 2 if name == "config error" else 0
+                if result["code"] != expected:
+                    raise SystemExit(f"{side} {name} exited {result['code']}:\n{result['out']}")
+        job = results[("before", "job")][-1]["wall"], results[("after", "job")][-1]["wall"]
+        print(f"repetition {index + 1}: job before {job[0]:.1f}s, after {job[1]:.1f}s", flush=True)
+    load_end = os.getloadavg()
+    reference = comparable(work / "before-job-0")
     identical = all(
-        _comparable(work / f"{kind}{i}" / "rounds.jsonl")
-        == _comparable(work / "superlink0" / "rounds.jsonl")
-        for kind in ("superlink", "runtime")
+        comparable(work / f"{side}-job-{i}") == reference
+        for side in ("before", "after")
         for i in range(args.repeats)
     )
-    ingredients = {name: ingredient(code) for name, code in INGREDIENTS.items()}
-    sweep = (
-        sweep_comparison(work, ["local", "fedavg", "fedavg-ft", "fedprox", "ditto", "pfedgt"])
-        if args.sweep
-        else None
-    )
-
     median = statistics.median
-    loads = ", ".join(f"{run['load']:.1f}" for run in before + after)
+
+    def cell(side: str, name: str, key: str) -> float:
+        return median(r[key] for r in results[(side, name)])
+
+    loads = [r["load"] for rs in results.values() for r in rs]
+    command = " ".join(["pflarena", *JOB])
     lines = [
-        "# Start-up: `pflarena run` through a SuperLink against Flower's runtime started by pflarena",
+        "# Start-up of `pflarena run`: before and after",
         "",
-        f"Command: `python benchmarks/startup.py --repeats {args.repeats}"
-        f"{' --sweep' if args.sweep else ''}`",
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC.",
+        f"- Command: `python benchmarks/startup.py --before <tree of "
+        f"{args.before_name or before}> --repeats {args.repeats}`, "
+        f"at commit {_commit(after)}.",
+        f"- Job: `{command}` (before and after alternate, {args.repeats} times each); also "
+        "its `--check`, and a configuration error (`--num-clients 0`).",
+        f"- Before: {args.before_name or before}, the same Python environment.",
+        f"- Machine: {platform.machine()}, {os.cpu_count()} cores, **shared with other "
+        f"jobs**: load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} "
+        f"at the end, {min(loads):.2f} to {max(loads):.2f} at the runs' starts (median "
+        f"{median(loads):.2f}). Wall times include that load; the ratios compare runs "
+        "made one right after the other, and CPU seconds depend less on it.",
         "",
-        f"Job: `pflarena run {' '.join(JOB)}` (2 actors, one CPU each). Machine: "
-        f"{platform.machine()}, {os.cpu_count()} cores, **shared with other jobs**: load "
-        f"average {loads} at the start of "
-        "each run, so wall times include that load and only the side-by-side ratios "
-        "and CPU seconds carry over to an idle machine.",
+        "Medians of " + str(args.repeats) + ":",
         "",
-        "| | SuperLink + `flwr run` (before) | pflarena's runtime (after) | after / before |",
-        "|---|---|---|---|",
-        f"| wall s, median | {median(r['wall'] for r in before):.1f} "
-        f"| {median(r['wall'] for r in after):.1f} "
-        f"| {median(r['wall'] for r in after) / median(r['wall'] for r in before):.2f} |",
-        f"| CPU s of the whole process tree, median | {median(r['cpu'] for r in before):.1f} "
-        f"| {median(r['cpu'] for r in after):.1f} "
-        f"| {median(r['cpu'] for r in after) / median(r['cpu'] for r in before):.2f} |",
-        f"| personalized accuracy after round 1 | {before[0]['accuracy']:.4f} "
-        f"| {after[0]['accuracy']:.4f} | |",
-        "",
-        f"`rounds.jsonl` identical (but for wall-clock fields) across all {2 * args.repeats} "
-        f"runs: {'yes' if identical else '**no**'}.",
-        "",
-        "## Before: phases of `pflarena run --superlink`",
-        "",
-        *_phase_table(before, SUPERLINK_EVENTS),
-        "",
-        "## After: phases of `pflarena run`",
-        "",
-        *_phase_table(after, RUNTIME_EVENTS),
-        "",
-        "## Ingredients alone (a fresh process each, same machine, same load)",
-        "",
-        "| what | wall s | CPU s |",
-        "|---|---|---|",
-        *[f"| {name} | {wall:.1f} | {cpu:.1f} |" for name, (wall, cpu) in ingredients.items()],
+        "| command | wall s before | wall s after | after / before "
+        "| CPU s before | CPU s after |",
+        "|---|---|---|---|---|---|",
     ]
-    if sweep:
-        lines += [
-            "",
-            "## A sweep pays the start-up once",
-            "",
-            f"The main job's six strategies for one round (`--preset digits-main --num-rounds 1`), "
-            f"load average {sweep['load']:.1f}:",
-            "",
-            "| | wall s |",
-            "|---|---|",
-            f"| six `pflarena run` calls | {sweep['separate']:.1f} |",
-            f"| one `pflarena sweep` | {sweep['sweep']:.1f} |",
-            f"| ratio | {sweep['sweep'] / sweep['separate']:.2f} |",
-            "",
-            f"Each strategy's `rounds.jsonl` identical in both: "
-            f"{'yes' if sweep['identical'] else '**no**'}.",
-        ]
+    for name in kinds:
+        b, a = cell("before", name, "wall"), cell("after", name, "wall")
+        lines.append(
+            f"| {name} | {b:.2f} | {a:.2f} | {a / b:.2f} "
+            f"| {cell('before', name, 'cpu'):.2f} | {cell('after', name, 'cpu'):.2f} |"
+        )
+    lines += [
+        "",
+        "Each run's wall seconds (job): before "
+        + ", ".join(f"{r['wall']:.1f}" for r in results[("before", "job")])
+        + "; after "
+        + ", ".join(f"{r['wall']:.1f}" for r in results[("after", "job")])
+        + ".",
+        "",
+        f"Results (`rounds.jsonl`, and `summary.json` but for its wall-clock fields) identical "
+        f"across all {2 * args.repeats} runs of the job: {'yes' if identical else '**no**'}.",
+        "",
+        "## Where the time goes (after)",
+        "",
+        "Each moment the run's processes note (`PFLARENA_PHASES`), median over the "
+        f"{args.repeats} runs; a phase is the time since the moment before, from the "
+        "command's process start to the last line it prints.",
+        "",
+        "| phase ends with | phase s | at s |",
+        "|---|---|---|",
+        *[
+            f"| {name} | {phase:.2f} | {at:.2f} |"
+            for name, phase, at in phase_medians(phase_files)
+        ],
+        f"| process exited (wall) | | {cell('after', 'job', 'wall'):.2f} |",
+    ]
     Path(args.output).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"\nlogs and runs: {work}")
+    print(f"\nruns: {work}")
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ def test_the_catalog_validates_as_the_declarations_do() -> None:
     and Flower are imported) accepting, refusing or normalizing a config otherwise than the
     strategies' own declarations: every method with and without settings, good and bad."""
     from pflarena.cli.methods import catalog_declarations, catalog_rules
-    from pflarena.cli.options import parse_run
+    from pflarena.cli.options import validate_run
     from pflarena.core.config import ConfigError
     from pflarena.server.build import parse_config
     from pflarena.strategies import declarations
@@ -288,7 +288,7 @@ def test_the_catalog_validates_as_the_declarations_do() -> None:
         except ConfigError as error:
             expected = str(error)
         try:
-            got: object = parse_run(values)
+            got: object = validate_run(values)
         except ConfigError as error:
             got = str(error)
         if isinstance(expected, str):

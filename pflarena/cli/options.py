@@ -23,6 +23,7 @@ __all__ = [
     "add_method_flags",
     "collect_overrides",
     "parse_run",
+    "validate_run",
     "run_overrides",
     "with_shard_clients",
     "with_tracking",
@@ -249,6 +250,17 @@ def add_method_flags(
 
 
 def parse_run(values: Mapping[str, Any]) -> RunConfig:
+    """:func:`validate_run`, its errors naming the flag (and a preset) that sets a key the
+    run's method needs (:func:`with_flag_hints`)."""
+    try:
+        return validate_run(values)
+    except ConfigError as error:
+        strategy = str(values.get("strategy", RunConfig.model_fields["strategy"].default))
+        dataset = str(values.get("dataset", RunConfig.model_fields["dataset"].default))
+        raise with_flag_hints(error, strategy, dataset) from None
+
+
+def validate_run(values: Mapping[str, Any]) -> RunConfig:
     """``values`` validated as the server validates a run config
     (:func:`pflarena.server.build.parse_config`: every declared method), without importing
     torch or Flower where that can be done: against the methods' catalog
@@ -258,23 +270,19 @@ def parse_run(values: Mapping[str, Any]) -> RunConfig:
     and the rest is checked against the strategies' own declarations (which import them)."""
     from pflarena.cli.methods import catalog_declarations, catalog_rules
 
-    strategy = str(values.get("strategy", RunConfig.model_fields["strategy"].default))
-    dataset = str(values.get("dataset", RunConfig.model_fields["dataset"].default))
-    try:
-        declared = catalog_declarations()
-        if declared is not None:
-            named = {strategy} | {key.split(".", 1)[0] for key in values if "." in key}
-            if not named & catalog_rules():
-                return parse_run_config(values, declared)
-            try:
-                RunConfig.model_validate({k: v for k, v in values.items() if "." not in k})
-            except ValidationError:
-                return parse_run_config(values, declared)  # raises, as the full check would
-        from pflarena.server.build import parse_config
+    declared = catalog_declarations()
+    if declared is not None:
+        strategy = str(values.get("strategy", RunConfig.model_fields["strategy"].default))
+        named = {strategy} | {key.split(".", 1)[0] for key in values if "." in key}
+        if not named & catalog_rules():
+            return parse_run_config(values, declared)
+        try:
+            RunConfig.model_validate({k: v for k, v in values.items() if "." not in k})
+        except ValidationError:
+            return parse_run_config(values, declared)  # raises, as the full check would
+    from pflarena.server.build import parse_config
 
-        return parse_config(values)
-    except ConfigError as error:
-        raise with_flag_hints(error, strategy, dataset) from None
+    return parse_config(values)
 
 
 def collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:

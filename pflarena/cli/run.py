@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pflarena.core.text import count
 from pflarena.reporting.compare import compare_table
 from pflarena.runtime.launch import resume_config, simulate
 from pflarena.server.progress import Progress
+from pflarena.server.progress_events import PLOTS_ENV
 from pflarena.server.results import failure_text, recorded_failures
 
 __all__ = ["add_parser", "command", "resume_run_config"]
@@ -237,8 +239,56 @@ def _phases(started_at: float | None) -> Iterator[Path]:
             path.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _plots_here(cfg: RunConfig, superlink: bool) -> Iterator[threading.Thread | None]:
+    """Where this command draws the run's own plots once it has ended (no tracker to log
+    them from the ServerApp, not ``--superlink``): a thread importing matplotlib meanwhile,
+    on a core the run's start-up leaves idle, and :data:`PLOTS_ENV` telling the ServerApp
+    to leave them out. None where the ServerApp draws them."""
+    previous = os.environ.pop(PLOTS_ENV, None)  # this command's run only
+    try:
+        if cfg.tracker or superlink:
+            yield None
+            return
+        warm = threading.Thread(target=_warm_plots, name="pflarena-plots", daemon=True)
+        warm.start()
+        os.environ[PLOTS_ENV] = "1"
+        yield warm
+    finally:
+        os.environ.pop(PLOTS_ENV, None)
+        if previous is not None:
+            os.environ[PLOTS_ENV] = previous
+
+
+def _warm_plots() -> None:
+    """Import matplotlib and draw one small picture in memory (its fonts loaded)."""
+    import io
+
+    from pflarena.core.drawing import pyplot
+    from pflarena.server.results import plot_run  # noqa: F401 - imported before it is needed
+
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(1, 1))
+    axes.set_title("x")
+    figure.savefig(io.BytesIO(), format="png")
+    plt.close(figure)
+
+
 def _start(args: argparse.Namespace, cfg: RunConfig, phases: Path) -> int:
     """Run ``cfg`` (checked) and print its results."""
+    with _plots_here(cfg, args.superlink) as plots:
+        summary = _simulate(args, cfg)
+        if plots is not None and summary.get("status") == "completed":
+            from pflarena.server.results import plot_run
+
+            plots.join()
+            plot_run(Path(cfg.output_dir))
+            mark("plots drawn")
+    return _report(cfg, summary, phases, verbose=args.verbose and not args.quiet)
+
+
+def _simulate(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
+    """Run ``cfg`` and return its summary (:func:`~pflarena.runtime.launch.simulate`)."""
     cfg = with_tracking(cfg)
     from pflarena.runtime.engines import plan_engine
 
@@ -283,6 +333,11 @@ def _start(args: argparse.Namespace, cfg: RunConfig, phases: Path) -> int:
             import shutil
 
             shutil.copyfile(args.config, Path(args.run_dir) / RUN_FILE_COPY)
+    return summary
+
+
+def _report(cfg: RunConfig, summary: dict[str, Any], phases: Path, verbose: bool) -> int:
+    """Print the run's results and times (and with ``verbose`` where its time went)."""
     run_dir = Path(cfg.output_dir)
     (run_dir / TABLE_FILE).write_text(compare_table([run_dir]) + "\n")
     mark("results table written")
@@ -292,7 +347,7 @@ def _start(args: argparse.Namespace, cfg: RunConfig, phases: Path) -> int:
     startup_s = round0 - started if started is not None and round0 is not None else None
     print(console_table(run_dir))
     print(f"\nresults: {cfg.output_dir}\n({_times(summary, startup_s)}; full table: {TABLE_FILE})")
-    if verbosity >= 2 and started is not None:
+    if verbose and started is not None:
         print(f"pflarena run: where the time went\n{phase_table(marks, started)}", file=sys.stderr)
     return exit_code(summary, run_dir)
 

@@ -31,7 +31,13 @@ from pflarena.server.build import build_strategy, declaration_of, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.polling import PromptGrid, prompt_grid
-from pflarena.server.progress_events import RunEnded, RunStarted, StartupPhase, emit
+from pflarena.server.progress_events import (
+    PLOTS_ENV,
+    RunEnded,
+    RunStarted,
+    StartupPhase,
+    emit,
+)
 from pflarena.server.results import (
     COMPLETED,
     FAILED,
@@ -274,9 +280,10 @@ def _run(grid: Grid, context: Context, cfg: RunConfig, output_dir: Path) -> None
     writer.write_summary(summary)
     writer.close()
     mark("results written")
-    plot_run(output_dir)
+    if cfg.tracker or not os.environ.get(PLOTS_ENV):  # else the caller draws them
+        plot_run(output_dir)
+        mark("plots drawn")
     strategy.write_artifacts(output_dir)
-    mark("plots drawn")
     if trackers:
         trackers.finish(summary, output_dir)
     emit(RunEnded(str(output_dir), failures=failure_text(summary.get("client_failures"))))

@@ -28,6 +28,7 @@ from pflarena.server.metrics import label
 
 __all__ = [
     "EVENTS_ENV",
+    "PLOTS_ENV",
     "EVENT_PREFIX",
     "Event",
     "RoundDone",
@@ -44,6 +45,10 @@ __all__ = [
 #: Set (to anything but empty) in a process whose output pflarena reads: :func:`emit` then
 #: writes each event's JSON line too.
 EVENTS_ENV = "PFLARENA_PROGRESS_EVENTS"
+#: Set (to anything but empty) where the command that started the run draws the run's own
+#: plots once it has ended (``pflarena run``: it imports matplotlib while the run starts);
+#: the ServerApp of a run with no tracker (which would log them) then leaves them out.
+PLOTS_ENV = "PFLARENA_CALLER_PLOTS"
 #: What starts an event's JSON line (after the log's level prefix).
 EVENT_PREFIX = "pflarena-event: "
 
