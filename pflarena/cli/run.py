@@ -169,6 +169,17 @@ def _with_strategy(values: dict[str, Any], preset_name: str | None) -> dict[str,
 
 
 def command(args: argparse.Namespace) -> int:
+    # The run's moments begin once its config is checked, "config checked" the first after
+    # the command's start: the data the check builds here is the run's process's to note.
+    given = os.environ.pop(PHASES_ENV, None)
+    try:
+        return _command(args, given)
+    finally:
+        if given is not None:
+            os.environ[PHASES_ENV] = given
+
+
+def _command(args: argparse.Namespace, phases_file: str | None) -> int:
     from pflarena.runtime.precheck import check_data
     from pflarena.server.results import check_output_dir
 
@@ -209,20 +220,21 @@ def command(args: argparse.Namespace) -> int:
         print("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
     args.run_dir = str(Path(cfg.output_dir).resolve())  # named if the run is interrupted
-    with _phases(getattr(args, "started_at", None)) as phases:
+    with _phases(getattr(args, "started_at", None), phases_file) as phases:
         return _start(args, cfg, phases)
 
 
 @contextlib.contextmanager
-def _phases(started_at: float | None) -> Iterator[Path]:
+def _phases(started_at: float | None, given: str | None) -> Iterator[Path]:
     """The file the run's processes note their moments in (:mod:`pflarena.core.phases`):
-    the caller's :data:`~pflarena.core.phases.PHASES_ENV`, else one of this command's own,
-    removed at the end. The command's first moment is ``started_at`` (the command line's
-    process start, :func:`pflarena.cli.command.main`), else this process's start."""
+    ``given`` (the caller's :data:`~pflarena.core.phases.PHASES_ENV`), else one of this
+    command's own, removed at the end. The command's first moment is ``started_at`` (the
+    command line's process start, :func:`pflarena.cli.command.main`), else this process's
+    start."""
     import tempfile
 
-    given = os.environ.get(PHASES_ENV)
     if given:
+        os.environ[PHASES_ENV] = given
         path = Path(given)
     else:
         fd, name = tempfile.mkstemp(prefix="pflarena-phases-")
@@ -234,8 +246,8 @@ def _phases(started_at: float | None) -> Iterator[Path]:
     try:
         yield path
     finally:
+        os.environ.pop(PHASES_ENV, None)
         if not given:
-            os.environ.pop(PHASES_ENV, None)
             path.unlink(missing_ok=True)
 
 

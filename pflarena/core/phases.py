@@ -59,8 +59,8 @@ def mark(name: str, at: float | None = None) -> None:
 
 
 def read_marks(path: str | Path) -> list[tuple[float, int, str]]:
-    """The moments in ``path``, in time order; the first of each name per process."""
-    seen: set[tuple[int, str]] = set()
+    """The moments in ``path``, in time order; of each name the first (a forked worker
+    building data the run's process built too notes nothing new)."""
     marks = []
     try:
         text = Path(path).read_text()
@@ -71,13 +71,16 @@ def read_marks(path: str | Path) -> list[tuple[float, int, str]]:
         if len(parts) != 3:
             continue
         try:
-            at, pid = float(parts[0]), int(parts[1])
+            marks.append((float(parts[0]), int(parts[1]), parts[2]))
         except ValueError:
             continue
-        if (pid, parts[2]) not in seen:
-            seen.add((pid, parts[2]))
-            marks.append((at, pid, parts[2]))
-    return sorted(marks)
+    seen: set[str] = set()
+    first = []
+    for at, pid, name in sorted(marks):
+        if name not in seen:
+            seen.add(name)
+            first.append((at, pid, name))
+    return first
 
 
 def phase_rows(marks: list[tuple[float, int, str]], start: float) -> list[tuple[str, float, float]]:
