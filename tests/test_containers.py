@@ -41,6 +41,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -1066,3 +1067,371 @@ def test_an_edge_node_that_comes_and_goes_keeps_its_client_state(
         assert [r["round"] for r in rounds] == list(range(num_rounds + 1)), rounds
         print("edge client per round:", _edge_client(rounds, "2"))
         assert None in _edge_client(rounds, "2")[2:], "no round recorded the node's absence"
+
+
+# --------------------------------------------------------------------------- several hosts
+#: The user that owns each "host"'s files, as an operator's account would on its machine (not
+#: root, not the images' Flower user): the bundles' containers run as it.
+HOST_UID = 4242
+
+
+def _host_address() -> str:
+    """This Docker host's address on its default route (not loopback), else the Docker
+    bridge's: the address every "host" below dials, as machines elsewhere would."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("198.51.100.1", 9))  # a route lookup: nothing is sent
+        address = sock.getsockname()[0]
+        if not address.startswith("127."):
+            return address
+    shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "docker0"], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    return shown.split("inet ", 1)[1].split("/", 1)[0]
+
+
+def _free_port_on(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def _unpack(bundle: Path, hosts: Path) -> Path:
+    """A bundle's archive unpacked on its "host" (a directory of its own), owned by the
+    host's user: what `scp NAME.tar host:` and `tar -xf NAME.tar` there leave."""
+    import tarfile
+
+    with tarfile.open(bundle) as tar:
+        tar.extractall(hosts, filter="data")
+    root = hosts / bundle.name.removesuffix(".tar")
+    _chown_tree(root, HOST_UID)
+    return root
+
+
+class BundleHost:
+    """One machine of the federation: its unpacked bundle, started with its own `start.sh`
+    (docker compose as the bundle's owner, a compose project and network of its own)."""
+
+    def __init__(self, root: Path, tag: str, env: dict[str, str] | None = None) -> None:
+        self.root, self.name = root, f"pflarena-test-{os.getpid()}-{next(_projects)}"
+        self.env = os.environ | {"PFLARENA_TAG": tag, "PFLARENA_PROJECT": self.name} | (env or {})
+
+    def start(self) -> None:
+        done = subprocess.run([str(self.root / "start.sh")], env=self.env, capture_output=True,
+                              text=True, timeout=UP_TIMEOUT_S)  # fmt: skip
+        assert done.returncode == 0, f"{self.root.name}: start.sh: {done.stdout}{done.stderr}"
+
+    def compose(self, *args: str, check: bool = True) -> str:
+        owner = {"PFLARENA_UID": str(HOST_UID), "PFLARENA_GID": str(HOST_UID)}
+        done = subprocess.run([*COMPOSE, "-p", self.name, *args], cwd=self.root,
+                              env=self.env | owner, capture_output=True, text=True, timeout=300)  # fmt: skip
+        if check:
+            assert done.returncode == 0, f"compose {args}: {done.stdout}{done.stderr}"
+        return done.stdout + done.stderr
+
+    def container(self, service: str) -> str:
+        return self.compose("ps", "-q", service).strip().splitlines()[-1]
+
+    def containers(self) -> list[str]:
+        return self.compose("ps", "-q").split()
+
+    def healthy(self, service: str) -> None:
+        container = self.container(service)
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while (status := _inspect(container, "{{.State.Health.Status}}")) != "healthy":
+            assert time.monotonic() < deadline, f"{service}: {status}\n{self.logs()}"
+            time.sleep(1)
+
+    def logs(self, tail: int = 30) -> str:
+        return f"--- {self.root.name} ---\n" + self.compose(
+            "logs", "--no-color", "--tail", str(tail), check=False
+        )
+
+    def down(self) -> None:
+        self.compose("down", "--remove-orphans", "-t", "10", check=False)
+
+
+def _firewall(container: str, allowed: tuple[str, int]) -> None:
+    """The host's firewall, as a node host's operator would set it: out of the container's
+    network namespace only to its own network and the SuperLink's one port, nothing else."""
+    pid = _inspect(container, "{{.State.Pid}}")
+    subnets = _inspect(container, "{{range .NetworkSettings.Networks}}{{.IPAddress}}/"
+                       "{{.IPPrefixLen}} {{end}}").split()  # fmt: skip
+    rules = [["-o", "lo", "-j", "ACCEPT"]]
+    rules += [["-d", subnet, "-j", "ACCEPT"] for subnet in subnets]
+    rules += [["-d", allowed[0], "-p", "tcp", "--dport", str(allowed[1]), "-j", "ACCEPT"]]
+    rules += [["-j", "REJECT"]]
+    for rule in rules:
+        subprocess.run(["nsenter", "-t", pid, "-n", "iptables", "-A", "OUTPUT", *rule],
+                       check=True, capture_output=True, timeout=30)  # fmt: skip
+
+
+def _reaches(container: str, address: str, port: int) -> bool:
+    """Whether a TCP connection from ``container``'s network namespace to ``address:port``
+    is accepted within 5 s."""
+    pid = _inspect(container, "{{.State.Pid}}")
+    probe = (
+        "import socket, sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+        "timeout=5).close()\nexcept OSError:\n sys.exit(1)"
+    )
+    done = subprocess.run(["nsenter", "-t", pid, "-n", sys.executable, "-c", probe, address,
+                           str(port)], capture_output=True, timeout=60)  # fmt: skip
+    return done.returncode == 0
+
+
+class OperatorHost:
+    """The operator's laptop: a network of its own, its bundle, the ``flwr`` CLI and
+    ``pflarena`` (the app image's), reaching the SuperLink only at its published address."""
+
+    def __init__(self, root: Path, tag: str) -> None:
+        self.root, self.tag = root, tag
+        self.network = f"pflarena-test-{os.getpid()}-{next(_projects)}-operator"
+        subprocess.run(["docker", "network", "create", self.network], check=True,
+                       capture_output=True)  # fmt: skip
+        self.runs = 0
+        self.app = Path("app")  # the laid-out app, relative to root
+
+    def _cmd(self, script: str) -> list[str]:
+        return ["docker", "run", "--rm", "--network", self.network,
+                "--user", f"{HOST_UID}:{HOST_UID}", "-e", "HOME=/op/home",
+                "-e", "FLWR_HOME=/op/home", "-v", f"{self.root}:/op", "-w", "/op",
+                "--entrypoint", "bash", image_name("app", self.tag), "-c", script]  # fmt: skip
+
+    def run(self, script: str, timeout: float = 300.0) -> str:
+        done = subprocess.run(self._cmd(script), capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"operator: {script}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def submit(self, run_config: dict[str, Any]) -> subprocess.Popen:
+        self.runs += 1
+        overrides = self.root / f"run{self.runs}.toml"
+        overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
+        log = open(self.root / f"flwr-run{self.runs}.log", "w")  # noqa: SIM115
+        script = f"flwr run {self.app} federation --run-config run{self.runs}.toml --stream"
+        return subprocess.Popen(self._cmd(script), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+
+    def online_nodes(self) -> int:
+        out = self.run("flwr supernode list federation --format json")
+        return sum(1 for n in json.loads(out).get("nodes", []) if n.get("status") == "online")
+
+    def wait_online(self, count: int, why: Any) -> None:
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while (online := self.online_nodes()) != count:
+            assert time.monotonic() < deadline, f"{online} of {count} nodes online\n{why()}"
+            time.sleep(3)
+
+    def remove(self) -> None:
+        subprocess.run(["docker", "network", "rm", self.network], capture_output=True)
+
+
+def _bundle_files(root: Path) -> dict[str, str]:
+    """Every file of an unpacked bundle and its mode."""
+    return {str(p.relative_to(root)): oct(p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def _trained(record: dict[str, Any], client: int) -> bool:
+    """Whether ``client`` trained in round ``record`` without a failure and was evaluated."""
+    train = record.get("train") or {}
+    failed = {p.get("client") for p in train.get("problems", [])}
+    per_client = (record.get("evaluation") or {}).get("per_client") or {}
+    return client in train.get("sampled", []) and client not in failed and str(client) in per_client
+
+
+def _wait_round(out: Path, proc: subprocess.Popen, wanted: Any, why: Any) -> dict[str, Any]:
+    """The first round of ``out``'s run for which ``wanted(record)`` holds; waits for it."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        path = out / "rounds.jsonl"
+        for record in read_rounds(path) if path.exists() else []:
+            if wanted(record):
+                return record
+        assert proc.poll() is None, f"the run ended first\n{why()}"
+        assert time.monotonic() < deadline, f"no such round\n{why()}"
+        time.sleep(1)
+
+
+def test_several_hosts_from_their_bundles(tmp_path: Path, image_tag: str) -> None:
+    """A federation over "hosts" that share nothing but the network: the SuperLink's host,
+    SuperNode hosts and the operator each on a Docker network of their own, each holding only
+    the bundle ``pflarena bundle`` made for it (and a SuperNode host only its own client's
+    shard), reaching each other only through the SuperLink's port published on this machine's
+    non-loopback address, the address its certificate names.
+
+    * The SuperNode hosts' firewalls let out only the SuperLink's port: from them, the
+      SuperLink's container and any other port of the SuperLink's address are unreachable,
+      and the federation works all the same.
+    * A run submitted from the operator's network completes with the in-process run's rounds.
+    * A second run (Ditto: each client's personal model in its host's state): a third host,
+      whose bundle is made after the run started, joins as a device without Docker
+      (``run-node.sh``); then a host "reboots" (its containers removed, made again by its
+      ``start.sh`` from its bundle and state) and takes part again holding its client state.
+    """
+    _need_root("the hosts' firewalls (iptables in their network namespaces)",
+               ("nsenter", "iptables", "ip"))  # fmt: skip
+    from pflarena.cli import main
+
+    address = _host_address()
+    port = _free_port_on(address)
+    machine = tmp_path / "operator-machine"  # the operator's own files: where bundles are made
+    shards = write_test_shards(machine, 3)
+    fed = machine / "federation"
+    bundle = ["bundle"]
+    assert main([*bundle, "superlink", "--dir", str(fed), "--address", f"{address}:{port}"]) == 0
+    for i, name in enumerate(["node-a", "node-b"]):
+        assert main([*bundle, "supernode", name, "--dir", str(fed), "--shard", str(shards[i])]) == 0
+    assert main([*bundle, "operator", "--dir", str(fed)]) == 0
+    # A bundle that would dial a name the SuperLink's certificate lacks is refused when made.
+    wrong = ["supernode", "node-x", "--dir", str(fed), "--shard", str(shards[0])]
+    assert main([*bundle, *wrong, "--superlink", f"localhost.localdomain:{port}"]) != 0
+    assert not (fed / "bundles" / "node-x").exists()
+
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    unpacked = {n: _unpack(fed / "bundles" / f"{n}.tar", hosts) for n in
+                ("superlink", "node-a", "node-b", "operator")}  # fmt: skip
+    for name, root in unpacked.items():
+        files = _bundle_files(root)
+        print(f"{name}'s bundle: {sorted(files)}")
+        assert all(mode in ("0o600", "0o700") for mode in files.values()), files
+        assert not [f for f in files if f.endswith("ca.key")], f"the CA's key in {name}'s bundle"
+    assert [f for f in _bundle_files(unpacked["node-a"]) if f.startswith("data/")] == [
+        f"data/{shards[0].name}"
+    ], "node-a holds data that is not its own"
+    assert "credentials/operator.token" not in _bundle_files(unpacked["superlink"])
+
+    link = BundleHost(unpacked["superlink"], image_tag, {"PFLARENA_BIND": address})
+    nodes = {n: BundleHost(unpacked[n], image_tag) for n in ("node-a", "node-b")}
+    operator = OperatorHost(unpacked["operator"], image_tag)
+    plain_node: dict[str, str] = {}
+    everyone = [link, *nodes.values()]
+
+    def logs() -> str:
+        extra = ""
+        if plain_node.get("id"):
+            extra = subprocess.run(["docker", "logs", "--tail", "40", plain_node["id"]],
+                                   capture_output=True, text=True).stdout  # fmt: skip
+        return "\n".join(h.logs() for h in everyone) + f"\n--- node-c ---\n{extra}"
+
+    try:
+        link.start()
+        link.healthy("superlink")
+        (operator.root / "keys").mkdir()
+        for name in nodes:  # public keys: the operator has them from the federation directory
+            shutil.copy(fed / "certs" / "nodes" / name / "node.key.pub",
+                        operator.root / "keys" / f"{name}.pub")  # fmt: skip
+        operator.app = flwr_run_dir(operator.root / "apps").relative_to(operator.root)
+        (operator.root / "home").mkdir()
+        _chown_tree(operator.root, HOST_UID)
+        operator.run(
+            "./connect.sh && for key in keys/*.pub; do flwr supernode register $key federation; "
+            f"done && pflarena approve {operator.app} --signing-key credentials/app-signing.key"
+        )
+        for node in nodes.values():
+            node.start()
+        for node in nodes.values():
+            node.healthy("supernode")
+            for container in node.containers():
+                _firewall(container, (address, port))
+        operator.wait_online(2, logs)
+
+        # Only the Fleet port: nothing else of the SuperLink's host is reachable from a node.
+        probe = nodes["node-a"].container("supernode")
+        superlink_ip = _inspect(link.container("superlink"),
+                                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")  # fmt: skip
+        with socket.socket() as listener:  # another service on the SuperLink host's address
+            listener.bind((address, 0))
+            listener.listen()
+            other = listener.getsockname()[1]
+            reach = {
+                f"{address}:{port}": _reaches(probe, address, port),
+                f"{address}:{other}": _reaches(probe, address, other),
+                f"{superlink_ip}:{SUPERLINK_PORT}": _reaches(probe, superlink_ip, SUPERLINK_PORT),
+            }
+        print(f"from node-a's host: {reach}")
+        assert reach == {f"{address}:{port}": True, f"{address}:{other}": False,
+                         f"{superlink_ip}:{SUPERLINK_PORT}": False}, reach  # fmt: skip
+
+        # A run from the operator's network: the in-process run's rounds.
+        cfg = run_config(Path("/runs/hosts"), num_clients=2, num_rounds=2, round_timeout=180.0)
+        proc = operator.submit(cfg.to_run_config())
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        out = link.root / "runs" / "hosts"
+        flwr_log = (operator.root / "flwr-run1.log").read_text(errors="replace")[-3000:]
+        assert rc == 0, f"flwr run exited {rc}\n{flwr_log}\n{logs()}"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "completed", summary
+        rounds = read_rounds(out / "rounds.jsonl")
+        assert [r["train"]["clients"] for r in rounds[1:]] == [2, 2], rounds
+        local = in_process_rounds(cfg, shards[:2], tmp_path)
+        assert evaluations(rounds) == pytest.approx(evaluations(local), abs=1e-9)
+        print("several hosts, FedAvg:", evaluations(rounds))
+
+        # A second run, started with the two hosts; a third joins it mid-run.
+        num_rounds = 30
+        cfg = run_config(Path("/runs/join"), strategy="ditto", num_clients=3,
+                         min_available_clients=2, num_rounds=num_rounds, round_timeout=120.0)  # fmt: skip
+        proc = operator.submit(cfg.to_run_config())
+        out = link.root / "runs" / "join"
+        _wait_round(out, proc, lambda r: r["round"] >= 1, logs)
+        assert (
+            main([*bundle, "supernode", "node-c", "--dir", str(fed), "--shard", str(shards[2])])
+            == 0
+        )
+        public = fed / "certs" / "nodes" / "node-c" / "node.key.pub"
+        shutil.copy(public, operator.root / "keys" / "node-c.pub")
+        _chown_tree(operator.root / "keys", HOST_UID)
+        operator.run("flwr supernode register keys/node-c.pub federation")
+        device = _unpack(fed / "bundles" / "node-c.tar", hosts)
+        network = f"{operator.network}-node-c"
+        subprocess.run(["docker", "network", "create", network], check=True, capture_output=True)
+        plain_node["network"] = network
+        # A device without Docker: its bundle's run-node.sh, the SuperNode and its executor as
+        # two processes (here in a container of its own, the image's Python for the device's).
+        plain_node["id"] = subprocess.run(
+            ["docker", "run", "-d", "--network", network, "--user", f"{HOST_UID}:{HOST_UID}",
+             "-e", "HOME=/tmp", "-v", f"{device}:/opt/node-c", "--entrypoint",
+             "/opt/node-c/run-node.sh", image_name("app", image_tag)],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        _firewall(plain_node["id"], (address, port))
+        joined = _wait_round(out, proc, lambda r: _trained(r, 2), logs)
+        print(f"node-c, made after the run started, trains in round {joined['round']}")
+        assert joined["round"] >= 2, joined
+
+        # node-a's host reboots: its containers removed, made again from its bundle and state.
+        state = nodes["node-a"].root / "state"
+        before = _tree_digest(state)
+        assert [k for k in before if "personal" in k], f"no personal model: {sorted(before)}"
+        old = nodes["node-a"].container("clientapp")
+        nodes["node-a"].compose("down", "-t", "10")
+        rebooted = max(r["round"] for r in read_rounds(out / "rounds.jsonl"))
+        assert before.items() <= _tree_digest(state).items(), "state lost in the reboot"
+        nodes["node-a"].start()
+        assert nodes["node-a"].container("clientapp") != old
+        nodes["node-a"].healthy("supernode")
+        for container in nodes["node-a"].containers():
+            _firewall(container, (address, port))
+        back = _wait_round(out, proc, lambda r: r["round"] > rebooted + 1 and _trained(r, 0), logs)
+        print(f"node-a rebooted after round {rebooted}, trains again in round {back['round']}")
+        assert not back["train"].get("state_problems"), back["train"]
+        assert not back["evaluation"].get("state_problems"), back["evaluation"]
+
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        flwr_log = (operator.root / "flwr-run2.log").read_text(errors="replace")[-3000:]
+        assert rc == 0, f"flwr run exited {rc}\n{flwr_log}\n{logs()}"
+        rounds = read_rounds(out / "rounds.jsonl")
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "completed", summary
+        assert [r["round"] for r in rounds] == list(range(num_rounds + 1))
+        assert sorted(rounds[0]["evaluation"]["per_client"]) == ["0", "1"], rounds[0]
+        assert sorted(rounds[-1]["evaluation"]["per_client"]) == ["0", "1", "2"], rounds[-1]
+        assert not [r for r in rounds[1 : joined["round"] - 1] if 2 in r["train"]["sampled"]]
+    finally:
+        print(logs())
+        for host in everyone:
+            host.down()
+        if plain_node.get("id"):
+            subprocess.run(["docker", "rm", "-f", plain_node["id"]], capture_output=True)
+        if plain_node.get("network"):
+            subprocess.run(["docker", "network", "rm", plain_node["network"]], capture_output=True)
+        operator.remove()

@@ -326,13 +326,17 @@ def _now() -> str:
 #: bundle (whose files are 0600), its state beside it.
 START_SH = """#!/bin/sh
 # Start (or restart after a reboot) this host's containers from this bundle: docker compose
-# as the user that owns the bundle, its state in ./state (kept across restarts).
+# as the user that owns the bundle, its state in ./state (kept across restarts). After
+# unpacking a new bundle over this one (a new key, certificate or address):
+# ./start.sh --force-recreate
 set -eu
 cd "$(dirname "$0")"
 umask 077
-mkdir -p {dirs}
 PFLARENA_UID=$(stat -c %u .) PFLARENA_GID=$(stat -c %g .)
 export PFLARENA_UID PFLARENA_GID
+mkdir -p {dirs}
+# Run by root (as docker often is): what it made belongs to the bundle's owner too.
+[ "$(id -u)" != 0 ] || chown "$PFLARENA_UID:$PFLARENA_GID" {dirs}
 if docker compose version >/dev/null 2>&1; then
     exec docker compose -p "${{PFLARENA_PROJECT:-{project}}}" up -d "$@"
 fi
