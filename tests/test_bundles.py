@@ -218,3 +218,45 @@ def test_bad_requests_are_refused_before_anything_is_made(tmp_path: Path) -> Non
     with pytest.raises(DeploymentError, match="--shard FILE"):
         node_bundle(fed, "node-a")
     assert not (fed / "bundles" / "node-a").exists()
+
+
+def test_a_host_that_keeps_its_own_key(fed: Path, tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
+                    str(own / "node.key")], check=True)  # fmt: skip
+    given = (own / "node.key.pub").read_bytes()
+    shard = tmp_path / "client_0000.npz"
+    made = node_bundle(fed, "node-c", shard=shard, public_key=own / "node.key.pub")
+    files = _files(made.directory)
+    assert "credentials/node.key" not in files
+    assert files["credentials/node.key.pub"].strip() == given.strip()
+    assert not (fed / "certs" / "nodes" / "node-c" / "node.key").exists()
+    # Its scripts refuse to start until the host puts its key there (Docker would mount a
+    # directory made in its place).
+    for script in ("start.sh", "run-node.sh"):
+        done = subprocess.run(["bash", str(made.directory / script)], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert done.returncode == 2 and "credentials/node.key is missing" in done.stderr
+    # Made again without the key: still the host's own; with a new one: the old retired.
+    again = node_bundle(fed, "node-c", shard=shard)
+    assert "credentials/node.key" not in _files(again.directory)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
+                    str(own / "next")], check=True)  # fmt: skip
+    node_bundle(fed, "node-c", shard=shard, public_key=own / "next.pub")
+    node_dir = fed / "certs" / "nodes" / "node-c"
+    assert (node_dir / "node.key.pub").read_bytes().strip() == (
+        own / "next.pub"
+    ).read_bytes().strip()
+    assert [p.read_bytes().strip() for p in node_dir.glob("node.key.retired-*.pub")] == [
+        given.strip()
+    ]
+    # Flower's nodes sign with EC keys: another kind is refused before anything is written.
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(own / "ed")], check=True
+    )
+    with pytest.raises(DeploymentError, match="not an EC key"):
+        node_bundle(fed, "node-d", shard=shard, public_key=own / "ed.pub")
+    with pytest.raises(DeploymentError, match="not an OpenSSH public key"):
+        node_bundle(fed, "node-d", shard=shard, public_key=shard)
+    assert not (fed / "bundles" / "node-d").exists()

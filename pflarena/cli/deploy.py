@@ -532,6 +532,7 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
                 data_path=args.data_path,
                 superlink=args.superlink,
                 new_key=args.new_key,
+                public_key=args.public_key,
                 days=args.days,
                 trust=args.trust,
             )
@@ -615,8 +616,15 @@ def add_bundle_parser(sub: argparse._SubParsersAction) -> None:
     node.add_argument(
         "--superlink", metavar="HOST[:PORT]", help="the address it dials (default: the first)"
     )
-    node.add_argument(
+    keys = node.add_mutually_exclusive_group()
+    keys.add_argument(
         "--new-key", action="store_true", help="a new key pair (the old one is kept, retired)"
+    )
+    keys.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="the host keeps its private key: its OpenSSH EC public key (ssh-keygen -t ecdsa "
+        "-b 384 there); the bundle then holds no private key",
     )
     op = roles.add_parser(
         "operator",

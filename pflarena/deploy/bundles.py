@@ -57,6 +57,7 @@ from pflarena.deploy.certs import (
     OPERATOR_TOKEN_HASH,
     SIGNING_KEY,
     Trust,
+    adopt_public_key,
     make_certificates,
     make_node_key,
     make_operator_token,
@@ -332,7 +333,7 @@ START_SH = """#!/bin/sh
 set -eu
 cd "$(dirname "$0")"
 umask 077
-PFLARENA_UID=$(stat -c %u .) PFLARENA_GID=$(stat -c %g .)
+{checks}PFLARENA_UID=$(stat -c %u .) PFLARENA_GID=$(stat -c %g .)
 export PFLARENA_UID PFLARENA_GID
 mkdir -p {dirs}
 # Run by root (as docker often is): what it made belongs to the bundle's owner too.
@@ -351,7 +352,7 @@ PAIR_SH = """#!/bin/bash
 set -uo pipefail
 cd "$(dirname "$0")"
 umask 077
-mkdir -p {dirs}
+{checks}mkdir -p {dirs}
 here=$(pwd)
 {first} &
 first=$!
@@ -541,12 +542,15 @@ def superlink_bundle(
             f"as the bundle's owner).\nNodes and the operator dial {dialled}; open TCP {port} "
             "to them, nothing else.\nMade by `pflarena bundle superlink`; do not edit.",
         ),
-        "start.sh": _script(START_SH.format(dirs="state runs", project="pflarena-superlink")),
+        "start.sh": _script(
+            START_SH.format(checks="", dirs="state runs", project="pflarena-superlink")
+        ),
         "run-superlink.sh": _script(
             PAIR_SH.format(
                 what="The SuperLink",
                 first_what="`pflarena superlink`",
                 second_what="its ServerApp executor (Flower's, approved apps only)",
+                checks="",
                 dirs="state runs",
                 first=superlink_cmd,
                 second=executor_cmd,
@@ -593,6 +597,38 @@ else. Results are written under ./runs, the SuperLink's database under ./state.
 
 
 # --------------------------------------------------------------------------- a SuperNode host
+#: A node host's scripts refuse to start without its private key (a host that keeps its own
+#: puts it there; Docker would otherwise mount a directory made in its place).
+NODE_KEY_CHECK = """if [ ! -f credentials/node.key ]; then
+    echo "credentials/node.key is missing: put this host's private key there, 0600 (its public half is credentials/node.key.pub)" >&2
+    exit 2
+fi
+"""
+
+
+def _node_public_key(path: Path) -> bytes:
+    """A node's OpenSSH public key, checked: an EC key, as Flower's SuperNodes sign with."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+
+    how = "make one on the node's host: ssh-keygen -t ecdsa -b 384 -N '' -f node.key"
+    try:
+        data = path.read_bytes().strip()
+        key = load_ssh_public_key(data)
+    except OSError as exc:
+        raise DeploymentError(f"--public-key {path}: {exc.strerror}") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise DeploymentError(
+            f"--public-key {path} is not an OpenSSH public key ({exc}); {how}"
+        ) from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise DeploymentError(
+            f"--public-key {path} is not an EC key: Flower's SuperNodes sign with EC keys; {how}"
+        )
+    return data + b"\n"
+
+
 def node_bundle(
     fed_dir: str | Path,
     name: str,
@@ -601,11 +637,16 @@ def node_bundle(
     data_path: str | None = None,
     superlink: str | None = None,
     new_key: bool = False,
+    public_key: str | Path | None = None,
     days: int = 365,
     trust: Trust = (),
 ) -> Bundle:
     """SuperNode host ``name``'s bundle; makes its key pair, SuperExec secret and Runtime API
     certificate when missing (``new_key``: a new key pair, the old one retired beside it).
+    ``public_key``: the host keeps its own private key and gave the operator this public
+    half (an OpenSSH EC key); the bundle then carries no private key, and the host puts its
+    own at ``credentials/node.key``. A host that gave one before keeps it (without
+    ``new_key``).
 
     Its data: ``shard`` (a file here, copied into the bundle) or ``data_path`` (a path on the
     node's host). ``superlink`` (``HOST[:PORT]``, default the first address recorded) must
@@ -624,18 +665,30 @@ def node_bundle(
         raise DeploymentError(f"--shard {shard}: no such file")
     if data_path is not None and not data_path.startswith("/"):
         raise DeploymentError(f"--data-path {data_path}: give an absolute path on the node's host")
+    given = _node_public_key(Path(public_key)) if public_key is not None else None
     fed = Federation.open(fed_dir)
     host, port = fed.dialled(superlink)
     ca = fed.certs / "ca.crt"
     node_dir = fed.node_dir(name)
-    private_dir(node_dir.parent, "credentials directory")
-    key = node_dir / "node.key"
+    private_dir(node_dir, "credentials directory")
+    node = fed.record.setdefault("nodes", {}).setdefault(name, {})
+    key, public = node_dir / "node.key", node_dir / "node.key.pub"
+    own_key = given is not None or (node.get("own_key", False) and not new_key)
     retired = None
-    if new_key and key.exists():
+    replaced = given is not None and public.exists() and public.read_bytes() != given
+    if public.exists() and (new_key or replaced or (given is not None and key.exists())):
         retired = node_dir / f"node.key.retired-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
-        key.rename(retired)
-        key.with_name("node.key.pub").rename(retired.with_name(retired.name + ".pub"))
-    private, public = make_node_key(key, comment=f"pflarena-{name}", trust=trust)
+        public.rename(retired.with_name(retired.name + ".pub"))
+        if key.exists():
+            key.rename(retired)
+    if given is not None:
+        private = None
+        if not public.exists():
+            adopt_public_key(public, given)
+    elif own_key:
+        private = None  # the host's own key, given before
+    else:
+        private, public = make_node_key(key, comment=f"pflarena-{name}", trust=trust)
     secret = make_secret(node_dir / "superexec.secret", trust=trust)
     # Its own CA: the executor beside the node trusts this node's Runtime API and nothing else.
     runtime = make_certificates(
@@ -644,13 +697,13 @@ def node_bundle(
     )  # fmt: skip
     runtime_cert, runtime_key = runtime.servers["runtime"]
     signing = fed.certs / f"{SIGNING_KEY}.pub"
-    node = fed.record.setdefault("nodes", {}).setdefault(name, {})
     node.update(superlink=_dial(host, port), made=_now(), data=str(data_path or Path(shard).name))
+    node["own_key"] = own_key
     fed.save()
 
     creds = {
         "credentials/ca.crt": (_read(ca), 0o600),
-        "credentials/node.key": (_read(private), 0o600),
+        **({"credentials/node.key": (_read(private), 0o600)} if private is not None else {}),
         "credentials/node.key.pub": (_read(public), 0o600),
         "credentials/superexec.secret": (_read(secret), 0o600),
         "credentials/runtime-ca.crt": (_read(runtime.ca_cert), 0o600),
@@ -665,7 +718,7 @@ def node_bundle(
     else:
         host_data = str(data_path)
     dialled = _dial(host, port)
-    mount = {rel: f"/certs/{Path(rel).name}" for rel in creds}
+    mount = {rel: f"/certs/{Path(rel).name}" for rel in [*creds, "credentials/node.key"]}
     compose = {
         "services": {
             "supernode": {
@@ -702,7 +755,7 @@ def node_bundle(
                 "environment": {"HOME": "/tmp"},
                 "volumes": [
                     f"./{rel}:{mount[rel]}:ro"
-                    for rel in creds
+                    for rel in {**creds, "credentials/node.key": None}
                     if Path(rel).name not in ("node.key.pub",)
                 ],
                 "healthcheck": _healthcheck(RUNTIME_PORT, "/certs/runtime-ca.crt"),
@@ -761,12 +814,15 @@ def node_bundle(
             f"compose as the bundle's owner).\nIt dials the SuperLink at {dialled} and "
             "publishes no port.\nMade by `pflarena bundle supernode`; do not edit.",
         ),
-        "start.sh": _script(START_SH.format(dirs="state", project=f"pflarena-{name}")),
+        "start.sh": _script(
+            START_SH.format(checks=NODE_KEY_CHECK, dirs="state", project=f"pflarena-{name}")
+        ),
         "run-node.sh": _script(
             PAIR_SH.format(
                 what=f"SuperNode host {name}",
                 first_what="`pflarena supernode` (its Runtime API on 127.0.0.1, over TLS)",
                 second_what="its warm ClientApp executor",
+                checks=NODE_KEY_CHECK,
                 dirs="state",
                 first=node_cmd,
                 second=executor_cmd,
@@ -817,7 +873,8 @@ Without Docker (a Raspberry Pi, a Jetson; `pip install pflarena`): `./run-node.s
 service: `pflarena-{name}.service` (edit its paths and user first).
 
 The operator registers this node's key (credentials/node.key.pub) before it can join:
-`flwr supernode register node.key.pub <connection>`.
+`flwr supernode register node.key.pub <connection>`. A host that keeps its own key (the
+bundle made with `--public-key`) puts its private key at credentials/node.key (0600) first.
 """
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "OPERATOR_TOKEN_HASH",
     "RECORD",
     "SIGNING_KEY",
+    "adopt_public_key",
     "make_certificates",
     "make_node_key",
     "make_operator_token",
@@ -294,6 +295,19 @@ def make_node_key(path: str | Path, comment: str = "", *, trust: Trust = ()) -> 
         raise DeploymentError(f"ssh-keygen failed: {result.stderr.strip()}")
     _made(private, public)
     return private, public
+
+
+def adopt_public_key(path: str | Path, data: bytes) -> Path:
+    """A SuperNode's public key the operator was given (a host that keeps its private key
+    on its own machine): written 0600 at ``path`` and recorded, replacing one pflarena
+    recorded there before (a planted or changed file is refused, as every credential is)."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        _kept(path, secret=False)
+        path.unlink()
+    _write_private(path, data)
+    _record(path)
+    return path
 
 
 # --------------------------------------------------------------------------- secrets
