@@ -14,9 +14,9 @@ The tree under test notes its moments (``PFLARENA_PHASES``, :mod:`pflarena.core.
 their medians make the phase table. The results of every run of the job must be equal
 (``rounds.jsonl`` and ``summary.json`` but for wall-clock fields).
 
-Usage (the earlier tree exported from git)::
+Usage (the earlier tree exported from git with ``git archive``, or given as a directory)::
 
-    git archive <commit> | tar -x -C /tmp/before
+    python benchmarks/startup.py --before-commit <commit> --repeats 5
     python benchmarks/startup.py --before /tmp/before --repeats 5
 """
 
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -172,13 +173,26 @@ def _commit(tree: Path) -> str:
 # --------------------------------------------------------------------------- report
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", required=True, help="the earlier source tree")
-    parser.add_argument("--before-name", default="", help="what to call it (its commit)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--before", help="the earlier source tree")
+    which.add_argument("--before-commit", help="the earlier commit (exported with git archive)")
+    parser.add_argument("--before-name", default="", help="what to call it")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/startup.md"))
     args = parser.parse_args()
-    before, after = Path(args.before).resolve(), ROOT
     work = Path(tempfile.mkdtemp(prefix="pflarena-startup-"))
+    if args.before_commit:
+        before = work / "before"
+        before.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", args.before_commit],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+        args.before_name = args.before_name or f"commit {args.before_commit}"
+    else:
+        before = Path(args.before).resolve()
+    after = ROOT
     started = datetime.now(timezone.utc)
     load_start = os.getloadavg()
     kinds = {"job": JOB, "check": CHECK, "config error": CONFIG_ERROR}
@@ -217,9 +231,8 @@ def main() -> None:
         "# Start-up of `pflarena run`: before and after",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC.",
-        f"- Command: `python benchmarks/startup.py --before <tree of "
-        f"{args.before_name or before}> --repeats {args.repeats}`, "
-        f"at commit {_commit(after)}.",
+        f"- Command: `python benchmarks/startup.py {shlex.join(sys.argv[1:])}`, at commit "
+        f"{_commit(after)}.",
         f"- Job: `{command}` (before and after alternate, {args.repeats} times each); also "
         "its `--check`, and a configuration error (`--num-clients 0`).",
         f"- Before: {args.before_name or before}, the same Python environment.",
