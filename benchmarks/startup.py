@@ -244,8 +244,7 @@ def main() -> None:
         "",
         "Medians of " + str(args.repeats) + ":",
         "",
-        "| command | wall s before | wall s after | after / before "
-        "| CPU s before | CPU s after |",
+        "| command | wall s before | wall s after | after / before | CPU s before | CPU s after |",
         "|---|---|---|---|---|---|",
     ]
     for name in kinds:
@@ -273,10 +272,7 @@ def main() -> None:
         "",
         "| phase ends with | phase s | at s |",
         "|---|---|---|",
-        *[
-            f"| {name} | {phase:.2f} | {at:.2f} |"
-            for name, phase, at in phase_medians(phase_files)
-        ],
+        *[f"| {name} | {phase:.2f} | {at:.2f} |" for name, phase, at in phase_medians(phase_files)],
         f"| process exited (wall) | | {cell('after', 'job', 'wall'):.2f} |",
     ]
     Path(args.output).write_text("\n".join(lines) + "\n")
