@@ -155,7 +155,8 @@ def phase_medians(files: list[Path]) -> list[tuple[str, float, float]]:
     ]
 
 
-def _commit(tree: Path) -> str:
+def _commit(tree: Path, output: Path) -> str:
+    """``tree``'s commit, and whether its tracked files differ from it (but ``output``)."""
     try:
         head = subprocess.run(
             ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
@@ -164,10 +165,12 @@ def _commit(tree: Path) -> str:
         dirty = subprocess.run(
             ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+        ).stdout.splitlines()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head + (" (with uncommitted changes of the working tree)" if dirty else "")
+    mine = str(output.resolve().relative_to(tree)) if output.resolve().is_relative_to(tree) else ""
+    changed = [line for line in dirty if line[3:].strip() != mine]
+    return head + (" (with uncommitted changes of the working tree)" if changed else "")
 
 
 # --------------------------------------------------------------------------- report
@@ -232,7 +235,7 @@ def main() -> None:
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC.",
         f"- Command: `python benchmarks/startup.py {shlex.join(sys.argv[1:])}`, at commit "
-        f"{_commit(after)}.",
+        f"{_commit(after, Path(args.output))}.",
         f"- Job: `{command}` (before and after alternate, {args.repeats} times each); also "
         "its `--check`, and a configuration error (`--num-clients 0`).",
         f"- Before: {args.before_name or before}, the same Python environment.",
