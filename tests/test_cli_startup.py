@@ -181,6 +181,7 @@ def test_the_examples_run_and_the_run_file_is_kept(tmp_path) -> None:
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     assert len(table) >= 5 and all(len(line) <= 100 for line in table), result.stdout
     assert (out / "results.md").exists()
+    assert list(out.glob("*.png")), "the run's plots (drawn by the command) are missing"
     sweep = _pflarena("sweep", "examples/sweep.toml", "--out", str(tmp_path / "sweep"), "--quiet")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert (tmp_path / "sweep" / "leaderboard.md").exists()
