@@ -65,6 +65,7 @@ from pflarena.deploy.certs import (
     make_signing_key,
     secret_path,
 )
+from pflarena.deploy.compose import healthcheck
 from pflarena.deploy.errors import DeploymentError
 from pflarena.deploy.private import check_owned, private_dir
 
@@ -94,7 +95,6 @@ USER = "${PFLARENA_UID:?set by start.sh: the host user that owns this bundle}"
 GROUP = "${PFLARENA_GID:?set by start.sh}"
 TAG = "${PFLARENA_TAG:-latest}"
 IMAGE = "${PFLARENA_IMAGE:-pflarena}"
-HEALTH_INTERVAL = "5s"
 
 
 # --------------------------------------------------------------------------- addresses
@@ -305,18 +305,8 @@ def _yaml(data: Any, header: str) -> tuple[bytes, int]:
 
 
 def _healthcheck(port: int, cafile: str) -> dict[str, Any]:
-    probe = (
-        "import ssl, urllib.request; urllib.request.urlopen("
-        f"'https://127.0.0.1:{port}/health', timeout=4, "
-        f"context=ssl.create_default_context(cafile='{cafile}'))"
-    )
-    return {
-        "test": ["CMD", "python", "-c", probe],
-        "interval": HEALTH_INTERVAL,
-        "timeout": "5s",
-        "retries": 3,
-        "start_period": "120s",
-    }
+    """The compose files' healthcheck, over TLS verified with ``cafile``."""
+    return healthcheck(port, True, cafile)
 
 
 def _now() -> str:

@@ -62,6 +62,7 @@ __all__ = [
     "compose_files",
     "dump",
     "edge_image",
+    "healthcheck",
     "load",
 ]
 
@@ -158,11 +159,12 @@ def _node_config(shard_name: str) -> str:
     return f'data-path="/data/{shard_name}" state-dir="/state"'
 
 
-def healthcheck(port: int, tls: bool) -> dict[str, Any]:
+def healthcheck(port: int, tls: bool, cafile: str = CA) -> dict[str, Any]:
     """``GET /health`` on ``port`` inside the container, with the image's Python (Flower's
-    images have no curl); over TLS verified with the CA (the certificates name 127.0.0.1)."""
+    images have no curl); over TLS verified with the CA at ``cafile`` (the certificates
+    name 127.0.0.1)."""
     scheme, context = (
-        ("https", f"ssl.create_default_context(cafile='{CA}')") if tls else ("http", "None")
+        ("https", f"ssl.create_default_context(cafile='{cafile}')") if tls else ("http", "None")
     )
     probe = (
         "import ssl, urllib.request; "
