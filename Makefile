@@ -45,7 +45,7 @@ test: setup
 # nothing can be pulled; root and debootstrap) or reused by the digest of their inputs, then
 # `docker-compose up` federations: plain, faults, TLS, an edge node behind a degraded link, an
 # edge node that loses its network and comes back, then loses its power (40 rounds: 3-8
-# minutes). Opted in here, so nothing is skipped: a missing Docker Engine, Compose, root or
+# minutes), several hosts from their bundles (each its own network). Opted in here, so nothing is skipped: a missing Docker Engine, Compose, root or
 # network tool (nsenter, tc, iptables) fails the scenarios that need it, saying which. A step
 # of its own in .ci/run: a cold image build takes minutes.
 test-containers: setup

@@ -26,7 +26,9 @@ behind a degraded link (tc netem in its network namespace); an arm64 edge node (
 for linux/arm64 and run under qemu-user emulation; opt-in, ``PFLARENA_ARM64_TESTS=1`` or
 ``make test-edge``; once opted in, failed, saying why, where binfmt_misc has no handler:
 ``make binfmt``) in the federation with the in-process evaluations; an edge node losing its
-network, getting it back, and its container recreated on its state volume.
+network, getting it back, and its container recreated on its state volume; several hosts
+(the SuperLink's, SuperNodes', the operator's), each on a Docker network of its own with only
+its ``pflarena bundle``, a host joining mid-run and one rebooting.
 """
 
 from __future__ import annotations
