@@ -186,11 +186,14 @@ def add_config_flags(
         title = f"common run-config flags ({HELP_ALL} lists all)"
     group = parser.add_argument_group(title)
     listed = help_keys() if not full_help else set()
+    named: list[str] = []  # listed by name only: keys the presets set, beyond the common ones
     for name, field in RunConfig.model_fields.items():
         alias = name.replace("_", "-")
         if (only is not None and alias not in only) or alias in ("resume", *skip):
             continue  # --resume DIR is a flag of its own
-        shown = full_help or alias in listed
+        shown = full_help or alias in COMMON_FLAGS or alias in NEEDED_KEYS
+        if not shown and alias in listed:
+            named.append(f"--{alias}")
         text = f"{field.description or ''} (default: {field.default!r}"
         text += f"; {DEFAULTS_THAT_DIFFER[alias]})" if alias in DEFAULTS_THAT_DIFFER else ")"
         # a key of a few values takes only those (one line naming them otherwise)
@@ -202,6 +205,28 @@ def add_config_flags(
             metavar="{" + ",".join(choices) + "}" if choices else "VALUE",
             choices=list(choices) if choices and all(isinstance(c, str) for c in choices) else None,
             help=text.strip().replace("%", "%%") if shown else argparse.SUPPRESS,
+        )
+    if named:
+        parser.add_argument_group(
+            f"run-config flags the presets set ({HELP_ALL} describes them)", ", ".join(named)
+        )
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, whose paragraphs never break a flag at its hyphens (``--ditto.lambda``
+    stays whole in a list of flags)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        text = " ".join(text.split())
+        return textwrap.fill(
+            text,
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+            break_long_words=False,
         )
 
 
@@ -216,7 +241,7 @@ def add_method_flags(
     methods NAME`` show them)."""
     keys = []
     listed = help_keys() if not full_help else set()
-    presets_group: Any = None
+    named: list[str] = []  # without full_help: the keys the presets set, by name
     for declaration in methods.values():
         rows = declaration.param_docs()
         if not rows:
@@ -228,24 +253,22 @@ def add_method_flags(
                 f"{declaration.summary} ({declaration.reference})",
             )
         for key, default, _type, description in rows:
-            shown = full_help or key in listed
-            where = group
-            if shown and not full_help:  # a key a preset sets: in a group of their own
-                if presets_group is None:
-                    presets_group = parser.add_argument_group(
-                        f"method parameters the presets set ({HELP_ALL} lists every one)"
-                    )
-                where = presets_group
-            where.add_argument(
+            if not full_help and key in listed:
+                named.append(f"--{key}")
+            group.add_argument(
                 f"--{key}",
                 dest=key,
                 default=None,
                 metavar="VALUE",
                 help=f"{description} (default: {default!r})".replace("%", "%%")
-                if shown
+                if full_help
                 else argparse.SUPPRESS,
             )
             keys.append(key)
+    if named:
+        parser.add_argument_group(
+            f"method parameters the presets set ({HELP_ALL} describes them)", ", ".join(named)
+        )
     return keys
 
 

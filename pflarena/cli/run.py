@@ -15,6 +15,7 @@ from typing import Any
 from pflarena.cli.options import (
     HELP_ALL,
     RUN_EPILOG,
+    HelpFormatter,
     add_config_flags,
     add_method_flags,
     add_runtime_flags,
@@ -487,6 +488,7 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
         help="run one strategy as a Flower simulation",
         description="Run one strategy as a Flower simulation and print its results.",
         epilog=None if full_help else RUN_EPILOG,
+        formatter_class=HelpFormatter,
     )
     run.add_argument(
         HELP_ALL, action="store_true", help="list every flag (run config, method parameters)"
