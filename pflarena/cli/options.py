@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -80,7 +81,8 @@ HELP_ALL = "--help-all"
 NEEDED_KEYS: tuple[str, ...] = ("validation-fraction", "server-fraction")
 
 
-def help_keys() -> set[str]:
+@functools.cache
+def help_keys() -> frozenset[str]:
     """The run-config and method keys ``pflarena run --help`` lists: the common ones, every
     key a built-in preset sets (a paper's setting needs them) and every key a method may
     need; ``--help-all`` lists every one."""
@@ -91,7 +93,7 @@ def help_keys() -> set[str]:
         preset = load_preset(name)
         for strategy in preset.strategies or (None,):
             keys |= set(preset.overrides(strategy))
-    return keys
+    return frozenset(keys)
 
 
 def presets_setting(key: str, strategy: str, dataset: str = "") -> list[str]:

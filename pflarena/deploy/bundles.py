@@ -304,11 +304,6 @@ def _yaml(data: Any, header: str) -> tuple[bytes, int]:
     return _text("".join(f"# {line}\n" for line in header.splitlines()) + body)
 
 
-def _healthcheck(port: int, cafile: str) -> dict[str, Any]:
-    """The compose files' healthcheck, over TLS verified with ``cafile``."""
-    return healthcheck(port, True, cafile)
-
-
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -406,7 +401,7 @@ def superlink_bundle(
         )
     port = ports.pop() if ports else DEFAULT_PORT
     known = list(link.get("addresses", []))
-    hosts = list(dict.fromkeys([*(h for h in known), *(h for h, _ in parsed)]))
+    hosts = list(dict.fromkeys([*known, *(h for h, _ in parsed)]))
     if not hosts:
         raise DeploymentError(
             "give the names or IPs the nodes and the operator dial: --address HOST[:PORT]"
@@ -477,7 +472,7 @@ def superlink_bundle(
                     "./state:/state",
                     *(f"./{rel}:/certs/{Path(rel).name}:ro" for rel in creds),
                 ],
-                "healthcheck": _healthcheck(CONTAINER_PORT, "/certs/ca.crt"),
+                "healthcheck": healthcheck(CONTAINER_PORT, True, "/certs/ca.crt"),
                 "restart": "unless-stopped",
             },
             "serverapp": {
@@ -708,7 +703,6 @@ def node_bundle(
     else:
         host_data = str(data_path)
     dialled = _dial(host, port)
-    mount = {rel: f"/certs/{Path(rel).name}" for rel in [*creds, "credentials/node.key"]}
     compose = {
         "services": {
             "supernode": {
@@ -744,11 +738,12 @@ def node_bundle(
                 ],  # fmt: skip
                 "environment": {"HOME": "/tmp"},
                 "volumes": [
-                    f"./{rel}:{mount[rel]}:ro"
-                    for rel in {**creds, "credentials/node.key": None}
-                    if Path(rel).name not in ("node.key.pub",)
+                    # node.key even where the host brings its own (--public-key)
+                    f"./{rel}:/certs/{Path(rel).name}:ro"
+                    for rel in dict.fromkeys([*creds, "credentials/node.key"])
+                    if rel != "credentials/node.key.pub"
                 ],
-                "healthcheck": _healthcheck(RUNTIME_PORT, "/certs/runtime-ca.crt"),
+                "healthcheck": healthcheck(RUNTIME_PORT, True, "/certs/runtime-ca.crt"),
                 "restart": "unless-stopped",
             },
             "clientapp": {
