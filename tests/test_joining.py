@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from pflarena.core.config import RunConfig
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy
-from pflarena.server.loop import run_rounds
+from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.results import ResultsWriter
 
 
@@ -37,6 +37,21 @@ def test_a_client_that_connects_mid_run_takes_part_from_the_next_round(tmp_path)
     assert [r["train"]["sampled"] for r in rounds[2:]] == [[0, 1, 2], [0, 1, 2]]
     assert all(r["train"]["failures"] == 0 for r in rounds[1:])
     assert sorted(rounds[-1]["evaluation"]["per_client"]) == ["0", "1", "2"]
+    summary = summary_record(cfg, rounds, status="completed", wall_time_s=1.0)
+    assert summary["clients_never_connected"] == []
+
+
+def test_a_client_that_never_connects_is_named_in_the_summary(tmp_path) -> None:
+    cfg = config(num_clients=3, num_rounds=1, fraction_train=1.0, min_available_clients=2)
+    grid = grid_for(cfg)
+    grid.offline.add(sorted(grid.node_ids)[2])
+    writer = ResultsWriter(tmp_path / "run")
+    try:
+        outcome = run_rounds(grid, cfg, build_strategy(cfg), initial_arrays(cfg), writer)
+    finally:
+        writer.close()
+    summary = summary_record(cfg, outcome.rounds, status="completed", wall_time_s=1.0)
+    assert summary["clients_never_connected"] == [2]
 
 
 def test_without_it_the_run_waits_for_every_client(tmp_path) -> None:

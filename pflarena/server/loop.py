@@ -730,6 +730,13 @@ def summary_record(
     if cfg.shards_dir:
         summary["shards_dir"] = cfg.shards_dir
     summary |= summarize_rounds(rounds, cfg.num_clients)
+    if cfg.min_available_clients:
+        # A run that starts without every client: those that never connected, said.
+        seen = {str(c) for r in rounds for c in (r.get("train") or {}).get("sampled", [])}
+        seen |= {c for r in rounds for c in ((r.get("evaluation") or {}).get("per_client") or {})}
+        summary["clients_never_connected"] = [
+            c for c in range(cfg.num_clients) if str(c) not in seen
+        ]
     if stopped is not None:
         summary["client_failures"] = client_failures([*rounds, stopped], cfg.num_clients)
     summary["metric_definitions"] = definitions()
