@@ -101,6 +101,7 @@ def _local_deploy(args: argparse.Namespace) -> int:
         raise ConfigError("--num-supernodes must be at least 1")
     if args.auth and not args.tls:
         raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+    gpus = _gpus(args.gpus)
     root = private_dir(args.dir, say=print)
     shards = _shards_for(args, root)
     if args.shards_dir:
@@ -117,6 +118,7 @@ def _local_deploy(args: argparse.Namespace) -> int:
         idle_poll=args.idle_poll,
         active_poll=args.active_poll or None,
         trust=[Path(p) for p in args.trust],
+        gpus=gpus,
     )
     stop_requested: list[int] = []
 
@@ -131,6 +133,11 @@ def _local_deploy(args: argparse.Namespace) -> int:
             f" and {len(shards)} SuperNodes{' with TLS' if args.tls else ''}"
             f"{' and node authentication' if args.auth else ''}; logs in {root / 'logs'}"
         )
+        if gpus is not None:
+            print(
+                "ClientApp executors pinned (CUDA_VISIBLE_DEVICES): "
+                + ", ".join(f"supernode-{i} GPU {dep.gpu_of(i)}" for i in range(len(shards)))
+            )
         start = time.monotonic()
         dep.start(wait_s=args.wait)
         dep.save(launcher_pid=None if args.detach else _own_pid())
@@ -169,6 +176,20 @@ def _local_deploy(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         if not args.detach or sys.exc_info()[0] is not None:
             dep.stop()
+
+
+def _gpus(value: str | None) -> list[str] | None:
+    """``--gpus ID,ID,...`` as a list (``None`` when not given), refused here, before
+    anything is written, unless its ids are distinct and non-empty (the check ``pflarena
+    compose --gpus`` makes)."""
+    if value is None:
+        return None
+    from pflarena.deploy.compose import check_gpus
+
+    try:
+        return check_gpus(value.split(","))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _own_pid() -> int:
@@ -343,6 +364,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="what runs each SuperNode's messages: warm (default), pflarena's warm executor, one "
         "forked child of a pre-imported parent per message, restarted if it dies while this "
         "command runs in the foreground; flower, Flower's own, a fresh process per message",
+    )
+    local.add_argument(
+        "--gpus",
+        metavar="ID,ID,...",
+        help="one GPU per SuperNode: SuperNode i's ClientApp executor sees the i-th id alone "
+        "(CUDA_VISIBLE_DEVICES; fewer ids than SuperNodes are shared round-robin), the "
+        "SuperLink and the SuperNodes themselves see none (default: every process sees the "
+        "GPUs this command sees)",
     )
     local.add_argument(
         "--active-poll",

@@ -38,6 +38,14 @@ a task every 0.1 s for 30 s after each task, then doubles up to ``task_poll``
 (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's 1 s by default here, since ten idle
 SuperNodes polling every 0.1 s kept 0.7 of 2 cores busy); an idle deployment polls as
 Flower's does (``benchmarks/results/deployment.md``).
+
+GPUs (``gpus``, ``pflarena local-deploy --gpus``): one per SuperNode, as in the compose files.
+SuperNode ``i``'s ClientApp executor runs with ``CUDA_VISIBLE_DEVICES=gpus[i % len(gpus)]``
+(its children inherit it: each sees that GPU alone, as ``cuda:0``); fewer ids than SuperNodes
+are shared round-robin. Every other process runs with ``CUDA_VISIBLE_DEVICES=""``: none of
+them computes, and a CUDA context one of them made by accident would take memory on a GPU
+meant for a ClientApp. The ids are recorded, so a SuperNode started later and an executor
+restarted by :meth:`LocalDeployment.supervise` get the same GPU.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ from pflarena.deploy.certs import (
     make_signing_key,
     secret_path,
 )
+from pflarena.deploy.compose import check_gpus
 from pflarena.deploy.errors import DeploymentError
 from pflarena.deploy.private import PRIVATE_UMASK, check_owned, private_dir
 from pflarena.deploy.supernode import FLOWER_IDLE_SLEEP_S
@@ -105,6 +114,8 @@ EXECUTORS = ("warm", "flower")
 #: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
 EXIT_NODE_NOT_REGISTERED = 305
 GRACE_S = 15.0
+#: The variable that pins a process to its GPUs (CUDA's; torch honours it).
+GPU_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 # --------------------------------------------------------------------------- processes
@@ -197,6 +208,10 @@ class LocalDeployment:
     trust : list of pathlib.Path
         Credentials (or directories of them) under ``root`` that pflarena did not make there
         but the operator vouches for (:mod:`pflarena.deploy.certs`): kept instead of refused.
+    gpus : list of str or None
+        GPU ids (indices or UUIDs, distinct): SuperNode ``i``'s ClientApp executor sees
+        ``gpus[i % len(gpus)]`` alone, every other process none (module docstring). ``None``:
+        every process inherits this one's ``CUDA_VISIBLE_DEVICES``, if any.
     """
 
     root: Path
@@ -214,6 +229,10 @@ class LocalDeployment:
     supernodes: list[Supervised] = field(default_factory=list)
     executors: list[Supervised] = field(default_factory=list)
     trust: list[Path] = field(default_factory=list)
+    gpus: list[str] | None = None
+    #: The GPU of each SuperNode's executor, by the executor's process name (recorded, so
+    #: that a restart, or a later command, gives it the same one).
+    executor_gpus: dict[str, str] = field(default_factory=dict)
     certs: CertificateSet | None = None
     launcher: dict[str, Any] | None = None
     #: Listening sockets this process bound, by the name of the process that serves them
@@ -244,6 +263,11 @@ class LocalDeployment:
         for shard in self.shards:
             if not Path(shard).is_file():
                 raise DeploymentError(f"shard file {shard} does not exist")
+        if self.gpus is not None:
+            try:
+                self.gpus = check_gpus(self.gpus)
+            except ValueError as exc:
+                raise DeploymentError(str(exc)) from None
 
     @classmethod
     def from_record(cls, root: str | Path) -> LocalDeployment:
@@ -260,7 +284,9 @@ class LocalDeployment:
             executor=state.get("executor", "flower"),
             idle_poll=state.get("idle_poll"),
             active_poll=state.get("active_poll"),
+            gpus=state.get("gpus"),
         )
+        dep.executor_gpus = dict(state.get("executor_gpus", {}))
         dep.port = int(state["address"].rsplit(":", 1)[1])
         dep.trust = [Path(p) for p in state.get("trust", [])]
         if dep.tls:
@@ -344,10 +370,28 @@ class LocalDeployment:
     def cli_env(self) -> dict[str, str]:
         return flower_env(self.cli_home) | self.env
 
-    def process_env(self, home: Path) -> dict[str, str]:
-        """The environment of this deployment's SuperLink and SuperNodes."""
+    def process_env(self, home: Path, name: str = "") -> dict[str, str]:
+        """The environment of this deployment's process ``name`` (with :attr:`gpus`, its
+        ``CUDA_VISIBLE_DEVICES``: :meth:`gpu_env`)."""
         poll = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": repr(self.task_poll)}
-        return flower_env(home) | poll | self.env
+        return flower_env(home) | poll | self.env | self.gpu_env(name)
+
+    def gpu_of(self, index: int) -> str:
+        """The GPU of SuperNode ``index``'s ClientApp executor: round-robin over
+        :attr:`gpus` (more SuperNodes than GPUs share them)."""
+        assert self.gpus
+        return self.gpus[index % len(self.gpus)]
+
+    def gpu_env(self, name: str) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` of process ``name``: nothing without :attr:`gpus`;
+        a SuperNode's executor its GPU (:attr:`executor_gpus`); every other process none.
+        The SuperLink, the SuperNodes (``--isolation process``: their executors run the
+        ClientApps) and the ServerApp executor (pflarena's ServerApp aggregates on the CPU)
+        never compute; an empty value keeps a CUDA context any of them made by accident off
+        the GPUs, where it would take memory from a ClientApp."""
+        if self.gpus is None:
+            return {}
+        return {GPU_ENV: self.executor_gpus.get(name, "")}
 
     # ------------------------------------------------------------------ starting
     def _spawn(self, name: str, cmd: list[str], home: Path) -> Supervised:
@@ -360,9 +404,8 @@ class LocalDeployment:
         # A session of its own: a Ctrl-C in the terminal reaches this command only, which
         # then stops every process by PID, SuperNodes first.
         log = self.root / "logs" / f"{name}.log"
-        proc = Supervised.spawn(
-            name, cmd, log, self.process_env(home), cwd=home, pass_fds=fds, umask=PRIVATE_UMASK
-        )
+        env = self.process_env(home, name)
+        proc = Supervised.spawn(name, cmd, log, env, cwd=home, pass_fds=fds, umask=PRIVATE_UMASK)
         self._spawned_at[name] = time.monotonic()
         if name == "superlink":
             self.superlink = proc
@@ -504,10 +547,12 @@ class LocalDeployment:
     ) -> Supervised:
         """Start SuperNode ``index`` (not waiting for it) and its executor beside it (the warm
         one, or Flower's with ``executor="flower"``: :func:`executor_cmd`), which trusts only
-        this node's Runtime API certificate with ``tls``; record them; returns the
-        SuperNode's process."""
+        this node's Runtime API certificate with ``tls`` and, with :attr:`gpus`, sees GPU
+        :meth:`gpu_of` ``(index)`` alone; record them; returns the SuperNode's process."""
         name = name or f"supernode-{index}"
         cmd = self.supernode_cmd(index, key, name)
+        if self.gpus is not None:
+            self.executor_gpus[_executor_name(name)] = self.gpu_of(index)
         node = self._spawn(name, cmd, self.root / f"home-{name}")
         runtime = f"127.0.0.1:{cmd[cmd.index('--port') + 1]}"
         self._spawn(
@@ -703,6 +748,8 @@ class LocalDeployment:
             "active_poll": self.active_poll,
             "shards": [str(Path(s).resolve()) for s in self.shards],
             "trust": [str(p) for p in self.trust],
+            "gpus": self.gpus,
+            "executor_gpus": self.executor_gpus,
             "launcher": self.launcher,
             "processes": [p.record() for p in self.processes()],
         }
