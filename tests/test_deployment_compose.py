@@ -9,6 +9,7 @@ why). Fast: no process is started but openssl for the certificate test.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import os
 import re
@@ -344,8 +345,10 @@ def test_compose_never_replaces_a_differing_file(tmp_path: Path, capsys) -> None
     assert "superlink" in load((tmp_path / "docker-compose.yml").read_text())["services"]
 
 
+@functools.cache
 def _compose_commands() -> list[list[str]]:
-    """Every Compose installed here: the v2 plugin, the Python ``docker-compose``."""
+    """Every Compose installed here: the v2 plugin, the Python ``docker-compose`` (probed
+    once: a probe takes ~1 s)."""
     found = []
     for cmd in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(cmd[0]) is None:
@@ -841,3 +844,39 @@ def test_the_edge_entrypoint_ends_with_its_supernode(tmp_path: Path) -> None:
         ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True
     ).stdout.split()
     assert left == [], f"processes left in the node's session: {left}\n{out[-3000:]}"
+
+
+@pytest.mark.parametrize("base", ["docker-compose.yml", "docker-compose.tls.yml"])
+def test_docker_compose_merges_one_gpu_per_clientapp(tmp_path: Path, lacking, base: str) -> None:
+    """The files ``pflarena compose --num-supernodes 2 --gpus 0,1`` writes, merged by Compose
+    itself (``config``: it parses and merges, and builds or starts nothing), reserve GPU 0
+    for the first SuperNode's ClientApp executor and GPU 1 for the second's, and none for
+    any other service. Catches an override whose services or keys Compose does not merge
+    onto the base as the structural tests assume (``_merge``)."""
+    commands = _compose_commands()
+    if not commands:
+        lacking(
+            "neither `docker-compose` nor `docker compose` (v2 plugin) is on PATH; the GPU "
+            "override is checked as YAML by test_every_supernode_has_its_gpu_shard_and_executor"
+        )
+    out = tmp_path / "compose"
+    args = ["--num-supernodes", "2", "--gpus", "0,1", "--out-dir", str(out)]
+    assert main(["compose", *args]) == 0
+    for cmd in commands:
+        result = subprocess.run(
+            [*cmd, "-f", base, "-f", "docker-compose.gpu.yml", "config"],
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ.get("PATH", "")},
+            cwd=out,
+            timeout=60,
+        )
+        assert result.returncode == 0, (cmd, result.stderr)
+        services = load(result.stdout)["services"]
+        for index, gpu in enumerate(["0", "1"]):
+            devices = services[f"clientapp-{index}"]["deploy"]["resources"]["reservations"]
+            assert devices["devices"] == [
+                {"driver": "nvidia", "device_ids": [gpu], "capabilities": ["gpu"]}
+            ], (cmd, devices)
+        reserving = sorted(name for name, spec in services.items() if "deploy" in spec)
+        assert reserving == ["clientapp-0", "clientapp-1"], (cmd, reserving)
