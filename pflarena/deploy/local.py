@@ -196,8 +196,8 @@ class LocalDeployment:
         executor (:mod:`pflarena.deploy.executor`: one forked child of a pre-imported parent
         per message; the SuperNode runs with ``--isolation process`` and the executor is
         started beside it as ``executor-i``), or ``"flower"``, Flower's own (a fresh process
-        per message: the SuperNode starts ``flower-superexec`` itself, or with ``tls`` it is
-        started beside it, with the node's secret).
+        per message: ``flower-superexec``, started beside the node in the same way; with
+        ``tls``, with the node's secret).
     idle_poll : float or None
         The longest a SuperNode waits after asking for a message and finding none: ``None``
         keeps Flower's hard-coded 3 s.
