@@ -324,6 +324,7 @@ def test_committed_files_are_the_generated_ones() -> None:
     [
         (["--num-supernodes", "3", "--gpus", "0,1"], "2 GPU(s) for 3"),
         (["--num-supernodes", "2", "--gpus", "0,0"], "distinct"),
+        (["--num-supernodes", "1", "--gpus", ""], "non-empty"),
         (["--num-supernodes", "0"], "at least 1"),
     ],
 )

@@ -273,7 +273,8 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     # them, under a directory that is the operator's alone.
     out_dir = private_dir(args.out_dir, "compose directory", say=print)
 
-    gpus = [g for g in args.gpus.split(",")] if args.gpus else None
+    # `--gpus ""` is refused (compose_files), not taken for the default ids.
+    gpus = args.gpus.split(",") if args.gpus is not None else None
     command = f"pflarena compose --num-supernodes {args.num_supernodes}"
     if args.edge_nodes:
         command += f" --edge-nodes {args.edge_nodes}"
