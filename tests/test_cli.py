@@ -296,13 +296,13 @@ def test_compare_names_and_skips_a_malformed_run(tmp_path, capsys):
     assert main(["compare", runs[1]]) == 1
 
 
-def test_several_in_process_workers_on_the_gpu_are_refused_naming_the_way_that_works(
-    tmp_path, capsys
-):
-    """Catches a run whose forked workers would all fail at their first CUDA call."""
+def test_a_run_on_a_gpu_where_none_is_visible_is_refused_at_once(tmp_path, capsys, monkeypatch):
+    """Catches ``--device cuda`` on a machine without a GPU failing inside every client
+    (after the start-up) instead of before anything starts."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     out = tmp_path / "x"
     code = main(["run", "--device", "cuda", "--workers", "2", "--output-dir", str(out)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "--workers 2" in err and "--engine ray --gpus-per-client" in err
-    assert not (out / "summary.json").exists()
+    assert "--device cuda: no GPU is visible" in err and "--device cpu" in err
+    assert not out.exists()

@@ -115,7 +115,7 @@ def test_the_workers_are_forked_once_the_clients_are_worth_it() -> None:
     import os
 
     grid = InProcessGrid(app, {}, 4, workers=2)
-    grid.fork_first = False  # as on a machine with no GPU
+    grid.start_first = False  # as on a machine with no GPU
     try:
         whoami = [grid.create_message(RecordDict(), "query.whoami", n, "1") for n in grid.node_ids]
         replies = list(grid.send_and_receive(whoami))
@@ -140,26 +140,110 @@ def test_where_a_gpu_is_visible_no_call_runs_before_the_fork(monkeypatch) -> Non
     monkeypatch.setattr(inprocess, "has_gpu", lambda: True)
     grid = InProcessGrid(app, {}, 4, workers=2)
     try:
-        assert grid.fork_first
+        assert grid.start_first
         whoami = [grid.create_message(RecordDict(), "query.whoami", n, "1") for n in grid.node_ids]
         pids = [r.content["a"]["pid"] for r in grid.send_and_receive(whoami)]
         assert len(pids) == 4 and os.getpid() not in pids
     finally:
         grid.close()
     monkeypatch.setattr(inprocess, "has_gpu", lambda: False)
-    assert not InProcessGrid(app, {}, 2, workers=2).fork_first
+    assert not InProcessGrid(app, {}, 2, workers=2).start_first
 
 
-def test_the_plan_refuses_forked_workers_for_clients_on_a_gpu(monkeypatch) -> None:
+def test_spawned_workers_load_the_app_take_one_gpu_each_and_keep_each_nodes_state() -> None:
+    """Catches spawned workers (clients on a GPU) that run a client in the run's process
+    (whose CUDA context they could not share), lose a node's state between calls, or are
+    not pinned to their GPU; the workers' GPUs are given in turn (here names only: no
+    CUDA is touched)."""
+    import functools
+    import os
+
+    from pflarena.runtime.inprocess import load_app_attr
+
+    with pytest.raises(ValueError, match="app_loader"):
+        InProcessGrid(app, {}, 2, workers=2, start_method="spawn")
+    loader = functools.partial(load_app_attr, __name__, "app")
+    grid = InProcessGrid(app, {}, 3, workers=2, start_method="spawn", gpus=("7", "5"),
+                         app_loader=loader)  # fmt: skip
+    try:
+        (reply,) = grid.send_and_receive([_query(grid, grid.node_ids[0])])  # one message
+        assert reply.content["a"]["n"] == 1 and grid._pool is not None
+        for expected in (2, 3):
+            replies = list(grid.send_and_receive([_query(grid, grid.node_ids[0])] + [
+                _query(grid, n) for n in grid.node_ids[1:]]))  # fmt: skip
+            assert [r.content["a"]["n"] for r in replies] == [expected, expected - 1,
+                                                              expected - 1]  # fmt: skip
+        gpus = [grid.create_message(RecordDict(), "query.gpu", n, "1") for n in grid.node_ids]
+        seen = {(r.content["a"]["pid"], r.content["a"]["gpu"]) for r in
+                grid.send_and_receive(gpus)}  # fmt: skip
+        assert os.getpid() not in {pid for pid, _ in seen}
+        assert {gpu for _, gpu in seen} <= {7, 5} and len(dict(seen)) == len(seen)
+    finally:
+        grid.close()
+
+
+@app.query("gpu")
+def _gpu(msg: Message, context) -> Message:
+    import os
+
+    gpu = int(os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))
+    return Message(RecordDict({"a": MetricRecord({"pid": os.getpid(), "gpu": gpu})}), reply_to=msg)
+
+
+def test_the_plan_spawns_workers_shared_over_the_gpus_and_forks_them_on_the_cpu(
+    monkeypatch,
+) -> None:
+    """Catches in-process clients on a GPU in forked workers (every one would fail at its
+    first CUDA call), a default that leaves all but one GPU idle, and a run asking for
+    a GPU where none is visible that fails inside every client instead of at once."""
     from pflarena.runtime import engines
 
-    with pytest.raises(ValueError, match="--engine ray --gpus-per-client"):
-        engines.plan_engine("inprocess", workers=4, device="cuda")
-    monkeypatch.setattr(engines, "has_gpu", lambda: True)
-    with pytest.raises(ValueError, match="--workers 4"):
-        engines.plan_engine("inprocess", workers=4, device="auto")
-    assert engines.plan_engine("inprocess", workers=4, device="cpu").workers == 4
-    assert engines.plan_engine("inprocess", device="auto").workers == 1  # one after another
-    assert engines.plan_engine("inprocess", workers=1, device="cuda").workers == 1
-    monkeypatch.setattr(engines, "has_gpu", lambda: False)
-    assert engines.plan_engine("inprocess", workers=4, device="auto").workers == 4
+    monkeypatch.delenv(engines.WORKER_START_ENV, raising=False)
+    monkeypatch.setattr(engines, "available_cores", lambda: 16)
+    monkeypatch.setattr(engines, "visible_gpus", lambda: ())
+    with pytest.raises(ValueError, match="--device cuda: no GPU is visible"):
+        engines.plan_engine("inprocess", device="cuda")
+    with pytest.raises(ValueError, match="no GPU is visible"):
+        engines.plan_engine(gpus_per_client=0.5)  # Ray would wait for ever
+    cpu = engines.plan_engine("inprocess", device="auto")
+    assert (cpu.workers, cpu.start_method, cpu.gpus) == (16, "fork", ())
+    monkeypatch.setattr(engines, "visible_gpus", lambda: ("0", "1"))
+    gpu = engines.plan_engine("inprocess", device="auto")
+    assert (gpu.workers, gpu.start_method, gpu.gpus) == (4, "spawn", ("0", "1"))
+    assert "on GPUs 0,1" in gpu.describe() and "spawn" in gpu.describe()
+    assert engines.plan_engine("inprocess", device="cuda", clients_per_gpu=3).workers == 6
+    assert engines.plan_engine("inprocess", device="cuda", workers=5).workers == 5
+    few = engines.plan_engine("inprocess", device="cuda", num_clients=1)
+    assert (few.workers, few.gpus) == (1, ("0",))
+    assert engines.plan_engine("inprocess", device="cpu", workers=4).start_method == "fork"
+    assert engines.plan_engine(gpus_per_client=0.5).engine == "ray"
+    with pytest.raises(ValueError, match="needs --gpus-per-client"):
+        engines.plan_engine("ray", device="cuda")
+    monkeypatch.setattr(engines, "available_cores", lambda: 3)
+    assert engines.plan_engine("inprocess", device="cuda").workers == 3  # a core each
+    monkeypatch.setenv(engines.WORKER_START_ENV, "spawn")
+    assert engines.plan_engine("inprocess", device="cpu", workers=2).start_method == "spawn"
+    monkeypatch.setenv(engines.WORKER_START_ENV, "fork")
+    with pytest.raises(ValueError, match="cannot use CUDA"):
+        engines.plan_engine("inprocess", device="cuda")
+    monkeypatch.setenv(engines.WORKER_START_ENV, "vfork")
+    with pytest.raises(ValueError, match="choose one of fork, spawn"):
+        engines.plan_engine("inprocess", device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected"),
+    [
+        ("0,1", ("0", "1")),
+        ("", ()),
+        ("-1", ()),
+        ("2,-1,3", ("2",)),
+        ("GPU-ab12, 1", ("GPU-ab12", "1")),
+    ],
+)
+def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(monkeypatch, listed, expected):
+    from pflarena.runtime import engines
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    assert engines.visible_gpus() == expected
+    assert engines.has_gpu() == bool(expected)

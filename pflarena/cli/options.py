@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
-from pflarena.runtime.engines import ENGINES
+from pflarena.runtime.engines import DEFAULT_CLIENTS_PER_GPU, ENGINES
 
 __all__ = [
     "DATA_KEYS",
@@ -41,7 +41,14 @@ ENGINE_HELP = (
     "engine (chosen with --ray-address or --gpus-per-client)"
 )
 
-WORKERS_HELP = "in-process clients at once (default: cores / --cpus-per-client; 1: one by one)"
+WORKERS_HELP = (
+    "in-process clients at once (default: cores / --cpus-per-client; on a GPU, "
+    "--clients-per-gpu per GPU; 1: one by one)"
+)
+CLIENTS_PER_GPU_HELP = (
+    f"in-process clients training at once on each GPU when --workers is not given "
+    f"(default {DEFAULT_CLIENTS_PER_GPU}; docs/gpu.md)"
+)
 
 
 RAY_ADDRESS_HELP = (
@@ -171,6 +178,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser, *, check_help: str, quiet
     parser.add_argument("--check", action="store_true", help=check_help)
     parser.add_argument("--engine", choices=ENGINES, default=None, help=ENGINE_HELP)
     parser.add_argument("--workers", type=_positive_int, metavar="N", help=WORKERS_HELP)
+    parser.add_argument(
+        "--clients-per-gpu", type=_positive_int, metavar="N", help=CLIENTS_PER_GPU_HELP
+    )
     parser.add_argument("--ray-address", metavar="auto|HOST:PORT", help=RAY_ADDRESS_HELP)
     parser.add_argument("--quiet", action="store_true", help=quiet_help)
     parser.add_argument("--verbose", action="store_true", help="stream the whole Flower log")

@@ -99,6 +99,7 @@ def early_plan(argv: list[str]) -> Any:
     parser = _argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--engine", choices=ENGINES)
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--clients-per-gpu", type=int)
     parser.add_argument("--cpus-per-client", type=float, default=1.0)
     parser.add_argument("--gpus-per-client", type=float, default=0.0)
     parser.add_argument("--ray-address")
@@ -112,6 +113,7 @@ def early_plan(argv: list[str]) -> Any:
             gpus_per_client=known.gpus_per_client,
             ray_address=known.ray_address,
             device=known.device,
+            clients_per_gpu=known.clients_per_gpu,
         )
     except (SystemExit, ValueError):
         return None  # the whole parser says what is wrong
@@ -314,6 +316,7 @@ def _simulate(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
             ray_address=args.ray_address,
             device=cfg.device,
             num_clients=cfg.num_clients,
+            clients_per_gpu=args.clients_per_gpu,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -340,6 +343,7 @@ def _simulate(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
             ray_address=args.ray_address,
             progress=Progress(1, verbosity=verbosity, quiet=args.quiet),
             workers=args.workers,
+            clients_per_gpu=args.clients_per_gpu,
         )
     finally:
         if args.config and Path(args.run_dir).is_dir():

@@ -416,6 +416,7 @@ def command(args: argparse.Namespace) -> int:
                 ray_address=args.ray_address,
                 progress=Progress(len(todo), verbosity=verbosity, quiet=args.quiet),
                 workers=args.workers,
+                clients_per_gpu=args.clients_per_gpu,
             )
         except KeyboardInterrupt:
             print(

@@ -7,17 +7,23 @@ by Flower from ``[tool.flwr.app.config]`` and the overrides, one ``Context`` per
 Grid hands each message to the ClientApp itself instead of a SuperLink.
 
 **Workers.** With ``workers`` above 1 the clients of a round run side by side in that many
-worker processes, forked once the clients' calls have kept the run's process busy for
-:data:`FORK_AFTER_S` in one push (clients that take less, a round of digits, are not worth a
-fork), after the imports, the ServerApp's set-up and the first clients' data: torch, Flower,
-the app and the federation's data are imported and built once and inherited, as the warm
-executor does its imports (:mod:`pflarena.deploy.executor`). Each worker gets a message and
-its node's ``Context``, runs the ClientApp and sends back the reply and the node's updated
-``Context``. torch runs at one thread in the parent until it has forked (a thread pool does
-not survive a fork), each worker at ``threads // workers``.
+worker processes. On the CPU they are forked once the clients' calls have kept the run's
+process busy for :data:`FORK_AFTER_S` in one push (clients that take less, a round of digits,
+are not worth a fork), after the imports, the ServerApp's set-up and the first clients' data:
+torch, Flower, the app and the federation's data are imported and built once and inherited,
+as the warm executor does its imports (:mod:`pflarena.deploy.executor`). torch runs at one
+thread in the parent until it has forked (a thread pool does not survive a fork), each worker
+at ``threads // workers``. Clients on a GPU need workers started with ``spawn`` (CUDA cannot
+cross a fork: "Cannot re-initialize CUDA in forked subprocess"): each is a fresh interpreter
+that imports the ClientApp itself (``app_loader``) and is pinned to one GPU of ``gpus`` by
+``CUDA_VISIBLE_DEVICES`` before it touches CUDA; they start at the first message, and no
+client runs in the run's process, which never creates a CUDA context. Each worker gets a
+message and its node's ``Context``, runs the ClientApp and sends back the reply and the
+node's updated ``Context``.
 With ``workers=1`` the clients run one after another in the process itself (a plain
-debugger sees them). Results do not depend on the number of workers: a ClientApp seeds
-torch per message and derives its data from the run config (``tests/test_inprocess.py``).
+debugger sees them). Results do not depend on the number of workers or how they start: a
+ClientApp seeds torch per message and derives its data from the run config
+(``tests/test_inprocess.py``).
 
 Every message and every reply crosses the Grid as Flower's wire format (``message_to_proto``
 and back), as it does between a SuperLink and a SuperNode, so a ClientApp can never change
@@ -39,6 +45,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -58,7 +65,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from pflarena.core.phases import mark
-from pflarena.runtime.engines import has_gpu
+from pflarena.runtime.engines import START_METHODS, has_gpu
 
 __all__ = ["InProcessGrid", "run_inprocess"]
 
@@ -93,6 +100,30 @@ def _worker_init(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def _spawned_worker_init(
+    threads: int, app_loader: Callable[[], ClientApp], gpus: Any, path: list[str]
+) -> None:
+    """A spawned worker's start: its GPU (the next of the parent's queue ``gpus``, if any)
+    set in ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA, then the forked worker's
+    start (:func:`_worker_init`), the parent's module path, and the ClientApp loaded here."""
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get(timeout=60))
+    _worker_init(threads)
+    sys.path[:] = path + [entry for entry in sys.path if entry not in path]
+    _WORKER_APP["app"] = app_loader()
+    from pflarena.core.training import warm_optimizers
+
+    warm_optimizers()  # torch._dynamo's import (~1.5 s) here, not in the first round
+
+
+def load_app_attr(module: str, attr: str) -> ClientApp:
+    """``module.attr``: an ``app_loader`` for a ClientApp defined at a module's top level,
+    picklable as ``functools.partial(load_app_attr, module, attr)``."""
+    import importlib
+
+    return getattr(importlib.import_module(module), attr)
 
 
 def _worker_ready(_: int = 0) -> int:
@@ -149,23 +180,36 @@ class InProcessGrid(Grid):
         keep_sent: bool = False,
         wire: bool = True,
         workers: int = 1,
+        start_method: str = "fork",
+        gpus: Iterable[str] = (),
+        app_loader: Callable[[], ClientApp] | None = None,
     ) -> None:
         self.client_app = client_app
-        #: ClientApp calls run at once, each in a forked worker process (1: in this process)
+        #: ClientApp calls run at once, each in a worker process (1: in this process)
         self.workers = max(1, int(workers))
+        if start_method not in START_METHODS:
+            raise ValueError(f"start method {start_method!r}: one of {', '.join(START_METHODS)}")
+        if start_method == "spawn" and self.workers > 1 and app_loader is None:
+            raise ValueError("spawned workers load the ClientApp themselves: give app_loader")
+        #: how the workers start: ``fork`` (the CPU's) or ``spawn`` (a GPU's: CUDA survives it)
+        self.start_method = start_method
+        #: the GPUs the workers are shared out over (worker i on gpus[i % len(gpus)])
+        self.gpus = tuple(gpus)
+        self.app_loader = app_loader
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
         #: the workers are forked once one push has kept this process busy this long
         self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
-        #: fork before any call runs in this process where a GPU is visible: a client's
-        #: backward pass here starts autograd's device threads (torch's CUDA build, with a
-        #: GPU), and a worker forked after it fails every backward pass ("Unable to handle
-        #: autograd's threading in combination with fork-based multiprocessing": FedAvg-FT
-        #: with --device cpu on an H200). Clients on the GPU itself never fork
-        #: (:func:`pflarena.runtime.engines.plan_engine` refuses --workers there).
-        self.fork_first = has_gpu()
+        #: start the workers before any call runs in this process: spawned workers (clients
+        #: on a GPU: none runs here, so this process never creates a CUDA context), and
+        #: forked ones where a GPU is visible, since a client's backward pass here starts
+        #: autograd's device threads (torch's CUDA build, with a GPU) and a worker forked
+        #: after it fails every backward pass ("Unable to handle autograd's threading in
+        #: combination with fork-based multiprocessing": FedAvg-FT with --device cpu on an
+        #: H200).
+        self.start_first = start_method == "spawn" or has_gpu()
         self._threads = 0  # torch's threads in this process before the workers were forked
-        if self.workers > 1:
+        if self.workers > 1 and start_method == "fork":
             import torch
 
             # No torch thread pool in this process before it forks (one does not survive a
@@ -225,7 +269,8 @@ class InProcessGrid(Grid):
         processes, if any); the replies wait for :meth:`pull_messages`. Returns the
         messages' ids."""
         messages = list(messages)
-        if self.workers > 1 and not self._pool_broken and len(messages) > 1:
+        parallel = len(messages) > 1 or self.start_method == "spawn"
+        if self.workers > 1 and not self._pool_broken and parallel:
             return self._push_parallel(messages)
         ids = []
         for msg in messages:
@@ -287,32 +332,57 @@ class InProcessGrid(Grid):
 
     # -- worker processes -----------------------------------------------------------
     def start_workers(self) -> None:
-        """Fork the worker processes now (they inherit everything imported and built so
-        far; :meth:`push_messages` calls this at the first message). torch runs at one
-        thread in this process while it forks, each worker at this machine's threads
-        shared among the workers."""
+        """Start the worker processes now (:meth:`push_messages` does when the clients are
+        worth it). Forked, they inherit everything imported and built so far; torch runs at
+        one thread in this process while it forks. Spawned, each imports the ClientApp
+        itself and takes the next GPU of :attr:`gpus`. Each worker runs torch at this
+        machine's threads shared among the workers."""
         if self.workers <= 1 or self._pool is not None or self._pool_broken:
             return
         import torch
 
         threads = self._threads or torch.get_num_threads()
         per_worker = max(1, threads // self.workers)
-        _WORKER_APP["app"] = self.client_app
-        gc.freeze()  # what the workers inherit stays shared: no collection touches it
-        try:
-            pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("fork"),
-                initializer=_worker_init,
-                initargs=(per_worker,),
-            )
-            # With fork, every worker is started at the first submission, before the
-            # executor's own thread: all of them are forked here.
-            list(pool.map(_worker_ready, range(self.workers)))
-        finally:
-            torch.set_num_threads(threads)  # the forks are done: this process's own again
-            self._threads = 0
+        if self.start_method == "spawn":
+            pool = self._spawn_workers(per_worker)
+        else:
+            _WORKER_APP["app"] = self.client_app
+            gc.freeze()  # what the workers inherit stays shared: no collection touches it
+            try:
+                pool = ProcessPoolExecutor(
+                    self.workers,
+                    mp_context=multiprocessing.get_context("fork"),
+                    initializer=_worker_init,
+                    initargs=(per_worker,),
+                )
+                # With fork, every worker is started at the first submission, before the
+                # executor's own thread: all of them are forked here.
+                list(pool.map(_worker_ready, range(self.workers)))
+            finally:
+                torch.set_num_threads(threads)  # the forks are done: this process's own again
+                self._threads = 0
         self._pool = pool
+
+    def _spawn_workers(self, threads: int) -> ProcessPoolExecutor:
+        """:attr:`workers` spawned workers, worker ``i`` on GPU ``gpus[i % len(gpus)]``,
+        started and ready (their imports done) when this returns."""
+        context = multiprocessing.get_context("spawn")
+        slots = None
+        if self.gpus:
+            slots = context.Queue()
+            for index in range(self.workers):
+                slots.put(self.gpus[index % len(self.gpus)])
+        pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=context,
+            initializer=_spawned_worker_init,
+            initargs=(threads, self.app_loader, slots, list(sys.path)),
+        )
+        # A spawned pool starts a worker for each submission no idle worker takes: as many
+        # submissions as workers start them all here, and waiting for the answers waits for
+        # their imports, which then fall in no round's time.
+        list(pool.map(_worker_ready, range(self.workers)))
+        return pool
 
     def close(self) -> None:
         """End the worker processes (calls still running are abandoned), and give this
@@ -348,7 +418,7 @@ class InProcessGrid(Grid):
             ids.append(msg.metadata.message_id)
             if received is None:
                 continue
-            if self._pool is None and self.fork_first:
+            if self._pool is None and self.start_first:
                 self.start_workers()
             if self._pool is None:  # not forked (yet), or the workers died: run it here
                 reply = self._call(_over_the_wire(msg), msg, node_id)
@@ -464,16 +534,24 @@ def _result(future: Future, deadline: float | None) -> Any:
 
 
 def run_inprocess(
-    app: Any, run_config: dict[str, Any], num_supernodes: int, scratch: Path, workers: int = 1
+    app: Any,
+    run_config: dict[str, Any],
+    num_supernodes: int,
+    scratch: Path,
+    workers: int = 1,
+    *,
+    start_method: str = "fork",
+    gpus: Iterable[str] = (),
 ) -> None:
     """One run of ``app`` (a :class:`~pflarena.runtime.simulation.FlowerApp`) in this process,
-    its clients in ``workers`` forked worker processes (1: in this process, one by one).
+    its clients in ``workers`` worker processes (1: in this process, one by one) started with
+    ``start_method``, shared out over ``gpus`` (:class:`InProcessGrid`).
 
     ``run_config`` holds the overrides, fused with the app's defaults by Flower's own
     parser as for a simulation. Raises the ServerApp's exception if it raised (the app
     writes its own results files, a failed run's included).
     """
-    import sys
+    import functools
 
     from flwr.common.config import get_fused_config_from_dir
     from flwr.supercore.object_ref import load_app
@@ -486,7 +564,13 @@ def run_inprocess(
     fused = get_fused_config_from_dir(app.root, overrides)
     server_app = load_app(app.server_app_attr, ValueError, str(app.root))
     grid = InProcessGrid(
-        load_client_app(app), fused, num_supernodes, workers=min(workers, num_supernodes)
+        load_client_app(app),
+        fused,
+        num_supernodes,
+        workers=min(workers, num_supernodes),
+        start_method=start_method,
+        gpus=gpus,
+        app_loader=functools.partial(load_client_app, app),
     )
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     # Everything imported so far (torch, Flower, half a million objects) lives as long as
@@ -495,7 +579,7 @@ def run_inprocess(
     gc.freeze()
     _warm_torch()
     mark("torch.optim warmed (torch._dynamo imported)")
-    # The workers are forked once the clients are worth it (InProcessGrid._push_parallel),
+    # Forked workers start once the clients are worth it (InProcessGrid._push_parallel),
     # after the ServerApp has set up: they inherit what was built (the federation's data),
     # as the clients calling in this process would find it.
     try:

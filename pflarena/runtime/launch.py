@@ -102,6 +102,7 @@ def simulate(
     ray_address: str | None = None,
     progress: Progress | None = None,
     workers: int | None = None,
+    clients_per_gpu: int | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` as a Flower simulation and return its ``summary.json``.
 
@@ -113,7 +114,8 @@ def simulate(
     to a private simulation SuperLink instead, as ``flwr run .`` does (same results, a
     longer start-up). The engine is :func:`pflarena.runtime.engines.plan_engine`'s: by
     default ``inprocess``, the ServerApp in that process and the ClientApps in ``workers``
-    forked worker processes (:mod:`pflarena.runtime.inprocess`); ``engine="ray"`` runs them
+    worker processes (:mod:`pflarena.runtime.inprocess`; on a GPU, ``clients_per_gpu`` per
+    GPU unless ``workers`` is given); ``engine="ray"`` runs them
     on Flower's Ray engine, and ``ray_address`` joins that Ray cluster instead of starting a
     private Ray instance.
     Raises ``RuntimeError`` when the run did not complete. A run that completed with
@@ -142,6 +144,7 @@ def simulate(
             ray_address=ray_address,
             progress=progress,
             workers=workers,
+            clients_per_gpu=clients_per_gpu,
         )
         what = "the simulation"
     summary_path = output_dir / "summary.json"
@@ -271,6 +274,7 @@ def run_simulations(
     ray_address: str | None = None,
     progress: Progress | None = None,
     workers: int | None = None,
+    clients_per_gpu: int | None = None,
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
@@ -305,6 +309,7 @@ def run_simulations(
             ray_address=ray_address,
             device=configs[0].device if configs else "auto",
             num_clients=max((cfg.num_clients for cfg in configs), default=None),
+            clients_per_gpu=clients_per_gpu,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -315,6 +320,8 @@ def run_simulations(
         "gpus_per_client": gpus_per_client,
         "engine": plan.engine,
         "workers": plan.workers,
+        "start_method": plan.start_method,
+        "gpus": list(plan.gpus),
         "ray_address": ray_address,
         "runs": [
             {

@@ -434,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the runs of a spec file one after another on one runtime.
 
     The spec (JSON) holds ``app_dir``, ``cpus_per_client``, ``gpus_per_client``, ``engine``
-    (``ray``, the default, or ``inprocess``: :mod:`pflarena.runtime.inprocess`, no Ray),
+    (``ray``, the default, or ``inprocess``: :mod:`pflarena.runtime.inprocess`, no Ray, with
+    its ``workers``, their ``start_method`` and the ``gpus`` they share),
     ``ray_address`` (optional: a Ray cluster to join, :class:`SimulationRuntime`) and
     ``runs``: each ``{"run_config": {...}, "num_supernodes": N}``. Prints Flower's log;
     exits 0 when every run completed, 1 otherwise (each run's ``summary.json`` says how
@@ -496,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                         int(item["num_supernodes"]),
                         scratch / f"{index}",
                         workers=int(spec.get("workers", 1)),
+                        start_method=spec.get("start_method", "fork"),
+                        gpus=spec.get("gpus", ()),
                     )
                     continue
                 runtime.run(item["run_config"], int(item["num_supernodes"]), scratch / f"{index}")
