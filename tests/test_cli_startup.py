@@ -70,6 +70,29 @@ def test_the_methods_catalog_is_what_the_declarations_say(monkeypatch) -> None:
         assert methods_cli.method_details(name, listed) == methods_cli.method_details(name, live)
 
 
+def test_the_model_layouts_are_what_the_models_build() -> None:
+    """Catches the model layouts (each model's state names: what a split-model method's
+    run config is checked against without torch) left behind by a change to a model:
+    ``make generated`` rewrites them."""
+    from pflarena.core.model_layouts import LAYOUTS, model_layouts
+
+    assert json.loads(LAYOUTS.read_text()) == model_layouts()
+
+
+def test_a_layout_the_table_lacks_comes_from_the_built_model() -> None:
+    """An input shape no registered data set has is answered by building the model, which
+    raises its builder's own error for an input the model cannot read."""
+    from pflarena.core.model_layouts import known_layout, layout_of, model_layout
+    from pflarena.core.models import ModelError, build_model
+
+    assert known_layout("mlp", (1, 8, 8)) == layout_of(build_model("mlp", (1, 8, 8), 10))
+    assert known_layout("mlp", (2, 5, 5)) is None
+    assert model_layout("mlp", (2, 5, 5), 3) == layout_of(build_model("mlp", (2, 5, 5), 3))
+    assert known_layout("cnn", (30,)) is None
+    with pytest.raises(ModelError, match="needs image-shaped input"):
+        model_layout("cnn", (30,), 30)
+
+
 def test_version() -> None:
     from pflarena import __version__
 

@@ -418,8 +418,11 @@ def write_method_pages(root: Path) -> None:
 
 
 def write_generated(root: Path) -> None:
-    """Rewrite pyproject.toml's ``[tool.flwr.app.config]`` tables, docs/methods.md and the
-    generated block of every method's page (docs/methods/<name>.md)."""
+    """Rewrite pyproject.toml's ``[tool.flwr.app.config]`` tables, docs/methods.md, the
+    generated block of every method's page (docs/methods/<name>.md), :data:`CATALOG` and
+    the models' layouts (:data:`pflarena.core.model_layouts.LAYOUTS`)."""
+    from pflarena.core.model_layouts import write_model_layouts
+
     pyproject = root / "pyproject.toml"
     text = pyproject.read_text()
     start = text.index("[tool.flwr.app.config]")
@@ -428,6 +431,7 @@ def write_generated(root: Path) -> None:
     (root / "docs" / "methods.md").write_text(methods_markdown())
     write_method_pages(root)
     CATALOG.write_text(json.dumps(catalog_entries(builtin_declarations()), indent=1) + "\n")
+    write_model_layouts()
 
 
 def builtin_declarations() -> dict[str, MethodDeclaration]:

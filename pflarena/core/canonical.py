@@ -40,7 +40,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflarena.core.model_split import layer_entries, layer_owners
+# copied_entries lives with the split, which needs no torch (a run config's check uses it)
+from pflarena.core.model_split import copied_entries, layer_owners
 from pflarena.core.models import build_model
 
 __all__ = [
@@ -73,27 +74,6 @@ def weighted_layers(trainable: Sequence[str]) -> list[str]:
     """The module prefixes that own trainable parameters, in state order
     (:func:`pflarena.core.model_split.layer_owners`)."""
     return layer_owners(trainable)
-
-
-def copied_entries(state_names: Sequence[str], trainable: Sequence[str], layers: int) -> list[str]:
-    """The state entries copied K times: those of the last ``layers`` weighted layers.
-
-    ``layers = 0`` copies every state entry (the whole model is canonical). Every entry of
-    a chosen layer is copied, buffers included (a BatchNorm layer's statistics belong to it):
-    the head of :func:`pflarena.core.model_split.split_names`, where ``layers`` may also take
-    every weighted layer.
-    """
-    if layers < 0:
-        raise ValueError(f"the number of copied layers must be >= 0, got {layers}")
-    if layers == 0:
-        return list(state_names)
-    owners = layer_owners(trainable)
-    if layers > len(owners):
-        raise ValueError(
-            f"{layers} copied layers requested, but the model has {len(owners)} layers with "
-            "weights; use at most that many (0 copies the whole model)"
-        )
-    return layer_entries(state_names, owners, owners[-layers:])
 
 
 def copy_name(prefix: str, index: int, name: str) -> str:

@@ -25,23 +25,34 @@ API (stable; the split-model strategies and solvers build on it):
 * :func:`split_state` (a model) and :func:`split_names` (state names and trainable names,
   for the server side, which holds arrays rather than a model);
 * :func:`weighted_layers` (a model) and :func:`layer_owners` (trainable names);
-* :func:`layer_entries`: every state entry of given layers (PPFL's canonical layers).
+* :func:`layer_entries`: every state entry of given layers, and :func:`copied_entries`, those
+  of the last few (PPFL's canonical layers);
+* :func:`split_problem`: whether a run's model has the split a method asks for, from the
+  model's names alone (:mod:`pflarena.core.model_layouts`), so a run config is checked
+  without torch.
+
+Only :func:`split_state` and :func:`weighted_layers` take a model; the rest take names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from torch import nn
+from pflarena.core.model_layouts import run_layout
+
+if TYPE_CHECKING:  # the split is taken from names: checking a run config needs no torch
+    from torch import nn
 
 __all__ = [
     "ModelSplit",
     "SplitError",
+    "copied_entries",
     "layer_entries",
     "layer_owners",
     "split_names",
+    "split_problem",
     "split_state",
     "weighted_layers",
 ]
@@ -137,6 +148,26 @@ def layer_entries(
     return [name for name in state_names if _layer_of(name, owners) in chosen]
 
 
+def copied_entries(state_names: Sequence[str], trainable: Sequence[str], layers: int) -> list[str]:
+    """The state entries copied K times: those of the last ``layers`` weighted layers.
+
+    ``layers = 0`` copies every state entry (the whole model is canonical). Every entry of
+    a chosen layer is copied, buffers included (a BatchNorm layer's statistics belong to it):
+    the head of :func:`split_names`, where ``layers`` may also take every weighted layer.
+    """
+    if layers < 0:
+        raise ValueError(f"the number of copied layers must be >= 0, got {layers}")
+    if layers == 0:
+        return list(state_names)
+    owners = layer_owners(trainable)
+    if layers > len(owners):
+        raise ValueError(
+            f"{layers} copied layers requested, but the model has {len(owners)} layers with "
+            "weights; use at most that many (0 copies the whole model)"
+        )
+    return layer_entries(state_names, owners, owners[-layers:])
+
+
 def split_names(
     state_names: Sequence[str], trainable: Sequence[str], head_layers: int = 1
 ) -> ModelSplit:
@@ -180,3 +211,15 @@ def split_state(model: nn.Module, head_layers: int = 1) -> ModelSplit:
     ``head_layers`` weighted layers (see :func:`split_names`)."""
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     return split_names(list(model.state_dict().keys()), trainable, head_layers)
+
+
+def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
+    """The run's model must have a body/head split with ``head_layers`` head layers
+    (checked before a run starts, from the model's names: :func:`run_layout`; ``key`` names
+    the setting in the message)."""
+    layout = run_layout(cfg)
+    try:
+        split_names(layout.state, layout.trainable, head_layers)
+    except SplitError as exc:
+        return [f"{key}={head_layers} with model {cfg.model_name()!r}: {exc}"]
+    return []

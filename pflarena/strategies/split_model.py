@@ -23,27 +23,12 @@ from flwr.serverapp import Grid
 
 from pflarena.core import keys
 from pflarena.core.methods import MethodParams, hyphenate
-from pflarena.core.model_split import ModelSplit, split_names
+from pflarena.core.model_split import ModelSplit, split_names, split_problem
 from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup
 from pflarena.strategies.fedavg import FedAvg
 
 __all__ = ["PartialFedAvg", "split_problem"]
-
-
-def split_problem(cfg: Any, head_layers: int, key: str) -> list[str]:
-    """The run's model must have a body/head split with ``head_layers`` head layers
-    (checked before a run starts; ``key`` names the setting in the message)."""
-    from pflarena.core.model_split import SplitError, split_state
-    from pflarena.core.models import build_model
-
-    info = cfg.data_info()
-    model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
-    try:
-        split_state(model, head_layers)
-    except SplitError as exc:
-        return [f"{key}={head_layers} with model {cfg.model_name()!r}: {exc}"]
-    return []
 
 
 class PartialFedAvg(FedAvg):
