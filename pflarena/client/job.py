@@ -122,9 +122,12 @@ def node_model_name(cfg: RunConfig, info: DatasetInfo) -> str:
 
 
 @lru_cache(maxsize=4)
-def _initial_model(name: str, input_shape: tuple, num_classes: int, seed: int) -> nn.Module:
-    # Seeded initialisation costs more than copying; clients copy this template.
-    return build_model(name, input_shape, num_classes, seed=seed)
+def _initial_model(
+    name: str, input_shape: tuple, num_classes: int, seed: int, device: str
+) -> nn.Module:
+    # Seeded initialisation costs more than copying; clients copy this template, kept on
+    # their device (a GPU's copy is made there, not sent from the host per message).
+    return build_model(name, input_shape, num_classes, seed=seed).to(device)
 
 
 @dataclass
@@ -186,8 +189,9 @@ class ClientJob:
             tuple(info.input_shape),
             info.num_classes,
             self.cfg.seed,
+            str(self.device),
         )
-        return copy.deepcopy(template).to(self.device)
+        return copy.deepcopy(template)
 
     def model_from(self, arrays: ArrayRecord) -> nn.Module:
         """A model loaded with ``arrays`` (a state_dict as an ArrayRecord)."""

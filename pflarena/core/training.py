@@ -2,7 +2,12 @@
 
 Client data is small enough to live in memory as tensors, so batches are cut from a
 seeded permutation instead of going through a ``DataLoader`` (which would cost a worker
-or a collate call per batch and dominate the time of small models).
+or a collate call per batch and dominate the time of small models). On a GPU the data stay
+on the device across a client's epochs (:mod:`pflarena.client.job` moves a shard there
+once per process): the permutation is drawn on the CPU, as on the CPU (the same batches
+everywhere), and copied to the device once per pass, and the losses are summed on the
+device and read once per call, so a step waits for the GPU only where a method needs a
+value on the host.
 """
 
 from __future__ import annotations
@@ -78,10 +83,19 @@ class EvalResult:
 
 
 def batches(
-    n: int, batch_size: int, *, generator: torch.Generator, drop_last: bool = False
+    n: int,
+    batch_size: int,
+    *,
+    generator: torch.Generator,
+    drop_last: bool = False,
+    device: torch.device | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield index tensors of one shuffled pass over ``n`` samples."""
+    """Yield index tensors of one shuffled pass over ``n`` samples, on ``device`` (the
+    data's: one copy per pass instead of one per batch) if given. The order is drawn from
+    ``generator`` on the CPU, so it is the same on every device."""
     order = torch.randperm(n, generator=generator)
+    if device is not None and order.device != torch.device(device):
+        order = order.to(device)
     stop = n - n % batch_size if drop_last and n >= batch_size else n
     for start in range(0, stop, batch_size):
         yield order[start : start + batch_size]
@@ -115,20 +129,23 @@ def train_epochs(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
     )
-    total, steps = 0.0, 0
+    # Summed in float64 one loss after another: the Python float sum this replaced, without
+    # waiting for the device at every step.
+    total = torch.zeros((), dtype=torch.float64, device=y.device)
+    steps = 0
     for _ in range(epochs):
-        for idx in batches(len(y), batch_size, generator=generator):
+        for idx in batches(len(y), batch_size, generator=generator, device=y.device):
             optimizer.zero_grad(set_to_none=True)
             loss = (loss_fn or cross_entropy_loss)(model, x[idx], y[idx])
             loss.backward()
             if grad_hook is not None:
                 grad_hook(model)
             optimizer.step()
-            total += float(loss.detach())
+            total += loss.detach().to(torch.float64)
             steps += 1
             if max_steps is not None and steps >= max_steps:
-                return total / steps, steps
-    return (total / steps if steps else float("nan")), steps
+                return float(total) / steps, steps
+    return (float(total) / steps if steps else float("nan")), steps
 
 
 @torch.no_grad()
@@ -137,13 +154,14 @@ def evaluate(
 ) -> EvalResult:
     """Cross-entropy loss sum and correct-prediction count of ``model`` on ``(x, y)``."""
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
+    correct = torch.zeros((), dtype=torch.int64, device=y.device)
     for start in range(0, len(y), batch_size):
         logits = model(x[start : start + batch_size])
         target = y[start : start + batch_size]
-        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == target).sum())
-    return EvalResult(loss_sum=loss_sum, correct=correct, count=len(y))
+        loss_sum += F.cross_entropy(logits, target, reduction="sum").to(torch.float64)
+        correct += (logits.argmax(dim=1) == target).sum()
+    return EvalResult(loss_sum=float(loss_sum), correct=int(correct), count=len(y))
 
 
 def get_state(model: nn.Module) -> dict[str, np.ndarray]:

@@ -128,7 +128,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     local.train()
     losses, mixed_losses = [], []
     for _ in range(kwargs["epochs"]):
-        for idx in batches(len(y), kwargs["batch_size"], generator=generator):
+        for idx in batches(len(y), kwargs["batch_size"], generator=generator, device=y.device):
             alpha, loss, mixed = apfl_step(
                 local,
                 global_,

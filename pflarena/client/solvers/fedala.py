@@ -107,7 +107,7 @@ def learn_weights(
     model.train()
     while True:
         loss_value = float("nan")
-        for idx in batches(len(y), batch_size, generator=generator):
+        for idx in batches(len(y), batch_size, generator=generator, device=y.device):
             params = aggregate(local, global_, weights)
             for name in weights:
                 params[name] = params[name].detach().requires_grad_(True)

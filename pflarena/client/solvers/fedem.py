@@ -90,7 +90,7 @@ def weighted_sgd(
     weights = q[:, component].to(x.device, torch.float32)
     total, steps = 0.0, 0
     for _ in range(epochs):
-        for idx in batches(len(y), batch_size, generator=generator):
+        for idx in batches(len(y), batch_size, generator=generator, device=y.device):
             optimizer.zero_grad(set_to_none=True)
             per_sample = F.cross_entropy(model.output(component, x[idx]), y[idx], reduction="none")
             loss = (per_sample * weights[idx]).sum() / len(idx)

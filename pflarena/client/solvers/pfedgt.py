@@ -174,7 +174,7 @@ def _module_gradients(
 ) -> Iterator[Callable[[], Tensors]]:
     params = [p for p in model.parameters() if p.requires_grad]
     for _ in range(epochs):
-        for idx in batches(len(y), batch_size, generator=generator):
+        for idx in batches(len(y), batch_size, generator=generator, device=y.device):
 
             def gradient(idx: torch.Tensor = idx) -> Tensors:
                 model.zero_grad(set_to_none=True)

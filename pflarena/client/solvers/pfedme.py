@@ -119,7 +119,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     model.train()
     losses, norms, taken = [], [], []
     for _ in range(kwargs["epochs"]):
-        for idx in batches(len(y), kwargs["batch_size"], generator=generator):
+        for idx in batches(len(y), kwargs["batch_size"], generator=generator, device=y.device):
             steps, norm, loss = solve_personalized(
                 model,
                 local_copy,

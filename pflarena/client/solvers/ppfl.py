@@ -181,7 +181,7 @@ def _sgd_loop(
 ) -> tuple[float, int]:
     total, steps = 0.0, 0
     for _ in range(epochs):
-        for idx in batches(len(y), batch_size, generator=generator):
+        for idx in batches(len(y), batch_size, generator=generator, device=y.device):
             optimizer.zero_grad(set_to_none=True)
             loss = person.loss(x[idx], y[idx])
             loss.backward()
@@ -263,7 +263,7 @@ def membership_steps(
         raise ValueError(f"ppfl: unknown membership-steps {mode!r}")
     start_loss = float("nan")
     steps = 0
-    for idx in batches(len(y), batch_size, generator=generator):
+    for idx in batches(len(y), batch_size, generator=generator, device=y.device):
         person.membership = torch.as_tensor(c, dtype=dtype, device=device)
         grad, loss = membership_gradient(person, x[idx], y[idx], batch_size=len(idx))
         if steps == 0:
@@ -373,7 +373,7 @@ def _membership_steps_on_outputs(
     values, labels = _as_table(table), y.cpu().numpy()
     start_loss = float("nan")
     steps = 0
-    for idx in batches(len(y), batch_size, generator=generator):
+    for idx in batches(len(y), batch_size, generator=generator, device=y.device):
         rows = idx.cpu().numpy()
         part = values[:, rows] if person.mix == "logit" else values[rows]
         loss, grad = table_loss_and_gradient(part, labels[rows], c, person.mix)

@@ -168,7 +168,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     total = client_total = server_total = 0.0
     steps = smashed_up = smashed_down = 0
     for _ in range(kwargs["epochs"]):
-        for idx in batches(len(y), kwargs["batch_size"], generator=generator):
+        for idx in batches(len(y), kwargs["batch_size"], generator=generator, device=y.device):
             xb, yb = x[idx], y[idx]
             with head_input(model, layer) as seen:
                 server_logits = model(xb)
