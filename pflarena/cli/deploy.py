@@ -269,12 +269,12 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     from pflarena.deploy.compose import compose_files, write_compose_files
     from pflarena.deploy.private import private_dir
 
+    # Bad ids are refused (exit 2) before the directory is made; `--gpus ""` too, not taken
+    # for the default ids.
+    gpus = _gpus(args.gpus)
     # The files, and the shards, certificates and results the services mount from beside
     # them, under a directory that is the operator's alone.
     out_dir = private_dir(args.out_dir, "compose directory", say=print)
-
-    # `--gpus ""` is refused (compose_files), not taken for the default ids.
-    gpus = args.gpus.split(",") if args.gpus is not None else None
     command = f"pflarena compose --num-supernodes {args.num_supernodes}"
     if args.edge_nodes:
         command += f" --edge-nodes {args.edge_nodes}"

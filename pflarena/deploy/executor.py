@@ -254,6 +254,10 @@ def warm_up(preload: Sequence[str] = (DEFAULT_PRELOAD,)) -> list[Preloaded]:
     RuntimeError
         An import initialised CUDA (a forked child could not use it).
     """
+    # torch.cuda.is_available() (a plugin's, an import's) asks NVML instead of initialising
+    # the CUDA driver, which torch.cuda.is_initialized() below would not see and a forked
+    # child could not undo.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import flwr.supernode.runtime.run_clientapp  # noqa: F401 - the child's entry point
     import torch
     import torch._dynamo  # noqa: F401 - imported lazily by the first torch.optim call
