@@ -16,7 +16,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pflarena"
 #: What each subpackage may import besides itself (and the top-level ``pflarena``).
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
-    "strategies": {"core"},
+    # each method's parameters (methods/<name>/params.py): what the command checks a run
+    # config against before torch or Flower is imported
+    "methods": {"core"},
+    "strategies": {"core", "methods"},
     "client": {"core"},  # an edge image holds the ClientApp alone: no strategy code
     "server": {"core", "strategies"},
     "runtime": {"core", "strategies", "server"},
@@ -142,6 +145,40 @@ def test_each_package_imports_on_its_own(package: str) -> None:
         [sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+#: What a method's parameters module never imports, not even through the modules it imports:
+#: the command imports it to check a run config (pflarena.cli.options.validate_run).
+HEAVY_FOR_PARAMS = ("torch", "flwr", "pflarena.strategies", "pflarena.server", "pflarena.client")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(PACKAGE.glob("methods/*/params.py")),
+    ids=lambda path: path.parent.name,
+)
+def test_a_methods_parameters_import_no_torch_flower_or_strategy(path: Path) -> None:
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    code = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"print(','.join(m for m in {HEAVY_FOR_PARAMS!r} if m in sys.modules) or 'none')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "none", f"{module} imports {result.stdout.strip()}"
+
+
+def test_a_methods_package_imports_nothing() -> None:
+    """``pflarena/methods/<name>/__init__.py`` imports nothing: importing one of its modules
+    brings that module alone."""
+    inits = [PACKAGE / "methods" / "__init__.py", *PACKAGE.glob("methods/*/__init__.py")]
+    assert len(inits) > 1
+    for path in inits:
+        tree = ast.parse(path.read_text())
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)], path
 
 
 def test_the_console_script_and_app_components_resolve() -> None:

@@ -21,31 +21,13 @@ The reading of the paper, decisions and measurements: docs/methods/fedbabu.md.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-
-from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.split_model import PartialFedAvg, split_problem
+from pflarena.core.methods import MethodDeclaration
+from pflarena.methods.fedbabu.params import FedBABUParams
+from pflarena.strategies.split_model import PartialFedAvg
 
 __all__ = ["FedBABU", "FedBABUParams"]
-
-
-class FedBABUParams(MethodParams):
-    """FedBABU's parameters; defaults from the authors' code."""
-
-    finetune_epochs: int = Field(
-        5, ge=0, description="τ_f: epochs of fine-tuning the whole model before evaluation"
-    )
-    head_layers: int = Field(
-        1, ge=1, description="final layers with weights in the fixed random head"
-    )
-    weighting: Literal["examples", "uniform"] = Field(
-        "uniform", description="body average: uniform (code) or by training examples"
-    )
-
-    def run_problems(self, cfg) -> list[str]:
-        return split_problem(cfg, self.head_layers, "fedbabu.head-layers") if cfg else []
 
 
 class FedBABU(PartialFedAvg):

@@ -18,28 +18,11 @@ The reading of the paper, decisions and measurements: docs/methods/fedper.md.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
-
-from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.split_model import PartialFedAvg, split_problem
+from pflarena.core.methods import MethodDeclaration
+from pflarena.methods.fedper.params import FedPerParams
+from pflarena.strategies.split_model import PartialFedAvg
 
 __all__ = ["FedPer", "FedPerParams"]
-
-
-class FedPerParams(MethodParams):
-    """FedPer's parameters."""
-
-    head_layers: int = Field(
-        1, ge=1, description="K_P: final layers with weights kept on the client (the head)"
-    )
-    weighting: Literal["examples", "uniform"] = Field(
-        "examples", description="base-layer average: by training examples n_j/n (FedAvg) or uniform"
-    )
-
-    def run_problems(self, cfg) -> list[str]:
-        return split_problem(cfg, self.head_layers, "fedper.head-layers") if cfg else []
 
 
 class FedPer(PartialFedAvg):

@@ -22,28 +22,11 @@ The reading of the paper, decisions and measurements: docs/methods/lgfedavg.md.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
-
-from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.split_model import PartialFedAvg, split_problem
+from pflarena.core.methods import MethodDeclaration
+from pflarena.methods.lgfedavg.params import LGFedAvgParams
+from pflarena.strategies.split_model import PartialFedAvg
 
 __all__ = ["LGFedAvg", "LGFedAvgParams"]
-
-
-class LGFedAvgParams(MethodParams):
-    """LG-FedAvg's parameters; defaults from the authors' CIFAR-10 setting."""
-
-    global_layers: int = Field(
-        2, ge=1, description="final layers with weights that are shared (the rest stay local)"
-    )
-    weighting: Literal["examples", "uniform"] = Field(
-        "uniform", description="global-layer average: uniform (code) or by training examples"
-    )
-
-    def run_problems(self, cfg) -> list[str]:
-        return split_problem(cfg, self.global_layers, "lgfedavg.global-layers") if cfg else []
 
 
 class LGFedAvg(PartialFedAvg):

@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from pydantic import Field
 from torch import nn
 
 from pflarena.core import keys
@@ -52,39 +51,12 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.core.models import build_model
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
+from pflarena.methods.splitgp.params import SplitGPParams
 from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
 from pflarena.strategies.base import StrategySetup, array_problem, record_nbytes
 from pflarena.strategies.fedavg import FedAvg
-from pflarena.strategies.split_model import split_problem
 
 __all__ = ["SplitGP", "SplitGPParams", "initial_aux_classifier"]
-
-
-class SplitGPParams(MethodParams):
-    """SplitGP's parameters."""
-
-    lambda_: float = Field(
-        0.2,
-        ge=0,
-        le=1,
-        description="λ: weight of the client's own client-side model against the average "
-        "(1: personal, 0: shared)",
-    )
-    gamma: float = Field(
-        0.5, ge=0, le=1, description="γ: weight of the client-side exit's loss (1 − γ: full model)"
-    )
-    entropy_threshold: float = Field(
-        0.5,
-        ge=0,
-        description="inference: offload a sample to the server when the client-side output's "
-        "entropy (nats) exceeds this",
-    )
-    head_layers: int = Field(
-        2, ge=1, description="final weighted layers forming the server-side part θ"
-    )
-
-    def run_problems(self, cfg: Any) -> list[str]:
-        return split_problem(cfg, self.head_layers, "splitgp.head-layers")
 
 
 def initial_aux_classifier(

@@ -1,0 +1,1 @@
+"""Dap-FL: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""FedBABU: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""FedPer: its parameters (:mod:`.params`)."""

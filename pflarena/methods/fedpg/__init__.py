@@ -1,0 +1,1 @@
+"""FedPG: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""FedRecon: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""FedRep: its parameters (:mod:`.params`)."""

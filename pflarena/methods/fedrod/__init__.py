@@ -1,0 +1,1 @@
+"""Fed-ROD: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""LG-FedAvg: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""PAGE: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""pFedGT: its parameters (:mod:`.params`)."""

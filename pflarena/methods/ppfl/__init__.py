@@ -1,0 +1,1 @@
+"""PPFL: its parameters (:mod:`.params`)."""

@@ -1,0 +1,1 @@
+"""SplitGP: its parameters (:mod:`.params`)."""
