@@ -244,11 +244,59 @@ def test_check_prints_each_clients_samples_and_labels_on_stderr(tmp_path, capsys
     assert tomllib.loads(captured.out)["num-clients"] == 4
 
 
+#: For each method whose parameters have rules of their own (``catalog_rules()``): a run
+#: refused for one of its parameters, with what its error says, and the flags of a ``--check``
+#: that passes (its built-in preset where there is one).
+RULES_RUNS: dict[str, tuple[list[str], str, list[str]]] = {
+    "pfedgt": (
+        ["--num-clients", "4", "--set", "pfedgt.gammas=0.5,0.5"],
+        "pfedgt.gammas has 2 values but num-clients is 4",
+        ["--preset", "digits-main"],
+    ),
+    "fedpg": (["--set", "fedpg.gamma=2"], "fedpg.gamma", ["--preset", "fedpg-digits"]),
+    "ppfl": (
+        ["--set", "ppfl.canonical-layers=9"],
+        "ppfl.canonical-layers=9: 9 copied layers requested",
+        ["--preset", "ppfl-synthetic"],
+    ),
+    "page": (
+        ["--server-fraction", "0.2", "--set", "page.min-epochs=9"],
+        "page.min-epochs (9) exceeds page.max-epochs (5)",
+        ["--preset", "page-synthetic"],
+    ),
+    "dapfl": (["--set", "dapfl.min-lr=1"], "dapfl.min-lr (1.0) exceeds dapfl.max-lr", []),
+    "fedper": (["--set", "fedper.head-layers=9"], "fedper.head-layers=9 with model 'mlp'", []),
+    "fedrep": (
+        ["--set", "fedrep.head-epochs=0", "--set", "fedrep.body-epochs=0"],
+        "nothing trains",
+        [],
+    ),
+    "lgfedavg": (
+        ["--set", "lgfedavg.global-layers=3"],
+        "lgfedavg.global-layers=3 with model 'mlp': a head of 3 layer(s) would swallow",
+        [],
+    ),
+    "fedbabu": (["--set", "fedbabu.head-layers=5"], "fedbabu.head-layers=5 with model", []),
+    "fedrod": (["--set", "fedrod.head-layers=3"], "fedrod.head-layers=3 with model", []),
+    "fedrecon": (
+        ["--set", "fedrecon.support-fraction=0"],
+        "fedrecon.support-fraction: Input should be greater than 0",
+        [],
+    ),
+    "splitgp": (["--set", "splitgp.head-layers=3"], "splitgp.head-layers=3 with model", []),
+}
+
+
 def test_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> None:
     """Catches a top-level torch or Flower import on the way from the command line to the
     run config's validation: ``run --check`` and a run refused for its configuration (a
     common key out of range, a method needing a validation split, a method parameter of the
-    wrong kind, a key misspelt) answer from the catalog and the config schema alone."""
+    wrong kind, a key misspelt) answer from the catalog and the config schema alone, and
+    for every method whose parameters have rules of their own, from its parameters module
+    (``pflarena/methods/<name>/params.py``) and the models' layouts."""
+    from pflarena.cli.methods import catalog_rules
+
+    assert set(RULES_RUNS) == catalog_rules()
     out = str(tmp_path / "x")
     runs = [
         ["run", "--check", "--dataset", "digits", "--num-clients", "4", "--output-dir", out],
@@ -258,6 +306,14 @@ def test_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> No
         ["run", "--strategy", "fedavg", "--set", "fedavg.personal-modle=global", "--check"],
         ["run", "--strategy", "fedper", "--num-rounds", "0", "--output-dir", out],
     ]
+    expected = [("0", ""), ("2", "num-clients"), ("2", "pfedsv needs a validation split")]
+    expected += [("2", "ditto.lambda"), ("2", "did you mean fedavg.personal-model")]
+    expected += [("2", "num-rounds")]
+    for name, (refused, said, check) in RULES_RUNS.items():
+        runs.append(["run", "--strategy", name, *refused, "--output-dir", out])
+        expected.append(("2", said))
+        runs.append(["run", "--check", *check, "--strategy", name, "--output-dir", out])
+        expected.append(("0", "samples per client"))
     code = (
         "import sys, contextlib, io\n"
         "from pflarena.cli import main\n"
@@ -273,10 +329,43 @@ def test_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> No
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[-1] == "none", result.stdout
-    codes = [line.split(" ", 1) for line in lines[:-1]]
-    assert [code for code, _ in codes] == ["0", "2", "2", "2", "2", "2"], result.stdout
-    assert "num-clients" in codes[1][1] and "ditto.lambda" in codes[3][1]
-    assert "did you mean fedavg.personal-model" in codes[4][1] and "num-rounds" in codes[5][1]
+    said = [tuple(line.split(" ", 1)) for line in lines[:-1]]
+    assert len(said) == len(expected), result.stdout
+    for argv, (code, text), (expected_code, expected_text) in zip(
+        runs, said, expected, strict=True
+    ):
+        assert code == expected_code and expected_text in text, (argv, code, text)
+    assert not Path(out).exists()
+
+
+def test_sweep_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> None:
+    """Catches ``pflarena sweep`` importing the strategies (torch, Flower) to build its
+    parser or to validate its runs: ``--check`` of methods with and without rules of their
+    own, and a run refused for a method's parameter, answer from the catalog."""
+    out = str(tmp_path / "sweep")
+    runs = [
+        ["sweep", "--strategies", "fedavg,fedper,ppfl,pfedgt", "--seeds", "0,1", "--out", out,
+         "--num-clients", "4", "--check"],
+        ["sweep", "--strategies", "fedper", "--grid", "fedper.head-layers=1,9", "--out", out,
+         "--check"],
+    ]  # fmt: skip
+    code = (
+        "import sys, contextlib, io\n"
+        "from pflarena.cli import main\n"
+        f"for argv in {runs!r}:\n"
+        "    out, err = io.StringIO(), io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        "        code = main(argv)\n"
+        "    print(code, (out.getvalue() + err.getvalue()).strip().splitlines()[-1])\n"
+        "heavy = sorted(m for m in ('torch', 'flwr') if m in sys.modules)\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "none", result.stdout
+    assert lines[0] == "0   new       all/pfedgt/seed-1", result.stdout
+    assert lines[1].startswith("2 ") and "fedper.head-layers=9 with model 'mlp'" in lines[1]
     assert not Path(out).exists()
 
 
@@ -294,6 +383,9 @@ def test_the_catalog_validates_as_the_declarations_do() -> None:
     rebuilt = catalog_declarations()
     assert rebuilt is not None and list(rebuilt) == list(live)
     rules = catalog_rules()
+    for name in rules:  # validated by their own model, from a module without torch
+        assert rebuilt[name].params is live[name].params, name
+        assert live[name].params.__module__ == f"pflarena.methods.{name}.params", name
     configs: list[dict] = [{}, {"num-clients": 0}, {"fedavg.personal-model": "local-result"}]
     for name, declaration in live.items():
         configs.append({"strategy": name})

@@ -11,6 +11,7 @@ hand-written part (:func:`write_generated` rewrites all of these: ``make generat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class CatalogEntry:
     params: tuple[tuple[str, str, str, str], ...]
     fields: tuple[dict[str, Any], ...] = ()
     rules: bool = True
+    params_model: str = ""
 
     def param_docs(self) -> list[tuple[str, Any, str, str]]:
         return [(key, _Shown(default), kind, text) for key, default, kind, text in self.params]
@@ -113,7 +115,8 @@ def params_fields(params: type[MethodParams]) -> list[dict[str, Any]] | None:
 def has_rules(declaration: MethodDeclaration) -> bool:
     """Whether the method's parameters are checked by more than their types and bounds (a
     validator, ``run_problems``, a configuration of their own, a field the catalog cannot
-    rebuild): then only the declaration itself validates them."""
+    rebuild): then only the method's own parameters model validates them, and the catalog
+    says where it lives."""
     params = declaration.params
     decorators = params.__pydantic_decorators__
     return bool(
@@ -127,8 +130,16 @@ def has_rules(declaration: MethodDeclaration) -> bool:
     )
 
 
+def params_model_path(params: type[MethodParams]) -> str:
+    """Where a parameters model lives: ``module:class``."""
+    return f"{params.__module__}:{params.__qualname__}"
+
+
 def catalog_entries(methods: dict[str, MethodDeclaration]) -> list[dict[str, Any]]:
-    """The catalog's entries for ``methods`` (JSON-ready)."""
+    """The catalog's entries for ``methods`` (JSON-ready); a method with ``rules`` names
+    where its parameters model lives (``params_model``: a torch-free module,
+    ``pflarena/methods/<name>/params.py``), which validates its keys in place of fields
+    rebuilt from the catalog."""
     return [
         {
             "name": d.name,
@@ -145,6 +156,7 @@ def catalog_entries(methods: dict[str, MethodDeclaration]) -> list[dict[str, Any
             "fields": params_fields(d.params) or [],
             "rules": has_rules(d),
         }
+        | ({"params_model": params_model_path(d.params)} if has_rules(d) else {})
         for d in methods.values()
     ]
 
@@ -177,23 +189,45 @@ def _catalog_entries() -> dict[str, CatalogEntry]:
 def catalog_declarations() -> dict[str, MethodDeclaration] | None:
     """The built-in methods' declarations rebuilt from :data:`CATALOG`, without importing
     the strategies (torch, Flower): the same names, flags and needs, and parameters models
-    with the same fields, types, defaults and bounds, which validate as the methods' own do
-    for every method without ``rules`` (:func:`has_rules`); a method with rules is validated
-    against its own declaration (:func:`pflarena.cli.options.parse_run`). None where
-    plug-ins are loaded or there is no catalog."""
+    that validate as the methods' own do. A method without ``rules`` (:func:`has_rules`)
+    gets a model with the same fields, types, defaults and bounds; a method with rules its
+    own model, imported from the module the catalog names (``params_model``:
+    ``pflarena/methods/<name>/params.py``, which imports neither torch nor Flower). None
+    where plug-ins are loaded or there is no catalog."""
     if os.environ.get(PLUGINS_ENV) or plugin_entry_points() or not CATALOG.is_file():
         return None
+    stat = CATALOG.stat()
+    return dict(_catalog_declarations(stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog_declarations(mtime_ns: int, size: int) -> dict[str, MethodDeclaration]:
+    # once per version of the file: a sweep validates every planned run against them
     return {name: _declaration(entry) for name, entry in _catalog_entries().items()}
 
 
 def catalog_rules() -> set[str]:
-    """The built-in methods whose parameters only their own declaration validates."""
+    """The built-in methods whose parameters only their own model validates (the catalog
+    names its module)."""
     return {name for name, entry in _catalog_entries().items() if entry.rules}
+
+
+def _params_model(path: str) -> type[MethodParams]:
+    """The parameters model at ``module:class``."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    params = getattr(importlib.import_module(module), name)
+    if not (isinstance(params, type) and issubclass(params, MethodParams)):
+        raise TypeError(f"{CATALOG}: {path} is not a MethodParams model; make generated")
+    return params
 
 
 def _declaration(entry: CatalogEntry) -> MethodDeclaration:
     params: type[MethodParams] = MethodParams
-    if entry.fields:
+    if entry.params_model:
+        params = _params_model(entry.params_model)
+    elif entry.fields:
         definitions: dict[str, Any] = {}
         for row in entry.fields:
             kind = _FIELD_TYPES[row["type"]] if "type" in row else Literal[tuple(row["choices"])]

@@ -10,8 +10,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import ValidationError
-
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
 from pflarena.core.federation import FederationSpec
 from pflarena.core.methods import MethodDeclaration
@@ -24,6 +22,7 @@ __all__ = [
     "add_method_flags",
     "collect_overrides",
     "parse_run",
+    "run_declarations",
     "validate_run",
     "run_overrides",
     "with_shard_clients",
@@ -295,29 +294,28 @@ def parse_run(values: Mapping[str, Any]) -> RunConfig:
         raise with_flag_hints(error, strategy, dataset) from None
 
 
-def validate_run(values: Mapping[str, Any]) -> RunConfig:
-    """``values`` validated as the server validates a run config
-    (:func:`pflarena.server.build.parse_config`: every declared method), without importing
-    torch or Flower where that can be done: against the methods' catalog
-    (:func:`pflarena.cli.methods.catalog_declarations`) unless a method the config names
-    (its strategy, or the prefix of a method key) has rules of its own beyond its
-    parameters' types and bounds; then an error in the common keys is still said at once,
-    and the rest is checked against the strategies' own declarations (which import them)."""
-    from pflarena.cli.methods import catalog_declarations, catalog_rules
+def run_declarations() -> dict[str, MethodDeclaration]:
+    """Every declared method, as a run config is validated against them: the methods'
+    catalog (:func:`pflarena.cli.methods.catalog_declarations`), which imports neither
+    torch nor Flower, or, where plug-ins are loaded, the strategies' own declarations."""
+    from pflarena.cli.methods import catalog_declarations
 
     declared = catalog_declarations()
     if declared is not None:
-        strategy = str(values.get("strategy", RunConfig.model_fields["strategy"].default))
-        named = {strategy} | {key.split(".", 1)[0] for key in values if "." in key}
-        if not named & catalog_rules():
-            return parse_run_config(values, declared)
-        try:
-            RunConfig.model_validate({k: v for k, v in values.items() if "." not in k})
-        except ValidationError:
-            return parse_run_config(values, declared)  # raises, as the full check would
-    from pflarena.server.build import parse_config
+        return declared
+    from pflarena.strategies import declarations
 
-    return parse_config(values)
+    return declarations()
+
+
+def validate_run(values: Mapping[str, Any]) -> RunConfig:
+    """``values`` validated as the server validates a run config
+    (:func:`pflarena.server.build.parse_config`: every declared method), against
+    :func:`run_declarations`: without importing torch or Flower unless plug-ins are loaded.
+    A method whose parameters have rules of their own brings its own parameters model
+    (``pflarena/methods/<name>/params.py``), whose checks of the run's model read the
+    models' names (:mod:`pflarena.core.model_layouts`)."""
+    return parse_run_config(values, run_declarations())
 
 
 def collect_overrides(args: argparse.Namespace, keys: list[str]) -> dict[str, str]:
