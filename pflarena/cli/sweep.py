@@ -47,6 +47,8 @@ from pflarena.cli.options import (
     add_method_flags,
     add_runtime_flags,
     collect_overrides,
+    run_declarations,
+    validate_run,
     with_tracking,
 )
 from pflarena.cli.run import EXIT_CLIENTS_FAILED
@@ -62,7 +64,6 @@ from pflarena.reporting.plots import leaderboard_plot
 from pflarena.runtime.launch import check_flower_keys, run_simulations
 from pflarena.server.progress import Progress
 from pflarena.server.results import failure_text, recorded_failures
-from pflarena.strategies import declarations
 
 __all__ = [
     "add_parser",
@@ -244,13 +245,11 @@ def _combinations(grid: Mapping[str, list[Any]]) -> list[tuple[tuple[str, Any], 
 def _comparable_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The settings that make a run what it is: the common keys (but where it is written
     and whether it resumed) and its own method's parameters, defaults filled in."""
-    from pflarena.server.build import declaration_of, parse_config
-
-    cfg = parse_config(run_config)
+    cfg = validate_run(run_config)
     common = {
         k: v for k, v in cfg.to_run_config().items() if "." not in k and k not in NOT_SETTINGS
     }
-    params = cfg.params(declaration_of(cfg)).model_dump(by_alias=True)
+    params = cfg.params(run_declarations()[cfg.strategy]).model_dump(by_alias=True)
     return common | {f"{cfg.strategy}.{k}": v for k, v in params.items()}
 
 
@@ -280,10 +279,11 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
     """Every run of ``sweep``, validated, with its directory and status.
 
     Raises :class:`ConfigError` naming the first run whose config is invalid, or a
-    directory that holds a run of another config.
+    directory that holds a run of another config. The configs are validated as ``pflarena
+    run`` validates one (:func:`~pflarena.cli.options.validate_run`: without torch or
+    Flower).
     """
     from pflarena.core.shard_format import read_shard_set
-    from pflarena.server.build import parse_config
 
     common_grid = {k: v for k, v in sweep.grid.items() if "." not in k}
     runs: list[PlannedRun] = []
@@ -308,7 +308,7 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
                         config["num-clients"] = shards.num_clients
                     config |= {"strategy": strategy, "seed": seed, "output-dir": str(directory)}
                     try:
-                        run_config = parse_config(config).to_run_config()
+                        run_config = validate_run(config).to_run_config()
                     except ConfigError as exc:
                         raise ConfigError(f"run {directory.relative_to(out)}: {exc}") from None
                     runs.append(
@@ -327,14 +327,12 @@ def plan_runs(sweep: Sweep) -> list[PlannedRun]:
 
 def configs_to_run(runs: list[PlannedRun]) -> list[RunConfig]:
     """The configs of the runs still to do: new ones, and unfinished ones set to resume."""
-    from pflarena.server.build import parse_config
-
     todo = []
     for run in runs:
         if run.status == "new":
-            todo.append(parse_config(run.run_config))
+            todo.append(validate_run(run.run_config))
         elif run.status == "resume":
-            todo.append(parse_config(run.run_config | {"resume": True}))
+            todo.append(validate_run(run.run_config | {"resume": True}))
     return todo
 
 
@@ -506,7 +504,10 @@ def add_parser(sub: Any, full_help: bool = False) -> None:
     # The run flags a sweep passes on to every run (strategy, seed and output-dir are the
     # sweep's own: --strategies, --seeds, --out).
     add_config_flags(sweep, full_help=full_help, skip=SWEEP_OWN_KEYS)
+    # the methods as the catalog lists them: their flags without importing the strategies
+    from pflarena.cli.methods import listed_declarations
+
     sweep.set_defaults(
         func=command,
-        method_keys=add_method_flags(sweep, declarations(), full_help=full_help),
+        method_keys=add_method_flags(sweep, listed_declarations(), full_help=full_help),
     )
