@@ -8,7 +8,8 @@ under the same load, with this Python environment (the earlier tree first on
   --seed 0``: wall time from the command's start to its exit, and the CPU seconds of its
   whole process tree (sampled from ``/proc``), which say more than wall time on a shared
   machine;
-* ``pflarena run --check`` of the same job, and a configuration error (``--num-clients 0``).
+* ``pflarena run --check`` of the same job, and a configuration error (``--num-clients 0``
+  unless ``--error-flags`` says otherwise).
 
 The tree under test notes its moments (``PFLARENA_PHASES``, :mod:`pflarena.core.phases`):
 their medians make the phase table. The results of every run of the job must be equal
@@ -18,6 +19,14 @@ Usage (the earlier tree exported from git with ``git archive``, or given as a di
 
     python benchmarks/startup.py --before-commit <commit> --repeats 5
     python benchmarks/startup.py --before /tmp/before --repeats 5
+
+``--checks-only`` measures ``--check`` and the configuration error alone (no job), and adds
+its section to the results file, whose content it keeps; ``--flags`` adds run flags to every
+command and ``--error-flags`` says what makes the configuration error, e.g. a method whose
+parameters have rules of their own, refused for one of them::
+
+    python benchmarks/startup.py --before-commit <commit> --checks-only \
+        --flags="--strategy page --server-fraction 0.2" --error-flags="--set page.min-epochs=9"
 """
 
 from __future__ import annotations
@@ -42,8 +51,6 @@ JOB = [
     "--strategy", "fedavg", "--dataset", "digits", "--num-clients", "4", "--num-rounds", "1",
     "--seed", "0",
 ]  # fmt: skip
-CHECK = [*JOB, "--check"]
-CONFIG_ERROR = [*JOB, "--num-clients", "0"]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: Fields of summary.json that are wall-clock times, not results.
 CLOCK_FIELDS = ("wall_time_s", "startup_s", "rounds_time_s")
@@ -174,6 +181,55 @@ def _commit(tree: Path, output: Path) -> str:
 
 
 # --------------------------------------------------------------------------- report
+def checks_section(
+    args: argparse.Namespace,
+    kinds: dict[str, list[str]],
+    results: dict[tuple[str, str], list[dict]],
+    started: datetime,
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> list[str]:
+    """The Markdown section of a ``--checks-only`` measurement."""
+    median = statistics.median
+    loads = [r["load"] for rs in results.values() for r in rs]
+    lines = [
+        f"## `--check` and a configuration error with `{args.flags or '(no flags)'}`: "
+        "before and after",
+        "",
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC.",
+        f"- Command: `python benchmarks/startup.py {shlex.join(sys.argv[1:])}`, at commit "
+        f"{_commit(ROOT, Path(args.output))}.",
+        *[f"- {name}: `{shlex.join(['pflarena', *command])}`" for name, command in kinds.items()],
+        f"- Before and after alternate, {args.repeats} times each; before: "
+        f"{args.before_name or args.before}, the same Python environment.",
+        f"- Machine: {platform.machine()}, {os.cpu_count()} cores, **shared with other "
+        f"jobs**: load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} "
+        f"at the end, {min(loads):.2f} to {max(loads):.2f} at the runs' starts (median "
+        f"{median(loads):.2f}).",
+        "",
+        f"Medians of {args.repeats}:",
+        "",
+        "| command | wall s before | wall s after | after / before | CPU s before | CPU s after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in kinds:
+        b = median(r["wall"] for r in results[("before", name)])
+        a = median(r["wall"] for r in results[("after", name)])
+        cpu_b = median(r["cpu"] for r in results[("before", name)])
+        cpu_a = median(r["cpu"] for r in results[("after", name)])
+        lines.append(f"| {name} | {b:.2f} | {a:.2f} | {a / b:.2f} | {cpu_b:.2f} | {cpu_a:.2f} |")
+    lines.append("")
+    for name in kinds:
+        lines.append(
+            f"Each run's wall seconds ({name}): before "
+            + ", ".join(f"{r['wall']:.2f}" for r in results[("before", name)])
+            + "; after "
+            + ", ".join(f"{r['wall']:.2f}" for r in results[("after", name)])
+            + "."
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group(required=True)
@@ -182,6 +238,15 @@ def main() -> None:
     parser.add_argument("--before-name", default="", help="what to call it")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/startup.md"))
+    parser.add_argument(
+        "--checks-only",
+        action="store_true",
+        help="only --check and the configuration error; their section added to --output",
+    )
+    parser.add_argument("--flags", default="", help="run flags added to every command")
+    parser.add_argument(
+        "--error-flags", default="--num-clients 0", help="what makes the configuration error"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pflarena-startup-"))
     if args.before_commit:
@@ -198,7 +263,14 @@ def main() -> None:
     after = ROOT
     started = datetime.now(timezone.utc)
     load_start = os.getloadavg()
-    kinds = {"job": JOB, "check": CHECK, "config error": CONFIG_ERROR}
+    flags = shlex.split(args.flags)
+    kinds = {
+        "job": [*JOB, *flags],
+        "check": [*JOB, *flags, "--check"],
+        "config error": [*JOB, *flags, *shlex.split(args.error_flags)],
+    }
+    if args.checks_only:
+        del kinds["job"]
     results: dict[tuple[str, str], list[dict]] = {}
     phase_files: list[Path] = []
     for index in range(args.repeats):
@@ -214,9 +286,21 @@ def main() -> None:
                 expected = 2 if name == "config error" else 0
                 if result["code"] != expected:
                     raise SystemExit(f"{side} {name} exited {result['code']}:\n{result['out']}")
-        job = results[("before", "job")][-1]["wall"], results[("after", "job")][-1]["wall"]
-        print(f"repetition {index + 1}: job before {job[0]:.1f}s, after {job[1]:.1f}s", flush=True)
+        first = next(iter(kinds))
+        walls = results[("before", first)][-1]["wall"], results[("after", first)][-1]["wall"]
+        print(
+            f"repetition {index + 1}: {first} before {walls[0]:.1f}s, after {walls[1]:.1f}s",
+            flush=True,
+        )
     load_end = os.getloadavg()
+    if args.checks_only:
+        section = checks_section(args, kinds, results, started, load_start, load_end)
+        output = Path(args.output)
+        kept = output.read_text().rstrip("\n") + "\n\n" if output.exists() else ""
+        output.write_text(kept + "\n".join(section) + "\n")
+        print("\n".join(section))
+        print(f"\nruns: {work}")
+        return
     reference = comparable(work / "before-job-0")
     identical = all(
         comparable(work / f"{side}-job-{i}") == reference
@@ -229,7 +313,7 @@ def main() -> None:
         return median(r[key] for r in results[(side, name)])
 
     loads = [r["load"] for rs in results.values() for r in rs]
-    command = " ".join(["pflarena", *JOB])
+    command = " ".join(["pflarena", *kinds["job"]])
     lines = [
         "# Start-up of `pflarena run`: before and after",
         "",
@@ -237,7 +321,7 @@ def main() -> None:
         f"- Command: `python benchmarks/startup.py {shlex.join(sys.argv[1:])}`, at commit "
         f"{_commit(after, Path(args.output))}.",
         f"- Job: `{command}` (before and after alternate, {args.repeats} times each); also "
-        "its `--check`, and a configuration error (`--num-clients 0`).",
+        f"its `--check`, and a configuration error (`{args.error_flags}`).",
         f"- Before: {args.before_name or before}, the same Python environment.",
         f"- Machine: {platform.machine()}, {os.cpu_count()} cores, **shared with other "
         f"jobs**: load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} "
