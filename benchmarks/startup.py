@@ -193,8 +193,9 @@ def checks_section(
     median = statistics.median
     loads = [r["load"] for rs in results.values() for r in rs]
     lines = [
-        f"## `--check` and a configuration error with `{args.flags or '(no flags)'}`: "
-        "before and after",
+        "## `--check` and a configuration error "
+        + (f"with `{args.flags}`" if args.flags else "of the job")
+        + ": before and after",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC.",
         f"- Command: `python benchmarks/startup.py {shlex.join(sys.argv[1:])}`, at commit "
