@@ -531,3 +531,19 @@ def test_one_round_and_one_client_are_singular() -> None:
     progress = Progress(1, stream=Sink(), tty=False)  # type: ignore[arg-type]
     progress.feed(event_line(started) + "\n")
     assert "fedavg on digits, 1 client, 1 round -> /r" in "".join(lines)
+
+
+def test_a_check_with_a_server_split_imports_no_scikit_learn(tmp_path) -> None:
+    """Catches the server's stratified split (``server-fraction``, checked against the data
+    by ``--check``) importing scikit-learn, with scipy and pandas: seconds."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from pflarena.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    code = main(['run', '--check', '--strategy', 'page', '--server-fraction', '0.2',"
+        f" '--output-dir', {str(tmp_path / 'x')!r}])\n"
+        "print(code, sorted(m for m in ('torch', 'flwr', 'sklearn', 'scipy') if m in sys.modules))\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "0 []"

@@ -394,6 +394,42 @@ def test_the_unstratified_split_is_scikit_learns_own(num_samples, fraction) -> N
         assert all(part.dtype == np.int64 for part in got)
 
 
+@pytest.mark.parametrize("num_samples", [4, 9, 20, 51, 180])
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.5, 0.9])
+def test_the_stratified_split_is_scikit_learns_own(num_samples, fraction) -> None:
+    """Catches :func:`stratified_split` (scikit-learn's stratified train_test_split without
+    importing scikit-learn) drifting from scikit-learn: the same parts, in the same order,
+    on balanced, skewed and tied label counts, and a ValueError wherever scikit-learn
+    raises one."""
+    from sklearn.model_selection import train_test_split
+
+    from pflarena.core.partition.split import stratified_split
+
+    positions = np.arange(num_samples, dtype=np.int64) * 3 + 1
+    rng = np.random.default_rng(num_samples)
+    labelings = [
+        np.arange(num_samples) % 3,  # balanced
+        rng.choice(4, size=num_samples, p=[0.55, 0.25, 0.15, 0.05]),  # skewed
+        np.repeat([7, 2], [num_samples // 2, num_samples - num_samples // 2]),  # tied
+        np.where(np.arange(num_samples) == 0, 5, 1),  # a class of one sample
+    ]
+    checked = 0
+    for labels in labelings:
+        for state in (0, 1, 12345, 2**32 - 1):
+            try:
+                expected = train_test_split(
+                    positions, test_size=fraction, random_state=state, stratify=labels
+                )
+            except ValueError:
+                with pytest.raises(ValueError):
+                    stratified_split(positions, labels, fraction, state)
+                continue
+            got = stratified_split(positions, labels, fraction, state)
+            assert [part.tolist() for part in got] == [part.tolist() for part in expected]
+            checked += 1
+    assert checked > 0 or num_samples < 10
+
+
 def test_the_digits_are_scikit_learns_own() -> None:
     """Catches the digits read from scikit-learn's file (without importing it) differing
     from what its load_digits gives."""

@@ -18,9 +18,9 @@ The label permutations of ``label-permutation-groups`` draw from a stream of the
 
 Each takes ``ceil(fraction · n)`` samples for the part it sets aside (the rule of
 ``sklearn.model_selection.train_test_split``), and a fraction of 0 sets nothing aside. The
-unstratified splits are :func:`shuffle_split`, scikit-learn's ``train_test_split`` computed
-without importing scikit-learn (about a second: pandas, scipy); the stratified server split
-still calls scikit-learn.
+splits are scikit-learn's ``train_test_split`` computed without importing scikit-learn
+(seconds: pandas, scipy): :func:`shuffle_split` unstratified, :func:`stratified_split` the
+server's, stratified by label.
 """
 
 from __future__ import annotations
@@ -150,6 +150,67 @@ def shuffle_split(
         )
     permutation = np.random.RandomState(random_state).permutation(n_samples)
     return positions[permutation[n_test : n_test + n_train]], positions[permutation[:n_test]]
+
+
+def stratified_split(
+    positions: np.ndarray, labels: np.ndarray, test_fraction: float, random_state: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``sklearn.model_selection.train_test_split(positions, test_size=test_fraction,
+    random_state=random_state, stratify=labels)``: the same arrays, and a ``ValueError``
+    where scikit-learn raises one (a class with one sample, fewer samples on either side
+    than classes, an empty training part), without importing scikit-learn (scipy and
+    pandas come with it: seconds before a ``run --check`` could answer).
+
+    scikit-learn's rule (``StratifiedShuffleSplit``): the classes in sorted order, each
+    class's positions in their order; ``n_i`` training and ``t_i`` test samples per class
+    from :func:`_approximate_mode` (the training counts first, the test counts from what
+    remains); then, from one ``numpy.random.RandomState(random_state)``, a permutation of
+    each class in turn, its first ``n_i`` to training and the next ``t_i`` to test; then a
+    permutation of each part. ``tests/test_partition.py`` compares it with scikit-learn's.
+    """
+    n_samples = len(positions)
+    n_test = ceil(test_fraction * n_samples)
+    n_train = n_samples - n_test
+    if not 0.0 < test_fraction < 1.0 or n_train == 0:
+        return shuffle_split(positions, test_fraction, random_state)  # raises its ValueError
+    classes, y_indices = np.unique(np.asarray(labels), return_inverse=True)
+    class_counts = np.bincount(y_indices.ravel())
+    if class_counts.min() < 2 or n_train < len(classes) or n_test < len(classes):
+        raise ValueError("a class too small, or fewer samples on a side than classes")
+    class_indices = np.split(
+        np.argsort(y_indices.ravel(), kind="mergesort"), np.cumsum(class_counts)[:-1]
+    )
+    rng = np.random.RandomState(random_state)
+    n_i = _approximate_mode(class_counts, n_train, rng)
+    t_i = _approximate_mode(class_counts - n_i, n_test, rng)
+    train: list[int] = []
+    test: list[int] = []
+    for index, members in enumerate(class_indices):
+        shuffled = members.take(rng.permutation(class_counts[index]), mode="clip")
+        train.extend(shuffled[: n_i[index]])
+        test.extend(shuffled[n_i[index] : n_i[index] + t_i[index]])
+    return positions[rng.permutation(train)], positions[rng.permutation(test)]
+
+
+def _approximate_mode(
+    class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState
+) -> np.ndarray:
+    """scikit-learn's ``_approximate_mode``: ``n_draws`` shared out over the classes in
+    proportion to ``class_counts``, floored, the draws left over going to the classes with
+    the largest remainders (ties broken at random from ``rng``)."""
+    continuous = class_counts / class_counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need_to_add = int(n_draws - floored.sum())
+    if need_to_add > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (tied,) = np.where(remainder == value)
+            add_now = min(len(tied), need_to_add)
+            floored[rng.choice(tied, size=add_now, replace=False)] += 1
+            need_to_add -= add_now
+            if need_to_add == 0:
+                break
+    return floored.astype(int)
 
 
 def train_test_indices(
@@ -283,19 +344,13 @@ def server_indices(
     positions = np.arange(len(labels), dtype=np.int64)
     if server_fraction == 0.0:
         return positions, np.zeros(0, dtype=np.int64)
-    from sklearn.model_selection import train_test_split
-
     random_state = server_seed(seed, client_id)
     owner = "the pool" if client_id is None else f"client {client_id}'s share"
     try:
         try:
-            kept, server = train_test_split(
-                positions, test_size=server_fraction, random_state=random_state, stratify=labels
-            )
+            kept, server = stratified_split(positions, labels, server_fraction, random_state)
         except ValueError:  # a class too small to stratify: draw unstratified
-            kept, server = train_test_split(
-                positions, test_size=server_fraction, random_state=random_state
-            )
+            kept, server = shuffle_split(positions, server_fraction, random_state)
     except ValueError as error:
         raise DatasetError(
             f"cannot hold out server_fraction={server_fraction} of the {len(labels)} "
