@@ -139,15 +139,13 @@ def plan_engine(
         raise ValueError(f"--clients-per-gpu must be at least 1, got {clients_per_gpu}")
     if gpus_per_client < 0:
         raise ValueError(f"--gpus-per-client must be at least 0, got {gpus_per_client:g}")
+    why = ""
     if engine is None:
         if ray_address:
             return EnginePlan("ray", why="--ray-address given")
+        engine = DEFAULT_ENGINE
         if gpus_per_client > 0:
             engine, why = "ray", "--gpus-per-client given"
-        else:
-            engine, why = DEFAULT_ENGINE, ""
-    else:
-        why = ""
     if engine == "ray":
         if device == "cuda" and gpus_per_client <= 0:
             raise ValueError(
