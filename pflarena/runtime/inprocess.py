@@ -102,16 +102,14 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _spawned_worker_init(
-    threads: int, app_loader: Callable[[], ClientApp], gpus: Any, path: list[str]
-) -> None:
+def _spawned_worker_init(threads: int, app_loader: Callable[[], ClientApp], gpus: Any) -> None:
     """A spawned worker's start: its GPU (the next of the parent's queue ``gpus``, if any)
     set in ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA, then the forked worker's
-    start (:func:`_worker_init`), the parent's module path, and the ClientApp loaded here."""
+    start (:func:`_worker_init`) and the ClientApp loaded here (``spawn`` gives the worker
+    the parent's ``sys.path`` as it was at the worker's start)."""
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get(timeout=60))
     _worker_init(threads)
-    sys.path[:] = path + [entry for entry in sys.path if entry not in path]
     _WORKER_APP["app"] = app_loader()
     from pflarena.core.training import warm_optimizers
 
@@ -376,7 +374,7 @@ class InProcessGrid(Grid):
             self.workers,
             mp_context=context,
             initializer=_spawned_worker_init,
-            initargs=(threads, self.app_loader, slots, list(sys.path)),
+            initargs=(threads, self.app_loader, slots),
         )
         # A spawned pool starts a worker for each submission no idle worker takes: as many
         # submissions as workers start them all here, and waiting for the answers waits for
