@@ -123,7 +123,20 @@ class RunConfig(FederationSpec):
     lr_gamma: float = Field(0.1, gt=0, le=1, description="lr's factor at each of lr-milestones")
 
     # Evaluation and results.
-    eval_every: int = Field(1, ge=1, description="evaluate every client every k rounds")
+    eval_every: int = Field(1, ge=1, description="evaluate the clients every k rounds")
+    fraction_evaluate: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the connected clients each evaluation after round 0 tests (a "
+        "fresh seeded sample each time, at least one client; the round's record says how many); "
+        "round 0 tests every client, and so does the last round unless final-evaluation=sample",
+    )
+    final_evaluation: Literal["all", "sample"] = Field(
+        "all",
+        description="the last round's evaluation: every client (all), or a fraction-evaluate "
+        "sample like the others (sample)",
+    )
     cross_eval_clients: int = Field(
         0,
         ge=0,

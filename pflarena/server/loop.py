@@ -2,8 +2,9 @@
 
 It drives any :class:`~pflarena.strategies.base.PflStrategy` through Flower's Grid the
 way ``Strategy.start`` does, and adds what the project's results need: an evaluation of
-every client every ``eval-every`` rounds (and before the first round), bytes sent per
-round, and one ``rounds.jsonl`` line per round written as it happens.
+every client (or of a ``fraction-evaluate`` sample) every ``eval-every`` rounds, before the
+first round and after the last, bytes sent per round, and one ``rounds.jsonl`` line per round
+written as it happens.
 """
 
 from __future__ import annotations
@@ -239,16 +240,21 @@ def _evaluate(
     cfg: RunConfig,
     template: ArrayRecord,
     sync: ClientSync | None = None,
+    fraction: float = 1.0,
 ) -> tuple[dict[str, Any] | None, dict[str, int]]:
-    """The protocol's evaluation of every client, and the cross-evaluation when asked for;
-    returns the record and the traffic (``eval_bytes_down``, ``cross_eval_bytes_*``)."""
+    """The protocol's evaluation of every client (``fraction`` below 1: of that share of
+    them, :meth:`~pflarena.strategies.base.PflStrategy.evaluation_nodes`), and the
+    cross-evaluation when asked for; returns the record and the traffic
+    (``eval_bytes_down``, ``cross_eval_bytes_*``)."""
     timeout = cfg.round_timeout
+    strategy.evaluate_fraction = fraction
     messages = with_sync(
         strategy,
         list(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)),
         None,
         sync,
     )
+    connected = len(list(grid.get_node_ids()))
     lost: list[dict[str, Any]] = []
     replies, down, _ = _send(
         grid,
@@ -313,6 +319,8 @@ def _evaluate(
         },
         "failures": len(failures) + missing,
     }
+    if len(messages) < connected:  # a fraction-evaluate sample: how many were asked, of how many
+        record["sample"] = {"asked": len(messages), "connected": connected, "fraction": fraction}
     if problems:
         record["problems"] = problems
     if lost:
@@ -362,6 +370,17 @@ def _who_failed(strategy: PflStrategy, node_id: int) -> dict[str, Any]:
     tell such nodes apart (``client_failures``)."""
     client = strategy.client_ids.get(node_id)
     return {"client": client} if client is not None else {"client": None, "node": node_id}
+
+
+def evaluation_fraction(cfg: RunConfig, server_round: int) -> float:
+    """The share of the clients the evaluation of ``server_round`` tests: ``fraction-evaluate``,
+    except at round 0, which tests every client (it tells the strategy which client each node
+    holds: the training sampler's order, and the per-client server state of methods such as
+    pFedHN, need every client's id), and at the last round unless ``final-evaluation`` is
+    ``sample``."""
+    if server_round == 0 or (server_round == cfg.num_rounds and cfg.final_evaluation == "all"):
+        return 1.0
+    return cfg.fraction_evaluate
 
 
 def cross_evaluates(cfg: RunConfig, server_round: int) -> bool:
@@ -578,8 +597,10 @@ def run_rounds(
 ) -> RunOutcome:
     """Run ``cfg.num_rounds`` rounds, writing one ``rounds.jsonl`` line per round.
 
-    Round 0 is an evaluation of the initial models only (it also tells the strategy which
-    client each node holds, which makes client sampling reproducible for a seed). After
+    Round 0 is an evaluation of the initial models only, on every client (it also tells the
+    strategy which client each node holds, which makes client sampling reproducible for a
+    seed); later evaluations test a ``fraction-evaluate`` sample where the run asks for one
+    (:func:`evaluation_fraction`). After
     every ``checkpoint-every`` rounds (and the last) the state to continue from is saved
     (:mod:`pflarena.server.checkpoint`); with ``resume`` the run continues after that
     checkpoint's round, the rounds before it already in ``writer``'s file. ``state_key``
@@ -671,7 +692,14 @@ def run_rounds(
             raise
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
             evaluation, traffic = _evaluate(
-                grid, strategy, server_round, outcome.arrays, cfg, initial_arrays, sync
+                grid,
+                strategy,
+                server_round,
+                outcome.arrays,
+                cfg,
+                initial_arrays,
+                sync,
+                fraction=evaluation_fraction(cfg, server_round),
             )
             record["evaluation"] = evaluation
             record |= traffic

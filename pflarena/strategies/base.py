@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import Strategy
 from pflarena.core import keys
 from pflarena.core.evaluation import AccuracyStats, accuracy_stats
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.seeds import derive_seed
 from pflarena.core.versions import ClientPool
 from pflarena.strategies.exchange import (
     Exchange,
@@ -274,6 +275,9 @@ class PflStrategy(Strategy):
         self.last_eval_details: dict[str, Any] = {}
         #: node ids sampled in the latest training round.
         self.last_sampled: list[int] = []
+        #: the share of the connected clients the next evaluation tests: set by the run loop
+        #: before each evaluation (``fraction-evaluate``, or 1 where it tests every client)
+        self.evaluate_fraction = 1.0
         #: node ids whose latest training reply was an error or was rejected.
         self.last_failed: list[int] = []
         #: why each of ``last_failed``'s rejected replies was unusable, by node
@@ -410,6 +414,20 @@ class PflStrategy(Strategy):
         chosen = self._rng.choice(len(nodes), size=self.num_to_sample(len(nodes)), replace=False)
         return [nodes[i] for i in sorted(chosen)]
 
+    def evaluation_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """The nodes the evaluation of ``server_round`` tests: every connected node, or, with
+        ``evaluate_fraction`` below 1, that share of them (at least one), drawn uniformly
+        without replacement. The draw has a stream of its own, seeded by the run's seed and
+        the round, so that it is the same in every run with the seed (and after a resume)
+        and leaves the training sampler's draws as they are without it."""
+        nodes = self.ordered_nodes(grid)
+        if self.evaluate_fraction >= 1.0 or not nodes:
+            return nodes
+        size = min(len(nodes), max(1, math.floor(self.evaluate_fraction * len(nodes))))
+        rng = np.random.default_rng(derive_seed(self.seed, server_round, "evaluation-sample"))
+        chosen = rng.choice(len(nodes), size=size, replace=False)
+        return [nodes[i] for i in sorted(chosen)]
+
     # ------------------------------------------------------------------ messages
     def train_config(self, server_round: int, node_id: int) -> dict:
         """The ConfigRecord contents of one train message (override to add keys)."""
@@ -483,8 +501,9 @@ class PflStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Ask every connected client to evaluate (the protocol evaluates all of them); one
-        record, :meth:`evaluate_arrays` and :meth:`evaluate_config`, shared by every message."""
+        """Ask the round's clients to evaluate (:meth:`evaluation_nodes`: every connected
+        client, or the run's ``fraction-evaluate`` sample); one record,
+        :meth:`evaluate_arrays` and :meth:`evaluate_config`, shared by every message."""
         record = RecordDict(
             {
                 keys.ARRAYS: self.evaluate_arrays(arrays),
@@ -493,7 +512,7 @@ class PflStrategy(Strategy):
         )
         return [
             Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
-            for node_id in self.ordered_nodes(grid)
+            for node_id in self.evaluation_nodes(grid, server_round)
         ]
 
     # ------------------------------------------------------------------ replies

@@ -270,10 +270,10 @@ class PFedHN(PflStrategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Every client evaluates its own generated model h(v_i; φ)."""
+        """Each of the round's clients evaluates its own generated model h(v_i; φ)."""
         settings = ConfigRecord({**dict(config), **self.evaluate_config(server_round)})
         messages = []
-        for node_id in self.ordered_nodes(grid):
+        for node_id in self.evaluation_nodes(grid, server_round):
             client = self.client_ids.get(node_id)
             model = arrays if client is None else self.generate(client, arrays)
             messages.append(

@@ -179,7 +179,8 @@ class SplitGP(FedAvg):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The protocol's evaluation (the full model (φ̄, θ̄) to every client), with κ̄."""
+        """The protocol's evaluation (the full model (φ̄, θ̄) to the round's clients),
+        with κ̄."""
         record = RecordDict(
             {
                 keys.ARRAYS: self.evaluate_arrays(arrays),
@@ -189,7 +190,7 @@ class SplitGP(FedAvg):
         )
         return [
             Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
-            for node_id in self.ordered_nodes(grid)
+            for node_id in self.evaluation_nodes(grid, server_round)
         ]
 
     # ------------------------------------------------------------------ replies
