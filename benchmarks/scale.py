@@ -1,27 +1,42 @@
-"""Memory and time of a simulation as the number of clients grows.
+"""Memory and time of a simulation as the number of clients grows, and where the memory goes.
 
 Ditto (a personal model per client, kept in the client's state) with the FedAvg CNN on MNIST,
 IID over N clients, 10% of them per round. Each run is a real `pflarena run` simulation; its
-whole process tree (the SuperLink, Flower's simulation process, Ray and its actors) is
-sampled every 0.5 s and the peak of the summed resident memory (RSS) is reported, with the
-mean wall time of a training round (rounds 2.., round 1 includes Ray's start) and the size
-of the clients' state on disk. Every client is evaluated before round 1 and after the last.
+whole process tree is sampled every 0.5 s (PSS and USS every 2 s). Reported per run: the
+peaks of the summed resident memory (RSS), proportional set size (PSS) and unique set size
+(USS), the mean wall time of a training round (rounds 2..; round 1 includes the workers'
+fork), the size of the clients' state on disk, and how many client evaluations were made.
+Every client is evaluated before round 1 and after the last (the run's default
+final-evaluation=all); evaluations in between (every ``--eval-every`` rounds, by default
+none) test a ``--fraction-evaluate`` share of the clients.
 
-Summed RSS counts memory shared between processes (Ray's object store, shared libraries)
-once per process, so it overstates the machine's use; it is the same measure at every N.
+Where the memory goes: each process of the tree gets a role from its command line and its
+parent: ``cli`` (the ``pflarena run`` process), ``simulation`` (the process that runs the
+ServerApp, ``pflarena.runtime.simulation``), ``worker`` (a process forked from the simulation
+process, whose command line it inherits: the in-process engine's client workers), and
+``superlink`` / ``other``. Per role: the number of processes seen, the peak RSS of the
+largest, and the peaks of the role's summed RSS and summed PSS over the samples.
+
+Summed RSS counts pages shared between processes (shared libraries, and the pages forked
+workers share copy-on-write with the simulation process) once per process, so it overstates
+the machine's use. PSS (``/proc/<pid>/smaps_rollup``) splits each shared page among the
+processes that map it, so summed PSS counts it once; USS (the Private_* lines) is the memory
+a process alone holds.
 
 Usage::
 
-    python benchmarks/scale.py --data-dir ../shared/data --clients 100 1000 --rounds 3
+    python benchmarks/scale.py --clients 1000 3550 --rounds 3 [--fraction-evaluate 0.1]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -34,10 +49,16 @@ from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
+MB = 2**20
+#: PSS and USS are read at every PSS_EVERY th sample (every 2 s)
+PSS_EVERY = 4
+ROLES = ("cli", "simulation", "worker", "superlink", "other")
 
 
-def _tree(root: int) -> list[int]:
+def _tree(root: int) -> tuple[list[int], dict[int, int]]:
+    """The pids of ``root``'s tree (``root`` first) and each one's parent."""
     children: dict[int, list[int]] = {}
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -46,20 +67,121 @@ def _tree(root: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry.name))
+        parents[int(entry.name)] = ppid
     found, todo = [root], [root]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
-    return found
+    return found, parents
 
 
-def _rss(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):  # a process that ended
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    return total
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    return ""
+
+
+def _rss(pid: int) -> int | None:
+    """RSS of ``pid`` in bytes (``statm``: cheap), or None for a process that ended."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pss_uss(pid: int) -> tuple[int, int] | None:
+    """PSS and USS of ``pid`` in bytes (``smaps_rollup``, about 20 ms for a process of 1 GB:
+    the kernel walks its page tables), or None where unreadable."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+            fields[parts[0][:-1]] = int(parts[1]) * 1024
+    if "Pss" not in fields:
+        return None
+    return fields["Pss"], fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+
+
+def _role(cmdline: str, parent_cmdline: str, parent_role: str | None) -> str:
+    if "pflarena.cli" in cmdline:
+        return "cli"
+    if "pflarena.runtime.simulation" in cmdline:
+        # a forked worker inherits its parent's command line
+        forked = cmdline == parent_cmdline and parent_role in ("simulation", "worker")
+        return "worker" if forked else "simulation"
+    if "superlink" in cmdline:
+        return "superlink"
+    return "other"
+
+
+class Sampler:
+    """The peaks of a process tree's memory, in total, per process and per role."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.roles: dict[int, str] = {}
+        self.cmdlines: dict[int, str] = {}
+        self.peak_rss = self.peak_pss = self.peak_uss = 0
+        self.proc_peak_rss: dict[int, int] = {}
+        self.role_peak_rss = dict.fromkeys(ROLES, 0)
+        self.role_peak_pss = dict.fromkeys(ROLES, 0)
+        self.samples = 0
+
+    def sample(self) -> None:
+        """One sample: RSS every time, PSS and USS every :data:`PSS_EVERY` th (they cost a
+        walk of each process's page tables)."""
+        pids, parents = _tree(self.root)
+        with_pss = self.samples % PSS_EVERY == 0
+        total = [0, 0, 0]
+        role_rss = dict.fromkeys(ROLES, 0)
+        role_pss = dict.fromkeys(ROLES, 0)
+        for pid in pids:  # parents before their children
+            if pid not in self.roles:
+                cmdline = _cmdline(pid)
+                if not cmdline:
+                    continue  # ended, or a zombie
+                parent = parents.get(pid, 0)
+                self.cmdlines[pid] = cmdline
+                self.roles[pid] = _role(
+                    cmdline, self.cmdlines.get(parent, ""), self.roles.get(parent)
+                )
+            rss = _rss(pid)
+            if rss is None:
+                continue
+            role = self.roles[pid]
+            total[0] += rss
+            role_rss[role] += rss
+            self.proc_peak_rss[pid] = max(self.proc_peak_rss.get(pid, 0), rss)
+            if with_pss:
+                pss, uss = _pss_uss(pid) or (rss, rss)
+                total[1] += pss
+                total[2] += uss
+                role_pss[role] += pss
+        self.peak_rss = max(self.peak_rss, total[0])
+        self.peak_pss = max(self.peak_pss, total[1])
+        self.peak_uss = max(self.peak_uss, total[2])
+        for role in ROLES:
+            self.role_peak_rss[role] = max(self.role_peak_rss[role], role_rss[role])
+            self.role_peak_pss[role] = max(self.role_peak_pss[role], role_pss[role])
+        self.samples += 1
+
+    def by_role(self) -> dict[str, dict]:
+        out = {}
+        for role in ROLES:
+            peaks = [p for pid, p in self.proc_peak_rss.items() if self.roles[pid] == role]
+            if peaks:
+                out[role] = {
+                    "processes": len(peaks),
+                    "largest_rss_mb": max(peaks) / MB,
+                    "sum_rss_mb": self.role_peak_rss[role] / MB,
+                    "sum_pss_mb": self.role_peak_pss[role] / MB,
+                }
+        return out
 
 
 def _du(path: Path) -> int:
@@ -73,6 +195,10 @@ def _du(path: Path) -> int:
     return total
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"ditto-{num_clients}"
     cmd = [
@@ -80,38 +206,68 @@ def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
         "--strategy", "ditto", "--dataset", "mnist", "--data-dir", args.data_dir,
         "--model", "cnn", "--partition", "iid", "--num-clients", str(num_clients),
         "--fraction-train", str(args.fraction), "--num-rounds", str(args.rounds),
-        "--eval-every", "100000", "--local-epochs", "1", "--batch-size", "32", "--lr", "0.05",
+        "--eval-every", str(args.eval_every), "--local-epochs", "1", "--batch-size", "32",
+        "--lr", "0.05", "--fraction-evaluate", str(args.fraction_evaluate),
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
+    load_start = _load()
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak, samples = 0, []
+    sampler = Sampler(proc.pid)
 
     def sample() -> None:
-        nonlocal peak
         while proc.poll() is None:
-            rss = _rss(_tree(proc.pid))
-            peak = max(peak, rss)
-            samples.append(rss)
+            sampler.sample()
             time.sleep(0.5)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
     output, _ = proc.communicate()
-    sampler.join()
+    thread.join()
+    wall = time.monotonic() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"run with {num_clients} clients failed:\n{output[-3000:]}")
+        raise RuntimeError(
+            f"run with {num_clients} clients failed (exit {proc.returncode}):\n{output[-3000:]}"
+        )
     rounds = read_rounds(out / "rounds.jsonl")
     timed = [r["train_time_s"] for r in rounds if r["round"] >= 2]
+    evaluations = [r["evaluation"] for r in rounds if r.get("evaluation")]
     return {
         "clients": num_clients,
         "per_round": int(num_clients * args.fraction),
-        "peak_rss_mb": peak / 2**20,
+        "fraction_evaluate": args.fraction_evaluate,
+        "evaluated": sum(len(e["per_client"]) for e in evaluations),
+        "peak_rss_mb": sampler.peak_rss / MB,
+        "peak_pss_mb": sampler.peak_pss / MB,
+        "peak_uss_mb": sampler.peak_uss / MB,
+        "roles": sampler.by_role(),
+        "samples": sampler.samples,
         "round_s": statistics.mean(timed) if timed else float("nan"),
-        "wall_s": time.monotonic() - start,
-        "state_mb": _du(out / "client-state") / 2**20,
+        "wall_s": wall,
+        "state_mb": _du(out / "client-state") / MB,
         "accuracy": rounds[-1]["evaluation"]["personalized"]["mean"],
+        "load_start": load_start,
+        "load_end": _load(),
     }
+
+
+def _command() -> str:
+    python = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        python = python.relative_to(ROOT)
+    return shlex.join([str(python), "benchmarks/scale.py", *sys.argv[1:]])
+
+
+def _commit() -> str:
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--", "benchmarks/scale.py"):
+        commit += " (benchmarks/scale.py modified)"
+    return commit
 
 
 def main() -> None:
@@ -120,36 +276,83 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fraction", type=float, default=0.1)
+    parser.add_argument(
+        "--fraction-evaluate",
+        type=float,
+        default=1.0,
+        help="the run's --fraction-evaluate: the share of the clients each evaluation after "
+        "round 0 tests (the last round's tests every client)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=100000,
+        help="the run's --eval-every (default: no evaluation between round 0 and the last)",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale.md"))
     args = parser.parse_args()
+    command, commit = _command(), _commit()
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     with tempfile.TemporaryDirectory(prefix="pflarena-scale-") as tmp:
         results = []
         for n in args.clients:
-            print(f"== {n} clients", flush=True)
+            print(f"== {n} clients (load average {_load()})", flush=True)
             results.append(measure(n, args, Path(tmp)))
             print(json.dumps(results[-1]), flush=True)
     base = results[0]
     lines = [
         "# Scale: memory and round time against the number of simulated clients",
         "",
-        f"Command: `python benchmarks/scale.py --clients {' '.join(map(str, args.clients))} "
-        f"--rounds {args.rounds}` on {os.cpu_count()} CPU cores ({platform.machine()}), "
-        f"Python {platform.python_version()}.",
+        f"Command (from the repository's root): `{command}`; commit `{commit}`, {date}; "
+        f"{os.cpu_count()} CPU cores ({platform.machine()}), Python {platform.python_version()}, "
+        "in-process engine (the default). The host is shared with other work, so times are "
+        "noisy: the load average (1, 5, 15 min) at each run's start and end is in the table.",
         "",
-        "Ditto, FedAvg CNN, MNIST (`../shared/data`, 70,000 images) IID over N clients, "
-        f"{args.fraction:.0%} per round, 1 local epoch; every client evaluated before round 1 "
-        "and after the last. Peak memory: the summed RSS of the run's whole process tree.",
+        "Ditto, FedAvg CNN, MNIST (70,000 images) IID over N clients, "
+        f"{args.fraction:.0%} per round, 1 local epoch, {args.rounds} rounds; every client "
+        "evaluated before round 1 and after the last"
+        + (
+            f", evaluations every {args.eval_every} rounds in between"
+            if args.eval_every < args.rounds
+            else ""
+        )
+        + f"; fraction-evaluate {args.fraction_evaluate:g}. Peak RSS / PSS / USS: the peak over "
+        "samples (RSS every 0.5 s, PSS and USS every 2 s) of the sum over the run's whole "
+        "process tree (RSS counts pages shared "
+        "between processes once per process, PSS splits them among the processes, USS is "
+        "memory private to each process). Round: mean wall time of rounds 2 and later.",
         "",
-        "| clients | per round | peak RSS (MB) | vs first | round (s) | client state on disk (MB) "
-        "| wall (s) | personalized acc |",
-        "|---|---|---|---|---|---|---|---|",
+        "| clients | per round | fraction-evaluate | clients evaluated | peak RSS (MB) "
+        "| vs first | peak PSS (MB) | peak USS (MB) | round (s) | client state on disk (MB) "
+        "| wall (s) | personalized acc | load start | load end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['clients']} | {r['per_round']} | {r['peak_rss_mb']:.0f} "
-            f"| {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x | {r['round_s']:.1f} "
-            f"| {r['state_mb']:.1f} | {r['wall_s']:.0f} | {100 * r['accuracy']:.2f} |"
+            f"| {r['clients']} | {r['per_round']} | {r['fraction_evaluate']:g} "
+            f"| {r['evaluated']} | {r['peak_rss_mb']:.0f} "
+            f"| {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x | {r['peak_pss_mb']:.0f} "
+            f"| {r['peak_uss_mb']:.0f} | {r['round_s']:.1f} "
+            f"| {r['state_mb']:.1f} | {r['wall_s']:.0f} | {100 * r['accuracy']:.2f} "
+            f"| {r['load_start']} | {r['load_end']} |"
         )
+    lines += [
+        "",
+        "Per process role (`cli`: the `pflarena run` process; `simulation`: the process "
+        "running the ServerApp; `worker`: client worker processes forked from it). Largest: "
+        "the peak RSS of the role's largest process; summed: the peak over the samples of the "
+        "role's summed RSS / PSS.",
+        "",
+        "| clients | role | processes | largest peak RSS (MB) | summed peak RSS (MB) "
+        "| summed peak PSS (MB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for role, row in r["roles"].items():
+            lines.append(
+                f"| {r['clients']} | {role} | {row['processes']} | {row['largest_rss_mb']:.0f} "
+                f"| {row['sum_rss_mb']:.0f} | {row['sum_pss_mb']:.0f} |"
+            )
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
