@@ -247,3 +247,48 @@ def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(monkeypatch, liste
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
     assert engines.visible_gpus() == expected
     assert engines.has_gpu() == bool(expected)
+
+
+def test_a_push_serialises_each_shared_record_once_into_the_messages_own_wire_format(
+    monkeypatch,
+) -> None:
+    import numpy as np
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.common.serde import message_to_proto
+    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
+
+    from pflarena.runtime import inprocess
+
+    serialised: list[list[str]] = []
+    real = inprocess.recorddict_to_proto
+
+    def counted(content: RecordDict):
+        serialised.append(list(content))
+        return real(content)
+
+    monkeypatch.setattr(inprocess, "recorddict_to_proto", counted)
+    grid = InProcessGrid(app, {}, 3)
+    model = ArrayRecord([np.arange(12, dtype=np.float32).reshape(3, 4)])
+    messages = [
+        grid.create_message(
+            RecordDict({"arrays": model, "config": ConfigRecord({"node": i}), "q": MetricRecord()}),
+            "query",
+            node,
+            group_id="1",
+        )
+        for i, node in enumerate(grid.node_ids)
+    ]
+    cache = inprocess.WireCache()
+    for msg in messages:
+        wired = ProtoMessage.FromString(cache.wire(msg))
+        assert wired == message_to_proto(msg)  # the same message, field for field
+        copy = cache.over_the_wire(msg)
+        assert copy.content["config"]["node"] == msg.content["config"]["node"]
+        assert np.array_equal(copy.content["arrays"]["0"].numpy(), model["0"].numpy())
+        assert copy.content["arrays"] is not model  # a copy, sharing nothing
+    # the model once, each message's own config and metrics once (the rest: message_to_proto)
+    ours = [keys for keys in serialised if len(keys) == 1]
+    assert sorted(k for (k,) in ours) == ["arrays"] + ["config"] * 3 + ["q"] * 3
+    # an empty content stays a content: the message is a reply-less query, not an error
+    empty = grid.create_message(RecordDict(), "query", grid.node_ids[0], group_id="1")
+    assert ProtoMessage.FromString(cache.wire(empty)) == message_to_proto(empty)
