@@ -88,6 +88,37 @@ def test_worker_processes_run_the_clients_elsewhere_and_keep_each_nodes_state() 
         grid.close()
 
 
+def test_a_push_of_many_messages_keeps_only_a_few_calls_in_flight(monkeypatch) -> None:
+    """Catches a push that submits every message at once (each submitted call holds its
+    message's serialised copy until collected: a round of thousands would hold thousands)."""
+    from pflarena.runtime.inprocess import IN_FLIGHT_PER_WORKER
+
+    grid = InProcessGrid(app, {}, 12, workers=2)
+    try:
+        grid.start_workers()
+        in_flight, most = 0, 0
+        submit, collect = grid._pool.submit, grid._collect
+
+        def counted_submit(*args, **kwargs):
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            return submit(*args, **kwargs)
+
+        def counted_collect(pending):
+            nonlocal in_flight
+            collect(pending)
+            in_flight -= len(pending)
+
+        monkeypatch.setattr(grid._pool, "submit", counted_submit)
+        monkeypatch.setattr(grid, "_collect", counted_collect)
+        replies = list(grid.send_and_receive([_query(grid, n) for n in grid.node_ids]))
+        assert [r.content["a"]["pid"] for r in replies] == list(range(12))
+        assert most == IN_FLIGHT_PER_WORKER * 2 and in_flight == 0
+    finally:
+        grid.close()
+
+
 def test_a_worker_that_dies_costs_its_replies_and_the_rest_run_in_the_process() -> None:
     grid = InProcessGrid(app, {}, 3, workers=2)
     try:
