@@ -376,9 +376,12 @@ class InProcessGrid(Grid):
             del self.busy[node_id]
         return msg
 
-    def _finish(self, reply: Message, node_id: int) -> Message:
+    def _finish(self, reply: Message, node_id: int, *, fresh: bool = False) -> Message:
+        """``reply`` as the server gets it: from ``node_id``, crossed over the wire unless it
+        is ``fresh`` (parsed from a worker's bytes, or made here: it shares nothing with the
+        ClientApp's objects, and a model's copy costs tens of milliseconds), filtered."""
         reply.metadata.__dict__["_src_node_id"] = node_id
-        if self.wire:
+        if self.wire and not fresh:
             reply = _over_the_wire(reply)
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
@@ -545,7 +548,7 @@ class InProcessGrid(Grid):
                     reply = Message(Error(code=0, reason=str(problem)), reply_to=msg)
                 else:
                     reply = _unwire(payload)
-            self._replies[msg.metadata.message_id] = self._finish(reply, node_id)
+            self._replies[msg.metadata.message_id] = self._finish(reply, node_id, fresh=True)
 
     def _call(self, received: Message, msg: Message, node_id: int) -> Message | None:
         """The ClientApp's reply to ``received`` (an error reply if it raised), or None
