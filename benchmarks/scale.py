@@ -199,15 +199,22 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _fraction(num_clients: int, args: argparse.Namespace) -> float:
+    """The run's fraction-train: ``--per-round`` clients of ``num_clients``, else ``--fraction``."""
+    return args.per_round / num_clients if args.per_round else args.fraction
+
+
 def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"ditto-{num_clients}"
+    fraction = _fraction(num_clients, args)
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run",
         "--strategy", "ditto", "--dataset", "mnist", "--data-dir", args.data_dir,
         "--model", "cnn", "--partition", "iid", "--num-clients", str(num_clients),
-        "--fraction-train", str(args.fraction), "--num-rounds", str(args.rounds),
+        "--fraction-train", str(fraction), "--num-rounds", str(args.rounds),
         "--eval-every", str(args.eval_every), "--local-epochs", "1", "--batch-size", "32",
         "--lr", "0.05", "--fraction-evaluate", str(args.fraction_evaluate),
+        "--final-evaluation", args.final_evaluation,
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
     load_start = _load()
@@ -234,7 +241,7 @@ def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
     evaluations = [r["evaluation"] for r in rounds if r.get("evaluation")]
     return {
         "clients": num_clients,
-        "per_round": int(num_clients * args.fraction),
+        "per_round": int(num_clients * fraction),
         "fraction_evaluate": args.fraction_evaluate,
         "evaluated": sum(len(e["per_client"]) for e in evaluations),
         "peak_rss_mb": sampler.peak_rss / MB,
@@ -277,6 +284,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fraction", type=float, default=0.1)
     parser.add_argument(
+        "--per-round",
+        type=int,
+        default=0,
+        help="clients sampled a round at every N (fraction-train per-round/N) instead of "
+        "--fraction: memory against the federation's size at the same work",
+    )
+    parser.add_argument(
+        "--final-evaluation",
+        choices=("all", "sample"),
+        default="all",
+        help="the run's --final-evaluation (sample: the last round tests a fraction-evaluate "
+        "sample too)",
+    )
+    parser.add_argument(
         "--fraction-evaluate",
         type=float,
         default=1.0,
@@ -309,8 +330,10 @@ def main() -> None:
         "noisy: the load average (1, 5, 15 min) at each run's start and end is in the table.",
         "",
         "Ditto, FedAvg CNN, MNIST (70,000 images) IID over N clients, "
-        f"{args.fraction:.0%} per round, 1 local epoch, {args.rounds} rounds; every client "
-        "evaluated before round 1 and after the last"
+        + (f"{args.per_round} clients" if args.per_round else f"{args.fraction:.0%}")
+        + f" per round, 1 local epoch, {args.rounds} rounds; every client evaluated before "
+        "round 1"
+        + (" and after the last" if args.final_evaluation == "all" else "")
         + (
             f", evaluations every {args.eval_every} rounds in between"
             if args.eval_every < args.rounds

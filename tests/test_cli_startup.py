@@ -547,3 +547,32 @@ def test_a_check_with_a_server_split_imports_no_scikit_learn(tmp_path) -> None:
     result = _python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_the_data_checks_run_in_a_child_that_keeps_what_they_import(tmp_path, monkeypatch):
+    """Reading MNIST or CIFAR imports torch (torchvision's readers) and keeps it with the
+    data, about 1 GB, which the command's process would hold to the run's end: the checks
+    run in a forked child, whose imports and errors do not stay behind / come back."""
+    from pflarena.core.config import ConfigError
+    from pflarena.runtime import precheck
+    from pflarena.server.build import parse_config
+
+    (tmp_path / "heavy_reader.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def reads_heavily(cfg, *, files_required=True):
+        import heavy_reader  # noqa: F401 - what a torchvision reader's import stands for
+
+        if cfg.num_clients > 3:
+            raise ConfigError(f"num-clients={cfg.num_clients}: too many for this data")
+        return f"checked {cfg.num_clients}"
+
+    cfgs = [parse_config({"num-clients": n}) for n in (2, 3)]
+    too_many = parse_config({"num-clients": 5})
+    monkeypatch.setattr(precheck, "check_data", reads_heavily)
+    monkeypatch.delitem(sys.modules, "torch")  # as in the command's process, which has none
+    assert precheck.check_data_apart(cfgs) == ["checked 2", "checked 3"]
+    assert "heavy_reader" not in sys.modules
+    with pytest.raises(ConfigError, match="num-clients=5: too many for this data"):
+        precheck.check_data_apart([too_many])
+    assert "heavy_reader" not in sys.modules

@@ -183,7 +183,7 @@ def command(args: argparse.Namespace) -> int:
 
 
 def _command(args: argparse.Namespace, phases_file: str | None) -> int:
-    from pflarena.runtime.precheck import check_data
+    from pflarena.runtime.precheck import check_data_apart
     from pflarena.server.results import check_output_dir
 
     keys = [n.replace("_", "-") for n in RunConfig.model_fields if n != "resume"] + args.method_keys
@@ -210,7 +210,7 @@ def _command(args: argparse.Namespace, phases_file: str | None) -> int:
     # Before the simulation's start-up: files that are not there, and settings the data
     # cannot satisfy (more clients than samples, a partition that leaves a client without
     # its minimum), fail the run now, in one line with the numbers.
-    unchecked = check_data(cfg, files_required=not args.check)
+    (unchecked,) = check_data_apart([cfg], files_required=not args.check)
     if args.check:
         if unchecked:
             print(f"pflarena run: {' '.join(unchecked.split())}", file=sys.stderr)

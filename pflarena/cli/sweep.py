@@ -398,11 +398,11 @@ def command(args: argparse.Namespace) -> int:
         group = SweepGroup.open(todo[0], plan_of.out.resolve(), len(plan))
         todo = [group.member(cfg) for cfg in todo]
     if todo:
-        from pflarena.runtime.precheck import check_data
+        from pflarena.runtime.precheck import check_data_apart
 
         for cfg in todo:
             check_flower_keys(cfg)
-            check_data(cfg)  # before any start-up: settings the data cannot satisfy
+        check_data_apart(todo)  # before any start-up: settings the data cannot satisfy
         verbosity = 0 if args.quiet else 2 if args.verbose else 1
         try:
             code, tail = run_simulations(
