@@ -31,6 +31,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from commit_tree import export_commit
+
 from pflarena.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,13 +83,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pflarena-overhead-"))
     trees = {"after": ROOT}
     if args.before_commit:
-        before = work / "before"
-        before.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before_commit], capture_output=True, check=True
-        )
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-        trees = {"before": before, "after": ROOT}
+        trees = {"before": export_commit(args.before_commit, work / "before"), "after": ROOT}
     started = datetime.now(timezone.utc)
     loads = [os.getloadavg()[0]]
     found: dict[tuple[str, int], dict] = {}

@@ -33,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from startup import _commit, comparable  # noqa: E402 - the same tree export and comparison
+from commit_tree import export_commit  # noqa: E402 - the same tree export
+from startup import _commit, comparable  # noqa: E402 - the same comparison
 
 LOOPS = r"""
 import json, time, torch
@@ -80,13 +81,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/device_loops.md"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pflarena-loops-"))
-    before = work / "before"
-    before.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", args.before_commit], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-    trees = {"before": before, "after": ROOT}
+    trees = {"before": export_commit(args.before_commit, work / "before"), "after": ROOT}
     started = datetime.now(timezone.utc)
     loads = [os.getloadavg()[0]]
     timings: dict[str, list[dict]] = {side: [] for side in trees}

@@ -45,6 +45,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from commit_tree import export_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = [
     "run",
@@ -251,13 +253,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pflarena-startup-"))
     if args.before_commit:
-        before = work / "before"
-        before.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before_commit],
-            capture_output=True, check=True,
-        )  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+        before = export_commit(args.before_commit, work / "before")
         args.before_name = args.before_name or f"commit {args.before_commit}"
     else:
         before = Path(args.before).resolve()
