@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flwr.app import MessageType
 from local_grid import LocalGrid
 
 from pflarena.client.app import app as client_app
 from pflarena.client.state import ClientState, MemoryVersions
+from pflarena.core import keys
 from pflarena.core.config import RunConfig
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
@@ -101,3 +103,22 @@ def run_resumable(
         return outcome, strategy
     finally:
         writer.close()
+
+
+def die_in_round(grid: LocalGrid, server_round: int, phase: str | None = None) -> None:
+    """Have ``grid`` interrupt its run (``KeyboardInterrupt``, as a Ctrl-C) at the reply to
+    the first train message of ``server_round`` (of its ``phase``, where given): after that
+    client trained and stored its new state, before the round's checkpoint."""
+
+    def die(reply):
+        sent = grid.sent[-1]
+        config = sent.content[keys.CONFIG]
+        if (
+            sent.metadata.message_type == MessageType.TRAIN
+            and config[keys.SERVER_ROUND] == server_round
+            and (phase is None or config.get(keys.PHASE) == phase)
+        ):
+            raise KeyboardInterrupt(f"killed in round {server_round}")
+        return reply
+
+    grid.reply_filter = die

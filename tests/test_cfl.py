@@ -7,8 +7,15 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import MessageType
-from helpers import comparable, config, grid_for, run_local, run_resumable, stateful_grid
+from helpers import (
+    comparable,
+    config,
+    die_in_round,
+    grid_for,
+    run_local,
+    run_resumable,
+    stateful_grid,
+)
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
@@ -212,17 +219,7 @@ def test_a_run_killed_after_its_split_resumes_to_the_uninterrupted_results(tmp_p
     )
     assert whole.splits, "the run must split before the interruption"
     broken = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
-
-    def die_in_round_four(reply):
-        sent = broken.sent[-1]
-        if (
-            sent.metadata.message_type == MessageType.TRAIN
-            and sent.content[keys.CONFIG][keys.SERVER_ROUND] == 4
-        ):
-            raise KeyboardInterrupt("killed in round 4")
-        return reply
-
-    broken.reply_filter = die_in_round_four
+    die_in_round(broken, 4)
     with pytest.raises(KeyboardInterrupt):
         run_resumable(cfg, tmp_path / "broken", broken)
     _, resumed = run_resumable(

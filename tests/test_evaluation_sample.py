@@ -8,10 +8,8 @@ fresh sample of ``fraction-evaluate`` of them, the last every client again unles
 from __future__ import annotations
 
 import pytest
-from flwr.app import MessageType
-from helpers import comparable, config, run_local, run_resumable, stateful_grid
+from helpers import comparable, config, die_in_round, run_local, run_resumable, stateful_grid
 
-from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.reporting.compare import clients_cell
 from pflarena.server.loop import evaluation_fraction, summary_record
@@ -104,17 +102,7 @@ def test_a_resumed_run_evaluates_the_samples_of_the_uninterrupted_one(tmp_path):
         cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
     )
     grid = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
-
-    def die_in_round_four(reply):
-        sent = grid.sent[-1]
-        if (
-            sent.metadata.message_type == MessageType.TRAIN
-            and sent.content[keys.CONFIG][keys.SERVER_ROUND] == 4
-        ):
-            raise KeyboardInterrupt("killed in round 4")
-        return reply
-
-    grid.reply_filter = die_in_round_four
+    die_in_round(grid, 4)
     with pytest.raises(KeyboardInterrupt):
         run_resumable(cfg, tmp_path / "broken", grid)
     resumed, _ = run_resumable(

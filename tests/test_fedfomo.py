@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
-from helpers import comparable, config, grid_for, run_local, run_resumable, stateful_grid, stored
+from helpers import (
+    comparable,
+    config,
+    die_in_round,
+    grid_for,
+    run_local,
+    run_resumable,
+    stateful_grid,
+    stored,
+)
 
 from pflarena.client.solvers.fedfomo import (
     FOMO,
@@ -208,17 +217,7 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(tmp_path):
         cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
     )
     broken = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
-
-    def die_in_round_three(reply):
-        sent = broken.sent[-1]
-        if (
-            sent.metadata.message_type == MessageType.TRAIN
-            and sent.content[keys.CONFIG][keys.SERVER_ROUND] == 3
-        ):
-            raise KeyboardInterrupt("killed in round 3")
-        return reply
-
-    broken.reply_filter = die_in_round_three
+    die_in_round(broken, 3)
     with pytest.raises(KeyboardInterrupt):
         run_resumable(cfg, tmp_path / "broken", broken)
     _, resumed = run_resumable(

@@ -10,8 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, MessageType
-from helpers import comparable, config, grid_for, run_local, run_resumable, stateful_grid, stored
+from flwr.app import Array, ArrayRecord
+from helpers import (
+    comparable,
+    config,
+    die_in_round,
+    grid_for,
+    run_local,
+    run_resumable,
+    stateful_grid,
+    stored,
+)
 from local_grid import LocalGrid
 from torch.nn import functional as F
 
@@ -399,19 +408,7 @@ def test_stale_gradients_age_out_and_a_killed_run_resumes_to_the_same_results(tm
     assert whole.held == held and used > 0
 
     broken = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
-
-    def die_in_round_four(reply):
-        sent = broken.sent[-1]
-        config_ = sent.content[keys.CONFIG]
-        if (
-            sent.metadata.message_type == MessageType.TRAIN
-            and config_[keys.SERVER_ROUND] == 4
-            and config_.get(keys.PHASE) == keys.FEDPG_PHASE_PERSONALIZE
-        ):
-            raise KeyboardInterrupt("killed in round 4")
-        return reply
-
-    broken.reply_filter = die_in_round_four
+    die_in_round(broken, 4, phase=keys.FEDPG_PHASE_PERSONALIZE)
     with pytest.raises(KeyboardInterrupt):
         run_resumable(cfg, tmp_path / "broken", broken)
     _, resumed = run_resumable(
