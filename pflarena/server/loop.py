@@ -254,7 +254,6 @@ def _evaluate(
         None,
         sync,
     )
-    connected = len(list(grid.get_node_ids()))
     lost: list[dict[str, Any]] = []
     replies, down, _ = _send(
         grid,
@@ -319,7 +318,8 @@ def _evaluate(
         },
         "failures": len(failures) + missing,
     }
-    if len(messages) < connected:  # a fraction-evaluate sample: how many were asked, of how many
+    if fraction < 1.0:  # a fraction-evaluate sample: how many were asked, of how many
+        connected = len(list(grid.get_node_ids()))
         record["sample"] = {"asked": len(messages), "connected": connected, "fraction": fraction}
     if problems:
         record["problems"] = problems
