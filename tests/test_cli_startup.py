@@ -576,3 +576,44 @@ def test_the_data_checks_run_in_a_child_that_keeps_what_they_import(tmp_path, mo
     with pytest.raises(ConfigError, match="num-clients=5: too many for this data"):
         precheck.check_data_apart([too_many])
     assert "heavy_reader" not in sys.modules
+
+
+def test_the_data_check_child_dies_with_the_command() -> None:
+    """Catches a check child that outlives a command killed during the check (SIGKILL: no
+    clean-up runs): it would wait on its parent's queue for ever."""
+    import signal
+    import time
+
+    code = (
+        "import os, sys, time\n"
+        "from pflarena.core.config import parse_run_config\n"
+        "from pflarena.runtime import precheck\n"
+        "def hang(cfg, *, files_required=True):\n"
+        "    print(os.getpid(), flush=True)\n"
+        "    time.sleep(600)\n"
+        "precheck.check_data = hang\n"
+        "precheck.check_data_apart([parse_run_config({})])\n"
+    )
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert child != parent.pid
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+
+        def alive() -> bool:  # a zombie (ended, not yet reaped by its new parent) is not
+            try:
+                return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 30
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(), f"the check child {child} outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()

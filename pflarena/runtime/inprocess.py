@@ -73,6 +73,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pflarena.core.phases import mark
 from pflarena.runtime.engines import START_METHODS, has_gpu
+from pflarena.runtime.processes import die_with_parent
 
 __all__ = ["InProcessGrid", "run_inprocess"]
 
@@ -87,8 +88,6 @@ FORK_AFTER_ENV = "PFLARENA_FORK_AFTER_S"
 IN_FLIGHT_PER_WORKER = 2
 #: The ClientApp a forked worker calls (set in the parent before it forks).
 _WORKER_APP: dict[str, ClientApp] = {}
-#: ``prctl`` option: a signal for this process when its parent exits (Linux).
-_PR_SET_PDEATHSIG = 1
 
 
 def _worker_init(threads: int) -> None:
@@ -104,10 +103,7 @@ def _worker_init(threads: int) -> None:
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     import torch
 
     torch.set_num_threads(threads)

@@ -119,6 +119,8 @@ def check_data_apart(cfgs: Sequence[RunConfig], *, files_required: bool = True) 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from pflarena.runtime.processes import die_with_parent
+
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(1, mp_context=context) as child:
+    with ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent) as child:
         return child.submit(_check_each, list(cfgs), files_required).result()

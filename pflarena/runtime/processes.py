@@ -36,6 +36,20 @@ __all__ = [
 ]
 
 
+#: ``prctl`` option: a signal for this process when its parent exits (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process (SIGKILL) when its parent exits (Linux; elsewhere
+    nothing): a worker forked for a run, waiting on its parent's queue, would otherwise
+    wait for ever once a SIGKILL or a crash took the parent."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def flower_env(flwr_home: Path) -> dict[str, str]:
     """The environment of a Flower process or CLI call of a deployment."""
     env = dict(os.environ)
