@@ -31,7 +31,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commit_tree import export_commit
+from commit_tree import export_commit, head_commit
 
 from pflarena.server.results import read_rounds
 
@@ -61,12 +61,6 @@ def run(tree: Path, num_clients: int, args: argparse.Namespace, out: Path) -> di
         "round0_s": read_rounds(out / "rounds.jsonl")[0]["elapsed_s"],
         "wall_s": time.monotonic() - start,
     }
-
-
-def _commit(tree: Path) -> str:
-    return subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
 
 
 def main() -> None:
@@ -100,7 +94,7 @@ def main() -> None:
     lines = [
         "# A sampled client's cost beyond its training",
         "",
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC; commit `{_commit(ROOT)}`"
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC; commit `{head_commit()}`"
         + (f", before: `{args.before_commit}`" if args.before_commit else "")
         + ".",
         f"- Command: `python benchmarks/client_overhead.py {shlex.join(sys.argv[1:])}`.",

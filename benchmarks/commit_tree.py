@@ -1,4 +1,4 @@
-"""An earlier commit's tree, for the benchmarks that time it beside the working tree."""
+"""Which commit a benchmark ran, and an earlier commit's tree to time beside the working tree."""
 
 from __future__ import annotations
 
@@ -6,6 +6,14 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def head_commit(tree: Path = ROOT) -> str:
+    """``tree``'s checked-out commit, short; ``unknown`` outside a git checkout."""
+    found = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return found.stdout.strip() or "unknown"
 
 
 def export_commit(commit: str, into: Path) -> Path:

@@ -184,7 +184,9 @@ class Sampler:
         return out
 
 
-def _du(path: Path) -> int:
+def disk_bytes(path: Path) -> int:
+    """The bytes of the files under ``path``, a file hard-linked several times counted once
+    (the client state's versions link the entries they carry forward)."""
     seen, total = set(), 0
     for file in path.rglob("*"):
         if file.is_file():
@@ -251,7 +253,7 @@ def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
         "samples": sampler.samples,
         "round_s": statistics.mean(timed) if timed else float("nan"),
         "wall_s": wall,
-        "state_mb": _du(out / "client-state") / MB,
+        "state_mb": disk_bytes(out / "client-state") / MB,
         "accuracy": rounds[-1]["evaluation"]["personalized"]["mean"],
         "load_start": load_start,
         "load_end": _load(),

@@ -29,6 +29,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from commit_tree import head_commit
+from scale import disk_bytes
+
 from pflarena.strategies import declarations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _size(path: Path) -> int:
     if not path.exists():
         return 0
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size if path.is_file() else disk_bytes(path)
 
 
 def client_state(out: Path) -> tuple[dict[str, float], float, int]:
@@ -102,9 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     small, large = args.clients
     methods = args.methods or sorted(declarations())
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    commit = head_commit()
     rows = []
     with tempfile.TemporaryDirectory(prefix="pflarena-state-") as tmp:
         for method in methods:

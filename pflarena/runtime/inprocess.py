@@ -383,12 +383,12 @@ class InProcessGrid(Grid):
             reply = self.reply_filter(reply)
         return reply
 
-    def _deliver(self, msg: Message, cache: WireCache | None = None) -> Message | None:
-        """Run ``msg`` through its node's ClientApp; its reply (None from an offline node)."""
+    def _deliver(self, msg: Message, cache: WireCache) -> Message | None:
+        """Run ``msg`` through its node's ClientApp (``cache``: its push's serialised
+        records); its reply (None from an offline node)."""
         if self._receive(msg) is None:
             return None
         node_id = msg.metadata.dst_node_id
-        cache = cache or WireCache()
         received = cache.over_the_wire(msg) if self.wire else msg
         reply = self._call(received, msg, node_id)
         if reply is None:

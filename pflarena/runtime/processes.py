@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "Supervised",
+    "die_with_parent",
     "flower_env",
     "free_port",
     "listening_socket",
