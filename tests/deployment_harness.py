@@ -53,6 +53,8 @@ NUM_NODES = 2
 CONNECTION = "loopback"
 GRACE_S = 15.0  # SIGTERM grace before SIGKILL
 RUN_TIMEOUT_S = 300.0  # a whole `flwr run`
+#: `flwr list` and `flwr log`: seconds on a quiet machine, past a minute on a loaded one
+CLI_TIMEOUT_S = 180.0
 LOG_TAIL_LINES = 25
 TESTS_DIR = Path(__file__).resolve().parent
 PLUGINS = "pflarena_test_methods"
@@ -364,7 +366,7 @@ class Deployment:
             cwd=self.cli_home,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=CLI_TIMEOUT_S,
         )
         assert res.returncode == 0, (
             f"flwr list failed ({res.returncode}):\n{res.stdout}{res.stderr}"
@@ -382,7 +384,7 @@ class Deployment:
             cwd=self.cli_home,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=CLI_TIMEOUT_S,
         )
         assert res.returncode == 0, f"flwr log failed ({res.returncode}):\n{res.stdout}{res.stderr}"
         return res.stdout
