@@ -101,11 +101,19 @@ def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
 
 
 def _check_each(cfgs: Sequence[RunConfig], files_required: bool) -> list[str | None]:
-    return [check_data(cfg, files_required=files_required) for cfg in cfgs]
+    from pflarena.server.build import check_footprint
+
+    unchecked = []
+    for cfg in cfgs:
+        unchecked.append(check_data(cfg, files_required=files_required))
+        check_footprint(cfg)  # a method whose server would not fit this machine
+    return unchecked
 
 
 def check_data_apart(cfgs: Sequence[RunConfig], *, files_required: bool = True) -> list[str | None]:
-    """:func:`check_data` of each config, in one child process forked for the purpose.
+    """:func:`check_data` of each config, and whether its method's server fits this
+    machine (:func:`pflarena.server.build.check_footprint`), in one child process forked
+    for the purpose.
 
     Reading a data set may import torch (torchvision's readers: MNIST, CIFAR) and keep it
     with the data, about 1 GB for MNIST, which the command's process, waiting on the run to

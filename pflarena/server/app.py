@@ -27,7 +27,12 @@ from pflarena.core.models import build_model
 from pflarena.core.partition import label_permutations, permutation_group_of
 from pflarena.core.phases import mark
 from pflarena.core.versions import run_key
-from pflarena.server.build import build_strategy, declaration_of, parse_config
+from pflarena.server.build import (
+    build_strategy,
+    check_footprint,
+    declaration_of,
+    parse_config,
+)
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds, summary_record
 from pflarena.server.polling import PromptGrid, prompt_grid
@@ -118,6 +123,7 @@ def state_key_of(previous: dict, run_config: dict) -> str:
 def main(grid: Grid, context: Context) -> None:
     grid = prompt_grid(grid)  # a deployment's replies checked every 0.1 s, not every 3 s
     cfg = parse_config(context.run_config)  # raises ConfigError naming the bad keys
+    check_footprint(cfg)  # this machine's memory, which need not be the command's machine's
     output_dir = resolve_output_dir(cfg)
     if cfg.resume and not cfg.output_dir:
         raise ConfigError("resume=true needs the output-dir of the run to continue")

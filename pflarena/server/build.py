@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pflarena.core.config import RunConfig, parse_run_config
+from pflarena.core.config import ConfigError, RunConfig, parse_run_config
+from pflarena.core.footprint import Federation, footprint_problem
 from pflarena.core.methods import MethodDeclaration
 from pflarena.core.models import build_model
 from pflarena.core.training import trainable_names
 from pflarena.strategies import declarations, strategy_classes
 from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup
 
-__all__ = ["build_strategy", "declaration_of", "known_client_sizes", "parse_config"]
+__all__ = [
+    "build_strategy",
+    "check_footprint",
+    "declaration_of",
+    "federation_of",
+    "known_client_sizes",
+    "parse_config",
+]
 
 
 def parse_config(run_config: Mapping[str, Any]) -> RunConfig:
@@ -29,6 +38,37 @@ def _trainable_names(cfg: RunConfig) -> tuple[str, ...]:
     info = cfg.data_info()
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
     return tuple(trainable_names(model))
+
+
+def federation_of(cfg: RunConfig) -> Federation:
+    """The numbers ``cfg``'s server memory depends on (:mod:`pflarena.core.footprint`):
+    the clients, how many a round samples (as the strategy will), the rounds and the size
+    of the model the run builds."""
+    info = cfg.data_info()
+    state = build_model(cfg.model_name(), info.input_shape, info.num_classes).state_dict()
+    strategy = strategy_classes()[cfg.strategy]
+    fraction = cfg.fraction_train or strategy.declaration.default_fraction_train
+    n = cfg.num_clients
+    return Federation(
+        num_clients=n,
+        sampled=min(n, max(cfg.min_train_clients, math.floor(fraction * n))),
+        num_rounds=cfg.num_rounds,
+        model_bytes=sum(t.numel() * t.element_size() for t in state.values()),
+        model_params=sum(t.numel() for t in state.values()),
+    )
+
+
+def check_footprint(cfg: RunConfig, limit: int | None = None) -> None:
+    """Raise :class:`ConfigError` (one line, with the numbers) when ``cfg``'s method would
+    hold more in the server's memory than this machine gives the run
+    (:func:`~pflarena.core.footprint.footprint_problem`; ``limit``: the machine's memory
+    in bytes, default :func:`~pflarena.core.footprint.memory_limit`)."""
+    cls = strategy_classes()[cfg.strategy]
+    federation = federation_of(cfg)
+    terms = cls.server_footprint(cfg.params(cls.declaration), federation)
+    problem = footprint_problem(cfg.strategy, federation, terms, limit)
+    if problem:
+        raise ConfigError(problem)
 
 
 def known_client_sizes(cfg: RunConfig, data_from_spec: bool = True) -> ClientSizes | None:

@@ -29,8 +29,10 @@ from flwr.serverapp.strategy import Strategy
 
 from pflarena.core import keys
 from pflarena.core.evaluation import AccuracyStats, accuracy_stats
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.seeds import derive_seed
+from pflarena.core.text import count
 from pflarena.core.versions import ClientPool
 from pflarena.strategies.exchange import (
     Exchange,
@@ -207,6 +209,20 @@ class PflStrategy(Strategy):
                 "(docs/guide.md, 'Adding a method')"
             )
         return cls(setup.params, **setup.common(cls.declaration))
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """What this method's server holds in memory at once for ``federation``
+        (:mod:`pflarena.core.footprint`), from its validated ``params``: here the round's
+        training replies, a model each. A method that keeps more per client (a pool read
+        whole, a matrix of clients × clients, a network as wide as the federation) adds its
+        own terms, so that a run too large for the machine is refused before it starts."""
+        return [
+            Footprint(
+                f"the round's {count(federation.sampled, 'reply', 'replies')} (a model each)",
+                federation.sampled * federation.model_bytes,
+            )
+        ]
 
     @property
     def method(self) -> str:

@@ -50,6 +50,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import FLOAT32, FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.aggregation import as_record, flatten, float_names, weighted_mean
 from pflarena.strategies.base import PflStrategy
@@ -151,6 +152,21 @@ class FedAMP(PflStrategy):
     def from_setup(cls, setup) -> FedAMP:
         return cls(setup.params, **setup.common(cls.declaration), trainable=setup.trainable)
 
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """Every client's latest model, read whole once a round, and flattened beside it;
+        the attention matrix; a cloud model per sampled client."""
+        n, f = federation.num_clients, federation
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"every client's latest model, read for the cloud models ({n})",
+                      n * f.model_bytes),
+            Footprint(f"those models flattened for their distances ({n} x {f.model_params} "
+                      "float32)", n * f.model_params * FLOAT32),
+            Footprint(f"the attention matrix ({n} x {n} float64)", n * n * FLOAT64),
+            Footprint(f"the round's cloud models ({f.sampled})", f.sampled * f.model_bytes),
+        ]  # fmt: skip
+
     def __init__(
         self, params: FedAMPParams | None = None, *, trainable: Sequence[str] = (), **kwargs: Any
     ) -> None:
@@ -189,7 +205,11 @@ class FedAMP(PflStrategy):
         """u_i for ``client`` from every client's latest model (read once per round)."""
         if self._models is None or self._vectors is None:
             self._models = self._latest_models(initial)
-            self._vectors = np.stack([self._vector(record) for record in self._models])
+            # each row written in place: a list of the vectors, stacked, would hold them twice
+            first = self._vector(self._models[0])
+            self._vectors = np.empty((len(self._models), first.size), np.float32)
+            for i, record in enumerate(self._models):
+                self._vectors[i] = first if i == 0 else self._vector(record)
         row = squared_distances(self._vectors, [client])[0]
         weights = attention_weights(row, client, self.params.alpha, self.params.sigma)
         self.weights[client] = weights

@@ -84,6 +84,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.base import PflStrategy
 from pflarena.strategies.replies import read_client_id, vector_problem
@@ -194,6 +195,17 @@ class FedFomo(PflStrategy):
     )
     checkpointed = {"affinity": "fedfomo/affinity"}
     checkpointed_values = {"epsilon": "fedfomo/epsilon"}
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The affinity matrix P, and the peers' models a round sends (each read once)."""
+        n, f = federation.num_clients, federation
+        peers = min(n, f.sampled * params.num_models)
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"the affinity matrix P ({n} x {n} float64)", n * n * FLOAT64),
+            Footprint(f"the peers' models a round sends ({peers})", peers * f.model_bytes),
+        ]
 
     def __init__(self, params: FedFomoParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)

@@ -65,6 +65,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 
 from pflarena.core import drawing, keys
+from pflarena.core.footprint import FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
 from pflarena.core.mgda import (
     ZERO_GRAD_NORM,
@@ -140,6 +141,28 @@ class FedPG(MultiExchangeStrategy):
         default_fraction_train=0.1,
         honours=frozenset({"local-epochs", "batch-size", "lr"}),
     )
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The round's gradients and, with ``absent-clients``, the stale gradients of the
+        window (every client seen in the last ⌈N/S⌉ rounds: up to all the others), flattened
+        in float64, and the QP's Gram matrix over them."""
+        n, f = federation.num_clients, federation
+        columns = n if params.absent_clients else f.sampled
+        terms = [
+            *super().server_footprint(params, federation),
+            Footprint(f"the round's gradients, flattened ({f.sampled} x {f.model_params} "
+                      "float64)", f.sampled * f.model_params * FLOAT64),
+            Footprint(f"the QP's Gram matrix ({columns + 1} x {columns + 1} float64)",
+                      (columns + 1) ** 2 * FLOAT64),
+        ]  # fmt: skip
+        if params.absent_clients:
+            stale = max(n - f.sampled, 0)
+            terms.append(
+                Footprint(f"the stale window's gradients, flattened ({stale} x "
+                          f"{f.model_params} float64)", stale * f.model_params * FLOAT64)
+            )  # fmt: skip
+        return terms
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedPG:

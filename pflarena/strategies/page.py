@@ -87,6 +87,7 @@ from pflarena.core import drawing, keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import build_federation
+from pflarena.core.footprint import FLOAT32, FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
 from pflarena.core.page_utility import reciprocal_reward
@@ -252,6 +253,26 @@ class Page(PflStrategy):
         needs_server_data=True,
     )
     checkpointed = {"last_accuracy": "page/last-accuracy"}
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The server agent, whose state and action have an entry per client: its actor
+        (N → h → h → N) and critic (2N → h → h → 1), each with a target copy and Adam's two
+        moments; the replay buffer's rows written so far (a row a round, up to its
+        capacity: state, action and next state of N each); the history of each round's N
+        weights, epochs, learning rates and state."""
+        n, h = federation.num_clients, params.server_hidden
+        weights = (n * h + h * h + h * n + 2 * h + n) + (2 * n * h + h * h + h + 2 * h + 1)
+        rows = min(federation.num_rounds, params.rl_buffer)
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"the server agent's networks (width {n}, hidden {h}; with target "
+                      "copies and Adam's moments)", 4 * weights * FLOAT32),
+            Footprint(f"its replay buffer ({rows} rows of 3 x {n} float32)",
+                      rows * 3 * n * FLOAT32),
+            Footprint(f"the per-round history ({federation.num_rounds} x 4 x {n} float64)",
+                      federation.num_rounds * 4 * n * FLOAT64),
+        ]  # fmt: skip
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Page:

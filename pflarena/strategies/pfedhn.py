@@ -58,6 +58,7 @@ from torch import nn
 
 from pflarena.core import keys
 from pflarena.core.datasets import dataset_info
+from pflarena.core.footprint import FLOAT32, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.models import build_model
 from pflarena.strategies.base import PflStrategy
@@ -163,6 +164,21 @@ class PFedHN(PflStrategy):
         params=PFedHNParams,
         global_model=False,
     )
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The hypernetwork with its SGD momentum: one embedding per client (of size
+        ``embed-dim``, by default 1 + N/4, so that the embeddings grow as N²/4), and heads
+        that map ``hidden`` units to every model parameter."""
+        n, f = federation.num_clients, federation
+        embed = params.embed_dim or int(1 + n / 4)
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"the client embeddings and their momentum (2 x {n} x {embed} float32)",
+                      2 * n * embed * FLOAT32),
+            Footprint(f"the heads and their momentum (2 x {params.hidden} x {f.model_params} "
+                      "float32)", 2 * params.hidden * f.model_params * FLOAT32),
+        ]  # fmt: skip
 
     @classmethod
     def from_setup(cls, setup) -> PFedHN:

@@ -43,6 +43,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import drawing, keys
+from pflarena.core.footprint import FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import layer_owners, split_names
 from pflarena.strategies.aggregation import as_record, weighted_mean
@@ -213,6 +214,22 @@ class PFedSV(MultiExchangeStrategy):
         needs_validation=True,
     )
     checkpointed = {"features": "features/"}
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The relevance rows (a row of N per client, and the matrix drawn from them at the
+        end), and the peers' models of the personalisation messages, read for each message
+        (k peers each: ``initial-k``, or ``max-k`` where larger; ``top-k-rule=literal`` and
+        an uncapped k can send more)."""
+        n, f = federation.num_clients, federation
+        k = min(max(n - 1, 0), max(params.initial_k, params.max_k))
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"the relevance rows and matrix (2 x {n} x {n} float64)",
+                      2 * n * n * FLOAT64),
+            Footprint(f"the peers' models of the round's messages ({f.sampled} x {k})",
+                      f.sampled * k * f.model_bytes),
+        ]  # fmt: skip
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PFedSV:
