@@ -1,16 +1,30 @@
 """``fraction-evaluate``: evaluations that test a seeded sample of the clients.
 
-Round 0 tests every client (it learns which client each node holds), the rounds between a
-fresh sample of ``fraction-evaluate`` of them, the last every client again unless
-``final-evaluation=sample``; the round's record says how many were asked, of how many.
+Round 0 tests every client (it learns which client each node holds) unless
+``initial-evaluation=sample`` on an engine that knows each node's client without a message,
+the rounds between a fresh sample of ``fraction-evaluate`` of them, the last every client
+again unless ``final-evaluation=sample``; the round's record says how many were asked, of how
+many.
 """
 
 from __future__ import annotations
 
+import logging
+
 import pytest
-from helpers import comparable, config, die_in_round, run_local, run_resumable, stateful_grid
+from helpers import (
+    comparable,
+    config,
+    die_in_round,
+    grid_for,
+    run_local,
+    run_resumable,
+    stateful_grid,
+)
 
 from pflarena.core.config import ConfigError
+from pflarena.core.federation import build_federation
+from pflarena.core.shard_format import write_shards
 from pflarena.reporting.compare import clients_cell
 from pflarena.server.loop import evaluation_fraction, summary_record
 from pflarena.server.results import read_rounds
@@ -26,6 +40,8 @@ def test_round_zero_and_the_last_test_every_client_unless_asked():
     sampled = config(num_rounds=4, fraction_evaluate=0.3, final_evaluation="sample")
     assert [evaluation_fraction(sampled, r) for r in range(5)] == [1.0, 0.3, 0.3, 0.3, 0.3]
     assert [evaluation_fraction(config(num_rounds=2), r) for r in range(3)] == [1.0] * 3
+    first = config(num_rounds=2, fraction_evaluate=0.3, initial_evaluation="sample")
+    assert [evaluation_fraction(first, r) for r in range(3)] == [0.3, 0.3, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -34,6 +50,7 @@ def test_round_zero_and_the_last_test_every_client_unless_asked():
         ("fraction_evaluate", 0.0, "fraction-evaluate"),
         ("fraction_evaluate", 1.5, "fraction-evaluate"),
         ("final_evaluation", "some", "final-evaluation"),
+        ("initial_evaluation", "none", "initial-evaluation"),
     ],
 )
 def test_bad_values_are_refused_by_name(key, value, says):
@@ -111,3 +128,43 @@ def test_a_resumed_run_evaluates_the_samples_of_the_uninterrupted_one(tmp_path):
     assert [len(c) for c in _evaluated(whole.rounds)] == [6, 3, 3, 3, 3, 6]
     assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(whole.rounds)
     assert comparable(resumed.rounds) == comparable(whole.rounds)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "pfedhn"])
+def test_a_sampled_round_zero_trains_as_a_full_one(strategy, tmp_path):
+    """``initial-evaluation=sample``: the in-process engine knows each simulated node's
+    client (its partition id), so round 0 tests a sample and the strategy still knows every
+    client: the same clients train to the same results as with a full round 0 (pFedHN: each
+    generated model is its client's embedding's), and each sampled client's round-0 figure
+    is its figure in the full evaluation (FedAvg's)."""
+    cfg = config(strategy=strategy, num_clients=8, num_rounds=3, fraction_train=0.5, seed=5)
+    full = run_local(cfg, tmp_path / "full").rounds
+    sampled_cfg = cfg.model_copy(update={"fraction_evaluate": 0.25, "initial_evaluation": "sample"})
+    sampled = run_local(sampled_cfg, tmp_path / "sampled").rounds
+
+    assert [len(c) for c in _evaluated(sampled)] == [2, 2, 2, 8]
+    assert sampled[0]["evaluation"]["sample"] == {"asked": 2, "connected": 8, "fraction": 0.25}
+    per_client = sampled[0]["evaluation"]["per_client"]
+    if strategy == "fedavg":
+        assert per_client == {c: full[0]["evaluation"]["per_client"][c] for c in per_client}
+    # (pFedHN: a node whose client is unknown tests the initial model, a known one the model
+    # its embedding generates: a full round 0 knows no client yet, a sampled one every client)
+    assert [r["train"]["sampled"] for r in sampled[1:]] == [r["train"]["sampled"] for r in full[1:]]
+    assert [r["train"]["failures"] for r in sampled[1:]] == [0, 0, 0]
+    assert sampled[3]["evaluation"]["per_client"] == full[3]["evaluation"]["per_client"]
+    assert sampled[0]["eval_bytes_down"] * 4 == full[0]["eval_bytes_down"]
+
+
+def test_where_the_engine_cannot_tell_round_zero_tests_every_client(tmp_path, caplog):
+    """Nodes that read files of their own (a deployment's ``data-path``): only their replies
+    say which client each holds, so round 0 tests them all, and the log says why."""
+    cfg = config(num_clients=4, num_rounds=1, fraction_evaluate=0.5, initial_evaluation="sample")
+    spec = cfg.federation_spec()
+    shards = write_shards(build_federation(spec), tmp_path / "shards", spec)
+    grid = grid_for(cfg, node_configs=[{"data-path": str(path)} for path in shards])
+    assert grid.known_client_ids() is None
+    with caplog.at_level(logging.WARNING):
+        rounds = run_local(cfg, tmp_path / "run", grid=grid).rounds
+    assert [len(c) for c in _evaluated(rounds)] == [4, 4]
+    assert "sample" not in rounds[0]["evaluation"]
+    assert "round 0 tests every client" in caplog.text

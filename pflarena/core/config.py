@@ -130,7 +130,14 @@ class RunConfig(FederationSpec):
         le=1,
         description="share of the connected clients each evaluation after round 0 tests (a "
         "fresh seeded sample each time, at least one client; the round's record says how many); "
-        "round 0 tests every client, and so does the last round unless final-evaluation=sample",
+        "round 0 and the last round test every client unless initial-evaluation or "
+        "final-evaluation is sample",
+    )
+    initial_evaluation: Literal["all", "sample"] = Field(
+        "all",
+        description="round 0's evaluation of the initial models: every client (all), or a "
+        "fraction-evaluate sample (sample; where the engine knows each node's client without "
+        "a message, the in-process engine's simulated nodes; elsewhere every client)",
     )
     final_evaluation: Literal["all", "sample"] = Field(
         "all",

@@ -324,6 +324,19 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return [n for n in self.node_ids if n not in self.offline]
 
+    def known_client_ids(self) -> dict[int, int] | None:
+        """Each node's client id, known without a message: a simulated node's
+        ``partition-id`` is the client whose data it builds (the federation's client, or the
+        shard directory's file of that id). None where a node reads a file of its own
+        (``data-path``): only the file says which client it holds."""
+        ids = {}
+        for node_id, context in self.contexts.items():
+            config = context.node_config
+            if "data-path" in config or "partition-id" not in config:
+                return None
+            ids[node_id] = int(config["partition-id"])
+        return ids
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Deliver each message to its node's ClientApp now (side by side in the worker
         processes, if any); the replies wait for :meth:`pull_messages`. Returns the

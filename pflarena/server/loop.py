@@ -9,6 +9,7 @@ written as it happens.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -374,13 +375,29 @@ def _who_failed(strategy: PflStrategy, node_id: int) -> dict[str, Any]:
 
 def evaluation_fraction(cfg: RunConfig, server_round: int) -> float:
     """The share of the clients the evaluation of ``server_round`` tests: ``fraction-evaluate``,
-    except at round 0, which tests every client (it tells the strategy which client each node
-    holds: the training sampler's order, and the per-client server state of methods such as
-    pFedHN, need every client's id), and at the last round unless ``final-evaluation`` is
-    ``sample``."""
-    if server_round == 0 or (server_round == cfg.num_rounds and cfg.final_evaluation == "all"):
+    except at round 0 unless ``initial-evaluation`` is ``sample`` (and then only where the
+    engine knows each node's client: :func:`learn_client_ids`) and at the last round unless
+    ``final-evaluation`` is ``sample``, which test every client."""
+    if server_round == 0:
+        return cfg.fraction_evaluate if cfg.initial_evaluation == "sample" else 1.0
+    if server_round == cfg.num_rounds and cfg.final_evaluation == "all":
         return 1.0
     return cfg.fraction_evaluate
+
+
+def learn_client_ids(grid: Grid, strategy: PflStrategy) -> bool:
+    """Tell ``strategy`` which client each node holds before any message, where ``grid``
+    knows it (the in-process engine's simulated nodes, ``known_client_ids``); whether it
+    could. Round 0's evaluation of every client is otherwise where the strategy learns
+    them, and two things need every client's id before the first round: the training
+    sampler's order (reproducible for a seed, whatever the node ids) and the per-client
+    server state of methods such as pFedHN."""
+    known = getattr(grid, "known_client_ids", None)
+    ids = known() if callable(known) else None
+    if ids is None:
+        return False
+    strategy.client_ids.update(ids)
+    return True
 
 
 def cross_evaluates(cfg: RunConfig, server_round: int) -> bool:
@@ -599,8 +616,9 @@ def run_rounds(
 
     Round 0 is an evaluation of the initial models only, on every client (it also tells the
     strategy which client each node holds, which makes client sampling reproducible for a
-    seed); later evaluations test a ``fraction-evaluate`` sample where the run asks for one
-    (:func:`evaluation_fraction`). After
+    seed) unless ``initial-evaluation=sample`` on an engine that knows them without a
+    message (:func:`learn_client_ids`); later evaluations test a ``fraction-evaluate``
+    sample where the run asks for one (:func:`evaluation_fraction`). After
     every ``checkpoint-every`` rounds (and the last) the state to continue from is saved
     (:mod:`pflarena.server.checkpoint`); with ``resume`` the run continues after that
     checkpoint's round, the rounds before it already in ``writer``'s file. ``state_key``
@@ -616,14 +634,27 @@ def run_rounds(
     sync = ClientSync(state_key=state_key, ttl=cfg.round_timeout)
 
     if resume is None:
+        fraction0 = evaluation_fraction(cfg, 0)
+        if fraction0 < 1 and not learn_client_ids(grid, strategy):
+            log(
+                WARNING,
+                "pflarena: initial-evaluation=sample, but this engine does not know which "
+                "client each node holds before it replies (a deployment's SuperNodes, the Ray "
+                "engine): round 0 tests every client",
+            )
+            fraction0 = 1.0
+        tested = count(len(connected), "client")
+        if fraction0 < 1:
+            size = max(1, math.floor(fraction0 * len(connected)))
+            tested = f"a sample of {size} of the {tested}"
         emit(
             StartupPhase(
-                f"round 0, the initial models evaluated on {count(len(connected), 'client')} "
+                f"round 0, the initial models evaluated on {tested} "
                 "(each builds its data on its first message)"
             )
         )
         evaluation, traffic = _evaluate(
-            grid, strategy, 0, initial_arrays, cfg, initial_arrays, sync
+            grid, strategy, 0, initial_arrays, cfg, initial_arrays, sync, fraction=fraction0
         )
         record0 = {
             "round": 0,
