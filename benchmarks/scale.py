@@ -1,7 +1,9 @@
 """Memory and time of a simulation as the number of clients grows, and where the memory goes.
 
-Ditto (a personal model per client, kept in the client's state) with the FedAvg CNN on MNIST,
-IID over N clients, 10% of them per round. Each run is a real `pflarena run` simulation; its
+A method (``--strategy``: Ditto by default, a personal model per client kept in the client's
+state; FedAvg is stateless) with the FedAvg CNN on MNIST, IID over N clients, 10% of them per
+round, on each of ``--engines`` (pflarena's default in-process engine, and Flower's Ray
+backend, the engine of Flower's own simulation). Each run is a real `pflarena run` simulation; its
 whole process tree is sampled every 0.5 s (PSS and USS every 2 s). Reported per run: the
 peaks of the summed resident memory (RSS), proportional set size (PSS) and unique set size
 (USS), the mean wall time of a training round (rounds 2..; round 1 includes the workers'
@@ -13,7 +15,8 @@ none) test a ``--fraction-evaluate`` share of the clients.
 Where the memory goes: each process of the tree gets a role from its command line and its
 parent: ``cli`` (the ``pflarena run`` process), ``simulation`` (the process that runs the
 ServerApp, ``pflarena.runtime.simulation``), ``worker`` (a process forked from the simulation
-process, whose command line it inherits: the in-process engine's client workers), and
+process, whose command line it inherits: the in-process engine's client workers), ``ray``
+(Ray's GCS, raylet and worker processes, which run the ClientApps with ``--engine ray``), and
 ``superlink`` / ``other``. Per role: the number of processes seen, the peak RSS of the
 largest, and the peaks of the role's summed RSS and summed PSS over the samples.
 
@@ -26,6 +29,7 @@ a process alone holds.
 Usage::
 
     python benchmarks/scale.py --clients 1000 3550 --rounds 3 [--fraction-evaluate 0.1]
+    python benchmarks/scale.py --strategy fedavg --engines inprocess ray --clients 1000
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 2**20
 #: PSS and USS are read at every PSS_EVERY th sample (every 2 s)
 PSS_EVERY = 4
-ROLES = ("cli", "simulation", "worker", "superlink", "other")
+ROLES = ("cli", "simulation", "worker", "ray", "superlink", "other")
 
 
 def _tree(root: int) -> tuple[list[int], dict[int, int]]:
@@ -116,6 +120,8 @@ def _role(cmdline: str, parent_cmdline: str, parent_role: str | None) -> str:
         return "worker" if forked else "simulation"
     if "superlink" in cmdline:
         return "superlink"
+    if "ray" in cmdline.split(" ", 1)[0] or "ray::" in cmdline or "/ray/" in cmdline:
+        return "ray"  # Ray's GCS, raylet, dashboard and worker processes (--engine ray)
     return "other"
 
 
@@ -206,12 +212,12 @@ def _fraction(num_clients: int, args: argparse.Namespace) -> float:
     return args.per_round / num_clients if args.per_round else args.fraction
 
 
-def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
-    out = workdir / f"ditto-{num_clients}"
+def measure(num_clients: int, engine: str, args: argparse.Namespace, workdir: Path) -> dict:
+    out = workdir / f"{args.strategy}-{engine}-{num_clients}"
     fraction = _fraction(num_clients, args)
     cmd = [
-        sys.executable, "-m", "pflarena.cli", "run",
-        "--strategy", "ditto", "--dataset", "mnist", "--data-dir", args.data_dir,
+        sys.executable, "-m", "pflarena.cli", "run", "--engine", engine,
+        "--strategy", args.strategy, "--dataset", "mnist", "--data-dir", args.data_dir,
         "--model", "cnn", "--partition", "iid", "--num-clients", str(num_clients),
         "--fraction-train", str(fraction), "--num-rounds", str(args.rounds),
         "--eval-every", str(args.eval_every), "--local-epochs", "1", "--batch-size", "32",
@@ -243,6 +249,7 @@ def measure(num_clients: int, args: argparse.Namespace, workdir: Path) -> dict:
     evaluations = [r["evaluation"] for r in rounds if r.get("evaluation")]
     return {
         "clients": num_clients,
+        "engine": engine,
         "per_round": int(num_clients * fraction),
         "fraction_evaluate": args.fraction_evaluate,
         "evaluated": sum(len(e["per_client"]) for e in evaluations),
@@ -283,6 +290,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument(
+        "--strategy",
+        default="ditto",
+        help="the method run (ditto: a personal model per client; fedavg: stateless)",
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=("inprocess", "ray"),
+        default=["inprocess"],
+        help="the simulation engines measured side by side at each size (ray: Flower's Ray "
+        "backend, as Flower's own simulation runs ClientApps)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fraction", type=float, default=0.1)
     parser.add_argument(
@@ -319,19 +339,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pflarena-scale-") as tmp:
         results = []
         for n in args.clients:
-            print(f"== {n} clients (load average {_load()})", flush=True)
-            results.append(measure(n, args, Path(tmp)))
-            print(json.dumps(results[-1]), flush=True)
+            for engine in args.engines:
+                print(f"== {n} clients, {engine} (load average {_load()})", flush=True)
+                results.append(measure(n, engine, args, Path(tmp)))
+                print(json.dumps(results[-1]), flush=True)
     base = results[0]
     lines = [
         "# Scale: memory and round time against the number of simulated clients",
         "",
         f"Command (from the repository's root): `{command}`; commit `{commit}`, {date}; "
         f"{os.cpu_count()} CPU cores ({platform.machine()}), Python {platform.python_version()}, "
-        "in-process engine (the default). The host is shared with other work, so times are "
+        f"engines: {', '.join(args.engines)} (inprocess: pflarena's default, forked workers, no "
+        "Ray; ray: Flower's Ray backend, which Flower's own simulation uses). The host is shared "
+        "with other work, so times are "
         "noisy: the load average (1, 5, 15 min) at each run's start and end is in the table.",
         "",
-        "Ditto, FedAvg CNN, MNIST (70,000 images) IID over N clients, "
+        f"{args.strategy}, FedAvg CNN, MNIST (70,000 images) IID over N clients, "
         + (f"{args.per_round} clients" if args.per_round else f"{args.fraction:.0%}")
         + f" per round, 1 local epoch, {args.rounds} rounds; every client evaluated before "
         "round 1"
@@ -347,14 +370,14 @@ def main() -> None:
         "between processes once per process, PSS splits them among the processes, USS is "
         "memory private to each process). Round: mean wall time of rounds 2 and later.",
         "",
-        "| clients | per round | fraction-evaluate | clients evaluated | peak RSS (MB) "
+        "| clients | engine | per round | fraction-evaluate | clients evaluated | peak RSS (MB) "
         "| vs first | peak PSS (MB) | peak USS (MB) | round (s) | client state on disk (MB) "
         "| wall (s) | personalized acc | load start | load end |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['clients']} | {r['per_round']} | {r['fraction_evaluate']:g} "
+            f"| {r['clients']} | {r['engine']} | {r['per_round']} | {r['fraction_evaluate']:g} "
             f"| {r['evaluated']} | {r['peak_rss_mb']:.0f} "
             f"| {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x | {r['peak_pss_mb']:.0f} "
             f"| {r['peak_uss_mb']:.0f} | {r['round_s']:.1f} "
@@ -368,14 +391,15 @@ def main() -> None:
         "the peak RSS of the role's largest process; summed: the peak over the samples of the "
         "role's summed RSS / PSS.",
         "",
-        "| clients | role | processes | largest peak RSS (MB) | summed peak RSS (MB) "
+        "| clients | engine | role | processes | largest peak RSS (MB) | summed peak RSS (MB) "
         "| summed peak PSS (MB) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for role, row in r["roles"].items():
             lines.append(
-                f"| {r['clients']} | {role} | {row['processes']} | {row['largest_rss_mb']:.0f} "
+                f"| {r['clients']} | {r['engine']} | {role} | {row['processes']} "
+                f"| {row['largest_rss_mb']:.0f} "
                 f"| {row['sum_rss_mb']:.0f} | {row['sum_pss_mb']:.0f} |"
             )
     Path(args.out).write_text("\n".join(lines) + "\n")
