@@ -222,6 +222,7 @@ def measure(num_clients: int, engine: str, args: argparse.Namespace, workdir: Pa
         "--fraction-train", str(fraction), "--num-rounds", str(args.rounds),
         "--eval-every", str(args.eval_every), "--local-epochs", "1", "--batch-size", "32",
         "--lr", "0.05", "--fraction-evaluate", str(args.fraction_evaluate),
+        "--initial-evaluation", args.initial_evaluation,
         "--final-evaluation", args.final_evaluation,
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
@@ -313,6 +314,12 @@ def main() -> None:
         "--fraction: memory against the federation's size at the same work",
     )
     parser.add_argument(
+        "--initial-evaluation",
+        choices=("all", "sample"),
+        default="all",
+        help="the run's --initial-evaluation (sample: round 0 tests a fraction-evaluate sample)",
+    )
+    parser.add_argument(
         "--final-evaluation",
         choices=("all", "sample"),
         default="all",
@@ -356,9 +363,11 @@ def main() -> None:
         "",
         f"{args.strategy}, FedAvg CNN, MNIST (70,000 images) IID over N clients, "
         + (f"{args.per_round} clients" if args.per_round else f"{args.fraction:.0%}")
-        + f" per round, 1 local epoch, {args.rounds} rounds; every client evaluated before "
-        "round 1"
-        + (" and after the last" if args.final_evaluation == "all" else "")
+        + f" per round, 1 local epoch, {args.rounds} rounds; "
+        + ("every client" if args.initial_evaluation == "all" else "a sample")
+        + " evaluated before round 1, "
+        + ("every client" if args.final_evaluation == "all" else "a sample")
+        + " after the last"
         + (
             f", evaluations every {args.eval_every} rounds in between"
             if args.eval_every < args.rounds
