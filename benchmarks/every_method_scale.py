@@ -32,12 +32,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from commit_tree import head_commit
-from scale import MB, Sampler, disk_bytes
+from scale import MB, disk_bytes, method_flags, run_sampled
 
 from pflarena.server.results import read_rounds
 from pflarena.strategies import declarations
@@ -48,7 +47,6 @@ CLIENTS, SIGMA, ALPHA = 3550, 0.38, 1.0
 
 
 def command(method: str, args: argparse.Namespace, out: Path) -> list[str]:
-    declaration = declarations()[method]
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", method,
         "--dataset", "mnist", "--data-dir", args.data_dir, "--model", "cnn",
@@ -59,13 +57,7 @@ def command(method: str, args: argparse.Namespace, out: Path) -> list[str]:
         "--initial-evaluation", "sample", "--final-evaluation", "sample",
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
-    if "local-epochs" in declaration.honours:  # FedRep's own epochs replace it
-        cmd += ["--local-epochs", "1"]
-    if declaration.needs_validation:
-        cmd += ["--validation-fraction", "0.2"]
-    if declaration.needs_server_data:
-        cmd += ["--server-fraction", "0.05"]
-    return cmd
+    return cmd + method_flags(method)
 
 
 def _size(path: Path) -> int:
@@ -82,32 +74,19 @@ def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
         lines = (checked.stderr or checked.stdout).strip().splitlines()
         return {"method": method, "outcome": "refused at --check", "why": " ".join(lines[-1:])}
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    sampler = Sampler(proc.pid)
-
-    def sample() -> None:
-        while proc.poll() is None:
-            sampler.sample()
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        output, _ = proc.communicate(timeout=args.timeout)
-        outcome = {0: "completed", 3: "completed, clients failed"}.get(
-            proc.returncode, f"failed (exit {proc.returncode})"
-        )
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the command stops its simulation and writes what it has
-        output, _ = proc.communicate()
+    returncode, output, sampler = run_sampled(cmd, timeout=args.timeout, cwd=ROOT)
+    if returncode is None:
         outcome = f"stopped after {args.timeout:.0f} s"
-    thread.join()
+    else:
+        outcome = {0: "completed", 3: "completed, clients failed"}.get(
+            returncode, f"failed (exit {returncode})"
+        )
     rounds = read_rounds(out / "rounds.jsonl") if (out / "rounds.jsonl").exists() else []
     trained = [r for r in rounds if r["round"] >= 1]
     last_eval = next((r["evaluation"] for r in reversed(rounds) if r.get("evaluation")), None)
     why = ""
     if not outcome.startswith("completed"):
-        why = " ".join(output.decode(errors="replace").strip().splitlines()[-1:])
+        why = " ".join(output.strip().splitlines()[-1:])
     return {
         "method": method,
         "outcome": outcome,

@@ -207,6 +207,52 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def run_sampled(
+    cmd: list[str], *, timeout: float | None = None, cwd: Path | None = None
+) -> tuple[int | None, str, Sampler]:
+    """Run ``cmd``, its process tree sampled every 0.5 s: its exit status (None where it ran
+    past ``timeout`` seconds and was stopped), its output (stdout and stderr) and the
+    sampler."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    sampler = Sampler(proc.pid)
+
+    def sample() -> None:
+        while proc.poll() is None:
+            sampler.sample()
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        returncode: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # pflarena run stops its simulation and writes what it has
+        output, _ = proc.communicate()
+        returncode = None
+    thread.join()
+    return returncode, output, sampler
+
+
+def method_flags(method: str) -> list[str]:
+    """The flags a run of ``method`` needs beside the common ones: one local epoch where its
+    solver honours ``local-epochs`` (FedRep's own epochs replace it), a validation split
+    where it needs one, a server share where it needs server-held data."""
+    from pflarena.strategies import declarations
+
+    declaration = declarations()[method]
+    flags = []
+    if "local-epochs" in declaration.honours:
+        flags += ["--local-epochs", "1"]
+    if declaration.needs_validation:
+        flags += ["--validation-fraction", "0.2"]
+    if declaration.needs_server_data:
+        flags += ["--server-fraction", "0.1"]
+    return flags
+
+
 def _fraction(num_clients: int, args: argparse.Namespace) -> float:
     """The run's fraction-train: ``--per-round`` clients of ``num_clients``, else ``--fraction``."""
     return args.per_round / num_clients if args.per_round else args.fraction
@@ -228,22 +274,11 @@ def measure(num_clients: int, engine: str, args: argparse.Namespace, workdir: Pa
     ]  # fmt: skip
     load_start = _load()
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = Sampler(proc.pid)
-
-    def sample() -> None:
-        while proc.poll() is None:
-            sampler.sample()
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    output, _ = proc.communicate()
-    thread.join()
+    returncode, output, sampler = run_sampled(cmd)
     wall = time.monotonic() - start
-    if proc.returncode != 0:
+    if returncode != 0:
         raise RuntimeError(
-            f"run with {num_clients} clients failed (exit {proc.returncode}):\n{output[-3000:]}"
+            f"run with {num_clients} clients failed (exit {returncode}):\n{output[-3000:]}"
         )
     rounds = read_rounds(out / "rounds.jsonl")
     timed = [r["train_time_s"] for r in rounds if r["round"] >= 2]

@@ -30,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from commit_tree import head_commit
-from scale import disk_bytes
+from scale import disk_bytes, method_flags
 
 from pflarena.strategies import declarations
 
@@ -62,7 +62,6 @@ def client_state(out: Path) -> tuple[dict[str, float], float, int]:
 
 
 def run(method: str, num_clients: int, workdir: Path) -> dict:
-    declaration = declarations()[method]
     out = workdir / f"{method}-{num_clients}"
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", method,
@@ -70,12 +69,7 @@ def run(method: str, num_clients: int, workdir: Path) -> dict:
         "--num-rounds", "2", "--eval-every", "2", "--fraction-train", "1.0",
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
-    if "local-epochs" in declaration.honours:  # FedRep's own epochs replace it
-        cmd += ["--local-epochs", "1"]
-    if declaration.needs_validation:
-        cmd += ["--validation-fraction", "0.2"]
-    if declaration.needs_server_data:
-        cmd += ["--server-fraction", "0.1"]
+    cmd += method_flags(method)
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode not in (0, 3):  # 3: completed with client failures
