@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def command(method: str, args: argparse.Namespace, out: Path) -> list[str]:
         "--initial-evaluation", "sample", "--final-evaluation", "sample",
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
-    return cmd + method_flags(method)
+    return cmd + method_flags(method) + shlex.split(args.flags)
 
 
 def _size(path: Path) -> int:
@@ -67,12 +68,13 @@ def _size(path: Path) -> int:
 
 
 def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
+    label = f"{method} `{args.flags}`" if args.flags else method
     out = workdir / method
     cmd = command(method, args, out)
     checked = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=ROOT)
     if checked.returncode != 0:
         lines = (checked.stderr or checked.stdout).strip().splitlines()
-        return {"method": method, "outcome": "refused at --check", "why": " ".join(lines[-1:])}
+        return {"method": label, "outcome": "refused at --check", "why": " ".join(lines[-1:])}
     start = time.monotonic()
     returncode, output, sampler = run_sampled(cmd, timeout=args.timeout, cwd=ROOT)
     if returncode is None:
@@ -88,7 +90,7 @@ def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
     if not outcome.startswith("completed"):
         why = " ".join(output.strip().splitlines()[-1:])
     return {
-        "method": method,
+        "method": label,
         "outcome": outcome,
         "why": why,
         "wall_s": time.monotonic() - start,
@@ -107,13 +109,13 @@ def _cell(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
-def write(results: list[dict], args: argparse.Namespace, head: str, date: str) -> None:
+def write(results: list[dict], runs: list[dict], args: argparse.Namespace) -> None:
     per_round = int(args.clients * args.fraction)
+    said = "; ".join(f"`{r['command']}` at commit `{r['commit']}`, {r['date']}" for r in runs)
     lines = [
         "# Every method at FEMNIST's size",
         "",
-        f"Command: `python benchmarks/every_method_scale.py {' '.join(sys.argv[1:])}`; commit "
-        f"`{head}`, {date}; {os.cpu_count()} CPU cores ({platform.machine()}), "
+        f"Commands: {said}; {os.cpu_count()} CPU cores ({platform.machine()}), "
         f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GB, the "
         "default engine. The host is shared with other work: times are indicative.",
         "",
@@ -148,6 +150,9 @@ def write(results: list[dict], args: argparse.Namespace, head: str, date: str) -
         lines += ["", "What the refused, failed or stopped runs said:", ""]
         lines += [f"- **{r['method']}**: {r['why']}" for r in said]
     Path(args.out).write_text("\n".join(lines) + "\n")
+    Path(args.out).with_suffix(".json").write_text(
+        json.dumps({"runs": runs, "results": results}, indent=1) + "\n"
+    )
 
 
 def main() -> None:
@@ -158,17 +163,32 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per method")
+    parser.add_argument(
+        "--flags", default="", help="more `pflarena run` flags for these methods' runs"
+    )
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the rows already in --out (its .json beside it) and add these runs' rows",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale_methods.md"))
     args = parser.parse_args()
-    head = head_commit()
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    results = []
+    run = {
+        "command": f"python benchmarks/every_method_scale.py {shlex.join(sys.argv[1:])}",
+        "commit": head_commit(),
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+    }
+    runs, results = [run], []
+    kept = Path(args.out).with_suffix(".json")
+    if args.add and kept.is_file():
+        before = json.loads(kept.read_text())
+        runs, results = [*before["runs"], run], before["results"]
     with tempfile.TemporaryDirectory(prefix="pflarena-methods-") as tmp:
         for method in args.methods:
             print(f"== {method} (load average {os.getloadavg()[0]:.2f})", flush=True)
             results.append(measure(method, args, Path(tmp)))
             print(json.dumps(results[-1]), flush=True)
-            write(results, args, head, date)
+            write(results, runs, args)
             for leftover in Path(tmp).iterdir():  # the next run's disk, not this one's
                 shutil.rmtree(leftover, ignore_errors=True)
 

@@ -182,3 +182,18 @@ def test_the_serverapp_refuses_it_on_its_own_machine(tmp_path, monkeypatch):
         serverapp_main(grid_for(config(num_clients=2)), context)
     assert not out.exists()
     check_footprint(cfg, limit=64 * 1024 * MB)  # a machine of 64 GB would hold it
+
+
+def test_pfedgts_c0_exchange_counts_every_clients_reply_only_when_it_runs():
+    """``c-init=round`` has every client reply with a model-sized c_i⁰ before round 1, all
+    held at once; ``c-init=zeros`` sends nothing."""
+    federations = {}
+    for n in (20, 40):
+        for c_init in ("round", "zeros"):
+            cfg = config(strategy="pfedgt", num_clients=n, **{"pfedgt.c-init": c_init})
+            federation, terms = _terms(cfg)
+            federations[n, c_init] = {t.what.split(" (")[0]: t.nbytes for t in terms}
+    exchange = "the c⁰ exchange's replies, every client's"
+    assert exchange not in federations[20, "zeros"]
+    assert federations[20, "round"][exchange] == 20 * federation.model_bytes
+    assert federations[40, "round"][exchange] == 2 * federations[20, "round"][exchange]

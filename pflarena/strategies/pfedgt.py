@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import (
@@ -35,6 +36,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from pflarena.core import keys
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.methods.pfedgt.params import PAPER_LAMBDA, PFedGTParams
 from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
@@ -145,6 +147,20 @@ class PFedGT(PflStrategy):
         self._buffer_reference: ArrayRecord | None = None  # θ^t's other arrays (buffers)
         #: reply timeout of the c⁰ exchange when Flower's ``Strategy.start`` drives the run
         self.init_timeout = 600.0
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """With ``c-init=round``, the c⁰ exchange of every client before round 1: its
+        replies (a message c_i⁰ as large as the model each) and their decoded arrays, held
+        at once for the mean."""
+        terms = super().server_footprint(params, federation)
+        if params.c_init == "round":
+            n, f = federation.num_clients, federation
+            terms += [
+                Footprint(f"the c⁰ exchange's replies, every client's ({n})", n * f.model_bytes),
+                Footprint(f"their arrays decoded for the mean ({n})", n * f.model_bytes),
+            ]
+        return terms
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PFedGT:
