@@ -140,6 +140,10 @@ def test_pfedhns_terms_count_its_embeddings_and_heads():
     named = {t.what.split(" (")[0]: t.nbytes for t in terms}
     assert named["the client embeddings and their momentum"] == 2 * embeddings * FLOAT32
     assert named["the heads and their momentum"] == pytest.approx(2 * heads * FLOAT32, rel=0.01)
+    # a gradient of every hypernetwork parameter per reply (FedAvg's default 100 % here)
+    weights = sum(p.numel() for p in net.parameters())
+    grads = named["the round's hypernetwork gradients, one per reply"]
+    assert grads == 40 * weights * FLOAT32
 
 
 @pytest.mark.parametrize("method", sorted(strategy_classes()))

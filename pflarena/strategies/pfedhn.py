@@ -169,15 +169,23 @@ class PFedHN(PflStrategy):
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """The hypernetwork with its SGD momentum: one embedding per client (of size
         ``embed-dim``, by default 1 + N/4, so that the embeddings grow as N²/4), and heads
-        that map ``hidden`` units to every model parameter."""
-        n, f = federation.num_clients, federation
+        that map ``hidden`` units to every model parameter; and a gradient of the whole
+        hypernetwork per reply of the round, all computed at the φ that generated the
+        models before the first step (Algorithm 1 run sequentially)."""
+        n, f, h = federation.num_clients, federation, params.hidden
         embed = params.embed_dim or int(1 + n / 4)
+        # every parameter of the hypernetwork: embeddings, its MLP, the heads (with biases)
+        weights = n * embed + (embed * h + h) + params.hidden_layers * (h * h + h)
+        weights += h * f.model_params + f.model_params
         return [
             *super().server_footprint(params, federation),
             Footprint(f"the client embeddings and their momentum (2 x {n} x {embed} float32)",
                       2 * n * embed * FLOAT32),
-            Footprint(f"the heads and their momentum (2 x {params.hidden} x {f.model_params} "
-                      "float32)", 2 * params.hidden * f.model_params * FLOAT32),
+            Footprint(f"the heads and their momentum (2 x {h} x {f.model_params} float32)",
+                      2 * h * f.model_params * FLOAT32),
+            # aggregate_train computes every reply's gradient at the same φ before it steps
+            Footprint(f"the round's hypernetwork gradients, one per reply ({f.sampled} x "
+                      f"{weights} float32)", f.sampled * weights * FLOAT32),
         ]  # fmt: skip
 
     @classmethod
