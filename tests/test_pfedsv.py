@@ -456,6 +456,22 @@ def test_round_exchanges_and_client_state(tmp_path):
     assert twin.uploads == strategy.uploads == {c: 2 for c in range(5)}
 
 
+def test_a_peers_model_is_one_record_in_every_message_of_the_round(tmp_path):
+    """Read once from the pool and shared: a round's memory holds each peer's model once,
+    not once per message that sends it."""
+    _, grid, _, _ = _run(tmp_path, num_clients=6, num_rounds=2)
+    by_round: dict[int, dict[str, list]] = {}
+    for msg in _personalize_messages(grid):
+        server_round = int(msg.content[keys.CONFIG][keys.SERVER_ROUND])
+        for name, record in msg.content.array_records.items():
+            if name.startswith("peer/"):
+                by_round.setdefault(server_round, {}).setdefault(name, []).append(record)
+    shared = [records for rounds in by_round.values() for records in rounds.values()]
+    assert any(len(records) > 1 for records in shared), by_round  # a peer sent twice
+    for records in shared:
+        assert all(record is records[0] for record in records)
+
+
 def test_feature_extractor_variant_sends_heads_only(tmp_path):
     _, _, _, plain = _run(tmp_path / "d", num_clients=5, num_rounds=1)
     cfg, grid, strategy, shared = _run(

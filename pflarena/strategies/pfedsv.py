@@ -218,17 +218,20 @@ class PFedSV(MultiExchangeStrategy):
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """The relevance rows (a row of N per client, and the matrix drawn from them at the
-        end), and the peers' models of the personalisation messages, read for each message
-        (k peers each: ``initial-k``, or ``max-k`` where larger; ``top-k-rule=literal`` and
-        an uncapped k can send more)."""
+        end); the round's uploads, held through the personalisation exchange; and the peers'
+        models that exchange sends, each read once (k peers a message: ``initial-k``, or
+        ``max-k`` where larger; ``top-k-rule=literal`` and an uncapped k can send more)."""
         n, f = federation.num_clients, federation
         k = min(max(n - 1, 0), max(params.initial_k, params.max_k))
+        peers = min(n, f.sampled * k)
         return [
             *super().server_footprint(params, federation),
             Footprint(f"the relevance rows and matrix (2 x {n} x {n} float64)",
                       2 * n * n * FLOAT64),
-            Footprint(f"the peers' models of the round's messages ({f.sampled} x {k})",
-                      f.sampled * k * f.model_bytes),
+            Footprint(f"the round's uploads, held through the personalisation ({f.sampled})",
+                      f.sampled * f.model_bytes),
+            Footprint(f"the peers' models the personalisation sends ({peers})",
+                      peers * f.model_bytes),
         ]  # fmt: skip
 
     @classmethod
@@ -354,8 +357,11 @@ class PFedSV(MultiExchangeStrategy):
             if self.params.pool == "latest"
             else {self.client_ids[n] for n in uploaders}
         )
+        # a peer's model is read once for the round and shared by every message that sends
+        # it (one object: the engine serialises it once), not read again per message
+        peer_models: dict[int, ArrayRecord] = {}
         messages = [
-            self._personalize_message(server_round, node, msg, available, head)
+            self._personalize_message(server_round, node, msg, available, head, peer_models)
             for node, msg in uploaders.items()
         ]
         second = send(keys.PFEDSV_PHASE_PERSONALIZE, messages)
@@ -398,9 +404,16 @@ class PFedSV(MultiExchangeStrategy):
         )
 
     def _personalize_message(
-        self, server_round: int, node: int, upload: Message, available: set[int], head: list[str]
+        self,
+        server_round: int,
+        node: int,
+        upload: Message,
+        available: set[int],
+        head: list[str],
+        peer_models: dict[int, ArrayRecord],
     ) -> Message:
-        """The k first peers of the node's request that the pool holds, never its own."""
+        """The k first peers of the node's request that the pool holds, never its own (each
+        peer's model from ``peer_models``, read from the pool into it the first time)."""
         client = self.client_ids[node]
         request = upload.content[REQUEST]
         wanted = [self.client_of[p] for p in request[keys.PFEDSV_REQUEST_PEERS]]
@@ -418,10 +431,10 @@ class PFedSV(MultiExchangeStrategy):
             }
         )
         for peer in peers:
-            model = pool.get(peer, MODELS)
-            if head:
-                model = ArrayRecord({n: model[n] for n in head})
-            content[f"{PEER_PREFIX}{self.pids[peer]}"] = model
+            if peer not in peer_models:
+                model = pool.get(peer, MODELS)
+                peer_models[peer] = ArrayRecord({n: model[n] for n in head}) if head else model
+            content[f"{PEER_PREFIX}{self.pids[peer]}"] = peer_models[peer]
         if head and self.features is not None:
             content[FEATURES] = as_record(self.features)
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
