@@ -61,12 +61,6 @@ def command(method: str, args: argparse.Namespace, out: Path) -> list[str]:
     return cmd + method_flags(method) + shlex.split(args.flags)
 
 
-def _size(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return path.stat().st_size if path.is_file() else disk_bytes(path)
-
-
 def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
     label = f"{method} `{args.flags}`" if args.flags else method
     out = workdir / method
@@ -99,8 +93,9 @@ def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
         "failures": sum(r.get("train", {}).get("failures", 0) for r in trained),
         "peak_rss_mb": sampler.peak_rss / MB,
         "peak_pss_mb": sampler.peak_pss / MB,
-        "client_state_mb": _size(out / "client-state") / MB,
-        "server_state_mb": (_size(out / "server-state") + _size(out / "checkpoint.npz")) / MB,
+        "client_state_mb": disk_bytes(out / "client-state") / MB,
+        "server_state_mb": (disk_bytes(out / "server-state") + disk_bytes(out / "checkpoint.npz"))
+        / MB,
         "accuracy": last_eval["personalized"]["mean"] if last_eval else None,
     }
 

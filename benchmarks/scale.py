@@ -191,8 +191,11 @@ class Sampler:
 
 
 def disk_bytes(path: Path) -> int:
-    """The bytes of the files under ``path``, a file hard-linked several times counted once
-    (the client state's versions link the entries they carry forward)."""
+    """The bytes of ``path``: a file's size, or the files under a folder, a file hard-linked
+    several times counted once (the client state's versions link the entries they carry
+    forward); 0 where there is nothing."""
+    if path.is_file():
+        return path.stat().st_size
     seen, total = set(), 0
     for file in path.rglob("*"):
         if file.is_file():

@@ -37,12 +37,6 @@ from pflarena.strategies import declarations
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _size(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return path.stat().st_size if path.is_file() else disk_bytes(path)
-
-
 def client_state(out: Path) -> tuple[dict[str, float], float, int]:
     """Mean bytes per client of each entry in its newest version, mean bytes per client of
     every version on disk, and the number of clients with state."""
@@ -53,7 +47,7 @@ def client_state(out: Path) -> tuple[dict[str, float], float, int]:
         if not versions:
             continue
         clients += 1
-        on_disk += _size(client)
+        on_disk += disk_bytes(client)
         for entry in versions[-1].iterdir():
             entries[entry.name.removesuffix(".npz").replace("__", "/")] += entry.stat().st_size
     if not clients:
@@ -79,8 +73,8 @@ def run(method: str, num_clients: int, workdir: Path) -> dict:
         "entries": entries,
         "client_on_disk": on_disk,
         "clients_with_state": clients,
-        "checkpoint": _size(out / "checkpoint.npz"),
-        "server_state": _size(out / "server-state"),
+        "checkpoint": disk_bytes(out / "checkpoint.npz"),
+        "server_state": disk_bytes(out / "server-state"),
         "wall_s": time.monotonic() - start,
     }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from pflarena.core.methods import MethodDeclaration
 from pflarena.core.models import build_model
 from pflarena.core.training import trainable_names
 from pflarena.strategies import declarations, strategy_classes
-from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup
+from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup, sample_size
 
 __all__ = [
     "build_strategy",
@@ -51,7 +50,7 @@ def federation_of(cfg: RunConfig) -> Federation:
     n = cfg.num_clients
     return Federation(
         num_clients=n,
-        sampled=min(n, max(cfg.min_train_clients, math.floor(fraction * n))),
+        sampled=sample_size(n, fraction, cfg.min_train_clients),
         num_rounds=cfg.num_rounds,
         model_bytes=sum(t.numel() * t.element_size() for t in state.values()),
         model_params=sum(t.numel() for t in state.values()),

@@ -9,7 +9,6 @@ written as it happens.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from pflarena.server.results import (
     read_rounds,
     summarize_rounds,
 )
-from pflarena.strategies.base import PflStrategy, evaluation_stats
+from pflarena.strategies.base import PflStrategy, evaluation_stats, sample_size
 from pflarena.strategies.exchange import NO_REPLY, Exchange, record_nbytes, reply_error
 
 __all__ = ["ClientSync", "RunOutcome", "run_rounds", "wait_for_nodes"]
@@ -645,7 +644,7 @@ def run_rounds(
             fraction0 = 1.0
         tested = count(len(connected), "client")
         if fraction0 < 1:
-            size = max(1, math.floor(fraction0 * len(connected)))
+            size = sample_size(len(connected), fraction0)
             tested = f"a sample of {size} of the {tested}"
         emit(
             StartupPhase(

@@ -70,7 +70,14 @@ __all__ = [
     "StrategySetup",
     "direct_send",
     "record_nbytes",
+    "sample_size",
 ]
+
+
+def sample_size(num_nodes: int, fraction: float, minimum: int = 1) -> int:
+    """How many of ``num_nodes`` a ``fraction`` of them is: its floor, at least ``minimum``,
+    at most all of them (the training sample, an evaluation's sample)."""
+    return min(num_nodes, max(minimum, math.floor(fraction * num_nodes)))
 
 
 @dataclass(frozen=True)
@@ -418,9 +425,7 @@ class PflStrategy(Strategy):
         return sorted(nodes, key=lambda n: (n not in self.client_ids, self.client_ids.get(n, n)))
 
     def num_to_sample(self, num_nodes: int) -> int:
-        return min(
-            num_nodes, max(self.min_train_nodes, math.floor(self.fraction_train * num_nodes))
-        )
+        return sample_size(num_nodes, self.fraction_train, self.min_train_nodes)
 
     def sample_train_nodes(self, grid: Grid) -> list[int]:
         """Sample ``num_to_sample`` connected nodes uniformly without replacement."""
@@ -439,7 +444,7 @@ class PflStrategy(Strategy):
         nodes = self.ordered_nodes(grid)
         if self.evaluate_fraction >= 1.0 or not nodes:
             return nodes
-        size = min(len(nodes), max(1, math.floor(self.evaluate_fraction * len(nodes))))
+        size = sample_size(len(nodes), self.evaluate_fraction)
         rng = np.random.default_rng(derive_seed(self.seed, server_round, "evaluation-sample"))
         chosen = rng.choice(len(nodes), size=size, replace=False)
         return [nodes[i] for i in sorted(chosen)]
