@@ -570,6 +570,9 @@ def test_the_data_checks_run_in_a_child_that_keeps_what_they_import(tmp_path, mo
     cfgs = [parse_config({"num-clients": n}) for n in (2, 3)]
     too_many = parse_config({"num-clients": 5})
     monkeypatch.setattr(precheck, "check_data", reads_heavily)
+    # the memory check builds the model: torch, loaded here, cannot be imported again once
+    # it is taken out of sys.modules below (the command's process never loaded it)
+    monkeypatch.setattr("pflarena.server.build.check_footprint", lambda cfg: None)
     monkeypatch.delitem(sys.modules, "torch")  # as in the command's process, which has none
     assert precheck.check_data_apart(cfgs) == ["checked 2", "checked 3"]
     assert "heavy_reader" not in sys.modules
