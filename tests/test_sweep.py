@@ -300,7 +300,9 @@ def test_a_killed_sweep_continues_where_it_died_to_the_uninterrupted_results(tmp
     )
     ditto = tmp_path / "sweep" / "all" / "ditto" / "seed-0" / "rounds.jsonl"
     deadline = time.monotonic() + 900
-    while not ditto.exists() or max((r["round"] for r in read_rounds(ditto)), default=0) < 2:
+    # A round's record is written before its checkpoint: round 3's record means round 2's
+    # checkpoint is on disk (a kill just after round 2's record resumed after round 1).
+    while not ditto.exists() or max((r["round"] for r in read_rounds(ditto)), default=0) < 3:
         assert victim.poll() is None and time.monotonic() < deadline, "the sweep ended early"
         time.sleep(0.2)
     for pid in {victim.pid} | descendants({victim.pid}):
