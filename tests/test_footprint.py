@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, RecordDict
-from helpers import config, grid_for
+from helpers import config, grid_for, run_local
 
 from pflarena.cli.command import main
-from pflarena.core import footprint
+from pflarena.core import footprint, mgda
 from pflarena.core.config import ConfigError
 from pflarena.core.ddpg import DDPGAgent
 from pflarena.core.footprint import (
@@ -26,6 +26,7 @@ from pflarena.core.footprint import (
     human_bytes,
     memory_limit,
 )
+from pflarena.core.versions import DiskVersions
 from pflarena.server.app import initial_arrays
 from pflarena.server.app import main as serverapp_main
 from pflarena.server.build import build_strategy, check_footprint, federation_of, parse_config
@@ -84,7 +85,7 @@ def test_the_memory_limit_is_the_machines_or_its_cgroups(tmp_path, monkeypatch):
     assert memory_limit() == machine // 4
 
 
-def test_fedamps_terms_are_what_its_round_reads(tmp_path):
+def test_fedamps_terms_are_what_its_round_reads(tmp_path, monkeypatch):
     """FedAMP reads every client's latest model and flattens them for the distances: the
     memory traced while the first cloud model is built is those two terms (and one cloud
     model), within 15 %."""
@@ -100,6 +101,9 @@ def test_fedamps_terms_are_what_its_round_reads(tmp_path):
         )
         pool.put(client, 1, {MODELS: record})
     strategy.server_round = 2
+    # a cold read, as in a large federation: nothing of the pool in the per-process cache
+    monkeypatch.setattr(DiskVersions, "_cache", type(DiskVersions._cache)())
+    monkeypatch.setattr(DiskVersions, "_cache_bytes", 0)
     federation, terms = _terms(cfg)
     by_what = {t.what.split(" (")[0]: t.nbytes for t in terms}
     expected = (
@@ -201,3 +205,74 @@ def test_pfedgts_c0_exchange_counts_every_clients_reply_only_when_it_runs():
     assert exchange not in federations[20, "zeros"]
     assert federations[20, "round"][exchange] == 20 * federation.model_bytes
     assert federations[40, "round"][exchange] == 2 * federations[20, "round"][exchange]
+
+
+def _reply_bytes(replies) -> int:
+    return sum(
+        len(a.data) for m in replies for r in m.content.array_records.values() for a in r.values()
+    )
+
+
+@pytest.mark.parametrize("method", ["fedavg", "feddyn", "scaffold", "fedmgda", "cfl"])
+def test_what_an_aggregation_holds_is_within_its_terms(method, tmp_path, monkeypatch):
+    """The replies' bytes plus the memory traced while the server aggregates them (a
+    multi-exchange round: from the end of its exchange) stay within the method's terms, and
+    the terms are not half as much again. The Gram matrix's float64
+    chunk is made small, so that it is the stacked float32 updates that count, as at scale."""
+    monkeypatch.setattr(mgda, "GRAM_CHUNK_VALUES", 1 << 14)
+    import scipy.cluster.hierarchy  # noqa: F401  (CFL's split imports it: not a round's cost)
+
+    extra = (
+        {"cfl.warmup-rounds": 0, "cfl.eps-1": 10.0, "cfl.eps-2": 1e-9} if method == "cfl" else {}
+    )
+    cfg = config(
+        strategy=method, num_clients=40, num_rounds=1, fraction_train=1.0, model="mlp", **extra
+    )
+    strategy = build_strategy(cfg)
+    measured: list[tuple[int, int]] = []  # (the replies' bytes, the peak traced after them)
+
+    def traced(call, replies_of):
+        def wrapped(*args, **kwargs):
+            replies = replies_of(args)
+            tracemalloc.start()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                measured.append((_reply_bytes(replies), tracemalloc.get_traced_memory()[1]))
+                tracemalloc.stop()
+
+        return wrapped
+
+    if method == "cfl":  # its aggregation follows the exchange within train_round
+        train_round = strategy.train_round
+
+        def round_traced(server_round, arrays, grid, send):
+            def send_then_trace(*args, **kwargs):
+                exchange = send(*args, **kwargs)
+                measured.append((_reply_bytes(exchange.replies), 0))
+                tracemalloc.start()
+                return exchange
+
+            try:
+                return train_round(server_round, arrays, grid, send_then_trace)
+            finally:
+                replies, _ = measured.pop()
+                measured.append((replies, tracemalloc.get_traced_memory()[1]))
+                tracemalloc.stop()
+
+        strategy.train_round = round_traced
+    else:
+        aggregate = strategy.aggregate_train
+
+        def aggregate_traced(server_round, replies):
+            replies = list(replies)
+            return traced(aggregate, lambda args: replies)(server_round, replies)
+
+        strategy.aggregate_train = aggregate_traced
+    run_local(cfg, tmp_path, strategy=strategy)
+    federation, terms = _terms(cfg)
+    total = sum(t.nbytes for t in terms)
+    ((replies, peak),) = measured
+    held = replies + peak
+    assert held <= total, (human_bytes(held), human_bytes(total))
+    assert total <= 1.5 * held, (human_bytes(held), human_bytes(total))

@@ -35,8 +35,11 @@ def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
-def decode(array: Array) -> np.ndarray:
-    """``array.numpy()``: the same values, dtype and shape, writable, in its own memory."""
+def decode(array: Array, *, copy: bool = True) -> np.ndarray:
+    """``array.numpy()``: the same values, dtype and shape, writable, in its own memory.
+
+    With ``copy=False``, a read-only view of the array's bytes where they hold plain numbers
+    (no copy of a reply the server only reads: averaging, flattening)."""
     if array.stype != SType.NUMPY:
         return array.numpy()
     try:
@@ -50,7 +53,8 @@ def decode(array: Array) -> np.ndarray:
     data = array.data
     if len(data) != len(header) + dtype.itemsize * prod(shape) or not data.startswith(header):
         return array.numpy()
-    return np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape).copy()
+    values = np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape)
+    return values.copy() if copy else values
 
 
 def torch_state(record: ArrayRecord, device: torch.device | str | None = None) -> dict:

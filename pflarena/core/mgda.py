@@ -34,9 +34,11 @@ __all__ = [
     "drifted_direction",
     "fair_objective",
     "fairness_weights",
+    "gram_chunk_bytes",
     "gram_matrix",
     "min_norm_weights",
     "min_norm_weights_from_gram",
+    "weighted_rows",
 ]
 
 #: Gradients with at most this norm are dropped before the QP (§2.4, step 1).
@@ -74,8 +76,10 @@ def _matrix(name: str, value: object, *, allow_empty: bool = False) -> np.ndarra
         raise ValueError(f"{name} has no parameters (shape {array.shape})")
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
         raise ValueError(f"{name} must be real-valued, got dtype {array.dtype}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} contains NaN or infinite values")
+    chunk = _chunk_for(array.shape[0])  # checked a chunk at a time, as they are summed
+    for start in range(0, array.shape[1], chunk):
+        if not np.isfinite(array[:, start : start + chunk]).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
     return array
 
 
@@ -99,14 +103,43 @@ def _solver_name(solver: str) -> str:
 # ---------------------------------------------------------------- the QP (5)
 
 
-def gram_matrix(grads: np.ndarray, *, chunk: int = 1 << 20) -> np.ndarray:
+#: The float64 numbers a chunk of :func:`gram_matrix` holds at most (32 MiB), whatever K.
+GRAM_CHUNK_VALUES = 1 << 22
+
+
+def _chunk_for(rows: int) -> int:
+    return min(1 << 20, max(1 << 10, GRAM_CHUNK_VALUES // max(rows, 1)))
+
+
+def gram_chunk_bytes(rows: int) -> int:
+    """The most bytes a float64 chunk of :func:`gram_matrix` holds for ``rows`` gradients."""
+    return rows * _chunk_for(rows) * 8
+
+
+def weighted_rows(weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``weightsᵀ rows`` (a ``P`` vector) in float64, over column chunks as in
+    :func:`gram_matrix`: float32 rows are never copied whole into float64."""
+    rows = _matrix("rows", rows)
+    weights = _vector("weights", weights, size=rows.shape[0])
+    out = np.empty(rows.shape[1])
+    chunk = _chunk_for(rows.shape[0])
+    for start in range(0, rows.shape[1], chunk):
+        out[start : start + chunk] = weights @ np.asarray(
+            rows[:, start : start + chunk], dtype=np.float64
+        )
+    return out
+
+
+def gram_matrix(grads: np.ndarray, *, chunk: int | None = None) -> np.ndarray:
     """The ``K×K`` Gram matrix ``G Gᵀ`` in float64, accumulated over column chunks (§3.4).
 
-    Float32 gradients are converted one chunk of ``chunk`` parameters at a time, so the
-    float64 copy never holds more than ``K·chunk`` numbers.
+    Float32 gradients are converted one chunk of ``chunk`` parameters at a time (by default
+    :data:`GRAM_CHUNK_VALUES` / K, at least 2¹⁰ and at most 2²⁰), so the float64 copy never
+    holds more than ``K·chunk`` numbers: 32 MiB, not a float64 copy of the round's replies.
     """
     grads = _matrix("grads", grads)
     k, p = grads.shape
+    chunk = chunk or _chunk_for(k)
     out = np.zeros((k, k))
     for start in range(0, p, chunk):
         block = np.asarray(grads[:, start : start + chunk], dtype=np.float64)

@@ -32,6 +32,8 @@ __all__ = [
     "flatten",
     "float_names",
     "mean_of",
+    "stack_flat",
+    "sum_of",
     "unflatten",
     "weighted_average",
     "weighted_mean",
@@ -58,8 +60,9 @@ def as_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
 
 
 def _value(arrays: Arrays, name: str) -> np.ndarray:
+    """Entry ``name`` to read (a read-only view of a record's bytes where it can be)."""
     value = arrays[name]
-    return decode(value) if isinstance(value, Array) else np.asarray(value)
+    return decode(value, copy=False) if isinstance(value, Array) else np.asarray(value)
 
 
 def _factors(count: int, weights: Sequence[float] | np.ndarray | None) -> list[float]:
@@ -95,18 +98,19 @@ def weighted_mean(
     """
     factors = _factors(len(records), weights)
     out: dict[str, np.ndarray] = {}
+    # One record's entry is read at a time: the sum never holds the K values of an entry.
     for name in records[0].keys() if names is None else names:
-        values = [_value(record, name) for record in records]
-        kind = values[0].dtype
+        first = _value(records[0], name)
+        kind = first.dtype
         if kind.kind == "f" and like_fedavg:
-            total = values[0] * factors[0]
-            for value, factor in zip(values[1:], factors[1:], strict=True):
-                total += value * factor
+            total = first * factors[0]
+            for record, factor in zip(records[1:], factors[1:], strict=True):
+                total += _value(record, name) * factor
             out[name] = np.asarray(total)
             continue
-        total = np.zeros(values[0].shape, dtype=np.float64)
-        for value, factor in zip(values, factors, strict=True):
-            total += factor * value.astype(np.float64)
+        total = np.zeros(first.shape, dtype=np.float64)
+        for record, factor in zip(records, factors, strict=True):
+            total += factor * _value(record, name).astype(np.float64)
         if kind.kind == "f":
             out[name] = total.astype(kind if dtype is None else dtype)
         elif kind.kind in "biu":
@@ -123,10 +127,33 @@ def weighted_average(
     return as_record(weighted_mean(records, weights, like_fedavg=True))
 
 
-def mean_of(records: Sequence[Mapping[str, np.ndarray]], name: str) -> np.ndarray:
-    """The plain mean of array ``name`` over ``records``, in float64 (``np.mean``'s order):
-    the SCAFFOLD and FedDyn server states, which the caller keeps in their dtype."""
-    return np.mean([r[name].astype(np.float64) for r in records], axis=0)
+def sum_of(records: Sequence[Arrays], name: str, *, minus: np.ndarray | None = None) -> np.ndarray:
+    """``Σ_i (x_i − minus)`` of array ``name`` over ``records`` in float64 (``minus``: none
+    if not given): the SCAFFOLD and FedDyn server steps, which the caller keeps in their
+    dtype.
+
+    A running sum in record order, one record's entry at a time: the same float64 values as
+    ``np.sum`` of the stacked entries along axis 0 (which adds row after row), without the K
+    float64 copies of the entry that stacking them holds."""
+    if not records:
+        raise ValueError("no arrays to sum")
+    total: np.ndarray | None = None
+    for record in records:
+        value = _value(record, name).astype(np.float64)
+        if minus is not None:
+            value -= minus
+        if total is None:
+            total = value
+        else:
+            total += value
+    assert total is not None
+    return total
+
+
+def mean_of(records: Sequence[Arrays], name: str) -> np.ndarray:
+    """The plain mean of array ``name`` over ``records`` in float64: :func:`sum_of` over
+    their count, ``np.mean``'s values."""
+    return sum_of(records, name) / len(records)
 
 
 def float_names(record: ArrayRecord) -> list[str]:
@@ -140,6 +167,25 @@ def flatten(record: Arrays, names: Sequence[str], dtype: type = np.float64) -> n
     if not names:
         return np.zeros(0, dtype=dtype)
     return np.concatenate([_value(record, n).astype(dtype, copy=False).ravel() for n in names])
+
+
+def stack_flat(records: Sequence[Arrays], names: Sequence[str], dtype: type) -> np.ndarray:
+    """``np.stack([flatten(r, names, dtype) for r in records])``, filled row by row: the
+    matrix is the only copy of the records' values (the list that ``np.stack`` reads would
+    be a second one)."""
+    size = sum(_value(records[0], n).size for n in names) if records else 0
+    out = np.empty((len(records), size), dtype=dtype)
+    for row, record in zip(out, records, strict=True):
+        offset = 0
+        for name in names:
+            value = _value(record, name).ravel()
+            if offset + value.size > size:
+                raise ValueError(f"array {name!r} makes a record longer than the first")
+            row[offset : offset + value.size] = value
+            offset += value.size
+        if offset != size:
+            raise ValueError(f"a record's arrays {list(names)} have {offset} values, not {size}")
+    return out
 
 
 def unflatten(vector: np.ndarray, like: Arrays, names: Sequence[str]) -> dict[str, np.ndarray]:

@@ -73,6 +73,10 @@ __all__ = [
     "sample_size",
 ]
 
+#: The models' worth of memory an aggregation works in beside the replies (see
+#: :meth:`PflStrategy.working_footprint`).
+WORKING_MODELS = 12
+
 
 def sample_size(num_nodes: int, fraction: float, minimum: int = 1) -> int:
     """How many of ``num_nodes`` a ``fraction`` of them is: its floor, at least ``minimum``,
@@ -228,6 +232,20 @@ class PflStrategy(Strategy):
             Footprint(
                 f"the round's {count(federation.sampled, 'reply', 'replies')} (a model each)",
                 federation.sampled * federation.model_bytes,
+            ),
+            *cls.working_footprint(federation),
+        ]
+
+    @staticmethod
+    def working_footprint(federation: Federation) -> list[Footprint]:
+        """The new model and the float64 copies its entries are computed in: whatever the
+        sample, the aggregations read a reply's entry at a time
+        (:mod:`pflarena.strategies.aggregation`). Twelve models' worth covers the most
+        measured (FedDyn's step, tests/test_footprint.py)."""
+        return [
+            Footprint(
+                f"the new model and its float64 working copies ({WORKING_MODELS} models)",
+                WORKING_MODELS * federation.model_bytes,
             )
         ]
 

@@ -49,13 +49,16 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.canonical import copy_name, parse_stacked
+from pflarena.core.footprint import FLOAT32, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.aggregation import as_numpy, as_record, flatten, weighted_mean
+from pflarena.core.mgda import gram_chunk_bytes, gram_matrix
+from pflarena.strategies.aggregation import as_numpy, as_record, stack_flat, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
 __all__ = [
     "CFL",
     "CFLParams",
+    "cosine_from_gram",
     "cosine_similarities",
     "max_cross_similarity",
     "optimal_bipartition",
@@ -99,11 +102,15 @@ def cosine_similarities(updates: np.ndarray) -> np.ndarray:
 
     A zero update has similarity 0 with every other (and 1 with itself).
     """
-    updates = np.asarray(updates, dtype=np.float64)
-    norms = np.linalg.norm(updates, axis=1)
+    return cosine_from_gram(gram_matrix(updates))
+
+
+def cosine_from_gram(gram: np.ndarray) -> np.ndarray:
+    """:func:`cosine_similarities` from the updates' Gram matrix ``G_ij = ⟨Δθ_i, Δθ_j⟩``."""
+    gram = np.asarray(gram, dtype=np.float64)
+    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
     safe = np.where(norms > 0, norms, 1.0)
-    unit = updates / safe[:, None]
-    similarity = np.clip(unit @ unit.T, -1.0, 1.0)
+    similarity = np.clip(gram / np.outer(safe, safe), -1.0, 1.0)  # a zero row stays 0
     np.fill_diagonal(similarity, 1.0)
     return similarity
 
@@ -173,6 +180,19 @@ class CFL(MultiExchangeStrategy):
         params=CFLParams,
         global_model=False,
     )
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """A cluster's updates stacked in float32 for their Gram matrix (at most the
+        round's), and its float64 chunk, beside the replies."""
+        f = federation
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"the round's updates stacked ({f.sampled} x {f.model_params} "
+                      "float32)", f.sampled * f.model_params * FLOAT32),
+            Footprint("a float64 chunk of them for the Gram matrix",
+                      gram_chunk_bytes(f.sampled)),
+        ]  # fmt: skip
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> CFL:
@@ -288,24 +308,29 @@ class CFL(MultiExchangeStrategy):
             return as_record(new), None
         # the updates of each cluster's participants, in client-id order
         members: dict[int, list[int]] = {}
-        updates: dict[int, dict[str, np.ndarray]] = {}
+        updates: dict[int, ArrayRecord] = {}
         examples: dict[int, float] = {}
         for msg in replies:
             node = exchange.node_of(msg)
             client = self.client_ids[node]
             members.setdefault(sent_cluster[node], []).append(client)
-            record = msg.content[keys.ARRAYS]
-            updates[client] = as_numpy(record, entries)
+            # the reply's record, read entry by entry: no decoded copy of the round's updates
+            updates[client] = msg.content[keys.ARRAYS]
             examples[client] = float(msg.content[keys.METRICS].get(keys.NUM_EXAMPLES, 1))
         measured = [n for n in entries if n in set(self.trainable)] or list(entries)
         round_norms: dict[int, dict[str, float]] = {}
         groups: list[tuple[int, list[int]]] = []  # (cluster id, its participants) after splits
         for cluster in sorted(members):
             clients = members[cluster]
-            flat = np.stack([flatten(updates[c], measured) for c in clients])
+            # The updates stacked in their own dtype (float32: one copy of the cluster's
+            # replies) and every figure from their float64 Gram matrix G: ‖Σ w_i Δθ_i‖² is
+            # wᵀGw, ‖Δθ_i‖² is G_ii, α_ij is G_ij / √(G_ii G_jj). No float64 copy of them.
+            dtype = np.result_type(*(np.dtype(models[0][n].dtype) for n in measured))
+            flat = stack_flat([updates[c] for c in clients], measured, dtype)
+            gram = gram_matrix(flat)
             weights = self._weights([examples[c] for c in clients])
-            mean_norm = float(np.linalg.norm(weights @ flat))
-            max_norm = float(np.linalg.norm(flat, axis=1).max())
+            mean_norm = math.sqrt(max(float(weights @ gram @ weights), 0.0))
+            max_norm = math.sqrt(max(float(np.diag(gram).max()), 0.0))
             round_norms[cluster] = {
                 "mean_update_norm": mean_norm,
                 "max_update_norm": max_norm,
@@ -316,7 +341,7 @@ class CFL(MultiExchangeStrategy):
                 and len(clients) >= self.params.min_split_size
                 and split_criterion(mean_norm, max_norm, self.params.eps_1, self.params.eps_2)
             ):
-                similarity = cosine_similarities(flat)
+                similarity = cosine_from_gram(gram)
                 first, second = optimal_bipartition(similarity)
                 mask = np.zeros(len(clients), dtype=bool)
                 mask[first] = True
@@ -351,6 +376,7 @@ class CFL(MultiExchangeStrategy):
             step = weighted_mean(
                 [updates[c] for c in clients],
                 self._raw_weights([examples[c] for c in clients]),
+                entries,
                 dtype=np.float64,
             )
             for name in entries:

@@ -37,8 +37,16 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.aggregation import as_numpy, as_record, mean_of, weighted_mean
+from pflarena.strategies.aggregation import (
+    Arrays,
+    as_numpy,
+    as_record,
+    mean_of,
+    sum_of,
+    weighted_mean,
+)
 from pflarena.strategies.base import PflStrategy, StrategySetup
 
 __all__ = ["FedDyn", "FedDynParams", "server_update"]
@@ -57,7 +65,7 @@ class FedDynParams(MethodParams):
 def server_update(
     previous: dict[str, np.ndarray],
     state: dict[str, np.ndarray],
-    models: Sequence[dict[str, np.ndarray]],
+    models: Sequence[Arrays],
     *,
     alpha: float,
     num_clients: int,
@@ -75,7 +83,7 @@ def server_update(
     new_state, new_model = {}, {}
     for name, h in state.items():
         before = previous[name].astype(np.float64)
-        drift = np.sum([m[name].astype(np.float64) - before for m in models], axis=0)
+        drift = sum_of(models, name, minus=before)
         h_new = h.astype(np.float64) - (alpha / num_clients) * drift
         new_state[name] = h_new.astype(h.dtype)
         new_model[name] = (mean_of(models, name) - h_new / alpha).astype(previous[name].dtype)
@@ -107,6 +115,14 @@ class FedDyn(PflStrategy):
         params=FedDynParams,
     )
     checkpointed = {"state": "h/"}
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The replies, and the state h beside the model."""
+        return [
+            *super().server_footprint(params, federation),
+            Footprint("the state h (a model)", federation.model_bytes),
+        ]
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedDyn:
@@ -152,7 +168,8 @@ class FedDyn(PflStrategy):
             return None, None
         assert self.state is not None and self._round_arrays is not None
         previous = as_numpy(self._round_arrays)
-        models = [as_numpy(m.content.array_records[keys.ARRAYS]) for m in valid]
+        # the replies' records, read entry by entry: no decoded copy of the round's models
+        models = [m.content.array_records[keys.ARRAYS] for m in valid]
         stepped, self.state = server_update(
             previous, self.state, models, alpha=self.params.alpha, num_clients=self.num_clients
         )

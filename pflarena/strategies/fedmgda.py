@@ -38,9 +38,22 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import FLOAT32, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.mgda import ZERO_GRAD_NORM, gram_matrix, min_norm_weights_from_gram
-from pflarena.strategies.aggregation import as_numpy, as_record, flatten, float_names, unflatten
+from pflarena.core.mgda import (
+    ZERO_GRAD_NORM,
+    gram_chunk_bytes,
+    gram_matrix,
+    min_norm_weights_from_gram,
+    weighted_rows,
+)
+from pflarena.strategies.aggregation import (
+    as_numpy,
+    as_record,
+    float_names,
+    stack_flat,
+    unflatten,
+)
 from pflarena.strategies.base import PflStrategy, StrategySetup, array_problem
 from pflarena.strategies.fedavg import PERSONAL_MODEL_HELP, PersonalModel
 
@@ -161,6 +174,19 @@ class FedMGDA(PflStrategy):
     )
 
     @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The round's gradients stacked in float32 for their Gram matrix, and its float64
+        chunk, beside the replies."""
+        f = federation
+        return [
+            *super().server_footprint(params, federation),
+            Footprint(f"the round's gradients stacked ({f.sampled} x {f.model_params} "
+                      "float32)", f.sampled * f.model_params * FLOAT32),
+            Footprint("a float64 chunk of them for the Gram matrix",
+                      gram_chunk_bytes(f.sampled)),
+        ]  # fmt: skip
+
+    @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedMGDA:
         return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
 
@@ -206,17 +232,23 @@ class FedMGDA(PflStrategy):
             return None, None
         arrays = self._round_arrays
         names = self._names_of(arrays)
-        grads = np.stack([flatten(m.content[keys.FEDPG_GRADIENT], names) for m in valid])
-        norms = np.linalg.norm(grads, axis=1)
+        # The gradients stacked in their own dtype (float32: one copy of the round's replies),
+        # and everything else from their float64 Gram matrix G: the norms are √G_ii, the
+        # unit gradients' Gram is G_ij / (‖g_i‖‖g_j‖), and Σ λ_i g_i/‖g_i‖ is summed over
+        # column chunks. No float64 copy of the round's gradients, normalised or not.
+        dtype = np.result_type(*(np.dtype(arrays[n].dtype) for n in names))
+        grads = stack_flat([m.content[keys.FEDPG_GRADIENT] for m in valid], names, dtype)
+        gram = gram_matrix(grads)
+        norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
         kept = np.nonzero(norms > ZERO_GRAD_NORM)[0]
         metrics = self.train_metrics(valid)
         if kept.size == 0:
             return None, metrics
-        unit = grads[kept] / norms[kept][:, None]
-        lam = min_norm_weights_box(
-            gram_matrix(unit), self.params.epsilon, solver=self.params.solver
-        )
-        direction = lam @ unit
+        unit_gram = gram[np.ix_(kept, kept)] / np.outer(norms[kept], norms[kept])
+        lam = min_norm_weights_box(unit_gram, self.params.epsilon, solver=self.params.solver)
+        coefficients = np.zeros(len(valid))
+        coefficients[kept] = lam / norms[kept]
+        direction = weighted_rows(coefficients, grads)
         eta = self.params.server_lr * self.params.lr_decay ** (server_round - 1)
         reference = ArrayRecord({n: arrays[n] for n in names})
         step = unflatten(eta * direction, reference, names)

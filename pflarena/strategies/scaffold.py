@@ -38,8 +38,10 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.strategies.aggregation import as_numpy, as_record, mean_of, weighted_mean
+from pflarena.core.text import count
+from pflarena.strategies.aggregation import Arrays, as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 from pflarena.strategies.replies import delta_reply_problem
 
@@ -66,8 +68,8 @@ def _norm(arrays: dict[str, np.ndarray]) -> float:
 def server_update(
     model: dict[str, np.ndarray],
     control: dict[str, np.ndarray],
-    delta_y: Sequence[dict[str, np.ndarray]],
-    delta_c: Sequence[dict[str, np.ndarray]],
+    delta_y: Sequence[Arrays],
+    delta_c: Sequence[Arrays],
     *,
     global_lr: float,
     num_clients: int,
@@ -128,6 +130,17 @@ class Scaffold(PflStrategy):
         ),
     )
     checkpointed = {"control": "control/"}
+
+    @classmethod
+    def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """Each reply carries two models' worth (Δy and Δc); the server holds c beside x."""
+        f = federation
+        return [
+            Footprint(f"the round's {count(f.sampled, 'reply', 'replies')} (Δy and Δc: two "
+                      "models each)", 2 * f.sampled * f.model_bytes),
+            Footprint("the control variate c (a model)", f.model_bytes),
+            *cls.working_footprint(federation),
+        ]  # fmt: skip
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Scaffold:
@@ -213,8 +226,9 @@ class Scaffold(PflStrategy):
             return None, None
         assert self.control is not None and self._round_arrays is not None
         x = as_numpy(self._round_arrays)
-        delta_y = [as_numpy(m.content.array_records[keys.SCAFFOLD_DELTA_Y]) for m in valid]
-        delta_c = [as_numpy(m.content.array_records[keys.SCAFFOLD_DELTA_C]) for m in valid]
+        # the replies' records, read entry by entry: no decoded copy of the round's updates
+        delta_y = [m.content.array_records[keys.SCAFFOLD_DELTA_Y] for m in valid]
+        delta_c = [m.content.array_records[keys.SCAFFOLD_DELTA_C] for m in valid]
         stepped, self.control = server_update(
             x,
             self.control,
@@ -225,7 +239,7 @@ class Scaffold(PflStrategy):
         )
         new_x = {**x, **stepped}
         buffers = [
-            as_numpy(m.content.array_records[keys.SCAFFOLD_BUFFERS])
+            m.content.array_records[keys.SCAFFOLD_BUFFERS]
             for m in valid
             if keys.SCAFFOLD_BUFFERS in m.content.array_records
         ]
