@@ -104,7 +104,9 @@ def _cell(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
-def write(results: list[dict], runs: list[dict], args: argparse.Namespace) -> None:
+def write(
+    results: list[dict], runs: list[dict], args: argparse.Namespace, replaced: list[dict]
+) -> None:
     per_round = int(args.clients * args.fraction)
     said = "; ".join(f"`{r['command']}` at commit `{r['commit']}`, {r['date']}" for r in runs)
     lines = [
@@ -144,9 +146,26 @@ def write(results: list[dict], runs: list[dict], args: argparse.Namespace) -> No
     if said:
         lines += ["", "What the refused, failed or stopped runs said:", ""]
         lines += [f"- **{r['method']}**: {r['why']}" for r in said]
+    if replaced:
+        lines += [
+            "",
+            "Rows replaced by a later run of the same method (the table above has the later "
+            "one; the commit says which code each measured):",
+            "",
+            "| method | commit | outcome | peak PSS (MB) | rounds (s) | personalized acc |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in replaced:
+            rounds = ", ".join(f"{t:.1f}" for t in r.get("round_s") or [])
+            acc = None if r.get("accuracy") is None else 100 * r["accuracy"]
+            pss = r.get("peak_pss_mb")
+            lines.append(
+                f"| {r['method']} | `{r.get('commit', '')}` | {r['outcome']} "
+                f"| {_cell(pss, '.0f')} | {rounds} | {_cell(acc, '.2f')} |"
+            )
     Path(args.out).write_text("\n".join(lines) + "\n")
     Path(args.out).with_suffix(".json").write_text(
-        json.dumps({"runs": runs, "results": results}, indent=1) + "\n"
+        json.dumps({"runs": runs, "results": results, "replaced": replaced}, indent=1) + "\n"
     )
 
 
@@ -164,7 +183,8 @@ def main() -> None:
     parser.add_argument(
         "--add",
         action="store_true",
-        help="keep the rows already in --out (its .json beside it) and add these runs' rows",
+        help="keep the rows already in --out (its .json beside it) and add these runs' rows; "
+        "a method measured again replaces its row (the earlier one is listed below the table)",
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale_methods.md"))
     args = parser.parse_args()
@@ -173,17 +193,20 @@ def main() -> None:
         "commit": head_commit(),
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
     }
-    runs, results = [run], []
+    runs, results, replaced = [run], [], []
     kept = Path(args.out).with_suffix(".json")
     if args.add and kept.is_file():
         before = json.loads(kept.read_text())
         runs, results = [*before["runs"], run], before["results"]
+        replaced = before.get("replaced", [])
     with tempfile.TemporaryDirectory(prefix="pflarena-methods-") as tmp:
         for method in args.methods:
             print(f"== {method} (load average {os.getloadavg()[0]:.2f})", flush=True)
-            results.append(measure(method, args, Path(tmp)))
-            print(json.dumps(results[-1]), flush=True)
-            write(results, runs, args)
+            result = measure(method, args, Path(tmp)) | {"commit": run["commit"]}
+            print(json.dumps(result), flush=True)
+            replaced += [r for r in results if r["method"] == result["method"]]
+            results = [r for r in results if r["method"] != result["method"]] + [result]
+            write(results, runs, args, replaced)
             for leftover in Path(tmp).iterdir():  # the next run's disk, not this one's
                 shutil.rmtree(leftover, ignore_errors=True)
 

@@ -213,7 +213,7 @@ def _reply_bytes(replies) -> int:
     )
 
 
-@pytest.mark.parametrize("method", ["fedavg", "feddyn", "scaffold", "fedmgda", "cfl"])
+@pytest.mark.parametrize("method", ["fedavg", "feddyn", "scaffold", "fedmgda", "cfl", "pfedgt"])
 def test_what_an_aggregation_holds_is_within_its_terms(method, tmp_path, monkeypatch):
     """The replies' bytes plus the memory traced while the server aggregates them (a
     multi-exchange round: from the end of its exchange) stay within the method's terms, and
@@ -222,9 +222,10 @@ def test_what_an_aggregation_holds_is_within_its_terms(method, tmp_path, monkeyp
     monkeypatch.setattr(mgda, "GRAM_CHUNK_VALUES", 1 << 14)
     import scipy.cluster.hierarchy  # noqa: F401  (CFL's split imports it: not a round's cost)
 
-    extra = (
-        {"cfl.warmup-rounds": 0, "cfl.eps-1": 10.0, "cfl.eps-2": 1e-9} if method == "cfl" else {}
-    )
+    extra = {  # CFL splits in round 1; pFedGT's round without its c⁰ exchange
+        "cfl": {"cfl.warmup-rounds": 0, "cfl.eps-1": 10.0, "cfl.eps-2": 1e-9},
+        "pfedgt": {"pfedgt.c-init": "zeros"},
+    }.get(method, {})
     cfg = config(
         strategy=method, num_clients=40, num_rounds=1, fraction_train=1.0, model="mlp", **extra
     )

@@ -127,19 +127,26 @@ def weighted_average(
     return as_record(weighted_mean(records, weights, like_fedavg=True))
 
 
-def sum_of(records: Sequence[Arrays], name: str, *, minus: np.ndarray | None = None) -> np.ndarray:
-    """``Σ_i (x_i − minus)`` of array ``name`` over ``records`` in float64 (``minus``: none
-    if not given): the SCAFFOLD and FedDyn server steps, which the caller keeps in their
-    dtype.
+def sum_of(
+    records: Sequence[Arrays],
+    name: str,
+    *,
+    minus: np.ndarray | None = None,
+    dtype: type | None = np.float64,
+) -> np.ndarray:
+    """``Σ_i (x_i − minus)`` of array ``name`` over ``records`` (``minus``: none if not
+    given), in ``dtype`` (``None``: the entries' own): the SCAFFOLD, FedDyn and pFedGT
+    server steps, which the caller keeps in their dtype.
 
-    A running sum in record order, one record's entry at a time: the same float64 values as
+    A running sum in record order, one record's entry at a time: the same values as
     ``np.sum`` of the stacked entries along axis 0 (which adds row after row), without the K
-    float64 copies of the entry that stacking them holds."""
+    copies of the entry that stacking them holds."""
     if not records:
         raise ValueError("no arrays to sum")
     total: np.ndarray | None = None
     for record in records:
-        value = _value(record, name).astype(np.float64)
+        value = _value(record, name)
+        value = value.astype(dtype or value.dtype)  # a copy of its own: summed into
         if minus is not None:
             value -= minus
         if total is None:

@@ -38,8 +38,9 @@ from flwr.serverapp import Grid
 from pflarena.core import keys
 from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.text import count
 from pflarena.methods.pfedgt.params import PAPER_LAMBDA, PFedGTParams
-from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
+from pflarena.strategies.aggregation import Arrays, as_numpy, as_record, sum_of, weighted_mean
 from pflarena.strategies.base import (
     Exchange,
     PflStrategy,
@@ -58,17 +59,18 @@ SERVER_SIDE = {"gammas", "lambda_", "lambda_rule", "server_lr", "c_init"}
 
 
 def tracked_update(
-    current: dict[str, np.ndarray], deltas: Sequence[dict[str, np.ndarray]], step: float
+    current: dict[str, np.ndarray], deltas: Sequence[Arrays], step: float
 ) -> dict[str, np.ndarray]:
     """``x + (step/|S|) Σ_{i∈S} Δ_i``: Eq. 5 (step λ, for c) and Eq. 6 (step η_s, for θ).
 
-    The mean is unweighted, as in the paper: client data sizes play no role.
+    The mean is unweighted, as in the paper: client data sizes play no role. The sum is
+    ``np.sum``'s, in the deltas' dtype, one delta's entry at a time (:func:`sum_of`).
     """
     if not deltas:
         return {name: value.copy() for name, value in current.items()}
     scale = step / len(deltas)
     return {
-        name: (value + scale * np.sum([d[name] for d in deltas], axis=0)).astype(value.dtype)
+        name: (value + scale * sum_of(deltas, name, dtype=None)).astype(value.dtype)
         for name, value in current.items()
     }
 
@@ -150,15 +152,20 @@ class PFedGT(PflStrategy):
 
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        """With ``c-init=round``, the c⁰ exchange of every client before round 1: its
-        replies (a message c_i⁰ as large as the model each) and their decoded arrays, held
-        at once for the mean."""
-        terms = super().server_footprint(params, federation)
+        """Each reply carries two models' worth (Δw and Δc); the server tracks c and its
+        mean beside θ. With ``c-init=round``, the c⁰ exchange of every client before round 1: its
+        replies (a message c_i⁰ as large as the model each), held at once for the mean."""
+        f = federation
+        terms = [
+            Footprint(f"the round's {count(f.sampled, 'reply', 'replies')} (Δw and Δc: two "
+                      "models each)", 2 * f.sampled * f.model_bytes),
+            Footprint("the tracked messages c and their mean (two models)", 2 * f.model_bytes),
+            *cls.working_footprint(federation),
+        ]  # fmt: skip
         if params.c_init == "round":
             n, f = federation.num_clients, federation
             terms += [
                 Footprint(f"the c⁰ exchange's replies, every client's ({n})", n * f.model_bytes),
-                Footprint(f"their arrays decoded for the mean ({n})", n * f.model_bytes),
             ]
         return terms
 
@@ -208,8 +215,8 @@ class PFedGT(PflStrategy):
         ]
         exchange: Exchange = send("init", messages)
         reference = as_record(zeros)
-        messages_c = [
-            as_numpy(msg.content.array_records[keys.PFEDGT_MESSAGE])
+        messages_c = [  # the replies' records, read an entry at a time
+            msg.content.array_records[keys.PFEDGT_MESSAGE]
             for msg in self.valid_replies(
                 exchange, lambda content: array_problem(content, reference, keys.PFEDGT_MESSAGE)
             )
@@ -219,7 +226,7 @@ class PFedGT(PflStrategy):
         # what the sum then counts for it.
         self.message = (
             {
-                name: np.sum([c[name] for c in messages_c], axis=0) / self.num_clients
+                name: sum_of(messages_c, name, dtype=None) / self.num_clients
                 for name in self.trainable
             }
             if messages_c
@@ -287,8 +294,9 @@ class PFedGT(PflStrategy):
             return None, None
         assert self.message is not None and self._round_arrays is not None
         theta = as_numpy(self._round_arrays)
-        delta_w = [as_numpy(m.content.array_records[keys.PFEDGT_DELTA_W]) for m in valid]
-        delta_c = [as_numpy(m.content.array_records[keys.PFEDGT_DELTA_C]) for m in valid]
+        # the replies' records, read an entry at a time: no decoded copy of the round's
+        delta_w = [m.content.array_records[keys.PFEDGT_DELTA_W] for m in valid]
+        delta_c = [m.content.array_records[keys.PFEDGT_DELTA_C] for m in valid]
         assert self.message_mean is not None  # set with c in initialise_message()
         params = self.params
         step = (
@@ -301,7 +309,7 @@ class PFedGT(PflStrategy):
         tracked = tracked_update({n: theta[n] for n in self.trainable}, delta_w, params.server_lr)
         # θ's buffers: the participants' own (checked in check_train_reply), for evaluating θ
         buffers = [
-            as_numpy(m.content.array_records[keys.PFEDGT_BUFFERS])
+            m.content.array_records[keys.PFEDGT_BUFFERS]
             for m in valid
             if keys.PFEDGT_BUFFERS in m.content.array_records
         ]
