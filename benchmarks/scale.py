@@ -256,6 +256,21 @@ def method_flags(method: str) -> list[str]:
     return flags
 
 
+def _partition(dataset: str) -> str:
+    """IID over the clients for a pooled data set; a natural one comes as its clients."""
+    from pflarena.core.datasets import dataset_spec
+
+    return "natural" if dataset_spec(dataset).kind == "natural" else "iid"
+
+
+def _evaluate_fraction(num_clients: int, args: argparse.Namespace) -> float:
+    """The run's fraction-evaluate: ``--fraction-evaluate``, or with ``--per-round`` and
+    none given, the same share as the training sample's."""
+    if args.fraction_evaluate is not None:
+        return args.fraction_evaluate
+    return _fraction(num_clients, args) if args.per_round else 1.0
+
+
 def _fraction(num_clients: int, args: argparse.Namespace) -> float:
     """The run's fraction-train: ``--per-round`` clients of ``num_clients``, else ``--fraction``."""
     return args.per_round / num_clients if args.per_round else args.fraction
@@ -266,11 +281,12 @@ def measure(num_clients: int, engine: str, args: argparse.Namespace, workdir: Pa
     fraction = _fraction(num_clients, args)
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--engine", engine,
-        "--strategy", args.strategy, "--dataset", "mnist", "--data-dir", args.data_dir,
-        "--model", "cnn", "--partition", "iid", "--num-clients", str(num_clients),
+        "--strategy", args.strategy, "--dataset", args.dataset, "--data-dir", args.data_dir,
+        "--model", args.model, "--partition", _partition(args.dataset),
+        "--num-clients", str(num_clients),
         "--fraction-train", str(fraction), "--num-rounds", str(args.rounds),
         "--eval-every", str(args.eval_every), "--local-epochs", "1", "--batch-size", "32",
-        "--lr", "0.05", "--fraction-evaluate", str(args.fraction_evaluate),
+        "--lr", "0.05", "--fraction-evaluate", str(_evaluate_fraction(num_clients, args)),
         "--initial-evaluation", args.initial_evaluation,
         "--final-evaluation", args.final_evaluation,
         "--output-dir", str(out), "--quiet",
@@ -290,7 +306,7 @@ def measure(num_clients: int, engine: str, args: argparse.Namespace, workdir: Pa
         "clients": num_clients,
         "engine": engine,
         "per_round": int(num_clients * fraction),
-        "fraction_evaluate": args.fraction_evaluate,
+        "fraction_evaluate": _evaluate_fraction(num_clients, args),
         "evaluated": sum(len(e["per_client"]) for e in evaluations),
         "peak_rss_mb": sampler.peak_rss / MB,
         "peak_pss_mb": sampler.peak_pss / MB,
@@ -367,10 +383,17 @@ def main() -> None:
     parser.add_argument(
         "--fraction-evaluate",
         type=float,
-        default=1.0,
-        help="the run's --fraction-evaluate: the share of the clients each evaluation after "
-        "round 0 tests (the last round's tests every client)",
+        default=None,
+        help="the run's --fraction-evaluate: the share of the clients a sampled evaluation "
+        "tests (default: the training sample's share with --per-round, else 1)",
     )
+    parser.add_argument(
+        "--dataset",
+        default="mnist",
+        help="the data set (mnist, IID over the clients; synthetic-on-demand: each client "
+        "drawn alone, for virtual federations of up to 100,000 clients)",
+    )
+    parser.add_argument("--model", default="cnn", help="the model (cnn; logreg for synthetic)")
     parser.add_argument(
         "--eval-every",
         type=int,
@@ -399,7 +422,12 @@ def main() -> None:
         "with other work, so times are "
         "noisy: the load average (1, 5, 15 min) at each run's start and end is in the table.",
         "",
-        f"{args.strategy}, FedAvg CNN, MNIST (70,000 images) IID over N clients, "
+        f"{args.strategy}, "
+        + (
+            "FedAvg CNN, MNIST (70,000 images) IID over N clients, "
+            if (args.dataset, args.model) == ("mnist", "cnn")
+            else f"{args.model} on {args.dataset} ({_partition(args.dataset)} partition), "
+        )
         + (f"{args.per_round} clients" if args.per_round else f"{args.fraction:.0%}")
         + f" per round, 1 local epoch, {args.rounds} rounds; "
         + ("every client" if args.initial_evaluation == "all" else "a sample")
@@ -411,7 +439,13 @@ def main() -> None:
             if args.eval_every < args.rounds
             else ""
         )
-        + f"; fraction-evaluate {args.fraction_evaluate:g}. Peak RSS / PSS / USS: the peak over "
+        + "; fraction-evaluate "
+        + (
+            f"{args.fraction_evaluate:g}"
+            if args.fraction_evaluate is not None
+            else "the training sample's share"
+        )
+        + ". Peak RSS / PSS / USS: the peak over "
         "samples (RSS every 0.5 s, PSS and USS every 2 s) of the sum over the run's whole "
         "process tree (RSS counts pages shared "
         "between processes once per process, PSS splits them among the processes, USS is "

@@ -323,3 +323,28 @@ def test_a_push_serialises_each_shared_record_once_into_the_messages_own_wire_fo
     # an empty content stays a content: the message is a reply-less query, not an error
     empty = grid.create_message(RecordDict(), "query", grid.node_ids[0], group_id="1")
     assert ProtoMessage.FromString(cache.wire(empty)) == message_to_proto(empty)
+
+
+def test_a_nodes_context_is_made_by_its_first_message_and_then_kept() -> None:
+    """A grid of 100,000 nodes makes no context up front; a message makes its node's, which
+    keeps its state; the client ids are known from the node configs without making any; and
+    iterating the contexts still gives every node, as a whole dict would."""
+    grid = InProcessGrid(app, {"k": 1}, 100_000)
+    assert grid.contexts.made == 0
+    ids = grid.known_client_ids()
+    assert ids is not None and len(ids) == 100_000 and grid.contexts.made == 0
+    node = grid.node_ids[12_345]
+    assert ids[node] == 12_345
+    for expected in (1, 2):
+        (reply,) = grid.send_and_receive([_query(grid, node)])
+        assert reply.content["a"]["n"] == expected  # the state persisted between messages
+    assert grid.contexts.made == 1
+    context = grid.contexts[node]
+    assert context.node_config == {"partition-id": 12_345, "num-partitions": 100_000}
+    assert context.run_config == {"k": 1}
+    assert len(grid.contexts) == 100_000 and node in grid.contexts
+    with pytest.raises(KeyError):
+        grid.contexts[7]
+    small = InProcessGrid(app, {}, 3, node_configs=[{"data-path": f"/d/{i}"} for i in range(3)])
+    assert [c.node_config["data-path"] for c in small.contexts.values()] == ["/d/0", "/d/1", "/d/2"]
+    assert small.known_client_ids() is None

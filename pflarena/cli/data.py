@@ -45,7 +45,8 @@ def fetch_parser(prog: str = "pflarena data fetch") -> argparse.ArgumentParser:
         "each, checked against its published checksum, then unpacked. A download cut short "
         "is continued by the same command; a fetch that fails removes what it made. "
         "femnist, shakespeare: built by LEAF's scripts (it prints the steps). A data set "
-        "already in DIR is not fetched again; digits, synthetic and synthetic-mixture ship "
+        "already in DIR is not fetched again; digits, synthetic, synthetic-on-demand and "
+        "synthetic-mixture ship "
         "with pflarena.",
         epilog="Without network, --from installs the same from a copy made elsewhere: "
         "torchvision's download files (e.g. MNIST's four *-ubyte.gz, CIFAR-10's "

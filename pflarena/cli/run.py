@@ -217,9 +217,11 @@ def _command(args: argparse.Namespace, phases_file: str | None) -> int:
         elif not cfg.shards_dir:
             # Each client's samples and labels, as `pflarena shards --stats` prints them; on
             # stderr, so that stdout stays the resolved config.
-            from pflarena.core.partition_stats import print_partition_summary
+            from pflarena.core.partition_stats import LISTED_CLIENTS, print_partition_summary
 
-            print_partition_summary(cfg.federation_spec(), file=sys.stderr)
+            print_partition_summary(
+                cfg.federation_spec(), file=sys.stderr, max_clients=LISTED_CLIENTS
+            )
         print("".join(f"{k} = {toml_value(v)}\n" for k, v in cfg.to_run_config().items()), end="")
         return 0
     args.run_dir = str(Path(cfg.output_dir).resolve())  # named if the run is interrupted

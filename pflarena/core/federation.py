@@ -39,11 +39,14 @@ from pflarena.core.datasets import (
     DatasetError,
     DatasetInfo,
     check_dataset_name,
+    dataset_info,
     dataset_names,
     dataset_spec,
     generate_synthetic_mixture,
     load_natural,
+    load_natural_client,
     load_pooled,
+    natural_client_counts,
 )
 from pflarena.core.partition import (
     cap_indices,
@@ -345,30 +348,58 @@ class _Rows:
     server: np.ndarray
 
 
+def _natural_arguments(spec: FederationSpec) -> dict[str, Any]:
+    """:func:`~pflarena.core.datasets.load_natural`'s keyword arguments for ``spec``."""
+    return {
+        "num_clients": spec.num_clients,
+        "seed": spec.seed,
+        "data_dir": spec.data_dir,
+        "synthetic_alpha": spec.synthetic_alpha,
+        "synthetic_beta": spec.synthetic_beta,
+        "synthetic_model": spec.synthetic_model,
+        "synthetic_samples": spec.synthetic_samples,
+        "mixture_label_mode": spec.mixture_label_mode,
+        "min_client_samples": spec.min_client_samples,
+    }
+
+
+def _natural_kept(
+    spec: FederationSpec, client_id: int, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Of a natural client's samples (labels ``y``): the positions it keeps (after the
+    server's share and ``max_client_samples``' cap) and the server's."""
+    kept, held = server_indices(y, spec.server_fraction, spec.seed, client_id)
+    kept = kept[cap_indices(len(kept), spec.max_client_samples, spec.seed, client_id)]
+    return kept, held
+
+
+def _client_parts(
+    spec: FederationSpec, client_id: int, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A client's ``rows`` (its share) split into train, validation and test rows."""
+    return _split(rows, spec.test_fraction, spec.validation_fraction, spec.seed, client_id)
+
+
+def _split(
+    rows: np.ndarray, test_fraction: float, validation_fraction: float, seed: int, client_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    train_split, test_split = train_test_indices(len(rows), test_fraction, seed, client_id)
+    kept, held = validation_indices(len(train_split), validation_fraction, seed, client_id)
+    return rows[train_split[kept]], rows[train_split[held]], rows[test_split]
+
+
 def _shares(
     spec: FederationSpec,
 ) -> tuple[DatasetInfo, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]:
     """The pool, each client's rows of it before the train/test split, the server's rows."""
     if dataset_spec(spec.dataset).kind == "natural":
-        natural = load_natural(
-            spec.dataset,
-            spec.num_clients,
-            seed=spec.seed,
-            data_dir=spec.data_dir,
-            synthetic_alpha=spec.synthetic_alpha,
-            synthetic_beta=spec.synthetic_beta,
-            synthetic_model=spec.synthetic_model,
-            synthetic_samples=spec.synthetic_samples,
-            mixture_label_mode=spec.mixture_label_mode,
-            min_client_samples=spec.min_client_samples,
-        )
+        natural = load_natural(spec.dataset, **_natural_arguments(spec))
         x = np.concatenate([client_x for client_x, _ in natural.clients])
         y = np.concatenate([client_y for _, client_y in natural.clients])
         shares, server = [], []
         start = 0
         for client_id, (_, client_y) in enumerate(natural.clients):
-            kept, held = server_indices(client_y, spec.server_fraction, spec.seed, client_id)
-            kept = kept[cap_indices(len(kept), spec.max_client_samples, spec.seed, client_id)]
+            kept, held = _natural_kept(spec, client_id, client_y)
             shares.append(start + kept)
             server.append(start + held)
             start += len(client_y)
@@ -398,21 +429,24 @@ def _federation_rows(spec: FederationSpec) -> _Rows:
     info, x, y, shares, server = _shares(spec)
     train, val, test = [], [], []
     for client_id, rows in enumerate(shares):
-        train_split, test_split = train_test_indices(
-            len(rows), spec.test_fraction, spec.seed, client_id
-        )
-        kept, held = validation_indices(
-            len(train_split), spec.validation_fraction, spec.seed, client_id
-        )
-        train.append(rows[train_split[kept]])
-        val.append(rows[train_split[held]])
-        test.append(rows[test_split])
+        client_train, client_val, client_test = _client_parts(spec, client_id, rows)
+        train.append(client_train)
+        val.append(client_val)
+        test.append(client_test)
     mark("federation built (partition and splits)")
     return _Rows(info=info, x=x, y=y, train=train, val=val, test=test, server=server)
 
 
 def _labels(y: np.ndarray) -> np.ndarray:
     return np.asarray(y, dtype=np.int64)
+
+
+def _label_permuter(spec: FederationSpec, info: DatasetInfo):  # noqa: ANN202
+    """``(client_id, labels) -> labels`` after ``label_permutation_groups``' permutation."""
+    if not spec.label_permutation_groups:
+        return lambda client_id, y: y
+    permutations = label_permutations(info.num_classes, spec.label_permutation_groups, spec.seed)
+    return lambda client_id, y: permute_labels(y, client_id, spec.num_clients, permutations)
 
 
 @functools.lru_cache(maxsize=4)
@@ -441,17 +475,10 @@ def build_federation(spec: FederationSpec) -> Federation:
         Missing files, impossible partitions, clients too small to split.
     """
     rows = _federation_rows(spec)
-    permutations = (
-        label_permutations(rows.info.num_classes, spec.label_permutation_groups, spec.seed)
-        if spec.label_permutation_groups
-        else None
-    )
+    permuted = _label_permuter(spec, rows.info)
 
     def labels(client_id: int, part: np.ndarray) -> np.ndarray:
-        y = _labels(rows.y[part])
-        if permutations is None:
-            return y
-        return permute_labels(y, client_id, spec.num_clients, permutations)
+        return permuted(client_id, _labels(rows.y[part]))
 
     clients = [
         ClientData(
@@ -505,11 +532,33 @@ def client_sizes(spec: FederationSpec) -> tuple[list[int], list[int], list[int]]
     """Every client's numbers of train, validation and test samples for a spec (what
     :func:`build_federation` gives them), without keeping the data.
 
+    A data set whose clients are built one at a time (a ``client_loader``) is counted one
+    client at a time, and without drawing a sample where it tells its clients' sizes and
+    the server takes no share (whose draw, stratified by label, needs the labels).
+
     Raises
     ------
     DatasetError
         As :func:`build_federation`.
     """
+    arguments = _natural_arguments(spec)
+    if dataset_spec(spec.dataset).client_loader is not None:
+        counts = natural_client_counts(spec.dataset, arguments)
+        if counts is None or spec.server_fraction > 0:
+            counts = None
+        sizes: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for client_id in range(spec.num_clients):
+            if counts is not None:
+                kept = _cap_count(int(counts[client_id]), spec.max_client_samples)
+            else:
+                drawn = load_natural_client(spec.dataset, client_id, arguments)
+                assert drawn is not None
+                kept = len(_natural_kept(spec, client_id, drawn[1])[0])
+            for total, part in zip(
+                sizes, _part_sizes(kept, spec.test_fraction, spec.validation_fraction), strict=True
+            ):
+                total.append(part)
+        return sizes
     rows = _federation_rows(spec)
     return (
         [len(part) for part in rows.train],
@@ -518,8 +567,23 @@ def client_sizes(spec: FederationSpec) -> tuple[list[int], list[int], list[int]]
     )
 
 
+def _cap_count(count: int, max_samples: int) -> int:
+    """How many of ``count`` samples :func:`~pflarena.core.partition.cap_indices` keeps."""
+    return min(count, max_samples) if max_samples else count
+
+
+@functools.lru_cache(maxsize=4096)
+def _part_sizes(count: int, test_fraction: float, validation_fraction: float) -> tuple[int, ...]:
+    """The train, validation and test sizes :func:`_client_parts` gives a share of
+    ``count`` samples (they depend on the count alone, not on the seeds)."""
+    parts = _split(np.arange(count), test_fraction, validation_fraction, 0, 0)
+    return tuple(len(part) for part in parts)
+
+
 def load_client(spec: FederationSpec, client_id: int) -> tuple[ClientData, DatasetInfo]:
-    """One client's data from the (memoised) federation of a spec.
+    """One client's data: built alone where the data set builds its clients one at a time
+    (a ``client_loader``: the same arrays as its federation's), otherwise from the
+    (memoised) federation of a spec.
 
     Parameters
     ----------
@@ -535,6 +599,23 @@ def load_client(spec: FederationSpec, client_id: int) -> tuple[ClientData, Datas
     info : DatasetInfo
         Description of the data set.
     """
+    drawn = load_natural_client(spec.dataset, client_id, _natural_arguments(spec))
+    if drawn is not None:
+        x, y = drawn
+        kept, _held = _natural_kept(spec, client_id, y)
+        train, val, test = _client_parts(spec, client_id, kept)
+        info = dataset_info(spec.dataset)
+        permuted = _label_permuter(spec, info)
+        client = ClientData(
+            client_id=client_id,
+            x_train=x[train],
+            y_train=permuted(client_id, y[train]),
+            x_test=x[test],
+            y_test=permuted(client_id, y[test]),
+            x_val=x[val],
+            y_val=permuted(client_id, y[val]),
+        )
+        return client, info
     federation = build_federation(spec)
     if not 0 <= client_id < len(federation.clients):
         raise DatasetError(

@@ -19,6 +19,7 @@ import numpy as np
 from pflarena.core.drawing import pyplot
 
 __all__ = [
+    "LISTED_CLIENTS",
     "ClientSummary",
     "PartitionSummary",
     "format_partition_summary",
@@ -129,10 +130,19 @@ def partition_summary(federation: Any, title: str = "") -> PartitionSummary:
     return PartitionSummary(federation.info.name, num_classes, tuple(clients), title)
 
 
-def format_partition_summary(summary: PartitionSummary, max_labels: int = 12) -> str:
+#: The most clients a run's ``--check`` lists (the first ones; the spread of the sizes
+#: still covers every client): ``pflarena shards --stats`` lists every one.
+LISTED_CLIENTS = 40
+
+
+def format_partition_summary(
+    summary: PartitionSummary, max_labels: int = 12, all_sizes: np.ndarray | None = None
+) -> str:
     """PFLlib's printout, one line per client: its samples (train/val/test), the classes
     it has and its ``label:count`` pairs, largest first (``max_labels`` of them, then how
-    many more), and a closing line with the spread of the clients' sizes."""
+    many more), and a closing line with the spread of the clients' sizes. ``all_sizes``:
+    every client's samples where ``summary`` holds the first clients only (the line then
+    says how many more there are)."""
     lines = [
         f"partition of {summary.dataset}"
         + (f" ({summary.title})" if summary.title else "")
@@ -153,10 +163,18 @@ def format_partition_summary(summary: PartitionSummary, max_labels: int = 12) ->
             f"{client.classes:>3} classes | {shown}"
         )
     sizes = np.array([c.total for c in summary.clients])
+    listed = ""
+    if all_sizes is not None and len(all_sizes) > len(summary.clients):
+        lines.append(
+            f"... and {len(all_sizes) - len(summary.clients)} more clients (`pflarena shards "
+            "--stats` lists every one)"
+        )
+        sizes = np.asarray(all_sizes)
+        listed = f" (of the {len(summary.clients)} listed)"
     if sizes.size:
         lines.append(
             f"samples per client: min {sizes.min()}, median {int(np.median(sizes))}, "
-            f"max {sizes.max()}; classes per client: min "
+            f"max {sizes.max()}; classes per client{listed}: min "
             f"{min(c.classes for c in summary.clients)}, max "
             f"{max(c.classes for c in summary.clients)}"
         )
@@ -239,19 +257,34 @@ def plot_partition(summary: PartitionSummary, path: str | Path) -> Path:
 
 
 def print_partition_summary(
-    spec: Any, file: Any = None, plot: str | Path | None = None
+    spec: Any,
+    file: Any = None,
+    plot: str | Path | None = None,
+    max_clients: int | None = None,
 ) -> PartitionSummary:
     """Build the federation a run config describes (``cfg.federation_spec()``), print its
     :func:`format_partition_summary` to ``file`` (default stdout) and, with ``plot``, draw it
-    there; return the summary. Builds the data: the data set's files must be there."""
+    there; return the summary. Builds the data: the data set's files must be there.
+
+    With ``max_clients``, a larger federation lists its first ``max_clients`` clients, each
+    built alone where its data set allows (:func:`~pflarena.core.federation.load_client`),
+    and the spread of every client's size (:func:`~pflarena.core.federation.client_sizes`):
+    a run of 100,000 virtual clients is checked without drawing them all."""
     import sys
+    from types import SimpleNamespace
 
-    from pflarena.core.federation import build_federation
+    from pflarena.core.federation import build_federation, client_sizes, load_client
 
-    summary = partition_summary(
-        build_federation(spec), partition_text(spec.model_dump(by_alias=True))
-    )
-    print(format_partition_summary(summary), file=file or sys.stdout)
+    title = partition_text(spec.model_dump(by_alias=True))
+    all_sizes = None
+    if max_clients is not None and spec.num_clients > max_clients:
+        listed = [load_client(spec, client_id) for client_id in range(max_clients)]
+        federation = SimpleNamespace(info=listed[0][1], clients=[c for c, _ in listed])
+        all_sizes = np.sum(client_sizes(spec), axis=0)
+    else:
+        federation = build_federation(spec)
+    summary = partition_summary(federation, title)
+    print(format_partition_summary(summary, all_sizes=all_sizes), file=file or sys.stdout)
     if plot is not None:
         plot_partition(summary, plot)
     return summary

@@ -3,8 +3,9 @@
 ``pflarena run`` (``--engine inprocess``) runs a run with the same components as a Flower
 simulation (the ServerApp and ClientApp that ``pyproject.toml`` names, the run config fused
 by Flower from ``[tool.flwr.app.config]`` and the overrides, one ``Context`` per node with
-``partition-id`` and ``num-partitions`` in its node config and its own ``state``), but the
-Grid hands each message to the ClientApp itself instead of a SuperLink.
+``partition-id`` and ``num-partitions`` in its node config and its own ``state``, made when
+the node gets its first message: :class:`NodeContexts`), but the Grid hands each message to
+the ClientApp itself instead of a SuperLink.
 
 **Workers.** With ``workers`` above 1 the clients of a round run side by side in that many
 worker processes. On the CPU they are forked once the clients' calls have kept the run's
@@ -51,7 +52,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from logging import WARNING
@@ -218,6 +219,68 @@ def _proto_message(*, metadata: Any = None, content: RecordDict | None = None) -
     )
 
 
+class NodeContexts(MutableMapping[int, Context]):
+    """Node id -> the node's ``Context``, each made on its first use: a federation of
+    100,000 simulated nodes holds the contexts of the nodes it sent a message to (about
+    2 KB each: a copy of the run config, the node config, an empty state), not one per node
+    from the start. Iterating gives every node, as a dict made whole would (its contexts
+    made then)."""
+
+    def __init__(
+        self,
+        node_ids: list[int],
+        node_config: Callable[[int], dict],
+        *,
+        run_id: int,
+        run_config: dict,
+    ) -> None:
+        self._index = {node_id: i for i, node_id in enumerate(node_ids)}
+        self._node_config = node_config
+        self._run_id = run_id
+        self._run_config = dict(run_config)
+        self._made: dict[int, Context] = {}
+
+    def node_config(self, node_id: int) -> dict:
+        """The node's config, without making its context."""
+        if node_id in self._made:
+            return self._made[node_id].node_config
+        return self._node_config(self._index[node_id])
+
+    def __getitem__(self, node_id: int) -> Context:
+        context = self._made.get(node_id)
+        if context is None:
+            if node_id not in self._index:
+                raise KeyError(node_id)
+            context = Context(
+                run_id=self._run_id,
+                node_id=node_id,
+                node_config=self._node_config(self._index[node_id]),
+                state=RecordDict(),
+                run_config=dict(self._run_config),
+            )
+            self._made[node_id] = context
+        return context
+
+    def __setitem__(self, node_id: int, context: Context) -> None:
+        if node_id not in self._index:
+            raise KeyError(f"no node {node_id} in this grid")
+        self._made[node_id] = context
+
+    def __delitem__(self, node_id: int) -> None:
+        raise TypeError("a grid's nodes stay: a node that leaves is marked offline")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def made(self) -> int:
+        """How many contexts have been made."""
+        return len(self._made)
+
+
 class InProcessGrid(Grid):
     """A Flower Grid whose nodes are ClientApp calls in this process.
 
@@ -277,19 +340,18 @@ class InProcessGrid(Grid):
             self._threads = torch.get_num_threads()
             torch.set_num_threads(1)
         self.node_ids = [node_id_base * (i + 7) % 2**61 for i in range(num_nodes)]
-        configs = node_configs or [
-            {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
-        ]
-        self.contexts = {
-            node_id: Context(
-                run_id=run_id,
-                node_id=node_id,
-                node_config=dict(cfg),
-                state=RecordDict(),
-                run_config=dict(run_config),
-            )
-            for node_id, cfg in zip(self.node_ids, configs, strict=True)
-        }
+        if node_configs is not None and len(node_configs) != num_nodes:
+            raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
+        self.contexts = NodeContexts(
+            self.node_ids,
+            lambda i: (
+                dict(node_configs[i])
+                if node_configs is not None
+                else {"partition-id": i, "num-partitions": num_nodes}
+            ),
+            run_id=run_id,
+            run_config=run_config,
+        )
         self.offline: set[int] = set()
         self.keep_sent = keep_sent
         self.wire = wire
@@ -330,8 +392,8 @@ class InProcessGrid(Grid):
         shard directory's file of that id). None where a node reads a file of its own
         (``data-path``): only the file says which client it holds."""
         ids = {}
-        for node_id, context in self.contexts.items():
-            config = context.node_config
+        for node_id in self.node_ids:
+            config = self.contexts.node_config(node_id)
             if "data-path" in config or "partition-id" not in config:
                 return None
             ids[node_id] = int(config["partition-id"])

@@ -7,7 +7,9 @@ Two kinds of data set come out of this package:
   ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``, ``emnist`` and
   ``tiny-imagenet``.
 * **Natively federated** data sets (:class:`NaturalDataset`): one array pair per client,
-  only the ``"natural"`` partition applies. ``synthetic`` (FedProx Synthetic(α, β)),
+  only the ``"natural"`` partition applies. ``synthetic`` (FedProx Synthetic(α, β)) and
+  ``synthetic-on-demand`` (the same model, each client drawn alone from its own stream,
+  for virtual federations of up to 100,000 clients),
   ``synthetic-mixture`` (the FedEM / PPFL generator of Marfoq et al. 2021), ``har``
   (UCI HAR, one client per subject), and LEAF's ``shakespeare`` (one client per speaking
   role) and ``femnist`` (one client per writer).
@@ -60,7 +62,9 @@ from pflarena.core.datasets.registry import (
     dataset_names,
     dataset_spec,
     load_natural,
+    load_natural_client,
     load_pooled,
+    natural_client_counts,
     register_dataset,
 )
 from pflarena.core.datasets.shakespeare import (
@@ -77,6 +81,8 @@ from pflarena.core.datasets.synthetic import (
     SYNTHETIC_NUM_CLASSES,
     SYNTHETIC_SIZE_SIGMA,
     generate_synthetic,
+    synthetic_on_demand_client,
+    synthetic_on_demand_counts,
     synthetic_sizes,
 )
 from pflarena.core.datasets.synthetic_mixture import (
@@ -155,14 +161,18 @@ __all__ = [
     "load_har",
     "load_leaf_users",
     "load_natural",
+    "load_natural_client",
     "load_pooled",
     "load_shakespeare",
     "load_tiny_imagenet",
     "mixture_labels",
     "mixture_sample_counts",
+    "natural_client_counts",
     "read_cifar10_jpeg_tar",
     "read_mnist_npz",
     "register_dataset",
+    "synthetic_on_demand_client",
+    "synthetic_on_demand_counts",
     "synthetic_sizes",
     "to_tensors",
 ]

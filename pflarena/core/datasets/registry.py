@@ -38,7 +38,9 @@ __all__ = [
     "dataset_names",
     "dataset_spec",
     "load_natural",
+    "load_natural_client",
     "load_pooled",
+    "natural_client_counts",
     "register_dataset",
 ]
 
@@ -100,6 +102,14 @@ class DatasetSpec:
         Where to get the files (for messages and ``pflarena data``).
     layout : str
         The layout the loader expects under ``data_dir``, in one line.
+    client_loader : callable, optional
+        A natural data set whose clients can be built one at a time:
+        ``client_loader(client_id=..., **reads)`` returns that client's ``(x, y)``, the
+        same arrays as ``loader``'s share of that client. A client then builds its own share
+        alone (:func:`pflarena.core.federation.load_client`), whatever the federation's size.
+    client_counts : callable, optional
+        With ``client_loader``: ``client_counts(**reads)`` returns every client's number of
+        samples without drawing them (the server's counts of a large federation).
     """
 
     name: str
@@ -113,6 +123,8 @@ class DatasetSpec:
     check: Callable[[Path], None] | None = None
     source: str = ""
     layout: str = ""
+    client_loader: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
+    client_counts: Callable[..., np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DATASET_KINDS:
@@ -125,10 +137,21 @@ class DatasetSpec:
             raise ValueError(
                 f"dataset {self.name!r} reads {unknown}; {self.kind} loaders may read {allowed}"
             )
-        parameters = inspect.signature(self.loader).parameters
-        missing = [name for name in self.reads if name not in parameters]
-        if missing:
-            raise ValueError(f"dataset {self.name!r}: the loader takes no {missing}")
+        for what, function in (
+            ("loader", self.loader),
+            ("client_loader", self.client_loader),
+            ("client_counts", self.client_counts),
+        ):
+            if function is None:
+                continue
+            parameters = inspect.signature(function).parameters
+            missing = [name for name in self.reads if name not in parameters]
+            if missing:
+                raise ValueError(f"dataset {self.name!r}: the {what} takes no {missing}")
+        if self.client_loader is not None and self.kind != "natural":
+            raise ValueError(f"dataset {self.name!r}: only a natural data set has a client_loader")
+        if self.client_counts is not None and self.client_loader is None:
+            raise ValueError(f"dataset {self.name!r}: client_counts needs a client_loader")
         if not self.default_partition:
             object.__setattr__(self, "default_partition", _DEFAULT_PARTITIONS[self.kind])
         if not self.embedded and self.check is None:
@@ -271,6 +294,31 @@ def check_files(name: str, data_dir: str | Path) -> None:
 
 def _call_loader(spec: DatasetSpec, arguments: dict[str, Any]) -> Any:
     return spec.loader(**{name: arguments[name] for name in spec.reads})
+
+
+def load_natural_client(
+    name: str, client_id: int, arguments: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Client ``client_id``'s share of a natural data set built alone, or ``None`` where
+    the data set builds its clients only together (no ``client_loader``). ``arguments``:
+    :func:`load_natural`'s keyword arguments (the declaration's ``reads`` are taken)."""
+    spec = dataset_spec(name)
+    if spec.client_loader is None:
+        return None
+    num_clients = int(arguments["num_clients"])
+    if not 0 <= client_id < num_clients:
+        raise DatasetError(f"client_id {client_id} out of range for {num_clients} clients")
+    x, y = spec.client_loader(client_id=client_id, **{key: arguments[key] for key in spec.reads})
+    return x, np.asarray(y, dtype=np.int64)
+
+
+def natural_client_counts(name: str, arguments: dict[str, Any]) -> np.ndarray | None:
+    """Every client's number of samples of a natural data set, without building them, or
+    ``None`` where the data set cannot tell (no ``client_counts``)."""
+    spec = dataset_spec(name)
+    if spec.client_counts is None:
+        return None
+    return np.asarray(spec.client_counts(**{key: arguments[key] for key in spec.reads}))
 
 
 def load_pooled(name: str, data_dir: str | Path = "") -> PooledDataset:

@@ -1,4 +1,5 @@
-"""``synthetic``: FedProx Synthetic(α, β) with PAGE's sizes, one generated share per client.
+"""``synthetic`` and ``synthetic-on-demand``: FedProx Synthetic(α, β) with PAGE's sizes, one
+generated share per client.
 
 Two readings of the generator, ``synthetic-model``:
 
@@ -11,6 +12,12 @@ Two readings of the generator, ``synthetic-model``:
     β): FedDyn's ``iid_sol`` option, the reading PAGE's Synthetic takes (its model and,
     by its own account, a low degree of heterogeneity). A centralised logistic regression
     reaches about 97 % there, the level of PAGE's best global baselines (Table 1).
+
+``synthetic-on-demand`` is the same model with each client drawn from a random stream of its
+own (:func:`synthetic_on_demand_client`): a client's share is built alone and the same in any
+federation, and every client's size is its stream's first draw
+(:func:`synthetic_on_demand_counts`), so a virtual federation of 100,000 clients costs its
+sampled clients only. Its draws are not ``synthetic``'s.
 
 ``synthetic-samples`` fixes every client's sample count (0: lognormal with mean 300).
 PAGE's counts, 210 train and 90 test samples per client and 7,500 on the server, are
@@ -32,8 +39,11 @@ __all__ = [
     "SYNTHETIC_MIN_SIZE",
     "SYNTHETIC_MODELS",
     "SYNTHETIC_NUM_CLASSES",
+    "SYNTHETIC_ON_DEMAND_INFO",
     "SYNTHETIC_SIZE_SIGMA",
     "generate_synthetic",
+    "synthetic_on_demand_client",
+    "synthetic_on_demand_counts",
     "synthetic_sizes",
 ]
 
@@ -173,6 +183,158 @@ register_dataset(
         info=SYNTHETIC_INFO,
         kind="natural",
         loader=_load,
+        reads=(
+            "num_clients",
+            "seed",
+            "synthetic_alpha",
+            "synthetic_beta",
+            "synthetic_model",
+            "synthetic_samples",
+        ),
+        embedded=True,
+        default_model="logreg",
+    )
+)
+
+
+# ------------------------------------------------------------------ synthetic-on-demand
+#: ``synthetic-on-demand``'s description: Synthetic(α, β)'s shapes.
+SYNTHETIC_ON_DEMAND_INFO = DatasetInfo(
+    "synthetic-on-demand", SYNTHETIC_NUM_CLASSES, (SYNTHETIC_DIMENSION,)
+)
+
+
+def _client_stream(seed: int, client_id: int) -> np.random.Generator:
+    """Client ``client_id``'s own random stream: child ``client_id`` of the seed's
+    ``SeedSequence`` (what ``SeedSequence(seed).spawn`` gives it), independent of every
+    other client's and of the number of clients."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(client_id,)))
+
+
+def _on_demand_size(rng: np.random.Generator, samples: int) -> int:
+    """The stream's first draw: the client's lognormal size (mean 300, σ = 0.5, at least
+    20), drawn even where ``samples`` fixes it, so that the rest of the stream is the same."""
+    mu = np.log(SYNTHETIC_MEAN_SIZE) - SYNTHETIC_SIZE_SIGMA**2 / 2.0
+    size = max(int(rng.lognormal(mu, SYNTHETIC_SIZE_SIGMA)), SYNTHETIC_MIN_SIZE)
+    return samples or size
+
+
+def synthetic_on_demand_client(
+    client_id: int,
+    num_clients: int,
+    alpha: float = 0.5,
+    beta: float = 0.5,
+    seed: int = 0,
+    model: str = "per-client",
+    samples: int = 0,
+    dimension: int = SYNTHETIC_DIMENSION,
+    num_classes: int = SYNTHETIC_NUM_CLASSES,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One client's share of ``synthetic-on-demand``, drawn alone.
+
+    The model of :func:`generate_synthetic` (FedProx's Synthetic(α, β), or its shared-model
+    reading), each client drawn from its own stream (:func:`_client_stream`): its size,
+    ``u_k``, ``B_k``, ``v_k``, ``W_k, b_k`` and its samples, in that order. A client's
+    data is then the same in a federation of 10 or of 100,000 clients, and building it
+    costs that client alone: the data of a virtual federation too large to draw whole.
+    ``model="shared"`` draws the one ``W, b`` from the seed's root stream.
+    ``num_clients`` only bounds ``client_id``.
+    """
+    if model not in SYNTHETIC_MODELS:
+        raise ValueError(f"synthetic-model must be one of {SYNTHETIC_MODELS}, got {model!r}")
+    if samples < 0:
+        raise ValueError(f"synthetic-samples must be >= 0 (0: lognormal sizes), got {samples}")
+    if not 0 <= client_id < num_clients:
+        raise ValueError(f"client_id {client_id} out of range for {num_clients} clients")
+    rng = _client_stream(seed, client_id)
+    size = _on_demand_size(rng, samples)
+    model_mean = rng.normal(0.0, alpha)
+    feature_mean = rng.normal(0.0, beta)
+    center = rng.normal(feature_mean, 1.0, dimension)
+    if model == "shared":
+        root = np.random.default_rng(np.random.SeedSequence(seed))
+        weights = root.normal(0.0, 1.0, (dimension, num_classes))
+        bias = root.normal(0.0, 1.0, num_classes)
+    else:
+        weights = rng.normal(model_mean, 1.0, (dimension, num_classes))
+        bias = rng.normal(model_mean, 1.0, num_classes)
+    feature_scale = np.power(np.arange(1, dimension + 1, dtype=np.float64), -1.2 / 2.0)
+    x = center + rng.standard_normal((size, dimension)) * feature_scale
+    y = np.argmax(x @ weights + bias, axis=1).astype(np.int64)
+    return x.astype(np.float32), y
+
+
+def synthetic_on_demand_counts(num_clients: int, seed: int, samples: int = 0) -> np.ndarray:
+    """Every client's size in ``synthetic-on-demand``: each stream's first draw only."""
+    if samples:
+        return np.full(num_clients, samples, dtype=np.int64)
+    return np.array(
+        [_on_demand_size(_client_stream(seed, k), 0) for k in range(num_clients)], dtype=np.int64
+    )
+
+
+def _client_on_demand(
+    client_id: int,
+    num_clients: int,
+    seed: int,
+    synthetic_alpha: float,
+    synthetic_beta: float,
+    synthetic_model: str,
+    synthetic_samples: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    return synthetic_on_demand_client(
+        client_id,
+        num_clients,
+        synthetic_alpha,
+        synthetic_beta,
+        seed,
+        model=synthetic_model,
+        samples=synthetic_samples,
+    )
+
+
+def _load_on_demand(
+    num_clients: int,
+    seed: int,
+    synthetic_alpha: float,
+    synthetic_beta: float,
+    synthetic_model: str,
+    synthetic_samples: int,
+) -> NaturalDataset:
+    clients = [
+        _client_on_demand(
+            k,
+            num_clients,
+            seed,
+            synthetic_alpha,
+            synthetic_beta,
+            synthetic_model,
+            synthetic_samples,
+        )  # fmt: skip
+        for k in range(num_clients)
+    ]
+    return NaturalDataset(clients=clients, info=SYNTHETIC_ON_DEMAND_INFO)
+
+
+def _counts_on_demand(
+    num_clients: int,
+    seed: int,
+    synthetic_alpha: float,
+    synthetic_beta: float,
+    synthetic_model: str,
+    synthetic_samples: int,
+) -> np.ndarray:
+    return synthetic_on_demand_counts(num_clients, seed, synthetic_samples)
+
+
+register_dataset(
+    DatasetSpec(
+        name="synthetic-on-demand",
+        info=SYNTHETIC_ON_DEMAND_INFO,
+        kind="natural",
+        loader=_load_on_demand,
+        client_loader=_client_on_demand,
+        client_counts=_counts_on_demand,
         reads=(
             "num_clients",
             "seed",
