@@ -233,6 +233,29 @@ def test_a_config_check_can_print_the_partition_of_its_run(tmp_path, capsys):
     assert (tmp_path / "p.png").is_file()
 
 
+def test_a_large_federations_check_lists_its_first_clients_and_the_spread_of_all(capsys):
+    """The first ``max_clients`` clients, each as the whole federation has it, then how
+    many more and the spread of every client's size."""
+    from pflarena.core.federation import build_federation, client_sizes
+    from pflarena.core.partition_stats import print_partition_summary
+    from pflarena.server.build import parse_config
+
+    cfg = parse_config({"num-clients": 30, "partition": "iid"})
+    spec = cfg.federation_spec()
+    summary = print_partition_summary(spec, max_clients=10)
+    out = capsys.readouterr().out
+    assert [c.client_id for c in summary.clients] == list(range(10))
+    whole = build_federation(spec)
+    assert [c.num_train for c in summary.clients] == [len(c.y_train) for c in whole.clients[:10]]
+    assert "... and 20 more clients" in out
+    totals = np.sum(client_sizes(spec), axis=0)
+    assert f"min {totals.min()}, median {int(np.median(totals))}, max {totals.max()}" in out
+    assert "classes per client (of the 10 listed)" in out
+    assert out.count("\nclient ") + out.startswith("client ") == 10
+    print_partition_summary(spec, max_clients=30)
+    assert "more clients" not in capsys.readouterr().out
+
+
 def test_the_leaderboard_picture_is_titled_with_what_the_sweep_s_runs_share(tmp_path, figures):
     from types import SimpleNamespace
 
