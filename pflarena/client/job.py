@@ -223,7 +223,15 @@ class ClientJob:
         return self.new_model()
 
     def save_state_model(self, key: str, model: nn.Module) -> None:
-        self.state[key] = ArrayRecord(model.state_dict())
+        """Keep ``model`` in this client's state under ``key``: its float32 entries in the
+        run's ``state-precision`` (``load_state_dict`` casts them back to the model's)."""
+        state = model.state_dict()
+        if self.cfg.state_precision == "float16":
+            state = {
+                name: value.half() if value.dtype == torch.float32 else value
+                for name, value in state.items()
+            }
+        self.state[key] = ArrayRecord(state)
 
     def seed(self, purpose: str, server_round: int | None = None) -> int:
         """A 64-bit seed derived from (run seed, client, round, purpose); the message's

@@ -167,6 +167,12 @@ class RunConfig(FederationSpec):
     )
     output_dir: str = Field("", description="results directory; empty: runs/<time>-<strategy>")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where clients compute")
+    state_precision: Literal["float32", "float16"] = Field(
+        "float32",
+        description="the precision of the models a client keeps in its state (Ditto's, "
+        "pFedMe's, APFL's, Local's ...): float16 halves their disk and write time, and rounds "
+        "the stored weights to float16 each time they are saved (computation stays float32)",
+    )
     tracker: str = Field(
         "",
         description="experiment trackers the ServerApp logs to: mlflow, tensorboard, wandb, "
