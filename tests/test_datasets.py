@@ -116,7 +116,7 @@ def write_fake_har(data_dir: Path, per_subject: int = 4, num_subjects: int = 30)
 
 
 def test_registry_names() -> None:
-    assert EMBEDDED_DATASETS == ("digits", "synthetic", "synthetic-mixture")
+    assert EMBEDDED_DATASETS == ("digits", "synthetic", "synthetic-on-demand", "synthetic-mixture")
     assert set(EMBEDDED_DATASETS) < set(DATASETS)
     for name in ("mnist", "fashion-mnist", "cifar10", "cifar100", "emnist", "har"):
         assert name in DATASETS
@@ -127,6 +127,7 @@ def test_name_lists_are_derived_from_the_registry() -> None:
     assert DATASETS == (
         "digits",
         "synthetic",
+        "synthetic-on-demand",
         "synthetic-mixture",
         "mnist",
         "fashion-mnist",
@@ -139,7 +140,14 @@ def test_name_lists_are_derived_from_the_registry() -> None:
         "tiny-imagenet",
     )
     assert dataset_names() == DATASETS
-    assert NATURAL_DATASETS == ("synthetic", "synthetic-mixture", "har", "shakespeare", "femnist")
+    assert NATURAL_DATASETS == (
+        "synthetic",
+        "synthetic-on-demand",
+        "synthetic-mixture",
+        "har",
+        "shakespeare",
+        "femnist",
+    )
     assert ("digits", *TORCHVISION_DATASETS, "tiny-imagenet") == POOLED_DATASETS
     assert set(NATURAL_DATASETS) | set(POOLED_DATASETS) == set(DATASETS)
     for name in DATASETS:

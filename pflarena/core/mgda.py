@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pflarena.core.footprint import FLOAT32, Footprint
+
 __all__ = [
     "ZERO_GRAD_NORM",
     "common_descent_direction",
@@ -36,6 +38,7 @@ __all__ = [
     "fairness_weights",
     "gram_chunk_bytes",
     "gram_matrix",
+    "stacked_gram_footprint",
     "min_norm_weights",
     "min_norm_weights_from_gram",
     "weighted_rows",
@@ -114,6 +117,16 @@ def _chunk_for(rows: int) -> int:
 def gram_chunk_bytes(rows: int) -> int:
     """The most bytes a float64 chunk of :func:`gram_matrix` holds for ``rows`` gradients."""
     return rows * _chunk_for(rows) * 8
+
+
+def stacked_gram_footprint(what: str, rows: int, values: int) -> list[Footprint]:
+    """What a server holds to take a Gram matrix of ``rows`` vectors of ``values`` float32
+    numbers (``what``: the round's gradients, updates): the vectors stacked once, and one
+    float64 chunk of them (:func:`gram_matrix`)."""
+    return [
+        Footprint(f"{what} stacked ({rows} x {values} float32)", rows * values * FLOAT32),
+        Footprint("a float64 chunk of them for the Gram matrix", gram_chunk_bytes(rows)),
+    ]
 
 
 def weighted_rows(weights: np.ndarray, rows: np.ndarray) -> np.ndarray:

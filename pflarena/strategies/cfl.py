@@ -49,9 +49,9 @@ from pydantic import Field
 
 from pflarena.core import keys
 from pflarena.core.canonical import copy_name, parse_stacked
-from pflarena.core.footprint import FLOAT32, Federation, Footprint
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.mgda import gram_chunk_bytes, gram_matrix
+from pflarena.core.mgda import gram_matrix, stacked_gram_footprint
 from pflarena.strategies.aggregation import as_numpy, as_record, stack_flat, weighted_mean
 from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
 
@@ -188,10 +188,7 @@ class CFL(MultiExchangeStrategy):
         f = federation
         return [
             *super().server_footprint(params, federation),
-            Footprint(f"the round's updates stacked ({f.sampled} x {f.model_params} "
-                      "float32)", f.sampled * f.model_params * FLOAT32),
-            Footprint("a float64 chunk of them for the Gram matrix",
-                      gram_chunk_bytes(f.sampled)),
+            *stacked_gram_footprint("the round's updates", f.sampled, f.model_params),
         ]  # fmt: skip
 
     @classmethod

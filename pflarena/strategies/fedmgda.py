@@ -38,13 +38,13 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from pydantic import Field
 
 from pflarena.core import keys
-from pflarena.core.footprint import FLOAT32, Federation, Footprint
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.mgda import (
     ZERO_GRAD_NORM,
-    gram_chunk_bytes,
     gram_matrix,
     min_norm_weights_from_gram,
+    stacked_gram_footprint,
     weighted_rows,
 )
 from pflarena.strategies.aggregation import (
@@ -180,10 +180,7 @@ class FedMGDA(PflStrategy):
         f = federation
         return [
             *super().server_footprint(params, federation),
-            Footprint(f"the round's gradients stacked ({f.sampled} x {f.model_params} "
-                      "float32)", f.sampled * f.model_params * FLOAT32),
-            Footprint("a float64 chunk of them for the Gram matrix",
-                      gram_chunk_bytes(f.sampled)),
+            *stacked_gram_footprint("the round's gradients", f.sampled, f.model_params),
         ]  # fmt: skip
 
     @classmethod

@@ -58,6 +58,15 @@ SYNTHETIC_MIN_SIZE = 20
 SYNTHETIC_MODELS: tuple[str, ...] = ("per-client", "shared")
 
 SYNTHETIC_INFO = DatasetInfo("synthetic", SYNTHETIC_NUM_CLASSES, (SYNTHETIC_DIMENSION,))
+#: What both data sets' loaders read of the federation spec.
+_READS = (
+    "num_clients",
+    "seed",
+    "synthetic_alpha",
+    "synthetic_beta",
+    "synthetic_model",
+    "synthetic_samples",
+)
 
 
 def synthetic_sizes(num_clients: int, rng: np.random.Generator) -> np.ndarray:
@@ -183,14 +192,7 @@ register_dataset(
         info=SYNTHETIC_INFO,
         kind="natural",
         loader=_load,
-        reads=(
-            "num_clients",
-            "seed",
-            "synthetic_alpha",
-            "synthetic_beta",
-            "synthetic_model",
-            "synthetic_samples",
-        ),
+        reads=_READS,
         embedded=True,
         default_model="logreg",
     )
@@ -335,14 +337,7 @@ register_dataset(
         loader=_load_on_demand,
         client_loader=_client_on_demand,
         client_counts=_counts_on_demand,
-        reads=(
-            "num_clients",
-            "seed",
-            "synthetic_alpha",
-            "synthetic_beta",
-            "synthetic_model",
-            "synthetic_samples",
-        ),
+        reads=_READS,
         embedded=True,
         default_model="logreg",
     )
