@@ -39,3 +39,46 @@ def test_float16_keeps_the_personal_models_at_half_the_bytes_and_close(tmp_path)
 def test_an_unknown_precision_is_refused():
     with pytest.raises(ConfigError, match="state-precision"):
         config(strategy="ditto", state_precision="bfloat16")
+
+
+def test_a_model_from_arrays_is_theirs_in_the_models_dtypes():
+    """model_from fills a skeleton with the arrays' own tensors: the same values as a copy
+    of the initial model loaded with them, float32 where the arrays are float16, and its
+    values are its own (training it changes nothing it was built from)."""
+    import torch
+    from flwr.app import ArrayRecord, RecordDict
+
+    from pflarena.client.job import ClientJob, load_node_data
+    from pflarena.client.state import ClientState
+    from pflarena.core.versions import MemoryVersions
+
+    cfg = config(strategy="ditto", model="small-cnn-bn")  # BatchNorm: int64 buffers too
+    device = torch.device("cpu")
+    node = {"partition-id": 0, "num-partitions": cfg.num_clients}
+    state = ClientState(MemoryVersions(RecordDict()), None, None, prune=False)
+    job = ClientJob(cfg, load_node_data(cfg, node, device), state, RecordDict(), device)
+    source = job.new_model()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(torch.randn_like(p))
+    arrays = ArrayRecord(source.state_dict())
+    model = job.model_from(arrays)
+    expected = job.new_model()
+    expected.load_state_dict(source.state_dict())
+    for (name, value), reference in zip(
+        model.state_dict().items(), expected.state_dict().values(), strict=True
+    ):
+        assert value.dtype == reference.dtype and torch.equal(value, reference), name
+    assert all(p.requires_grad for p in model.parameters())
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert torch.equal(next(job.model_from(arrays).parameters()), next(source.parameters()))
+    half = ArrayRecord(
+        {n: v.half() if v.is_floating_point() else v for n, v in source.state_dict().items()}
+    )
+    from_half = job.model_from(half)
+    assert {v.dtype for v in from_half.state_dict().values()} == {
+        v.dtype for v in expected.state_dict().values()
+    }
+    first = next(from_half.parameters())
+    assert torch.equal(first, next(source.parameters()).half().float())

