@@ -194,3 +194,53 @@ def test_fedavg_keeps_batchnorm_counters_integer():
     )
     assert strategy.aggregate_train(2, replies)[0] is not None
     assert not strategy.last_failed
+
+
+def _records(count: int, seed: int = 0) -> list[ArrayRecord]:
+    rng = np.random.default_rng(seed)
+    return [
+        ArrayRecord(
+            {
+                "w": Array(
+                    (rng.standard_normal((7, 5)) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
+                ),
+                "b": Array(rng.standard_normal(5).astype(np.float32)),
+            }
+        )
+        for _ in range(count)
+    ]
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 64])
+def test_running_sums_are_numpys_sums_of_the_stacked_entries_to_the_bit(count):
+    """sum_of and mean_of read one record's entry at a time and give np.sum's and np.mean's
+    values of the stacked entries exactly (float64, and the entries' own float32); stack_flat
+    is np.stack of flatten."""
+    records = _records(count)
+    before = np.random.default_rng(9).standard_normal((7, 5))
+    stacked = np.stack([r["w"].numpy() for r in records])
+    assert np.array_equal(module.sum_of(records, "w", dtype=None), np.sum(stacked, axis=0))
+    assert module.sum_of(records, "w", dtype=None).dtype == np.float32
+    assert np.array_equal(module.mean_of(records, "w"), np.mean(stacked.astype(np.float64), axis=0))
+    assert np.array_equal(
+        module.sum_of(records, "w", minus=before),
+        np.sum([s.astype(np.float64) - before for s in stacked], axis=0),
+    )
+    names = ["w", "b"]
+    assert np.array_equal(
+        module.stack_flat(records, names, np.float32),
+        np.stack([module.flatten(r, names, np.float32) for r in records]),
+    )
+    with pytest.raises(ValueError, match="no arrays"):
+        module.sum_of([], "w")
+
+
+def test_a_record_is_read_in_place_and_left_as_it_was():
+    """Averaging reads a reply's bytes through a read-only view: no copy, and nothing can
+    write into the reply."""
+    (record,) = _records(1)
+    view = module._value(record, "w")
+    assert not view.flags.writeable and not view.flags.owndata
+    data = bytes(record["w"].data)
+    module.weighted_mean([record, record], [1.0, 3.0])
+    assert record["w"].data == data
