@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ def client_state(out: Path) -> tuple[dict[str, float], float, int]:
     return {k: v / clients for k, v in sorted(entries.items())}, on_disk / clients, clients
 
 
-def run(method: str, num_clients: int, workdir: Path) -> dict:
+def run(method: str, num_clients: int, workdir: Path, flags: str = "") -> dict:
     out = workdir / f"{method}-{num_clients}"
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", method,
@@ -63,7 +64,7 @@ def run(method: str, num_clients: int, workdir: Path) -> dict:
         "--num-rounds", "2", "--eval-every", "2", "--fraction-train", "1.0",
         "--output-dir", str(out), "--quiet",
     ]  # fmt: skip
-    cmd += method_flags(method)
+    cmd += method_flags(method) + shlex.split(flags)
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode not in (0, 3):  # 3: completed with client failures
@@ -87,6 +88,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs=2, default=[10, 40])
     parser.add_argument("--methods", nargs="*", default=None)
+    parser.add_argument(
+        "--flags",
+        default="",
+        help="more `pflarena run` flags for every run (e.g. '--state-precision float16')",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "state_size.md"))
     args = parser.parse_args()
     small, large = args.clients
@@ -95,13 +101,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="pflarena-state-") as tmp:
         for method in methods:
-            found = {n: run(method, n, Path(tmp)) for n in (small, large)}
+            found = {n: run(method, n, Path(tmp), args.flags) for n in (small, large)}
             print(method, found, flush=True)
             rows.append((method, found))
     lines = [
         "# State per client, every method",
         "",
-        f"Command: `python benchmarks/state_size.py --clients {small} {large}` at commit "
+        "Command: `python benchmarks/state_size.py " + shlex.join(sys.argv[1:]) + f"` at commit "
         f"`{commit}`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores "
         f"({platform.machine()}).",
         "",
