@@ -216,19 +216,15 @@ class ClientJob:
         persistent) is copied and loaded instead."""
         skeleton, dtypes = _skeleton(self._template())
         state = torch_state(arrays, self.device)
-        if set(state) != set(dtypes):  # load_state_dict's own error names the difference
-            model = self.new_model()
-            model.load_state_dict(state)
-            return model
-        state = {
-            name: value if value.dtype == dtypes[name] else value.to(dtypes[name])
-            for name, value in state.items()
-        }
-        model = copy.deepcopy(skeleton)
-        model.load_state_dict(state, assign=True)
-        if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
-            model = self.new_model()
-            model.load_state_dict(state)
+        if set(state) == set(dtypes):  # otherwise load_state_dict's error names the difference
+            model = copy.deepcopy(skeleton)
+            model.load_state_dict(
+                {name: value.to(dtypes[name]) for name, value in state.items()}, assign=True
+            )
+            if not any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+                return model
+        model = self.new_model()
+        model.load_state_dict(state)
         return model
 
     def global_model(self) -> nn.Module:

@@ -476,25 +476,36 @@ def build_federation(spec: FederationSpec) -> Federation:
     """
     rows = _federation_rows(spec)
     permuted = _label_permuter(spec, rows.info)
-
-    def labels(client_id: int, part: np.ndarray) -> np.ndarray:
-        return permuted(client_id, _labels(rows.y[part]))
-
     clients = [
-        ClientData(
-            client_id=client_id,
-            x_train=rows.x[train],
-            y_train=labels(client_id, train),
-            x_test=rows.x[test],
-            y_test=labels(client_id, test),
-            x_val=rows.x[val],
-            y_val=labels(client_id, val),
-        )
-        for client_id, (train, val, test) in enumerate(
-            zip(rows.train, rows.val, rows.test, strict=True)
-        )
+        _client_data(client_id, rows.x, rows.y, parts, permuted)
+        for client_id, parts in enumerate(zip(rows.train, rows.val, rows.test, strict=True))
     ]
     return Federation(info=rows.info, clients=clients)
+
+
+def _client_data(
+    client_id: int,
+    x: np.ndarray,
+    y: np.ndarray,
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray],
+    permuted: Any,
+) -> ClientData:
+    """A client's arrays: its ``(train, val, test)`` rows of ``x`` and ``y``, the labels
+    permuted (:func:`_label_permuter`)."""
+
+    def labels(part: np.ndarray) -> np.ndarray:
+        return permuted(client_id, _labels(y[part]))
+
+    train, val, test = parts
+    return ClientData(
+        client_id=client_id,
+        x_train=x[train],
+        y_train=labels(train),
+        x_test=x[test],
+        y_test=labels(test),
+        x_val=x[val],
+        y_val=labels(val),
+    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -543,9 +554,9 @@ def client_sizes(spec: FederationSpec) -> tuple[list[int], list[int], list[int]]
     """
     arguments = _natural_arguments(spec)
     if dataset_spec(spec.dataset).client_loader is not None:
-        counts = natural_client_counts(spec.dataset, arguments)
-        if counts is None or spec.server_fraction > 0:
-            counts = None
+        counts = (
+            None if spec.server_fraction > 0 else natural_client_counts(spec.dataset, arguments)
+        )
         sizes: tuple[list[int], list[int], list[int]] = ([], [], [])
         for client_id in range(spec.num_clients):
             if counts is not None:
@@ -603,19 +614,9 @@ def load_client(spec: FederationSpec, client_id: int) -> tuple[ClientData, Datas
     if drawn is not None:
         x, y = drawn
         kept, _held = _natural_kept(spec, client_id, y)
-        train, val, test = _client_parts(spec, client_id, kept)
         info = dataset_info(spec.dataset)
-        permuted = _label_permuter(spec, info)
-        client = ClientData(
-            client_id=client_id,
-            x_train=x[train],
-            y_train=permuted(client_id, y[train]),
-            x_test=x[test],
-            y_test=permuted(client_id, y[test]),
-            x_val=x[val],
-            y_val=permuted(client_id, y[val]),
-        )
-        return client, info
+        parts = _client_parts(spec, client_id, kept)
+        return _client_data(client_id, x, y, parts, _label_permuter(spec, info)), info
     federation = build_federation(spec)
     if not 0 <= client_id < len(federation.clients):
         raise DatasetError(

@@ -204,6 +204,9 @@ class PflStrategy(Strategy):
     #: and :meth:`restore_state` by hand, merging into its own part of the JSON
     #: (``meta.setdefault(name, {}).update(...)``) so that a declared value there stays.
     checkpointed_values: ClassVar[Mapping[str, str]] = {}
+    #: The models' worth a training reply carries, and what :meth:`server_footprint` says
+    #: they are (SCAFFOLD's Δy and Δc: ``(2, "Δy and Δc: two models each")``).
+    reply_models: ClassVar[tuple[int, str]] = (1, "a model each")
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PflStrategy:
@@ -225,13 +228,15 @@ class PflStrategy(Strategy):
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """What this method's server holds in memory at once for ``federation``
         (:mod:`pflarena.core.footprint`), from its validated ``params``: here the round's
-        training replies, a model each. A method that keeps more per client (a pool read
-        whole, a matrix of clients × clients, a network as wide as the federation) adds its
-        own terms, so that a run too large for the machine is refused before it starts."""
+        training replies (:attr:`reply_models` each) and the working copies. A method that
+        keeps more per client (a pool read whole, a matrix of clients × clients, a network as
+        wide as the federation) adds its own terms, so that a run too large for the machine
+        is refused before it starts."""
+        models, what = cls.reply_models
         return [
             Footprint(
-                f"the round's {count(federation.sampled, 'reply', 'replies')} (a model each)",
-                federation.sampled * federation.model_bytes,
+                f"the round's {count(federation.sampled, 'reply', 'replies')} ({what})",
+                models * federation.sampled * federation.model_bytes,
             ),
             *cls.working_footprint(federation),
         ]

@@ -315,6 +315,7 @@ class CFL(MultiExchangeStrategy):
             updates[client] = msg.content[keys.ARRAYS]
             examples[client] = float(msg.content[keys.METRICS].get(keys.NUM_EXAMPLES, 1))
         measured = [n for n in entries if n in set(self.trainable)] or list(entries)
+        dtype = np.result_type(*(np.dtype(models[0][n].dtype) for n in measured))
         round_norms: dict[int, dict[str, float]] = {}
         groups: list[tuple[int, list[int]]] = []  # (cluster id, its participants) after splits
         for cluster in sorted(members):
@@ -322,7 +323,6 @@ class CFL(MultiExchangeStrategy):
             # The updates stacked in their own dtype (float32: one copy of the cluster's
             # replies) and every figure from their float64 Gram matrix G: ‖Σ w_i Δθ_i‖² is
             # wᵀGw, ‖Δθ_i‖² is G_ii, α_ij is G_ij / √(G_ii G_jj). No float64 copy of them.
-            dtype = np.result_type(*(np.dtype(models[0][n].dtype) for n in measured))
             flat = stack_flat([updates[c] for c in clients], measured, dtype)
             gram = gram_matrix(flat)
             weights = self._weights([examples[c] for c in clients])

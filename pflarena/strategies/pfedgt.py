@@ -38,7 +38,6 @@ from flwr.serverapp import Grid
 from pflarena.core import keys
 from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.text import count
 from pflarena.methods.pfedgt.params import PAPER_LAMBDA, PFedGTParams
 from pflarena.strategies.aggregation import Arrays, as_numpy, as_record, sum_of, weighted_mean
 from pflarena.strategies.base import (
@@ -150,18 +149,19 @@ class PFedGT(PflStrategy):
         #: reply timeout of the c⁰ exchange when Flower's ``Strategy.start`` drives the run
         self.init_timeout = 600.0
 
+    reply_models = (2, "Δw and Δc: two models each")
+
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """Each reply carries two models' worth (Δw and Δc); the server tracks c and its
         mean beside θ. With ``c-init=round``, the c⁰ exchange of every client before round 1: its
         replies (a message c_i⁰ as large as the model each), held at once for the mean."""
-        f = federation
         terms = [
-            Footprint(f"the round's {count(f.sampled, 'reply', 'replies')} (Δw and Δc: two "
-                      "models each)", 2 * f.sampled * f.model_bytes),
-            Footprint("the tracked messages c and their mean (two models)", 2 * f.model_bytes),
-            *cls.working_footprint(federation),
-        ]  # fmt: skip
+            *super().server_footprint(params, federation),
+            Footprint(
+                "the tracked messages c and their mean (two models)", 2 * federation.model_bytes
+            ),
+        ]
         if params.c_init == "round":
             n, f = federation.num_clients, federation
             terms += [

@@ -40,7 +40,6 @@ from pydantic import Field
 from pflarena.core import keys
 from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.text import count
 from pflarena.strategies.aggregation import Arrays, as_numpy, as_record, mean_of, weighted_mean
 from pflarena.strategies.base import PflStrategy, StrategySetup
 from pflarena.strategies.replies import delta_reply_problem
@@ -131,16 +130,15 @@ class Scaffold(PflStrategy):
     )
     checkpointed = {"control": "control/"}
 
+    reply_models = (2, "Δy and Δc: two models each")
+
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        """Each reply carries two models' worth (Δy and Δc); the server holds c beside x."""
-        f = federation
+        """The replies (two models' worth each), and c beside x."""
         return [
-            Footprint(f"the round's {count(f.sampled, 'reply', 'replies')} (Δy and Δc: two "
-                      "models each)", 2 * f.sampled * f.model_bytes),
-            Footprint("the control variate c (a model)", f.model_bytes),
-            *cls.working_footprint(federation),
-        ]  # fmt: skip
+            *super().server_footprint(params, federation),
+            Footprint("the control variate c (a model)", federation.model_bytes),
+        ]
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> Scaffold:
