@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from pflarena.runtime.inprocess import InProcessGrid
@@ -280,49 +281,60 @@ def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(monkeypatch, liste
     assert engines.has_gpu() == bool(expected)
 
 
-def test_a_push_serialises_each_shared_record_once_into_the_messages_own_wire_format(
-    monkeypatch,
-) -> None:
-    import numpy as np
-    from flwr.app import ArrayRecord, ConfigRecord
-    from flwr.common.serde import message_to_proto
-    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
+@app.query("total")
+def _total(msg: Message, context) -> Message:
+    total = sum(
+        float(np.sum(a.numpy())) for r in msg.content.array_records.values() for a in r.values()
+    )
+    # a reply as large as a model: it crosses back in a file
+    echo = ArrayRecord([np.full(40_000, total, dtype=np.float64)])
+    return Message(RecordDict({"a": MetricRecord({"total": total}), "echo": echo}), reply_to=msg)
 
-    from pflarena.runtime import inprocess
 
-    serialised: list[list[str]] = []
-    real = inprocess.recorddict_to_proto
+def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_push() -> None:
+    """Catches a worker that reads another push's (or a removed) copy of the global model, a
+    message that loses its own records beside the shared one, a large reply that does not
+    come back whole, and files left behind."""
+    from pflarena.runtime import parcel
 
-    def counted(content: RecordDict):
-        serialised.append(list(content))
-        return real(content)
+    grid = InProcessGrid(app, {}, 4, workers=2)
+    written: list[int] = []
+    start_push = grid._files.start_push
 
-    monkeypatch.setattr(inprocess, "recorddict_to_proto", counted)
-    grid = InProcessGrid(app, {}, 3)
-    model = ArrayRecord([np.arange(12, dtype=np.float32).reshape(3, 4)])
-    messages = [
-        grid.create_message(
-            RecordDict({"arrays": model, "config": ConfigRecord({"node": i}), "q": MetricRecord()}),
-            "query",
-            node,
-            group_id="1",
-        )
-        for i, node in enumerate(grid.node_ids)
-    ]
-    cache = inprocess.WireCache()
-    for msg in messages:
-        wired = ProtoMessage.FromString(cache.wire(msg))
-        assert wired == message_to_proto(msg)  # the same message, field for field
-        copy = cache.over_the_wire(msg)
-        assert copy.content["config"]["node"] == msg.content["config"]["node"]
-        assert np.array_equal(copy.content["arrays"]["0"].numpy(), model["0"].numpy())
-        assert copy.content["arrays"] is not model  # a copy, sharing nothing
-    # the model once, each message's own config and metrics once (the rest: message_to_proto)
-    ours = [keys for keys in serialised if len(keys) == 1]
-    assert sorted(k for (k,) in ours) == ["arrays"] + ["config"] * 3 + ["q"] * 3
-    # an empty content stays a content: the message is a reply-less query, not an error
-    empty = grid.create_message(RecordDict(), "query", grid.node_ids[0], group_id="1")
-    assert ProtoMessage.FromString(cache.wire(empty)) == message_to_proto(empty)
+    def counted(messages):
+        stored = start_push(messages)
+        written.append(len(stored))
+        return stored
+
+    grid._files.start_push = counted
+    try:
+        grid.start_workers()
+        for push in (1, 2):  # the second push's model differs: no stale copy may be used
+            model = ArrayRecord([np.full(40_000, float(push), dtype=np.float32)])
+            messages = [
+                grid.create_message(
+                    RecordDict({"model": model, "own": ArrayRecord([np.full(3, i, np.float64)])}),
+                    "query.total",
+                    node,
+                    group_id=str(push),
+                )
+                for i, node in enumerate(grid.node_ids)
+            ]
+            replies = list(grid.send_and_receive(messages))
+            totals = [40_000 * push + 3 * i for i in range(4)]
+            assert [r.content["a"]["total"] for r in replies] == totals
+            for reply, total in zip(replies, totals, strict=True):
+                assert np.array_equal(reply.content["echo"]["0"].numpy(), np.full(40_000, total))
+            root = grid._files._root
+            assert root is not None and root.stat().st_mode & 0o777 == 0o700
+            # the push's files are gone with it, and each reply's once read
+            assert [p.name for p in root.iterdir()] == ["replies"]
+            assert list((root / "replies").iterdir()) == []
+        assert written == [1, 1]  # the model, once a push; each message's own went inline
+        assert parcel.SPILL_MIN_BYTES <= 160_000
+    finally:
+        grid.close()
+    assert not root.exists()
 
 
 def test_a_nodes_context_is_made_by_its_first_message_and_then_kept() -> None:

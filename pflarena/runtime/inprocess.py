@@ -26,12 +26,15 @@ debugger sees them). Results do not depend on the number of workers or how they 
 ClientApp seeds torch per message and derives its data from the run config
 (``tests/test_inprocess.py``).
 
-Every message and every reply crosses the Grid as Flower's wire format (``message_to_proto``
-and back), as it does between a SuperLink and a SuperNode, so a ClientApp can never change
-the server's copy of a record in place, and the run's ``rounds.jsonl`` is the one the Ray
-engine gives (``tests/test_startup.py``). A record the messages of one push share (the
-global model, an evaluation's one record) is serialised once for all of them
-(:class:`WireCache`); each client parses its own copy.
+Every message and every reply crosses the Grid as a :class:`~pflarena.runtime.parcel.Parcel`:
+Flower's wire format, with the arrays' bytes carried beside it instead of copied into it, so
+that the message a ClientApp gets (and the reply the server gets) is the one Flower's
+protobuf round trip gives, as between a SuperLink and a SuperNode, sharing only immutable
+bytes with the sender's: a ClientApp can never change the server's copy of a record in
+place, and the run's ``rounds.jsonl`` is the one the Ray engine gives
+(``tests/test_startup.py``). Large records cross to and from the worker processes in files
+(a record the messages of one push share, the global model, once for the push), not through
+the pool's pipe (:mod:`pflarena.runtime.parcel`).
 
 A slow client costs only itself: each ClientApp call gets its message's time to live (the
 run loop sets it to ``round-timeout``). A call still running then is abandoned: the message
@@ -62,18 +65,13 @@ from typing import Any
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
-from flwr.common.serde import (
-    message_from_proto,
-    message_to_proto,
-    metadata_to_proto,
-    recorddict_to_proto,
-)
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from pflarena.core.phases import mark
 from pflarena.runtime.engines import START_METHODS, has_gpu
+from pflarena.runtime.parcel import Parcel, ParcelFiles, Spilled, copy_message, pack, unpack
 from pflarena.runtime.processes import die_with_parent
 
 __all__ = ["InProcessGrid", "run_inprocess"]
@@ -136,87 +134,17 @@ def _worker_ready(_: int = 0) -> int:
     return os.getpid()
 
 
-def _worker_call(payload: bytes, context: Context) -> tuple[bytes | None, str | None, Context]:
-    """Run one message (Flower's wire format) through the ClientApp in a worker: the reply
-    (wire format) or the exception's text, and the node's context as the call left it."""
-    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
-
-    received = message_from_proto(ProtoMessage.FromString(payload))
+def _worker_call(
+    parcel: Parcel, context: Context, spill_to: str
+) -> tuple[Parcel | None, str | None, Context]:
+    """Run one message through the ClientApp in a worker: the reply (a parcel, its large
+    records written to files in ``spill_to``) or the exception's text, and the node's
+    context as the call left it."""
     try:
-        reply = _WORKER_APP["app"](received, context)
+        reply = _WORKER_APP["app"](unpack(parcel), context)
+        return pack(reply, spill_to=Path(spill_to)), None, context
     except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
         return None, f"{type(exc).__name__}: {exc}", context
-    return message_to_proto(reply).SerializeToString(), None, context
-
-
-def _wire(message: Message) -> bytes:
-    return message_to_proto(message).SerializeToString()
-
-
-def _unwire(payload: bytes) -> Message:
-    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
-
-    return message_from_proto(ProtoMessage.FromString(payload))
-
-
-def _over_the_wire(message: Message) -> Message:
-    """``message`` serialised and parsed back: a copy sharing nothing with the original."""
-    return message_from_proto(message_to_proto(message))
-
-
-class WireCache:
-    """Flower's wire format of the messages of one push, each record serialised once.
-
-    The messages of a push share records: an evaluation's one record goes to every client,
-    and every train message carries the same global model. Serialising a model's arrays
-    costs tens of milliseconds (about 40 ms for MNIST's CNN, 6.6 MB, on a loaded 2-core
-    machine), once per message, which at thousands of clients a round was most of the
-    engine's own time. A protobuf message's encoding is the concatenation of its fields',
-    and a parser merges an embedded message that occurs several times (its repeated items
-    appended in order), so a message's bytes are its metadata's followed by one
-    ``content`` entry per record, each made once per record object and kept for the push
-    (``tests/test_inprocess.py`` checks that they parse to the message's own proto).
-
-    A record is known by its ``id`` (records are not hashable), so the cache holds every
-    record it has serialised, whose id no other object can then take; and it serves one
-    push only, whose records nothing changes while it runs.
-    """
-
-    def __init__(self) -> None:
-        self._records: dict[tuple[str, int], bytes] = {}
-        self._held: list[Any] = []
-        self._empty_content = _proto_message(content=RecordDict()).SerializeToString()
-
-    def wire(self, message: Message) -> bytes:
-        """``message`` in Flower's wire format (:func:`_wire`'s bytes, field order aside)."""
-        if message.has_error() or not message.has_content():
-            return _wire(message)
-        parts = [
-            _proto_message(metadata=message.metadata).SerializeToString(),
-            self._empty_content,  # content present even when it holds no record
-        ]
-        for key, record in message.content.items():
-            cached = self._records.get((key, id(record)))
-            if cached is None:
-                content = RecordDict({key: record})
-                cached = _proto_message(content=content).SerializeToString()
-                self._records[(key, id(record))] = cached
-                self._held.append(record)  # its id stays its own while the cache lives
-            parts.append(cached)
-        return b"".join(parts)
-
-    def over_the_wire(self, message: Message) -> Message:
-        """:func:`_over_the_wire` with this push's serialised records."""
-        return _unwire(self.wire(message))
-
-
-def _proto_message(*, metadata: Any = None, content: RecordDict | None = None) -> Any:
-    from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
-
-    return ProtoMessage(
-        metadata=None if metadata is None else metadata_to_proto(metadata),
-        content=None if content is None else recorddict_to_proto(content),
-    )
 
 
 class NodeContexts(MutableMapping[int, Context]):
@@ -321,6 +249,8 @@ class InProcessGrid(Grid):
         self.app_loader = app_loader
         self._pool: ProcessPoolExecutor | None = None
         self._pool_broken = False
+        #: the files the large records cross to and from the workers in
+        self._files = ParcelFiles()
         #: the workers are forked once one push has kept this process busy this long
         self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
         #: start the workers before any call runs in this process: spawned workers (clients
@@ -404,13 +334,15 @@ class InProcessGrid(Grid):
         processes, if any); the replies wait for :meth:`pull_messages`. Returns the
         messages' ids."""
         messages = list(messages)
-        cache = WireCache()  # the records the messages share, serialised once
         parallel = len(messages) > 1 or self.start_method == "spawn"
         if self.workers > 1 and not self._pool_broken and parallel:
-            return self._push_parallel(messages, cache)
+            try:
+                return self._push_parallel(messages)
+            finally:
+                self._files.end_push()
         ids = []
         for msg in messages:
-            reply = self._deliver(msg, cache)
+            reply = self._deliver(msg)
             ids.append(msg.metadata.message_id)
             if reply is not None:
                 self._replies[msg.metadata.message_id] = reply
@@ -449,22 +381,21 @@ class InProcessGrid(Grid):
 
     def _finish(self, reply: Message, node_id: int, *, fresh: bool = False) -> Message:
         """``reply`` as the server gets it: from ``node_id``, crossed over the wire unless it
-        is ``fresh`` (parsed from a worker's bytes, or made here: it shares nothing with the
-        ClientApp's objects, and a model's copy costs tens of milliseconds), filtered."""
+        is ``fresh`` (unpacked from a worker's parcel, or made here: it shares nothing with the
+        ClientApp's objects), filtered."""
         reply.metadata.__dict__["_src_node_id"] = node_id
         if self.wire and not fresh:
-            reply = _over_the_wire(reply)
+            reply = copy_message(reply)
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply
 
-    def _deliver(self, msg: Message, cache: WireCache) -> Message | None:
-        """Run ``msg`` through its node's ClientApp (``cache``: its push's serialised
-        records); its reply (None from an offline node)."""
+    def _deliver(self, msg: Message) -> Message | None:
+        """Run ``msg`` through its node's ClientApp; its reply (None from an offline node)."""
         if self._receive(msg) is None:
             return None
         node_id = msg.metadata.dst_node_id
-        received = cache.over_the_wire(msg) if self.wire else msg
+        received = copy_message(msg) if self.wire else msg
         reply = self._call(received, msg, node_id)
         if reply is None:
             return None
@@ -532,6 +463,7 @@ class InProcessGrid(Grid):
 
             torch.set_num_threads(self._threads)
             self._threads = 0
+        self._files.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             processes = list(getattr(pool, "_processes", {}).values())
@@ -540,7 +472,7 @@ class InProcessGrid(Grid):
                 with contextlib.suppress(Exception):
                     process.kill()
 
-    def _push_parallel(self, messages: list[Message], cache: WireCache) -> list[str]:
+    def _push_parallel(self, messages: list[Message]) -> list[str]:
         """:meth:`push_messages` with each node's call in a worker process; a node given two
         messages gets the second once the first has been answered (its context goes with
         each call). Until the workers are forked, the calls run in this process, one by one;
@@ -552,6 +484,7 @@ class InProcessGrid(Grid):
         its reply is in, so that submitting a round of thousands at once would hold
         thousands of copies."""
         began = time.monotonic()
+        stored: dict[int, Spilled] | None = None
         ids: list[str] = []
         pending: list[tuple[Message, int, Future, float]] = []
         window = IN_FLIGHT_PER_WORKER * self.workers
@@ -570,13 +503,17 @@ class InProcessGrid(Grid):
             if self._pool is None and self.start_first:
                 self.start_workers()
             if self._pool is None:  # not forked (yet), or the workers died: run it here
-                reply = self._call(cache.over_the_wire(msg), msg, node_id)
+                reply = self._call(copy_message(msg), msg, node_id)
                 if reply is not None:
                     self._replies[msg.metadata.message_id] = self._finish(reply, node_id)
                 if time.monotonic() - began > self.fork_after_s:
                     self.start_workers()
                 continue
-            future = self._pool.submit(_worker_call, cache.wire(msg), self.contexts[node_id])
+            if stored is None:  # the records the messages share, written once for the workers
+                stored = self._files.start_push(messages)
+            future = self._pool.submit(
+                _worker_call, pack(msg, stored), self.contexts[node_id], str(self._files.replies)
+            )
             pending.append((msg, node_id, future, time.monotonic()))
         self._collect(pending)
         return ids
@@ -618,7 +555,11 @@ class InProcessGrid(Grid):
                 if payload is None:
                     reply = Message(Error(code=0, reason=str(problem)), reply_to=msg)
                 else:
-                    reply = _unwire(payload)
+                    try:
+                        reply = unpack(payload)
+                    except OSError as exc:  # its file is gone (the workers were ended)
+                        reason = f"ReplyLost: the reply's records could not be read ({exc})"
+                        reply = Message(Error(code=0, reason=reason), reply_to=msg)
             self._replies[msg.metadata.message_id] = self._finish(reply, node_id, fresh=True)
 
     def _call(self, received: Message, msg: Message, node_id: int) -> Message | None:
