@@ -283,3 +283,33 @@ class ClientJob:
 
     def test(self, model: nn.Module) -> EvalResult:
         return evaluate(model, self.data.x_test, self.data.y_test)
+
+    def test_global(self) -> EvalResult:
+        """The server's model (:meth:`global_model`) tested on this client's test split.
+
+        The model is built once for all the messages a process gets that carry the same
+        arrays: the messages of one push share their arrays' bytes (one record sent to every
+        client: :mod:`pflarena.runtime.parcel`), so an evaluation round builds the global model
+        once per worker, not once per client. The kept model's parameters require no
+        gradient: a solver that trained it would fail, not change the next client's model."""
+        arrays = self.arrays
+        if arrays is None or not len(arrays):
+            return self.test(self.global_model())  # its error names what is missing
+        datas = tuple(array.data for array in arrays.values())
+        template = self._template()
+        held = _TESTED.get("global")
+        if (
+            held is None
+            or held[1] is not template
+            or len(held[0]) != len(datas)
+            or any(mine is not theirs for mine, theirs in zip(held[0], datas, strict=True))
+        ):
+            model = self.model_from(arrays).requires_grad_(False)
+            # the bytes are held with the model: while kept, no other object takes their ids
+            held = _TESTED["global"] = (datas, template, model)
+        return self.test(held[2])
+
+
+#: The server's model this process last tested (:meth:`ClientJob.test_global`): the bytes it
+#: was built from, the template it was built on, and the model.
+_TESTED: dict[str, tuple[tuple[bytes, ...], nn.Module, nn.Module]] = {}

@@ -217,7 +217,7 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 def evaluate(job: ClientJob) -> dict:
     """Personalized: the latest trained local model on the test split; global: W."""
-    global_ = job.test(job.global_model())
+    global_ = job.test_global()
     stored = job.load_state_model(MODEL_KEY)
     personal = global_ if stored is None else job.test(stored)
     return eval_metrics(job, personal, global_)

@@ -50,4 +50,4 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 
 def evaluate(job: ClientJob) -> dict:
-    return eval_metrics(job, job.test(personalized_model(job)), job.test(job.global_model()))
+    return eval_metrics(job, job.test(personalized_model(job)), job.test_global())

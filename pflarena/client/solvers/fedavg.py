@@ -62,6 +62,6 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 def evaluate(job: ClientJob) -> dict:
     """The personalized model (:func:`personalized_model`) and the global model."""
-    global_ = job.test(job.global_model())
+    global_ = job.test_global()
     stored = job.load_state_model(local_result_key(job))
     return eval_metrics(job, global_ if stored is None else job.test(stored), global_)

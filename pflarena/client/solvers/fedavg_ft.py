@@ -25,4 +25,4 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 def evaluate(job: ClientJob) -> dict:
     """Fine-tune a copy of the global model locally, evaluate it; report the global model too."""
-    return eval_metrics(job, job.test(personalized_model(job)), job.test(job.global_model()))
+    return eval_metrics(job, job.test(personalized_model(job)), job.test_global())

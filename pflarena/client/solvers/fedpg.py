@@ -212,7 +212,7 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 
 def evaluate(job: ClientJob) -> dict:
-    global_ = job.test(job.global_model())
+    global_ = job.test_global()
     stored = job.load_state_model(_key(job, "personal-model"))
     personal = global_ if stored is None else job.test(stored)
     return eval_metrics(job, personal, global_)

@@ -318,4 +318,4 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 def evaluate(job: ClientJob) -> dict:
     """Personalized: w_i; global: θ (the paper's "GM")."""
-    return eval_metrics(job, job.test(personalized_model(job)), job.test(job.global_model()))
+    return eval_metrics(job, job.test(personalized_model(job)), job.test_global())

@@ -170,5 +170,5 @@ def personalized_model(job: ClientJob) -> nn.Module:
 
 def evaluate(job: ClientJob) -> dict:
     """The global model is both the personalized and the global model."""
-    result = job.test(job.global_model())
+    result = job.test_global()
     return eval_metrics(job, result, result)
