@@ -10,24 +10,26 @@ import torch
 from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 
-from pflarena.core.array_decoding import decode, torch_state
+from pflarena.core.array_decoding import decode, encode, state_record, torch_state
+
+VALUES = [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.array(2.5),  # 0-d
+    np.zeros((0, 5), dtype=np.float32),  # empty
+    np.array([True, False]),
+    np.arange(7, dtype=np.int64),
+    np.arange(6, dtype=np.float16).reshape(2, 3),
+    np.arange(4, dtype=">f4"),  # big-endian
+    np.arange(3, dtype=np.complex64),
+    np.random.default_rng(0).standard_normal((64, 150)).astype(np.float32),
+]
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        np.arange(12, dtype=np.float32).reshape(3, 4),
-        np.array(2.5),  # 0-d
-        np.zeros((0, 5), dtype=np.float32),  # empty
-        np.array([True, False]),
-        np.arange(7, dtype=np.int64),
-        np.arange(6, dtype=np.float16).reshape(2, 3),
-        np.arange(4, dtype=">f4"),  # big-endian
-        np.arange(3, dtype=np.complex64),
-        np.random.default_rng(0).standard_normal((64, 150)).astype(np.float32),
-    ],
-    ids=lambda v: f"{v.dtype}-{v.shape}",
-)
+def _name(value: np.ndarray) -> str:
+    return f"{value.dtype}-{value.shape}"
+
+
+@pytest.mark.parametrize("value", VALUES, ids=_name)
 def test_decode_reads_what_numpy_reads(value):
     array = Array(value)
     got, want = decode(array), array.numpy()
@@ -63,3 +65,32 @@ def test_torch_state_is_flowers_state_dict():
     got, want = torch_state(record), record.to_torch_state_dict()
     assert list(got) == list(want)
     assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+
+
+def _fields(array: Array) -> tuple:
+    return array.dtype, array.shape, array.stype, array.data
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        *VALUES,
+        np.arange(12, dtype=np.float32).reshape(3, 4).T,  # Fortran-ordered: Flower's own
+        np.arange(24, dtype=np.int16).reshape(2, 3, 4)[:, ::2],  # neither order
+        np.array([1, 2], dtype=np.uint8),
+        np.zeros((1,) * 40, dtype=np.float32),  # rank 40
+    ],
+    ids=_name,
+)
+def test_encode_writes_flowers_bytes(value):
+    assert _fields(encode(value)) == _fields(Array.from_numpy_ndarray(value))
+
+
+def test_a_state_record_is_flowers_record_of_the_state_dict():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    state = model.state_dict()  # float32 weights, an int64 counter
+    state["half"] = torch.ones(2, 2, dtype=torch.float16)
+    state["transposed"] = torch.arange(6.0).reshape(2, 3).T
+    ours, flowers = state_record(state), ArrayRecord(state)
+    assert list(ours) == list(flowers)
+    assert all(_fields(ours[k]) == _fields(flowers[k]) for k in flowers)

@@ -24,6 +24,7 @@ from pflarena.client.job import ClientJob, load_node_data, pick_device
 from pflarena.client.solvers import Solver, SolverError, load_solver
 from pflarena.client.state import ClientState, DiskVersions, MemoryVersions, run_key
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.config import RunConfig, parse_run_config
 from pflarena.core.packing import is_packed, pack_content, unpack_content
 
@@ -192,7 +193,7 @@ def cross_evaluate(job: ClientJob, solver: Solver) -> tuple[dict[str, ArrayRecor
                 "personalized models cannot be cross-evaluated (set cross-eval-clients=0)"
             )
         model = solver.personalized_model(job)
-        return {keys.ARRAYS: ArrayRecord(model.state_dict())}, {keys.CLIENT_ID: job.client_id}
+        return {keys.ARRAYS: state_record(model.state_dict())}, {keys.CLIENT_ID: job.client_id}
     owners, results = [], []
     for name, record in job.content.array_records.items():
         if name.startswith(keys.CROSS_PREFIX):

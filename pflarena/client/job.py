@@ -13,7 +13,7 @@ from torch import nn
 
 from pflarena.client.state import ClientState
 from pflarena.core import keys
-from pflarena.core.array_decoding import torch_state
+from pflarena.core.array_decoding import state_record, torch_state
 from pflarena.core.config import RunConfig
 from pflarena.core.datasets import DatasetInfo, to_tensors
 from pflarena.core.federation import ClientData, load_client
@@ -259,7 +259,7 @@ class ClientJob:
                 name: value.half() if value.dtype == torch.float32 else value
                 for name, value in state.items()
             }
-        self.state[key] = ArrayRecord(state)
+        self.state[key] = state_record(state)
 
     def seed(self, purpose: str, server_round: int | None = None) -> int:
         """A 64-bit seed derived from (run seed, client, round, purpose); the message's

@@ -22,7 +22,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 
-__all__ = ["decode", "torch_state"]
+__all__ = ["decode", "encode", "state_record", "torch_state"]
 
 
 @lru_cache(maxsize=512)
@@ -63,3 +63,30 @@ def torch_state(record: ArrayRecord, device: torch.device | str | None = None) -
     if device is not None:
         state = {name: value.to(device) for name, value in state.items()}
     return state
+
+
+def encode(values: np.ndarray) -> Array:
+    """``Array.from_numpy_ndarray(values)``: the same fields and bytes, made with one copy.
+
+    Flower's writes the array with ``np.save`` into a buffer, copying the values three times
+    (12 ms for MNIST's CNN, 6.6 MB, against under 1 ms here). For a C-ordered array of plain
+    numbers the bytes ``np.save`` writes are its version 1.0 header followed by the values,
+    which this joins in one copy; anything else goes to Flower's own."""
+    dtype = values.dtype
+    if not values.flags.c_contiguous or dtype.kind not in "biufc" or dtype.hasobject:
+        return Array.from_numpy_ndarray(values)
+    try:
+        header = _npy_header(np.lib.format.dtype_to_descr(dtype), tuple(values.shape))
+    except ValueError:  # a header too long for version 1.0: np.save writes another
+        return Array.from_numpy_ndarray(values)
+    data = b"".join((header, memoryview(values.reshape(-1)).cast("B")))
+    return Array(dtype=str(dtype), shape=tuple(values.shape), stype=SType.NUMPY, data=data)
+
+
+def state_record(state: dict[str, torch.Tensor]) -> ArrayRecord:
+    """``ArrayRecord(state)`` for a torch ``state_dict``: the same record, each entry
+    through :func:`encode`."""
+    record = ArrayRecord()
+    for name, value in state.items():
+        record[name] = encode(value.detach().cpu().numpy())
+    return record

@@ -21,6 +21,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 import pflarena
+from pflarena.core.array_decoding import state_record
 from pflarena.core.config import ConfigError, RunConfig
 from pflarena.core.federation import load_server_data
 from pflarena.core.models import build_model
@@ -88,7 +89,7 @@ def initial_arrays(cfg: RunConfig) -> ArrayRecord:
     """The initial model, seeded by the run seed (clients build the same one)."""
     info = cfg.data_info()
     model = build_model(cfg.model_name(), info.input_shape, info.num_classes, seed=cfg.seed)
-    return ArrayRecord(model.state_dict())
+    return state_record(model.state_dict())
 
 
 def label_permutation_record(cfg: RunConfig) -> dict:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from pflarena.core.array_decoding import decode
+from pflarena.core.array_decoding import decode, encode
 
 __all__ = [
     "as_numpy",
@@ -54,9 +54,10 @@ def as_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord of ``arrays``, in their order, each C-contiguous."""
     # np.require keeps 0-d arrays (BatchNorm's num_batches_tracked) 0-d; ascontiguousarray
     # would make them 1-d and the model's buffers would no longer load into it unchanged.
-    return ArrayRecord(
-        {name: Array(np.require(value, requirements="C")) for name, value in arrays.items()}
-    )
+    record = ArrayRecord()
+    for name, value in arrays.items():
+        record[name] = encode(np.require(value, requirements="C"))  # Array(value)'s, faster
+    return record
 
 
 def _value(arrays: Arrays, name: str) -> np.ndarray:

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import batches
 
 __all__ = [
@@ -148,7 +149,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.APFL_ALPHA: alpha,
         keys.APFL_MIXED_LOSS: sum(mixed_losses) / max(len(mixed_losses), 1),
     }
-    return {keys.ARRAYS: ArrayRecord(global_.state_dict())}, metrics
+    return {keys.ARRAYS: state_record(global_.state_dict())}, metrics
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

@@ -16,6 +16,7 @@ from torch import nn
 
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig, UpdateStats
 from pflarena.core.model_split import ModelSplit, split_state
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
@@ -267,7 +268,7 @@ def assemble(job: ClientJob, shared: Sequence[str], private_key: str | None) -> 
 def part_record(model: nn.Module, names: Sequence[str]) -> ArrayRecord:
     """The model's ``names`` entries as an ArrayRecord, in that order."""
     state = model.state_dict()
-    return ArrayRecord({name: state[name].detach() for name in names})
+    return state_record({name: state[name].detach() for name in names})
 
 
 def train_jointly(

@@ -15,6 +15,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, prox_hook, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import train_epochs
 
 __all__ = ["train", "evaluate", "personalized_model"]
@@ -41,7 +42,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     loss, steps = train_epochs(
         received, job.data.x_train, job.data.y_train, generator=job.generator("train"), **kwargs
     )
-    return {keys.ARRAYS: ArrayRecord(received.state_dict())}, train_metrics(job, loss, steps)
+    return {keys.ARRAYS: state_record(received.state_dict())}, train_metrics(job, loss, steps)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

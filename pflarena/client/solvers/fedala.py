@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.model_split import layer_entries, layer_owners
 from pflarena.core.training import batches, train_epochs
 
@@ -180,7 +181,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.FEDALA_EPOCHS: ala_epochs,
         keys.FEDALA_MEAN_WEIGHT: mean_weight,
     }
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
+    return {keys.ARRAYS: state_record(model.state_dict())}, metrics
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

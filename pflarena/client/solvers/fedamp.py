@@ -20,6 +20,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, prox_hook, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import train_epochs
 
 __all__ = ["MODEL_KEY", "evaluate", "personalized_model", "train"]
@@ -45,7 +46,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         **job.train_kwargs(),
     )
     job.save_state_model(MODEL_KEY, model)
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
+    return {keys.ARRAYS: state_record(model.state_dict())}, train_metrics(job, loss, steps)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

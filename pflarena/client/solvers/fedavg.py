@@ -19,6 +19,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, prox_hook, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import LossFn, train_epochs
 
 __all__ = ["keeps_local_result", "local_result_key", "train", "evaluate", "personalized_model"]
@@ -51,7 +52,7 @@ def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, A
     )
     if keeps_local_result(job):
         job.save_state_model(local_result_key(job), model)
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
+    return {keys.ARRAYS: state_record(model.state_dict())}, train_metrics(job, loss, steps)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

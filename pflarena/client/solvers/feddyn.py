@@ -26,6 +26,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import LossFn, train_epochs
 
 __all__ = [
@@ -95,8 +96,8 @@ def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, A
     )
     trained = {name: p.detach() for name, p in params.items()}  # θ_k^t
     new_gradient = gradient_state(gradient, trained, previous, alpha)
-    job.state[GRADIENT_KEY] = ArrayRecord({n: v.cpu() for n, v in new_gradient.items()})
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
+    job.state[GRADIENT_KEY] = state_record(new_gradient)
+    return {keys.ARRAYS: state_record(model.state_dict())}, train_metrics(job, loss, steps)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
-from pflarena.core.array_decoding import torch_state
+from pflarena.core.array_decoding import state_record, torch_state
 from pflarena.core.canonical import CanonicalModel, PersonalizedModel
 from pflarena.core.training import batches
 
@@ -126,7 +126,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     metrics = train_metrics(job, nll, steps)
     safe = np.clip(pi, 1e-300, 1.0)
     metrics[keys.FEDEM_ENTROPY] = float(-(safe * np.log(safe)).sum())
-    return {keys.ARRAYS: ArrayRecord(model.stacked_state())}, metrics
+    return {keys.ARRAYS: state_record(model.stacked_state())}, metrics
 
 
 def evaluate(job: ClientJob) -> dict:

@@ -33,6 +33,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import evaluate as evaluate_model
 from pflarena.core.training import train_epochs
 
@@ -212,7 +213,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.FEDFOMO_OWN_WEIGHT: float(weights[0]) if own_candidate is not None else 0.0,
         keys.FEDFOMO_BASE_VAL_LOSS: float(base_loss),
     }
-    return {keys.ARRAYS: ArrayRecord(model.state_dict()), FOMO: fomo}, metrics
+    return {keys.ARRAYS: state_record(model.state_dict()), FOMO: fomo}, metrics
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

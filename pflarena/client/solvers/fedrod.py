@@ -33,6 +33,7 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers import SolverError
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.heads import first_head_layer, head_forward, head_input
 from pflarena.core.model_split import split_state
 from pflarena.core.training import EvalResult, batches
@@ -142,10 +143,10 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
             generic_total += float(loss.detach())
             personal_total += float(personal_loss.detach())
             steps += 1
-    job.state[PERSONAL_KEY] = ArrayRecord({name: personal[name].detach() for name in head})
+    job.state[PERSONAL_KEY] = state_record({name: personal[name].detach() for name in head})
     metrics = train_metrics(job, generic_total / steps if steps else float("nan"), steps)
     metrics[keys.FEDROD_PERSONAL_LOSS] = personal_total / steps if steps else float("nan")
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
+    return {keys.ARRAYS: state_record(model.state_dict())}, metrics
 
 
 @torch.no_grad()

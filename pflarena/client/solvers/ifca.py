@@ -20,6 +20,7 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.client.solvers.fedpg import full_gradient, training_loss
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.canonical import copy_name, parse_stacked
 from pflarena.core.training import train_epochs
 
@@ -79,7 +80,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
             generator=job.generator("train"),
             **job.train_kwargs(),
         )
-        record = ArrayRecord(model.state_dict())
+        record = state_record(model.state_dict())
         metrics = train_metrics(job, loss, steps)
     metrics[keys.IFCA_CLUSTER] = cluster
     return {keys.ARRAYS: record}, metrics

@@ -47,6 +47,7 @@ from pflarena.client.job import ClientJob
 from pflarena.client.solvers import common
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.page_utility import reciprocal_reward
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
@@ -145,7 +146,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     }
     if stats is not None:
         metrics[keys.PAGE_CRITIC_LOSS] = stats.critic_loss
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, metrics
+    return {keys.ARRAYS: state_record(model.state_dict())}, metrics
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import batches
 
 __all__ = [
@@ -162,7 +163,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         for _ in range(steps)
     ]
     loss = sum(losses) / max(len(losses), 1)
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, len(losses))
+    return {keys.ARRAYS: state_record(model.state_dict())}, train_metrics(job, loss, len(losses))
 
 
 def personalize(

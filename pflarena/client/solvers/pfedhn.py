@@ -16,6 +16,7 @@ from torch import nn
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import train_epochs
 
 __all__ = ["evaluate", "personalized_model", "train"]
@@ -36,7 +37,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         generator=job.generator("train"),
         **job.train_kwargs(),
     )
-    return {keys.ARRAYS: ArrayRecord(model.state_dict())}, train_metrics(job, loss, steps)
+    return {keys.ARRAYS: state_record(model.state_dict())}, train_metrics(job, loss, steps)
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

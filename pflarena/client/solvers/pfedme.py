@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.training import batches
 
 __all__ = [
@@ -145,7 +146,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         keys.PFEDME_INNER_GRAD_NORM_MAX: float(max(norms, default=0.0)),
         keys.PFEDME_INNER_STEPS: float(sum(taken) / max(len(taken), 1)),
     }
-    return {keys.ARRAYS: ArrayRecord(upload)}, metrics
+    return {keys.ARRAYS: state_record(upload)}, metrics
 
 
 def personalized_model(job: ClientJob) -> nn.Module:

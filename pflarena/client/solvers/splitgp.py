@@ -52,6 +52,7 @@ from torch.nn import functional as F
 from pflarena.client.job import ClientJob
 from pflarena.client.solvers.common import eval_metrics, train_metrics
 from pflarena.core import keys
+from pflarena.core.array_decoding import state_record
 from pflarena.core.heads import first_head_layer, head_input
 from pflarena.core.model_split import split_state
 from pflarena.core.training import EvalResult, batches
@@ -186,8 +187,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
             server_total += float(F.cross_entropy(server_logits.detach(), yb))
             steps += 1
     state = model.state_dict()
-    client_side = ArrayRecord({name: state[name] for name in split.body})
-    aux_side = ArrayRecord(aux.state_dict())
+    client_side = state_record({name: state[name] for name in split.body})
+    aux_side = state_record(aux.state_dict())
     job.state[CLIENT_KEY] = client_side
     job.state[AUX_KEY] = aux_side
     metrics = train_metrics(job, total / steps if steps else float("nan"), steps)
@@ -200,7 +201,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
     records = {
         keys.ARRAYS: client_side,
         keys.SPLITGP_AUX: aux_side,
-        keys.SPLITGP_SERVER_SIDE: ArrayRecord({name: state[name] for name in split.head}),
+        keys.SPLITGP_SERVER_SIDE: state_record({name: state[name] for name in split.head}),
     }
     return records, metrics
 
