@@ -16,15 +16,15 @@ still gets its own ``ArrayRecord`` and ``Array`` objects, so nothing a ClientApp
 message reaches the server's copy or another client's.
 
 Large arrays cross to and from the worker processes in files rather than through the
-pool's pipe: a 6.6 MB reply took about 25 ms to cross a pipe (pickled, written in 64 KB
-pieces, read back into a buffer, unpickled) and 6 to 9 ms as a file written once and read
-once (``os.pread``, one copy), measured side by side here. An ArrayRecord of at least
-:data:`SPILL_MIN_BYTES` is :class:`Spilled`: its arrays' bytes one after another in a file of
-:class:`ParcelFiles`' directory (``tempfile.mkdtemp``: this user alone can read it, so no one
-else can plant a file there), its fields but the bytes in the parcel. A record that several
-messages of one push share (the global model) is written once for the push, and a worker reads
-it once and keeps the push's records (:func:`read_spilled`); a reply's is read once by the run's
-process and removed.
+pool's pipe: a 6.6 MB reply took 22 ms to cross the pipe (pickled, written in 64 KB pieces,
+read back into a buffer, unpickled) and 10 ms as a file written once and read once
+(``os.pread``, one copy), side by side (``benchmarks/results/parcel_transport.md``). An
+ArrayRecord of at least :data:`SPILL_MIN_BYTES` is :class:`Spilled`: its arrays' bytes one
+after another in a file of :class:`ParcelFiles`' directory (``tempfile.mkdtemp``: this user
+alone can read it, so no one else can plant a file there), the parcel holding its fields but
+the bytes. A record that several messages of one push share (the global model) is written
+once for the push, and a worker reads it once and keeps the push's records
+(:func:`read_spilled`); a reply's is read once by the run's process and removed.
 """
 
 from __future__ import annotations
