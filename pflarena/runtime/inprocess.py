@@ -83,7 +83,7 @@ FORK_AFTER_S = 1.0
 FORK_AFTER_ENV = "PFLARENA_FORK_AFTER_S"
 #: Calls submitted to the workers and not yet collected, per worker: enough that a worker
 #: finds its next message waiting, few enough that a push of thousands of messages holds
-#: only a few of their serialised copies at a time.
+#: only a few of their parcels (and replies) at a time.
 IN_FLIGHT_PER_WORKER = 2
 #: The ClientApp a forked worker calls (set in the parent before it forks).
 _WORKER_APP: dict[str, ClientApp] = {}
@@ -480,9 +480,10 @@ class InProcessGrid(Grid):
         inherit the data those calls built) and take the rest.
 
         At most :data:`IN_FLIGHT_PER_WORKER` calls per worker are submitted and not yet
-        collected: each holds its message's bytes (a model's, 6.6 MB for MNIST's CNN) until
-        its reply is in, so that submitting a round of thousands at once would hold
-        thousands of copies."""
+        collected: each holds its message's parcel (the records of its own: a personalized
+        model, 6.6 MB for MNIST's CNN; a shared one is a file written once) and then its
+        reply until collected, so that submitting a round of thousands at once would hold
+        thousands of them."""
         began = time.monotonic()
         stored: dict[int, Spilled] | None = None
         ids: list[str] = []
