@@ -66,7 +66,7 @@ def main() -> None:
                 assert len(fields[0][1][3]) >= _SIZE["bytes"]
             times["pipe"].append((time.perf_counter() - start) / args.calls)
             start = time.perf_counter()
-            directory = [str(files.replies)] * args.calls
+            directory = [str(files.once)] * args.calls
             for spilled in pool.map(through_file, range(args.calls), directory):
                 assert len(read_spilled(spilled)[0][1][3]) >= _SIZE["bytes"]
             times["file"].append((time.perf_counter() - start) / args.calls)

@@ -313,7 +313,9 @@ def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_pus
             model = ArrayRecord([np.full(40_000, float(push), dtype=np.float32)])
             messages = [
                 grid.create_message(
-                    RecordDict({"model": model, "own": ArrayRecord([np.full(3, i, np.float64)])}),
+                    RecordDict(
+                        {"model": model, "own": ArrayRecord([np.full(20_000, i, np.float64)])}
+                    ),
                     "query.total",
                     node,
                     group_id=str(push),
@@ -321,16 +323,17 @@ def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_pus
                 for i, node in enumerate(grid.node_ids)
             ]
             replies = list(grid.send_and_receive(messages))
-            totals = [40_000 * push + 3 * i for i in range(4)]
+            totals = [40_000 * push + 20_000 * i for i in range(4)]
             assert [r.content["a"]["total"] for r in replies] == totals
             for reply, total in zip(replies, totals, strict=True):
                 assert np.array_equal(reply.content["echo"]["0"].numpy(), np.full(40_000, total))
             root = grid._files._root
             assert root is not None and root.stat().st_mode & 0o777 == 0o700
-            # the push's files are gone with it, and each reply's once read
-            assert [p.name for p in root.iterdir()] == ["replies"]
-            assert list((root / "replies").iterdir()) == []
-        assert written == [1, 1]  # the model, once a push; each message's own went inline
+            # the push's files are gone with it, and each message's own and each reply's
+            # once read
+            assert [p.name for p in root.iterdir()] == ["once"]
+            assert list((root / "once").iterdir()) == []
+        assert written == [1, 1]  # the model, once a push; each message's own alone
         assert parcel.SPILL_MIN_BYTES <= 160_000
     finally:
         grid.close()

@@ -128,16 +128,16 @@ def test_a_large_reply_crosses_in_a_file_its_reader_removes() -> None:
     message.content["big"] = big
     files = ParcelFiles()
     try:
-        packed = pack(message, spill_to=files.replies)
+        packed = pack(message, spill_to=files.once)
         spilled = dict(packed.arrays)
         assert isinstance(spilled["big"], parcel.Spilled)
         assert not isinstance(spilled["model"], parcel.Spilled)  # small: carried
         assert message_to_proto(unpack(packed)) == message_to_proto(message)
-        assert list(files.replies.iterdir()) == []  # read once, then removed
+        assert list(files.once.iterdir()) == []  # read once, then removed
         # every record spilled (a threshold of 0): the same message again
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(parcel, "SPILL_MIN_BYTES", 0)
-            packed = pack(message, spill_to=files.replies)
+            packed = pack(message, spill_to=files.once)
         assert all(isinstance(r, parcel.Spilled) for _, r in packed.arrays)
         assert message_to_proto(unpack(packed)) == message_to_proto(message)
     finally:

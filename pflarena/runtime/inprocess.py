@@ -512,9 +512,9 @@ class InProcessGrid(Grid):
                 continue
             if stored is None:  # the records the messages share, written once for the workers
                 stored = self._files.start_push(messages)
-            future = self._pool.submit(
-                _worker_call, pack(msg, stored), self.contexts[node_id], str(self._files.replies)
-            )
+            once = self._files.once  # a message's own large records, and the replies'
+            parcel = pack(msg, stored, spill_to=once)
+            future = self._pool.submit(_worker_call, parcel, self.contexts[node_id], str(once))
             pending.append((msg, node_id, future, time.monotonic()))
         self._collect(pending)
         return ids

@@ -24,7 +24,8 @@ after another in a file of :class:`ParcelFiles`' directory (``tempfile.mkdtemp``
 alone can read it, so no one else can plant a file there), the parcel holding its fields but
 the bytes. A record that several messages of one push share (the global model) is written
 once for the push, and a worker reads it once and keeps the push's records
-(:func:`read_spilled`); a reply's is read once by the run's process and removed.
+(:func:`read_spilled`); any other (a message's own, a reply's) is read once by the process it
+goes to, which removes it.
 """
 
 from __future__ import annotations
@@ -200,9 +201,10 @@ class ParcelFiles:
 
     Made on first use with ``tempfile.mkdtemp`` (this user alone can read or write in it): a
     subdirectory per push for the records its messages share (:meth:`start_push`, removed by
-    :meth:`end_push`), and one for the replies' records (:attr:`replies`), each removed by
-    the run's process once read. :meth:`close` removes it all, a reply never collected (its
-    call was abandoned) included.
+    :meth:`end_push`), and one for the records read once (:attr:`once`: a message's own
+    records, which the worker removes once read, and the replies', which the run's process
+    removes). :meth:`close` removes it all, a reply never collected (its call was
+    abandoned) included.
     """
 
     def __init__(self) -> None:
@@ -213,13 +215,14 @@ class ParcelFiles:
     def _made(self) -> Path:
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="pflarena-parcels-"))
-            (self._root / "replies").mkdir(mode=0o700)
+            (self._root / "once").mkdir(mode=0o700)
         return self._root
 
     @property
-    def replies(self) -> Path:
-        """Where the workers write their replies' large records."""
-        return self._made() / "replies"
+    def once(self) -> Path:
+        """Where the large records read once go: a message's own (a personalized model) and
+        a reply's."""
+        return self._made() / "once"
 
     def start_push(self, messages: Iterable[Message]) -> dict[int, Spilled]:
         """Write each record that two or more of ``messages`` carry (of at least
