@@ -16,7 +16,7 @@ from fake_data import write_fake_femnist, write_fake_shakespeare, write_fake_tin
 
 from pflarena.cli import main
 from pflarena.core.datasets import DATASETS, dataset_spec
-from pflarena.core.federation import build_federation
+from pflarena.core.federation import build_federation, clear_caches
 from pflarena.core.presets import load_preset, preset_names
 
 #: One preset per data set of this issue, at least.
@@ -40,7 +40,7 @@ def cli(*argv: str) -> tuple[int, str, str]:
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PFLARENA_CACHE", str(tmp_path / "cache"))
-    build_federation.cache_clear()
+    clear_caches()
 
 
 def test_every_file_dataset_has_a_preset_and_each_preset_resolves() -> None:

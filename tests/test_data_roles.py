@@ -22,6 +22,7 @@ from pflarena.core.federation import (
     FederationSpec,
     ServerData,
     build_federation,
+    clear_caches,
     load_server_data,
 )
 from pflarena.core.partition import (
@@ -171,8 +172,7 @@ def test_roles_are_deterministic_for_a_seed(base: dict) -> None:
     spec = spec_of(base, **ROLES)
     first, first_server = build_federation(spec), load_server_data(spec)
     assert build_federation(spec) is first and load_server_data(spec) is first_server
-    build_federation.cache_clear()
-    load_server_data.cache_clear()
+    clear_caches()
     again, again_server = build_federation(spec), load_server_data(spec)
     assert again is not first and again_server is not first_server
     assert first_server is not None and again_server is not None

@@ -23,6 +23,7 @@ from pflarena.core.federation import (
     Federation,
     FederationSpec,
     build_federation,
+    clear_caches,
     load_client,
     synthetic_mixture_truth,
 )
@@ -83,7 +84,7 @@ def test_build_federation_digits() -> None:
 def test_build_federation_is_deterministic_and_memoised() -> None:
     first = build_federation(DIGITS)
     assert build_federation(DIGITS) is first
-    build_federation.cache_clear()
+    clear_caches()
     rebuilt = build_federation(DIGITS)
     assert rebuilt is not first
     for a, b in zip(first.clients, rebuilt.clients, strict=True):

@@ -36,6 +36,7 @@ from pflarena.core.datasets import (
 from pflarena.core.federation import (
     FederationSpec,
     build_federation,
+    clear_caches,
     load_server_data,
 )
 from pflarena.core.shard_format import (
@@ -49,8 +50,7 @@ from pflarena.core.shard_format import (
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test decodes into its own cache folder, and starts with empty memo caches."""
     monkeypatch.setenv("PFLARENA_CACHE", str(tmp_path / "cache"))
-    build_federation.cache_clear()
-    load_server_data.cache_clear()
+    clear_caches()
 
 
 def ids(text: str) -> list[int]:
@@ -161,7 +161,7 @@ def test_shakespeare_federation_uses_leafs_per_role_split(tmp_path: Path) -> Non
         }
         assert got == {(x[r].tobytes(), int(y[r])) for r in range(n)}
         assert client.x_train.dtype == np.uint8
-    build_federation.cache_clear()
+    clear_caches()
     again = build_federation(spec)
     for a, b in zip(federation.clients, again.clients, strict=True):
         assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
@@ -206,7 +206,7 @@ def test_max_client_samples_caps_each_role_and_the_server_share_stays_apart(
         assert not np.isin(kept, rows.server).any()
     assert len(load_server_data(spec).y) == len(rows.server)
     # The choice is seeded and differs between seeds.
-    build_federation.cache_clear()
+    clear_caches()
     assert np.array_equal(fed._federation_rows(spec).train[0], rows.train[0])
     other = fed._federation_rows(spec.model_copy(update={"seed": 1}))
     assert not all(np.array_equal(a, b) for a, b in zip(other.train, rows.train, strict=True))
@@ -397,7 +397,7 @@ def test_femnist_federation_is_deterministic_and_splits_each_writer(tmp_path: Pa
         assert len(client.y_test) == math.ceil(0.25 * len(y))
         assert sorted(np.concatenate([client.y_train, client.y_test])) == sorted(y)
         assert client.y_train.min() >= 0 and client.y_train.max() < 62
-    build_federation.cache_clear()
+    clear_caches()
     again = build_federation(spec)
     assert all(
         np.array_equal(a.x_test, b.x_test)

@@ -23,6 +23,7 @@ from pflarena.core.datasets import (
 from pflarena.core.federation import (
     FederationSpec,
     build_federation,
+    clear_caches,
     client_sizes,
     load_client,
 )
@@ -61,7 +62,7 @@ def test_a_client_built_alone_is_its_share_of_the_federation(fields, monkeypatch
     label permutation applied alike."""
     spec = _spec(**fields)
     whole = build_federation(spec)
-    build_federation.cache_clear()
+    clear_caches()
     monkeypatch.setattr(
         federation_module, "build_federation", lambda spec: pytest.fail("built the federation")
     )

@@ -371,6 +371,22 @@ def test_the_numpy_dirichlet_is_flwr_datasets_own(clients, alpha, minimum, seeds
         assert all(part.dtype == np.int64 for part in got)
 
 
+@pytest.mark.parametrize("rows, clients", [(10, 10), (11, 3), (1797, 7), (1797, 100), (50, 49)])
+def test_the_numpy_iid_is_flwr_datasets_own(rows, clients) -> None:
+    """Catches the numpy port of flwr-datasets' IidPartitioner (contiguous shards of the
+    shuffled rows) cutting them elsewhere: the same indices in the same order."""
+    from flwr_datasets.partitioner import IidPartitioner
+
+    from pflarena.core.partition.flwr_partitioners import _run_partitioner, iid_partition
+
+    labels = np.arange(rows) % 10
+    order = np.random.default_rng(rows).permutation(rows).astype(np.int64)
+    expected = _run_partitioner(IidPartitioner(num_partitions=clients), labels, clients, order)
+    got = iid_partition(labels, clients, seed=rows)
+    assert [part.tolist() for part in got] == [part.tolist() for part in expected]
+    assert all(part.dtype == np.int64 for part in got)
+
+
 @pytest.mark.parametrize("num_samples", [2, 3, 7, 10, 51, 180])
 @pytest.mark.parametrize("fraction", [0.1, 0.2, 0.25, 0.5, 0.9])
 def test_the_unstratified_split_is_scikit_learns_own(num_samples, fraction) -> None:

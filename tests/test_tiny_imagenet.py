@@ -17,7 +17,12 @@ from pflarena.core.datasets import (
     load_pooled,
     load_tiny_imagenet,
 )
-from pflarena.core.federation import FederationSpec, build_federation, load_server_data
+from pflarena.core.federation import (
+    FederationSpec,
+    build_federation,
+    clear_caches,
+    load_server_data,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +36,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PFLARENA_CACHE", str(tmp_path / "cache"))
-    build_federation.cache_clear()
-    load_server_data.cache_clear()
+    clear_caches()
 
 
 def close(a: np.ndarray, colour: tuple[int, int, int], tolerance: int = 4) -> bool:
@@ -89,7 +93,7 @@ def test_partitioned_federation_is_deterministic(tiny_dir: Path) -> None:
     total = sum(len(c.y_train) + len(c.y_test) for c in federation.clients) + len(server.y)
     assert total == 600 and len(server.y) == 60
     assert all(c.x_train.dtype == np.uint8 for c in federation.clients)
-    build_federation.cache_clear()
+    clear_caches()
     again = build_federation(spec)
     for a, b in zip(federation.clients, again.clients, strict=True):
         assert np.array_equal(a.y_train, b.y_train) and np.array_equal(a.x_test, b.x_test)

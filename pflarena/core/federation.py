@@ -72,6 +72,7 @@ __all__ = [
     "ServerData",
     "client_sizes",
     "build_federation",
+    "clear_caches",
     "load_client",
     "load_server_data",
     "synthetic_mixture_truth",
@@ -424,8 +425,12 @@ def _shares(
     return pooled.info, pooled.x, pooled.y, [kept[part] for part in parts], held
 
 
+@functools.lru_cache(maxsize=4)
 def _federation_rows(spec: FederationSpec) -> _Rows:
-    """Every role's rows of the pool for a spec; :func:`build_federation` takes these rows."""
+    """Every role's rows of the pool for a spec; :func:`build_federation`,
+    :func:`client_sizes` and :func:`load_server_data` take these rows. Memoised like
+    :func:`build_federation`: a simulation's server counts the clients, then its first
+    clients build theirs, in one process (the partition of 3,550 clients took 9 s)."""
     info, x, y, shares, server = _shares(spec)
     train, val, test = [], [], []
     for client_id, rows in enumerate(shares):
@@ -455,7 +460,7 @@ def build_federation(spec: FederationSpec) -> Federation:
 
     Deterministic for a given spec, and memoised for the last four specs in this process
     (the returned arrays are shared between callers: do not modify them in place;
-    ``build_federation.cache_clear()`` empties the cache).
+    :func:`clear_caches` empties the cache).
 
     Parameters
     ----------
@@ -508,6 +513,14 @@ def _client_data(
     )
 
 
+def clear_caches() -> None:
+    """Forget the federations this process built (:func:`build_federation`'s,
+    :func:`load_server_data`'s and the rows both take): the next build reads the files."""
+    build_federation.cache_clear()
+    load_server_data.cache_clear()
+    _federation_rows.cache_clear()
+
+
 @functools.lru_cache(maxsize=4)
 def load_server_data(spec: FederationSpec) -> ServerData | None:
     """The server's share of a spec's data, or ``None`` when ``server_fraction == 0``.
@@ -516,7 +529,7 @@ def load_server_data(spec: FederationSpec) -> ServerData | None:
     stratified by label (unstratified when a class is too small) before the pool is
     partitioned. Natively federated data sets: ``ceil(server_fraction · n_i)`` of each
     client's ``n_i`` samples, drawn the same way before its train/test split, pooled in
-    client order. Memoised like :func:`build_federation` (``load_server_data.cache_clear()``).
+    client order. Memoised like :func:`build_federation` (:func:`clear_caches`).
 
     Parameters
     ----------
