@@ -142,3 +142,33 @@ def test_a_large_reply_crosses_in_a_file_its_reader_removes() -> None:
         assert message_to_proto(unpack(packed)) == message_to_proto(message)
     finally:
         files.close()
+
+
+def test_a_record_that_cannot_be_written_is_carried_and_leaves_no_file(monkeypatch) -> None:
+    """Catches a full disk (or a directory that cannot be made) ending the run: the pipe
+    still carries what no file could, and no partial file is left."""
+    import errno
+
+    def full(fd, buffers):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    big = ArrayRecord([np.arange(parcel.SPILL_MIN_BYTES // 4, dtype=np.float32)])
+    message = _message(RecordDict({"model": big}))
+    files = ParcelFiles()
+    try:
+        once = files.once
+        monkeypatch.setattr(parcel.os, "writev", full)
+        packed = pack(message, spill_to=once)
+        assert not isinstance(dict(packed.arrays)["model"], parcel.Spilled)
+        assert list(once.iterdir()) == []
+        assert message_to_proto(unpack(packed)) == message_to_proto(message)
+        assert files.start_push([message, _message(RecordDict({"model": big}))]) == {}
+        assert [p.name for p in once.parent.iterdir()] == ["once"]  # no push directory left
+    finally:
+        files.close()
+
+    def no_directory(**kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(parcel.tempfile, "mkdtemp", no_directory)
+    assert ParcelFiles().once is None

@@ -135,14 +135,14 @@ def _worker_ready(_: int = 0) -> int:
 
 
 def _worker_call(
-    parcel: Parcel, context: Context, spill_to: str
+    parcel: Parcel, context: Context, spill_to: str | None
 ) -> tuple[Parcel | None, str | None, Context]:
     """Run one message through the ClientApp in a worker: the reply (a parcel, its large
-    records written to files in ``spill_to``) or the exception's text, and the node's
-    context as the call left it."""
+    records written to files in ``spill_to`` where given) or the exception's text, and the
+    node's context as the call left it."""
     try:
         reply = _WORKER_APP["app"](unpack(parcel), context)
-        return pack(reply, spill_to=Path(spill_to)), None, context
+        return pack(reply, spill_to=None if spill_to is None else Path(spill_to)), None, context
     except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
         return None, f"{type(exc).__name__}: {exc}", context
 
@@ -514,7 +514,8 @@ class InProcessGrid(Grid):
                 stored = self._files.start_push(messages)
             once = self._files.once  # a message's own large records, and the replies'
             parcel = pack(msg, stored, spill_to=once)
-            future = self._pool.submit(_worker_call, parcel, self.contexts[node_id], str(once))
+            spill_to = None if once is None else str(once)
+            future = self._pool.submit(_worker_call, parcel, self.contexts[node_id], spill_to)
             pending.append((msg, node_id, future, time.monotonic()))
         self._collect(pending)
         return ids

@@ -111,7 +111,8 @@ def record_bytes(record: ArrayRecord) -> int:
 
 
 def spill(record: ArrayRecord, path: Path, *, shared: bool = False) -> Spilled:
-    """Write ``record``'s arrays' bytes to a new file at ``path`` (this user's alone)."""
+    """Write ``record``'s arrays' bytes to a new file at ``path`` (this user's alone). An
+    ``OSError`` (a full disk) leaves no file behind."""
     fields = record_fields(record)
     datas = [data for _, (_, _, _, data) in fields]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -119,10 +120,13 @@ def spill(record: ArrayRecord, path: Path, *, shared: bool = False) -> Spilled:
         for start in range(0, len(datas), _WRITEV_MAX):
             chunk = datas[start : start + _WRITEV_MAX]
             written, total = os.writev(fd, chunk), sum(len(d) for d in chunk)
-            if written != total:  # a short write (a full disk): the rest one by one
+            if written != total:  # a short write: the rest one by one
                 _write_rest(fd, b"".join(chunk)[written:])
-    finally:
+    except OSError:
         os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
     entries = tuple(
         (name, dtype, shape, stype, len(data)) for name, (dtype, shape, stype, data) in fields
     )
@@ -156,7 +160,8 @@ def pack(
 ) -> Parcel:
     """``message`` as a parcel: an ArrayRecord whose ``id`` is in ``stored`` is named by its
     file; with ``spill_to`` (a directory), any other of at least :data:`SPILL_MIN_BYTES` is
-    written to a new file there; the rest are carried."""
+    written to a new file there, or carried where it cannot be (a full disk); the rest are
+    carried."""
     if message.has_error() or not message.has_content():
         return Parcel(message_to_proto(message).SerializeToString())
     light = RecordDict()
@@ -168,7 +173,8 @@ def pack(
         light[key] = ArrayRecord()  # its place in the content's order
         held = stored.get(id(record)) if stored else None
         if held is None and spill_to is not None and record_bytes(record) >= SPILL_MIN_BYTES:
-            held = spill(record, spill_to / f"{uuid.uuid4().hex}.record")
+            with contextlib.suppress(OSError):  # not written: carried instead
+                held = spill(record, spill_to / f"{uuid.uuid4().hex}.record")
         arrays.append((key, held if held is not None else record_fields(record)))
     from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
 
@@ -219,14 +225,18 @@ class ParcelFiles:
         return self._root
 
     @property
-    def once(self) -> Path:
+    def once(self) -> Path | None:
         """Where the large records read once go: a message's own (a personalized model) and
-        a reply's."""
-        return self._made() / "once"
+        a reply's; None where the directory cannot be made (they are carried)."""
+        try:
+            return self._made() / "once"
+        except OSError:
+            return None
 
     def start_push(self, messages: Iterable[Message]) -> dict[int, Spilled]:
         """Write each record that two or more of ``messages`` carry (of at least
-        :data:`SPILL_MIN_BYTES`) once; returns each written record's ``id`` and its file."""
+        :data:`SPILL_MIN_BYTES`) once; returns each written record's ``id`` and its file
+        (none where they cannot be written: the messages carry them)."""
         self.end_push()
         counts: dict[int, int] = {}
         records: dict[int, ArrayRecord] = {}
@@ -244,12 +254,16 @@ class ParcelFiles:
         if not shared:
             return {}
         self._pushes += 1
-        self._current = self._made() / f"push-{self._pushes}"
-        self._current.mkdir(mode=0o700)
-        return {
-            id(record): spill(record, self._current / f"{index}.record", shared=True)
-            for index, record in enumerate(shared)
-        }
+        try:
+            self._current = self._made() / f"push-{self._pushes}"
+            self._current.mkdir(mode=0o700)
+            return {
+                id(record): spill(record, self._current / f"{index}.record", shared=True)
+                for index, record in enumerate(shared)
+            }
+        except OSError:
+            self.end_push()
+            return {}
 
     def end_push(self) -> None:
         """Remove the current push's files (a worker still to read one answers with an
