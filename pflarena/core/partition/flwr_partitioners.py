@@ -100,13 +100,8 @@ def iid_indices(order: np.ndarray, num_clients: int) -> list[np.ndarray]:
     ``Dataset.shard(contiguous=True)``): client ``i`` gets ``n // k`` rows, one more for the
     first ``n % k`` clients, in order. Run through ``datasets`` it took 2.5 ms a client (9 s
     for 3,550 clients); ``tests/test_partition.py`` compares the two."""
-    count, extra = divmod(len(order), num_clients)
-    parts, start = [], 0
-    for client in range(num_clients):
-        end = start + count + (1 if client < extra else 0)
-        parts.append(np.asarray(order[start:end], dtype=np.int64).copy())
-        start = end
-    return parts
+    # numpy's array_split cuts the same blocks: the first len % k one row longer
+    return [part.astype(np.int64) for part in np.array_split(order, num_clients)]
 
 
 def dirichlet_partition(
