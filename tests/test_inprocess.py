@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from pflarena.core.array_decoding import decode
 from pflarena.runtime.inprocess import InProcessGrid
 
 app = ClientApp()
@@ -291,11 +296,25 @@ def _total(msg: Message, context) -> Message:
     return Message(RecordDict({"a": MetricRecord({"total": total}), "echo": echo}), reply_to=msg)
 
 
+def _reply_slots_open() -> int:
+    """How many of this process's open files are reply slots (or a mapping's copy of one)."""
+    fds = Path(f"/proc/{os.getpid()}/fd")
+    count = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("/memfd:pflarena-reply")
+    return count
+
+
 def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_push() -> None:
     """Catches a worker that reads another push's (or a removed) copy of the global model, a
     message that loses its own records beside the shared one, a large reply that does not
-    come back whole, and files left behind."""
+    come back whole (or changes once its reply slot is written again), and files or reply
+    slots left behind."""
+    from pflarena.core.array_decoding import BufferArray
     from pflarena.runtime import parcel
+
+    slots_before = _reply_slots_open()
 
     grid = InProcessGrid(app, {}, 4, workers=2)
     written: list[int] = []
@@ -307,6 +326,8 @@ def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_pus
         return stored
 
     grid._files.start_push = counted
+    slots_usable = grid._slots.usable  # memory files for the replies (Linux)
+    kept: dict[int, tuple[list[Message], list[float]]] = {}
     try:
         grid.start_workers()
         for push in (1, 2):  # the second push's model differs: no stale copy may be used
@@ -325,8 +346,12 @@ def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_pus
             replies = list(grid.send_and_receive(messages))
             totals = [40_000 * push + 20_000 * i for i in range(4)]
             assert [r.content["a"]["total"] for r in replies] == totals
-            for reply, total in zip(replies, totals, strict=True):
-                assert np.array_equal(reply.content["echo"]["0"].numpy(), np.full(40_000, total))
+            kept[push] = (replies, totals)
+            for held, (earlier, sums) in kept.items():  # push 1's replies, after push 2 too
+                for reply, total in zip(earlier, sums, strict=True):
+                    echo = reply.content["echo"]["0"]
+                    assert np.array_equal(decode(echo, copy=False), np.full(40_000, total))
+                    assert held < push or isinstance(echo, BufferArray) == slots_usable
             root = grid._files._root
             assert root is not None and root.stat().st_mode & 0o777 == 0o700
             # the push's files are gone with it, and each message's own and each reply's
@@ -335,9 +360,14 @@ def test_workers_get_a_shared_record_once_per_push_and_its_files_go_with_the_pus
             assert list((root / "once").iterdir()) == []
         assert written == [1, 1]  # the model, once a push; each message's own alone
         assert parcel.SPILL_MIN_BYTES <= 160_000
+        if slots_usable:  # push 1's replies still hold theirs: push 2 took others
+            assert grid._slots.held() >= 8
     finally:
         grid.close()
     assert not root.exists()
+    del replies, reply, echo, earlier  # the replies (a mapping holds its slot's file open)
+    kept.clear()
+    assert _reply_slots_open() == slots_before
 
 
 def test_a_nodes_context_is_made_by_its_first_message_and_then_kept() -> None:

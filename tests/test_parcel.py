@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +173,141 @@ def test_a_record_that_cannot_be_written_is_carried_and_leaves_no_file(monkeypat
 
     monkeypatch.setattr(parcel.tempfile, "mkdtemp", no_directory)
     assert ParcelFiles().once is None
+
+
+needs_slots = pytest.mark.skipif(
+    not parcel.ReplySlots().usable, reason="reply slots are Linux memory files"
+)
+
+
+def _reply(value: float) -> Message:
+    """A reply with a large record (a slot's), a small one and metrics."""
+    content = _mixed()
+    content["big"] = ArrayRecord(
+        {
+            "w": Array(np.full(parcel.SPILL_MIN_BYTES // 4, value, dtype=np.float32)),
+            "n": Array(np.arange(3, dtype=np.int64)),
+            "z": Array(np.array(value, dtype=np.float64)),
+        }
+    )
+    content["big2"] = ArrayRecord([np.full(parcel.SPILL_MIN_BYTES // 8, -value)])
+    return _message(content)
+
+
+@needs_slots
+def test_a_reply_in_a_slot_is_read_where_it_was_written() -> None:
+    """Catches a reply from a slot that differs from Flower's round trip (two records in one
+    slot, misplaced offsets), one copied into new memory, or one that changes when its
+    array is decoded, copied or pickled."""
+    import copy
+    import pickle
+
+    from pflarena.core.array_decoding import BufferArray, array_buffer, decode
+
+    slots = parcel.ReplySlots()
+    try:
+        message = _reply(3.0)
+        path = slots.take()
+        packed = pack(message, slot=path)
+        held = dict(packed.arrays)
+        assert held["big"].slot and held["big2"].slot and held["big2"].offset == held["big"].end
+        assert not isinstance(held["model"], parcel.Spilled)  # small: carried
+        got = unpack(packed, slots)
+        slots.done(path)
+        array = got.content["big"]["w"]
+        assert isinstance(array, BufferArray)
+        assert isinstance(array_buffer(array), memoryview)  # the slot's pages, not a copy
+        values = decode(array, copy=False)
+        assert not values.flags.writeable and np.array_equal(values, np.full(values.shape, 3.0))
+        assert array == message.content["big"]["w"] and message.content["big"]["w"] == array
+        for other in (copy.deepcopy(array), pickle.loads(pickle.dumps(array))):
+            assert type(other) is Array and other == array
+        assert message_to_proto(got) == message_to_proto(message)  # every field, every record
+        assert type(array.data) is bytes and array.data == message.content["big"]["w"].data
+    finally:
+        slots.close()
+
+
+@needs_slots
+def test_a_slot_is_written_again_only_once_its_reply_is_gone() -> None:
+    """Catches a slot handed out while a reply mapped from it is alive (the reply would
+    change under the server), one never handed out again once free, and an abandoned one
+    (its worker may still write) handed out again."""
+    import gc
+
+    from pflarena.core.array_decoding import decode
+
+    slots = parcel.ReplySlots()
+    try:
+        first = slots.take()
+        kept = unpack(pack(_reply(1.0), slot=first), slots)
+        slots.done(first)
+        second = slots.take()
+        assert second != first
+        other = unpack(pack(_reply(2.0), slot=second), slots)
+        slots.done(second)
+        assert decode(kept.content["big"]["w"])[0] == 1.0  # intact beside the second
+        assert decode(other.content["big"]["w"])[0] == 2.0
+        del kept
+        gc.collect()
+        assert slots.take() == first  # free once its reply is gone
+        slots.done(first)  # answered without a large record: free at once
+        assert slots.take() == first
+        slots.abandon(first)
+        taken = [slots.take() for _ in range(3)]
+        assert first not in taken and second not in taken
+        assert slots.held() == 5  # first (abandoned), second (held by `other`), three new
+    finally:
+        slots.close()
+    assert slots.take() is None  # closed
+
+
+@needs_slots
+def test_unused_slots_are_closed_after_pushes_that_did_not_need_them() -> None:
+    """Catches a run that keeps a training round's slots for ever, and one that closes them
+    after one push that needed few (the next round would write into new pages again)."""
+    slots = parcel.ReplySlots()
+    try:
+        paths = [slots.take() for _ in range(5)]
+        for path in paths:
+            slots.done(path)
+        slots.end_push()
+        assert slots.held() == 5
+        for _ in range(slots.KEEP_PUSHES - 1):  # pushes of one call each: the five kept
+            slots.done(slots.take())
+            slots.end_push()
+            assert slots.held() == 5
+        slots.done(slots.take())
+        slots.end_push()
+        assert slots.held() == 1
+    finally:
+        slots.close()
+
+
+@needs_slots
+def test_a_slot_that_cannot_be_written_or_read_costs_the_reply_only_its_speed() -> None:
+    """Catches a worker whose slot cannot be opened failing the call (its records go to a
+    file, or are carried), and a forged or short slot read silently."""
+    slots = parcel.ReplySlots()
+    files = ParcelFiles()
+    try:
+        message = _reply(4.0)
+        gone = f"/proc/{os.getpid()}/fd/999999"
+        packed = pack(message, spill_to=files.once, slot=gone)
+        held = dict(packed.arrays)
+        assert not held["big"].slot and not held["big2"].slot  # files of their own
+        assert message_to_proto(unpack(packed)) == message_to_proto(message)
+        packed = pack(message, slot=gone)  # no directory either: carried
+        assert not any(isinstance(fields, parcel.Spilled) for _, fields in packed.arrays)
+        assert message_to_proto(unpack(packed)) == message_to_proto(message)
+        path = slots.take()
+        packed = pack(message, slot=path)
+        with pytest.raises(OSError, match="no slots"):
+            unpack(packed)
+        with pytest.raises(OSError, match="not a reply slot"):
+            slots.map(gone, 10)
+        with pytest.raises(OSError, match="its reply says"):
+            slots.map(path, dict(packed.arrays)["big2"].end + 1)
+    finally:
+        slots.close()
+        files.close()

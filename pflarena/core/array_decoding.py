@@ -22,7 +22,53 @@ import torch
 from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 
-__all__ = ["decode", "encode", "state_record", "torch_state"]
+__all__ = ["BufferArray", "array_buffer", "decode", "encode", "state_record", "torch_state"]
+
+
+class BufferArray(Array):
+    """An ``Array`` whose bytes lie in a read-only buffer (a mapped file) rather than in
+    ``bytes`` of its own: :func:`decode` reads its values where they lie, and ``data``
+    (Flower's field, ``bytes``) is made from the buffer the first time something asks for
+    it. It equals, copies and pickles as the plain ``Array`` of the same fields.
+
+    Why: a reply the server only reads (averages, flattens, checks) need not be copied into
+    memory of the server's own; the in-process engine's replies arrive in memory the run's
+    process maps (:class:`pflarena.runtime.parcel.ReplySlots`, which says what that
+    saves)."""
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], stype: str, buffer: memoryview):
+        # Array's __init__ accepts bytes only; its fields are set as its __setattr__ would.
+        fields = self.__dict__
+        fields["dtype"], fields["shape"], fields["stype"] = dtype, shape, stype
+        fields["_buffer"] = buffer.toreadonly()
+
+    def __getattr__(self, name: str):  # called only for what the instance does not hold
+        if name == "data":
+            buffer = self.__dict__.pop("_buffer", None)
+            if buffer is not None:
+                data = self.__dict__["data"] = bytes(buffer)
+                return data
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Array):
+            return NotImplemented
+        return (self.dtype, tuple(self.shape), self.stype) == (
+            other.dtype,
+            tuple(other.shape),
+            other.stype,
+        ) and array_buffer(self) == array_buffer(other)
+
+    __hash__ = None  # type: ignore[assignment]  # as Array's: mutable, compared by value
+
+    def __reduce__(self):
+        return Array, (self.dtype, tuple(self.shape), self.stype, self.data)
+
+
+def array_buffer(array: Array) -> bytes | memoryview:
+    """``array``'s bytes without a copy: its ``data``, or a :class:`BufferArray`'s buffer."""
+    buffer = array.__dict__.get("_buffer")
+    return array.data if buffer is None else buffer
 
 
 @lru_cache(maxsize=512)
@@ -50,8 +96,8 @@ def decode(array: Array, *, copy: bool = True) -> np.ndarray:
     if dtype.kind not in "biufc" or dtype.hasobject or any(size < 0 for size in shape):
         return array.numpy()
     header = _npy_header(np.lib.format.dtype_to_descr(dtype), shape)
-    data = array.data
-    if len(data) != len(header) + dtype.itemsize * prod(shape) or not data.startswith(header):
+    data = array_buffer(array)
+    if len(data) != len(header) + dtype.itemsize * prod(shape) or data[: len(header)] != header:
         return array.numpy()
     values = np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape)
     return values.copy() if copy else values

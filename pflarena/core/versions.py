@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from pflarena.core.array_decoding import array_buffer
+
 __all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "run_key"]
 
 #: The bytes of entries (arrays' data) a process keeps cached, least recently used first out:
@@ -142,7 +144,7 @@ class DiskVersions:
 
     @classmethod
     def _remember(cls, key: tuple[str, int, int], record: ArrayRecord) -> None:
-        size = sum(len(array.data) for array in record.values())
+        size = sum(len(array_buffer(array)) for array in record.values())
         if size > CACHE_BYTES:
             return
         with cls._cache_lock:

@@ -71,7 +71,15 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pflarena.core.phases import mark
 from pflarena.runtime.engines import START_METHODS, has_gpu
-from pflarena.runtime.parcel import Parcel, ParcelFiles, Spilled, copy_message, pack, unpack
+from pflarena.runtime.parcel import (
+    Parcel,
+    ParcelFiles,
+    ReplySlots,
+    Spilled,
+    copy_message,
+    pack,
+    unpack,
+)
 from pflarena.runtime.processes import die_with_parent
 
 __all__ = ["InProcessGrid", "run_inprocess"]
@@ -135,14 +143,15 @@ def _worker_ready(_: int = 0) -> int:
 
 
 def _worker_call(
-    parcel: Parcel, context: Context, spill_to: str | None
+    parcel: Parcel, context: Context, spill_to: str | None, slot: str | None = None
 ) -> tuple[Parcel | None, str | None, Context]:
     """Run one message through the ClientApp in a worker: the reply (a parcel, its large
-    records written to files in ``spill_to`` where given) or the exception's text, and the
-    node's context as the call left it."""
+    records written to the reply slot ``slot``, else to files in ``spill_to``, where given)
+    or the exception's text, and the node's context as the call left it."""
     try:
         reply = _WORKER_APP["app"](unpack(parcel), context)
-        return pack(reply, spill_to=None if spill_to is None else Path(spill_to)), None, context
+        spill_dir = None if spill_to is None else Path(spill_to)
+        return pack(reply, spill_to=spill_dir, slot=slot), None, context
     except Exception as exc:  # noqa: BLE001 - mirrors Flower's error replies
         return None, f"{type(exc).__name__}: {exc}", context
 
@@ -251,6 +260,8 @@ class InProcessGrid(Grid):
         self._pool_broken = False
         #: the files the large records cross to and from the workers in
         self._files = ParcelFiles()
+        #: the memory files the workers write their replies' large records into
+        self._slots = ReplySlots()
         #: the workers are forked once one push has kept this process busy this long
         self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
         #: start the workers before any call runs in this process: spawned workers (clients
@@ -340,6 +351,7 @@ class InProcessGrid(Grid):
                 return self._push_parallel(messages)
             finally:
                 self._files.end_push()
+                self._slots.end_push()
         ids = []
         for msg in messages:
             reply = self._deliver(msg)
@@ -463,7 +475,6 @@ class InProcessGrid(Grid):
 
             torch.set_num_threads(self._threads)
             self._threads = 0
-        self._files.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             processes = list(getattr(pool, "_processes", {}).values())
@@ -471,6 +482,11 @@ class InProcessGrid(Grid):
             for process in processes:
                 with contextlib.suppress(Exception):
                     process.kill()
+            for process in processes:  # gone before their reply slots' numbers are let go
+                with contextlib.suppress(Exception):
+                    process.join(timeout=5)
+        self._files.close()
+        self._slots.close()
 
     def _push_parallel(self, messages: list[Message]) -> list[str]:
         """:meth:`push_messages` with each node's call in a worker process; a node given two
@@ -487,11 +503,11 @@ class InProcessGrid(Grid):
         began = time.monotonic()
         stored: dict[int, Spilled] | None = None
         ids: list[str] = []
-        pending: list[tuple[Message, int, Future, float]] = []
+        pending: list[tuple[Message, int, Future, float, str | None]] = []
         window = IN_FLIGHT_PER_WORKER * self.workers
         for msg in messages:
             node_id = msg.metadata.dst_node_id
-            if any(node == node_id for _, node, _, _ in pending):
+            if any(call[1] == node_id for call in pending):
                 self._collect(pending)
                 pending = []
             elif len(pending) >= window:  # the oldest call's reply first
@@ -512,25 +528,29 @@ class InProcessGrid(Grid):
                 continue
             if stored is None:  # the records the messages share, written once for the workers
                 stored = self._files.start_push(messages)
-            once = self._files.once  # a message's own large records, and the replies'
+            once = self._files.once  # a message's own large records (and replies' no slot takes)
             parcel = pack(msg, stored, spill_to=once)
             spill_to = None if once is None else str(once)
-            future = self._pool.submit(_worker_call, parcel, self.contexts[node_id], spill_to)
-            pending.append((msg, node_id, future, time.monotonic()))
+            slot = self._slots.take()
+            context = self.contexts[node_id]
+            future = self._pool.submit(_worker_call, parcel, context, spill_to, slot)
+            pending.append((msg, node_id, future, time.monotonic(), slot))
         self._collect(pending)
         return ids
 
-    def _collect(self, pending: list[tuple[Message, int, Future, float]]) -> None:
+    def _collect(self, pending: list[tuple[Message, int, Future, float, str | None]]) -> None:
         """Wait for the calls ``pending``, each for its message's time to live from its
         submission, and keep their replies and contexts."""
         from concurrent.futures.process import BrokenProcessPool
 
-        for msg, node_id, future, submitted in pending:
+        for msg, node_id, future, submitted, slot in pending:
             ttl = msg.metadata.ttl
             deadline = None if not ttl else submitted + ttl
             try:
                 payload, problem, context = _result(future, deadline)
             except FutureTimeout:
+                if slot is not None:  # its worker may still write it
+                    self._slots.abandon(slot)
                 self.busy[node_id] = future
                 log(
                     WARNING,
@@ -549,6 +569,8 @@ class InProcessGrid(Grid):
                         exc,
                     )
                 self._pool_broken = True
+                if slot is not None:
+                    self._slots.abandon(slot)
                 self.close()
                 reason = f"WorkerDied: the worker process running this client died ({exc})"
                 reply = Message(Error(code=0, reason=reason), reply_to=msg)
@@ -558,10 +580,12 @@ class InProcessGrid(Grid):
                     reply = Message(Error(code=0, reason=str(problem)), reply_to=msg)
                 else:
                     try:
-                        reply = unpack(payload)
+                        reply = unpack(payload, self._slots)
                     except OSError as exc:  # its file is gone (the workers were ended)
                         reason = f"ReplyLost: the reply's records could not be read ({exc})"
                         reply = Message(Error(code=0, reason=reason), reply_to=msg)
+                if slot is not None:  # free now, or once the reply mapped from it is gone
+                    self._slots.done(slot)
             self._replies[msg.metadata.message_id] = self._finish(reply, node_id, fresh=True)
 
     def _call(self, received: Message, msg: Message, node_id: int) -> Message | None:

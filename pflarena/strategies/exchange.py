@@ -18,6 +18,8 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from pflarena.core.array_decoding import array_buffer
+
 __all__ = [
     "EXPIRED",
     "NO_REPLY",
@@ -32,7 +34,9 @@ __all__ = [
 def record_nbytes(content: RecordDict) -> int:
     """Serialized size of the arrays in a message (what dominates the traffic)."""
     return sum(
-        len(array.data) for record in content.array_records.values() for array in record.values()
+        len(array_buffer(array))
+        for record in content.array_records.values()
+        for array in record.values()
     )
 
 
