@@ -94,3 +94,58 @@ def test_a_state_record_is_flowers_record_of_the_state_dict():
     ours, flowers = state_record(state), ArrayRecord(state)
     assert list(ours) == list(flowers)
     assert all(_fields(ours[k]) == _fields(flowers[k]) for k in flowers)
+
+
+ODD = [
+    np.arange(12, dtype=np.float32).reshape(3, 4).T,  # Fortran-ordered
+    np.arange(24, dtype=np.int16).reshape(2, 3, 4)[:, ::2],  # neither order
+    np.zeros((1,) * 40, dtype=np.float32),  # rank 40
+]
+
+
+def test_a_state_file_is_np_savez_s_file_and_reads_back_as_before(tmp_path):
+    """Catches a client state file that differs by a byte from ``np.savez``'s (old and new
+    runs would not read each other's states, or a resume's), and a read that differs from
+    ``Array(np.load(path)[name])`` for any dtype, order, rank or kind of bytes."""
+    from pflarena.core.versions import read_npz, write_npz
+
+    values = {f"a{index}": value for index, value in enumerate([*VALUES, *ODD])}
+    record = ArrayRecord({name: Array(value) for name, value in values.items()})
+    # bytes that are an .npy file of another (Fortran) layout than the fields say
+    buffer = io.BytesIO()
+    np.save(buffer, np.asfortranarray(np.arange(6.0).reshape(2, 3)), allow_pickle=False)
+    record["fortran_bytes"] = Array("float64", (2, 3), SType.NUMPY, buffer.getvalue())
+    with open(tmp_path / "ours.npz", "wb") as handle:
+        write_npz(handle, record)
+    with open(tmp_path / "numpys.npz", "wb") as handle:
+        np.savez(handle, **{name: array.numpy() for name, array in record.items()})
+    assert (tmp_path / "ours.npz").read_bytes() == (tmp_path / "numpys.npz").read_bytes()
+
+    got = read_npz(tmp_path / "ours.npz")
+    with np.load(tmp_path / "ours.npz", allow_pickle=False) as data:
+        want = ArrayRecord({name: Array(data[name]) for name in data.files})
+    assert list(got) == list(want) == list(record)
+    assert all(_fields(got[name]) == _fields(want[name]) for name in want)
+
+
+def test_a_state_file_that_is_not_one_is_refused(tmp_path):
+    """Catches a damaged state file read as arrays: a changed byte (the zip's checksum), a
+    member that is not an array, a pickle."""
+    import zipfile
+
+    from pflarena.core.versions import read_npz
+
+    path = tmp_path / "s.npz"
+    np.savez(path, w=np.arange(1000, dtype=np.float32))
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    (tmp_path / "damaged.npz").write_bytes(bytes(damaged))
+    with pytest.raises(zipfile.BadZipFile):
+        read_npz(tmp_path / "damaged.npz")
+    with zipfile.ZipFile(tmp_path / "other.npz", "w") as archive:
+        archive.writestr("notes.txt", b"hello")
+    with pytest.raises(ValueError, match="not an .npy member"):
+        read_npz(tmp_path / "other.npz")
+    np.savez(tmp_path / "pickle.npz", o=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="pickle"):
+        read_npz(tmp_path / "pickle.npz")

@@ -22,7 +22,16 @@ import torch
 from flwr.app import Array, ArrayRecord
 from flwr.common.constant import SType
 
-__all__ = ["BufferArray", "array_buffer", "decode", "encode", "state_record", "torch_state"]
+__all__ = [
+    "BufferArray",
+    "array_buffer",
+    "decode",
+    "encode",
+    "from_npy",
+    "npy_bytes",
+    "state_record",
+    "torch_state",
+]
 
 
 class BufferArray(Array):
@@ -81,26 +90,66 @@ def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
+def _plain(array: Array) -> tuple[np.dtype, tuple[int, ...], int, bytes | memoryview] | None:
+    """``array``'s dtype, shape, header length and bytes where its bytes are what ``np.save``
+    writes for a C-ordered array of plain numbers of its declared dtype and shape (a version
+    1.0 header, then the values); None for anything else."""
+    if array.stype != SType.NUMPY:
+        return None
+    try:
+        dtype = np.dtype(array.dtype)
+        shape = tuple(int(size) for size in array.shape)
+    except (TypeError, ValueError):
+        return None
+    if dtype.kind not in "biufc" or dtype.hasobject or any(size < 0 for size in shape):
+        return None
+    header = _npy_header(np.lib.format.dtype_to_descr(dtype), shape)
+    data = array_buffer(array)
+    if len(data) != len(header) + dtype.itemsize * prod(shape) or data[: len(header)] != header:
+        return None
+    return dtype, shape, len(header), data
+
+
 def decode(array: Array, *, copy: bool = True) -> np.ndarray:
     """``array.numpy()``: the same values, dtype and shape, writable, in its own memory.
 
     With ``copy=False``, a read-only view of the array's bytes where they hold plain numbers
     (no copy of a reply the server only reads: averaging, flattening)."""
-    if array.stype != SType.NUMPY:
+    plain = _plain(array)
+    if plain is None:
         return array.numpy()
-    try:
-        dtype = np.dtype(array.dtype)
-        shape = tuple(int(size) for size in array.shape)
-    except (TypeError, ValueError):
-        return array.numpy()
-    if dtype.kind not in "biufc" or dtype.hasobject or any(size < 0 for size in shape):
-        return array.numpy()
-    header = _npy_header(np.lib.format.dtype_to_descr(dtype), shape)
-    data = array_buffer(array)
-    if len(data) != len(header) + dtype.itemsize * prod(shape) or data[: len(header)] != header:
-        return array.numpy()
-    values = np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape)
+    dtype, shape, offset, data = plain
+    values = np.frombuffer(data, dtype=dtype, offset=offset).reshape(shape)
     return values.copy() if copy else values
+
+
+def npy_bytes(array: Array) -> bytes | memoryview:
+    """The ``.npy`` file of ``array.numpy()`` (what ``np.save`` writes): the array's own
+    bytes where they are exactly that, without a copy; else written from its values."""
+    plain = _plain(array)
+    if plain is not None:
+        return plain[3]
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array.numpy(), allow_pickle=False)
+    return buffer.getbuffer()
+
+
+def from_npy(data: bytes) -> Array:
+    """``Array(np.load(BytesIO(data)))`` for the ``.npy`` file ``data`` (no pickles): the
+    same fields and bytes, taken as they are where they are what ``np.save`` writes for a
+    C-ordered array of plain numbers, without parsing the values and writing them again."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+            if not fortran and dtype.kind in "biufc" and not dtype.hasobject:
+                array = Array(dtype=str(dtype), shape=tuple(shape), stype=SType.NUMPY, data=data)
+                if _plain(array) is not None:
+                    return array
+    except ValueError:
+        pass  # numpy's own reader says what is wrong
+    return Array(np.load(io.BytesIO(data), allow_pickle=False))
 
 
 def torch_state(record: ArrayRecord, device: torch.device | str | None = None) -> dict:
