@@ -15,10 +15,9 @@ parcel made and unpacked in one process shares them: no array is copied, and eac
 still gets its own ``ArrayRecord`` and ``Array`` objects, so nothing a ClientApp does to its
 message reaches the server's copy or another client's.
 
-Large arrays cross to and from the worker processes outside the pool's pipe: a 6.6 MB reply
-took 22 ms to cross the pipe (pickled, written in 64 KB pieces, read back into a buffer,
-unpickled) and 10 ms as a file written once and read once (``os.pread``, one copy), side by
-side (``benchmarks/results/parcel_transport.md``). An ArrayRecord of at least
+Large arrays cross to and from the worker processes outside the pool's pipe, which pickles
+them, writes them in 64 KB pieces, reads them back into a buffer and unpickles them
+(``benchmarks/results/parcel_transport.md`` times the ways side by side). An ArrayRecord of at least
 :data:`SPILL_MIN_BYTES` is :class:`Spilled`: its arrays' bytes one after another in a file,
 the parcel holding its fields but the bytes.
 
@@ -424,11 +423,11 @@ class ReplySlots:
     """Memory files (``memfd_create``) of the run's process that the workers write their
     replies' large records into, each reused for a later reply once the one it holds is gone.
 
-    Why: a reply written to a new file, or read into new memory, costs its pages' first use:
-    2 to 14 ms for a 6.6 MB model on this project's 2-core reference host, against 0.5 to 0.9
-    ms for the same write into pages already used (``benchmarks/results/parcel_transport.md``),
-    and a round of 355 clients wrote and read 355 of them. A slot keeps its pages from one
-    reply to the next. The run's process maps a reply's slot read-only
+    Why: a reply written to a new file and read into new memory costs both processes the
+    first use of new pages, which a profile of a 3,550-client run showed as the largest
+    costs beyond training. A slot keeps its pages from one reply to the next: per 6.6 MB
+    reply, 4.9 ms against 8.0 for a file of its own and 9.6 through the pool's pipe, side
+    by side (``benchmarks/results/parcel_transport.md``). The run's process maps a reply's slot read-only
     (:class:`~pflarena.core.array_decoding.BufferArray`: the server reads the values where the
     worker wrote them) and the slot is free again when the last array of the reply is gone
     (``weakref.finalize`` on the mapping), not before.
