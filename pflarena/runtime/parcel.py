@@ -427,10 +427,10 @@ class ReplySlots:
     first use of new pages, which a profile of a 3,550-client run showed as the largest
     costs beyond training. A slot keeps its pages from one reply to the next: per 6.6 MB
     reply, 4.9 ms against 8.0 for a file of its own and 9.6 through the pool's pipe, side
-    by side (``benchmarks/results/parcel_transport.md``). The run's process maps a reply's slot read-only
-    (:class:`~pflarena.core.array_decoding.BufferArray`: the server reads the values where the
-    worker wrote them) and the slot is free again when the last array of the reply is gone
-    (``weakref.finalize`` on the mapping), not before.
+    by side (``benchmarks/results/parcel_transport.md``). The run's process maps a reply's
+    slot read-only (:class:`~pflarena.core.array_decoding.BufferArray`: the server reads the
+    values where the worker wrote them) and the slot is free again when the last array of
+    the reply is gone (``weakref.finalize`` on the mapping), not before.
 
     A worker opens a slot by its path, ``/proc/<pid>/fd/<fd>``: only this user's processes
     can. The files are anonymous: nothing is left behind, whatever ends the run. A slot whose
@@ -495,6 +495,8 @@ class ReplySlots:
         held = os.fstat(fd).st_size
         if held < size:
             raise OSError(f"{path}: a reply slot of {held} bytes, its reply says {size}")
+        if size == 0:  # nothing to map (mmap would map the whole file)
+            return memoryview(b"")
         mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         with self._lock:
             self._mapped.add(fd)

@@ -1,0 +1,141 @@
+"""Whether a change left every method's results as they were: each method run from a commit's
+tree and from this tree with the same settings, their results compared.
+
+Each method (``--methods``, or every built-in one) runs as a real ``pflarena run`` on the
+default engine with ``--workers 2`` (the clients in forked workers, their replies crossing as
+parcels), MNIST's CNN (6.6 MB messages: the large-record paths), ``--clients`` clients for
+``--rounds`` rounds, once from ``--before-commit``'s tree (``git archive``) and once from this
+one. Compared: every ``rounds.jsonl`` record with its timings left out (keys ending in
+``_s``), the checkpoint's arrays (its header, which records times and paths, left out) and
+each ``summary.json`` field that is not a time. The table says, per method, whether each is
+the same, and the accuracy both runs reached.
+
+Usage::
+
+    python benchmarks/same_results.py --before-commit <commit> [--methods ditto fedavg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from commit_tree import export_commit, head_commit
+from scale import method_flags
+
+from pflarena.strategies import declarations
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Checkpoint entries that record when and where, not what was learnt.
+CHECKPOINT_META = {"header", "checksum"}
+
+
+def run(tree: Path, method: str, args: argparse.Namespace, out: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "pflarena.cli", "run", "--strategy", method,
+        "--dataset", "mnist", "--data-dir", args.data_dir, "--model", "cnn",
+        "--partition", "iid", "--num-clients", str(args.clients),
+        "--fraction-train", str(args.fraction), "--num-rounds", str(args.rounds),
+        "--batch-size", "32", "--seed", "0",
+        "--workers", "2", "--output-dir", str(out), "--quiet", *method_flags(method),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{method} from {tree}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+
+
+def untimed(value):
+    """``value`` without its timings: every key ending in ``_s``, at any depth."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not k.endswith("_s")}
+    if isinstance(value, list):
+        return [untimed(v) for v in value]
+    return value
+
+
+def compare(before: Path, after: Path) -> dict[str, bool | str]:
+    def records(out: Path) -> list:
+        return [
+            untimed(json.loads(line)) for line in (out / "rounds.jsonl").read_text().splitlines()
+        ]
+
+    def summary(out: Path) -> dict:
+        return untimed(json.loads((out / "summary.json").read_text()))
+
+    with np.load(before / "checkpoint.npz") as a, np.load(after / "checkpoint.npz") as b:
+        names = set(a.files) - CHECKPOINT_META
+        same_checkpoint = names == set(b.files) - CHECKPOINT_META and all(
+            np.array_equal(a[n], b[n]) for n in names
+        )
+    evaluated = [r["evaluation"] for r in records(after) if r.get("evaluation")]
+    accuracy = (evaluated[-1].get("personalized") or {}).get("mean") if evaluated else None
+    return {
+        "rounds": records(before) == records(after),
+        "checkpoint": same_checkpoint,
+        "summary": summary(before) == summary(after),
+        "accuracy": "-" if accuracy is None else f"{100 * accuracy:.2f} %",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before-commit", required=True)
+    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--methods", nargs="*", default=None)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--fraction", type=float, default=0.1, help="of the clients a round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/same_results.md")
+    args = parser.parse_args()
+    methods = args.methods or sorted(declarations())
+    work = Path(tempfile.mkdtemp(prefix="pflarena-same-"))
+    before = export_commit(args.before_commit, work / "before")
+    rows, started = [], time.monotonic()
+    for method in methods:
+        try:
+            run(before, method, args, work / method / "before")
+            run(ROOT, method, args, work / method / "after")
+            found = compare(work / method / "before", work / method / "after")
+            cells = [
+                "same" if found[k] else "**differs**" for k in ("rounds", "checkpoint", "summary")
+            ]
+            rows.append(f"| {method} | {' | '.join(cells)} | {found['accuracy']} |")
+        except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
+            rows.append(f"| {method} | **failed**: {str(exc).splitlines()[0][:120]} | | | |")
+        print(rows[-1], flush=True)
+    lines = [
+        "# The same results before and after a change",
+        "",
+        f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; commit `{head_commit()}`, "
+        f"before: `{args.before_commit}`.",
+        f"- Command: `python benchmarks/same_results.py --before-commit {args.before_commit} "
+        f"--clients {args.clients} --fraction {args.fraction} --rounds {args.rounds}"
+        + (f" --methods {' '.join(args.methods)}" if args.methods else "")
+        + "`.",
+        f"- {len(methods)} methods in {time.monotonic() - started:.0f} s; runs kept in `{work}`.",
+        "",
+        f"MNIST's CNN, IID over {args.clients} clients, {args.fraction:.0%} of them a round, "
+        f"{args.rounds} rounds, seed 0, two forked "
+        "workers. `rounds.jsonl` without timings, the checkpoint's arrays, `summary.json` "
+        "without timings; the personalized accuracy of the last evaluation (after).",
+        "",
+        "| method | rounds.jsonl | checkpoint | summary.json | accuracy |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
