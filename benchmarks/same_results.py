@@ -54,9 +54,10 @@ def run(tree: Path, method: str, args: argparse.Namespace, out: Path) -> None:
 
 
 def untimed(value):
-    """``value`` without its timings: every key ending in ``_s``, at any depth."""
+    """``value`` without its timings: every key ending in ``_s`` or ``-s`` (seconds; PAGE's
+    phase timings are ``client-sgd-time-s`` and the like), at any depth."""
     if isinstance(value, dict):
-        return {k: untimed(v) for k, v in value.items() if not k.endswith("_s")}
+        return {k: untimed(v) for k, v in value.items() if not k.endswith(("_s", "-s"))}
     if isinstance(value, list):
         return [untimed(v) for v in value]
     return value
@@ -108,15 +109,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/same_results.md")
+    parser.add_argument(
+        "--compare-only",
+        type=Path,
+        default=None,
+        help="compare the runs kept in this folder by an earlier invocation, running none",
+    )
     args = parser.parse_args()
     methods = args.methods or sorted(declarations())
-    work = Path(tempfile.mkdtemp(prefix="pflarena-same-"))
-    before = export_commit(args.before_commit, work / "before")
+    if args.compare_only:
+        work = args.compare_only
+    else:
+        work = Path(tempfile.mkdtemp(prefix="pflarena-same-"))
+        before = export_commit(args.before_commit, work / "before")
     rows, started = [], time.monotonic()
     for method in methods:
         try:
-            run(before, method, args, work / method / "before")
-            run(ROOT, method, args, work / method / "after")
+            if not args.compare_only:
+                run(before, method, args, work / method / "before")
+                run(ROOT, method, args, work / method / "after")
             found = compare(work / method / "before", work / method / "after")
             cells = [
                 "same" if found[k] else "**differs**" for k in ("rounds", "checkpoint", "summary")
@@ -133,8 +144,10 @@ def main() -> None:
         f"- Command: `python benchmarks/same_results.py --before-commit {args.before_commit} "
         f"--clients {args.clients} --fraction {args.fraction} --rounds {args.rounds}"
         + (f" --methods {' '.join(args.methods)}" if args.methods else "")
+        + (f" --compare-only {args.compare_only}" if args.compare_only else "")
         + "`.",
-        f"- {len(methods)} methods in {time.monotonic() - started:.0f} s; runs kept in `{work}`.",
+        f"- {len(methods)} methods in {time.monotonic() - started:.0f} s; runs kept in `{work}`"
+        + (" (compared again, not run)." if args.compare_only else "."),
         "",
         f"MNIST's CNN, IID over {args.clients} clients, {args.fraction:.0%} of them a round, "
         f"{args.rounds} rounds, seed 0, two forked "
