@@ -6,9 +6,11 @@ default engine with ``--workers 2`` (the clients in forked workers, their replie
 parcels), MNIST's CNN (6.6 MB messages: the large-record paths), ``--clients`` clients for
 ``--rounds`` rounds, once from ``--before-commit``'s tree (``git archive``) and once from this
 one. Compared: every ``rounds.jsonl`` record with its timings left out (keys ending in
-``_s``), the checkpoint's arrays (its header, which records times and paths, left out) and
-each ``summary.json`` field that is not a time. The table says, per method, whether each is
-the same, and the accuracy both runs reached.
+``_s`` or ``-s``), the checkpoint's arrays (its header, which records times and paths, left
+out) and each ``summary.json`` field that is not a time. A run that fails is compared as
+well (what it wrote). The table says, per method, whether each is the same, the after run's
+status and the accuracy it reached. ``--work`` gives an earlier invocation's folder: the
+runs it holds are compared again, the missing ones run.
 
 Usage::
 
@@ -39,6 +41,11 @@ CHECKPOINT_META = {"header", "checksum"}
 
 
 def run(tree: Path, method: str, args: argparse.Namespace, out: Path) -> None:
+    """``method`` run from ``tree`` into ``out``, unless ``out`` holds a finished run (its
+    ``summary.json``: a run that failed, as pFedHN's with these settings, is compared as
+    well)."""
+    if (out / "summary.json").exists():
+        return
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", method,
         "--dataset", "mnist", "--data-dir", args.data_dir, "--model", "cnn",
@@ -49,8 +56,9 @@ def run(tree: Path, method: str, args: argparse.Namespace, out: Path) -> None:
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{method} from {tree}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    if not (out / "summary.json").exists():
+        raise RuntimeError(f"{method} from {tree}: exit {proc.returncode}, no summary\n"
+                           f"{proc.stderr[-2000:]}")  # fmt: skip
 
 
 def untimed(value):
@@ -96,6 +104,7 @@ def compare(before: Path, after: Path) -> dict[str, bool | str]:
         "checkpoint": same_checkpoint,
         "summary": same(summary(before), summary(after)),
         "accuracy": "-" if accuracy is None else f"{100 * accuracy:.2f} %",
+        "status": json.loads((after / "summary.json").read_text()).get("status", "-"),
     }
 
 
@@ -110,31 +119,35 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/same_results.md")
     parser.add_argument(
-        "--compare-only",
+        "--work",
         type=Path,
         default=None,
-        help="compare the runs kept in this folder by an earlier invocation, running none",
+        help="an earlier invocation's folder: its finished runs are compared again, not run",
     )
     args = parser.parse_args()
     methods = args.methods or sorted(declarations())
-    if args.compare_only:
-        work = args.compare_only
-    else:
-        work = Path(tempfile.mkdtemp(prefix="pflarena-same-"))
-        before = export_commit(args.before_commit, work / "before")
+    work = args.work or Path(tempfile.mkdtemp(prefix="pflarena-same-"))
+    before = work / "before"
+    if not before.exists():
+        export_commit(args.before_commit, before)
+        (work / "before-commit").write_text(args.before_commit)
+    elif (work / "before-commit").read_text() != args.before_commit:
+        raise SystemExit(f"{work} holds runs of {(work / 'before-commit').read_text()}")
     rows, started = [], time.monotonic()
     for method in methods:
         try:
-            if not args.compare_only:
-                run(before, method, args, work / method / "before")
-                run(ROOT, method, args, work / method / "after")
+            run(before, method, args, work / method / "before")
+            run(ROOT, method, args, work / method / "after")
             found = compare(work / method / "before", work / method / "after")
             cells = [
                 "same" if found[k] else "**differs**" for k in ("rounds", "checkpoint", "summary")
             ]
-            rows.append(f"| {method} | {' | '.join(cells)} | {found['accuracy']} |")
+            rows.append(
+                f"| {method} | {' | '.join(cells)} | {found['status']} | {found['accuracy']} |"
+            )
         except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError) as exc:
-            rows.append(f"| {method} | **failed**: {str(exc).splitlines()[0][:120]} | | | |")
+            problem = str(exc).splitlines()[0][:120]
+            rows.append(f"| {method} | **not compared**: {problem} | | | | |")
         print(rows[-1], flush=True)
     lines = [
         "# The same results before and after a change",
@@ -144,18 +157,19 @@ def main() -> None:
         f"- Command: `python benchmarks/same_results.py --before-commit {args.before_commit} "
         f"--clients {args.clients} --fraction {args.fraction} --rounds {args.rounds}"
         + (f" --methods {' '.join(args.methods)}" if args.methods else "")
-        + (f" --compare-only {args.compare_only}" if args.compare_only else "")
+        + (f" --work {args.work}" if args.work else "")
         + "`.",
-        f"- {len(methods)} methods in {time.monotonic() - started:.0f} s; runs kept in `{work}`"
-        + (" (compared again, not run)." if args.compare_only else "."),
+        f"- {len(methods)} methods in {time.monotonic() - started:.0f} s (runs a `--work` "
+        f"folder held already were compared, not run again); runs kept in `{work}`.",
         "",
         f"MNIST's CNN, IID over {args.clients} clients, {args.fraction:.0%} of them a round, "
         f"{args.rounds} rounds, seed 0, two forked "
         "workers. `rounds.jsonl` without timings, the checkpoint's arrays, `summary.json` "
-        "without timings; the personalized accuracy of the last evaluation (after).",
+        "without timings; the run's status and the personalized accuracy of its last "
+        "evaluation (after).",
         "",
-        "| method | rounds.jsonl | checkpoint | summary.json | accuracy |",
-        "|---|---|---|---|---|",
+        "| method | rounds.jsonl | checkpoint | summary.json | status (after) | accuracy |",
+        "|---|---|---|---|---|---|",
         *rows,
     ]
     args.out.write_text("\n".join(lines) + "\n")
