@@ -131,7 +131,7 @@ def main() -> None:
     if not before.exists():
         export_commit(args.before_commit, before)
         (work / "before-commit").write_text(args.before_commit)
-    elif (work / "before-commit").read_text() != args.before_commit:
+    elif (work / "before-commit").read_text().strip() != args.before_commit:
         raise SystemExit(f"{work} holds runs of {(work / 'before-commit').read_text()}")
     rows, started = [], time.monotonic()
     for method in methods:
