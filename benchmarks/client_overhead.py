@@ -13,6 +13,10 @@ timed (``train_time_s``; round 1 may include the workers' start).
 With ``--before-commit`` the same runs are made from that commit's tree too (``git archive``),
 before and after alternating, so that the ratio is measured side by side on one machine.
 
+``--set KEY=VALUE`` passes a run-config key to every run, and ``--before-set KEY=VALUE`` one
+to the before side's runs after those: with ``--before-commit HEAD``, two settings of one
+tree side by side (``--set state-precision=float16 --before-set state-precision=float32``).
+
 Usage::
 
     python benchmarks/client_overhead.py --data-dir ../shared/data --before-commit <commit>
@@ -38,7 +42,7 @@ from pflarena.server.results import read_rounds
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(tree: Path, num_clients: int, args: argparse.Namespace, out: Path) -> dict:
+def run(tree: Path, num_clients: int, args: argparse.Namespace, out: Path, sets: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", args.strategy,
@@ -48,6 +52,7 @@ def run(tree: Path, num_clients: int, args: argparse.Namespace, out: Path) -> di
         "--eval-every", "100000", "--fraction-evaluate", "0.01", "--final-evaluation", "sample",
         "--local-epochs", "1", "--batch-size", "32", "--lr", "0.05", "--seed", "0",
         "--output-dir", str(out), "--quiet",
+        *(flag for key_value in sets for flag in ("--set", key_value)),
     ]  # fmt: skip
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -72,6 +77,15 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before-commit", default="")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a run-config key for both sides' runs (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--before-set", action="append", default=[], metavar="KEY=VALUE",
+        help="a run-config key for the before side's runs, after --set's (repeatable): "
+        "with --before-commit HEAD, two settings of one tree side by side",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/client_overhead.md"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pflarena-overhead-"))
@@ -83,7 +97,8 @@ def main() -> None:
     found: dict[tuple[str, int], dict] = {}
     for n in (args.few, args.many):
         for side, tree in trees.items():
-            found[side, n] = run(tree, n, args, work / f"{side}-{n}")
+            sets = args.set + (args.before_set if side == "before" else [])
+            found[side, n] = run(tree, n, args, work / f"{side}-{n}", sets)
             loads.append(os.getloadavg()[0])
             print(side, n, found[side, n], flush=True)
 
