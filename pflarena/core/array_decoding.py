@@ -140,13 +140,11 @@ def from_npy(data: bytes) -> Array:
     C-ordered array of plain numbers, without parsing the values and writing them again."""
     stream = io.BytesIO(data)
     try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-            if not fortran and dtype.kind in "biufc" and not dtype.hasobject:
-                array = Array(dtype=str(dtype), shape=tuple(shape), stype=SType.NUMPY, data=data)
-                if _plain(array) is not None:
-                    return array
+        if np.lib.format.read_magic(stream) == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+            array = Array(dtype=str(dtype), shape=tuple(shape), stype=SType.NUMPY, data=data)
+            if _plain(array) is not None:  # the header np.save writes, the values' length
+                return array
     except ValueError:
         pass  # numpy's own reader says what is wrong
     return Array(np.load(io.BytesIO(data), allow_pickle=False))

@@ -404,8 +404,7 @@ class _SlotWriter:
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
-            os.lseek(self._fd, self._offset, os.SEEK_SET)
-            _write_all(self._fd, datas)
+            _write_all(self._fd, datas)  # after the records before it: a failed one ends here
         except OSError:
             self._failed = True
             return None
