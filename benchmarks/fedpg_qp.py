@@ -36,7 +36,7 @@ from pathlib import Path
 import cvxpy as cp
 import numpy as np
 
-from pflarena.core.mgda import gram_matrix, min_norm_weights_from_gram
+from pflarena.algorithms.mgda import gram_matrix, min_norm_weights_from_gram
 
 ROOT = Path(__file__).resolve().parents[1]
 REGIMES = ("shared", "iid", "low-rank")

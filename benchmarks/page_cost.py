@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig
+from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
 from pflarena.core.presets import load_preset

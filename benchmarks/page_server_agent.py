@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from pflarena.core.presets import load_preset
+from pflarena.methods.page.strategy import PageParams
 from pflarena.runtime.launch import simulate_resuming
 from pflarena.server.results import completed_summary, read_rounds
-from pflarena.strategies.page import PageParams
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "page-synthetic"

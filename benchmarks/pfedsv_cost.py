@@ -3,8 +3,8 @@
 On a preset's federation (by default ``pfedsv-mnist-dirichlet``, the paper's MNIST CNN),
 the first ``1 + k`` clients train E local epochs from θ⁰ (round 1 of a run). Client 0 then
 plays its game over its own model and k peers' models exactly as its solver does
-(:class:`pflarena.client.solvers.pfedsv._Game`, R = 3|S| orderings, exact enumeration
-where that is cheaper, :func:`pflarena.core.shapley.shapley_values`), once on its whole
+(:class:`pflarena.methods.pfedsv.solver._Game`, R = 3|S| orderings, exact enumeration
+where that is cheaper, :func:`pflarena.methods.pfedsv.shapley.shapley_values`), once on its whole
 validation split (the default, the paper's) and once per ``--subsample`` size
 (``pfedsv.validation-subsample``). Each repeat times, one after another in this process,
 client 0's E local epochs, each game, and the two extra validation passes the solver
@@ -35,20 +35,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflarena.client.solvers import pfedsv as solver
-from pflarena.client.solvers.pfedsv import (
+from pflarena.core.datasets.tensors import to_tensors
+from pflarena.core.federation import load_client
+from pflarena.core.models import build_model
+from pflarena.core.presets import load_preset
+from pflarena.core.training import train_epochs
+from pflarena.methods.pfedsv import solver as solver
+from pflarena.methods.pfedsv.shapley import shapley_values
+from pflarena.methods.pfedsv.solver import (
     _Game,
     aggregation_weights,
     eq6_distances,
     own_accuracy,
     validation_subsample,
 )
-from pflarena.core.datasets.tensors import to_tensors
-from pflarena.core.federation import load_client
-from pflarena.core.models import build_model
-from pflarena.core.presets import load_preset
-from pflarena.core.shapley import shapley_values
-from pflarena.core.training import train_epochs
 from pflarena.server.build import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]

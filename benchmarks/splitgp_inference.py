@@ -1,7 +1,7 @@
 """SplitGP's inference rule on a finished run: personalized accuracy against the share of
 test samples offloaded to the server, for several λ and entropy thresholds.
 
-SplitGP (``pflarena/strategies/splitgp.py``) evaluates each client with its client-side
+SplitGP (``pflarena/methods/splitgp/strategy.py``) evaluates each client with its client-side
 model ``λ (φ_k, κ_k) + (1 − λ) (φ̄, κ̄)`` and sends a test sample to the server side θ̄ when
 the client-side output's entropy exceeds the threshold. Both knobs act at inference only,
 so this script re-evaluates a run's final state (its checkpoint: φ̄, θ̄ and κ̄; each client's
@@ -27,11 +27,12 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from pflarena.client.job import ClientJob, load_node_data, pick_device
-from pflarena.client.solvers import splitgp as solver
 from pflarena.client.state import ClientState, run_key
 from pflarena.core import keys
 from pflarena.core.config import parse_run_config
 from pflarena.core.versions import DiskVersions
+from pflarena.methods.splitgp import keys as splitgp_keys
+from pflarena.methods.splitgp import solver as solver
 from pflarena.server.build import build_strategy
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.strategies.aggregation import as_record
@@ -77,7 +78,7 @@ def client_counts(run_dir: Path, lambdas: list[float], thresholds: list[float]) 
                     content=RecordDict(
                         {
                             keys.ARRAYS: checkpoint.arrays,
-                            keys.SPLITGP_AUX: as_record(strategy.aux),
+                            splitgp_keys.AUX: as_record(strategy.aux),
                             keys.CONFIG: ConfigRecord(config),
                         }
                     ),
@@ -100,8 +101,8 @@ def table(counts: dict, lambdas: list[float], thresholds: list[float]) -> list[s
             rows = [c[(lam, threshold)] for c in counts.values()]
             n = np.array([r[keys.PERSONALIZED_COUNT] for r in rows], float)
             right = np.array([r[keys.PERSONALIZED_CORRECT] for r in rows], float)
-            sent = np.array([r[keys.SPLITGP_OFFLOADED] for r in rows], float)
-            alone = np.array([r[keys.SPLITGP_CLIENT_SIDE_CORRECT] for r in rows], float)
+            sent = np.array([r[splitgp_keys.OFFLOADED] for r in rows], float)
+            alone = np.array([r[splitgp_keys.CLIENT_SIDE_CORRECT] for r in rows], float)
             lines.append(
                 f"| {lam:g} | {threshold:g} | {100 * np.mean(right / n):.2f} | "
                 f"{100 * right.sum() / n.sum():.2f} | {100 * sent.sum() / n.sum():.1f} % | "

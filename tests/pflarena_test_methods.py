@@ -30,7 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from pydantic import Field
 from torch.nn import functional as F
 
-from pflarena.client.solvers.common import eval_metrics, train_metrics
+from pflarena.client.common import eval_metrics, train_metrics
 from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.training import train_epochs

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import time
 
-from pflarena.client.solvers import fedavg
 from pflarena.core.methods import MethodDeclaration
-from pflarena.strategies.fedavg import FedAvg
+from pflarena.methods.fedavg import solver as fedavg
+from pflarena.methods.fedavg.strategy import FedAvg
 
 #: The client that sleeps.
 SLOW_CLIENT = 0

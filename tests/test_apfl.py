@@ -8,8 +8,8 @@ import torch
 from helpers import config, run_local, stored
 from torch.nn import functional as F
 
-from pflarena.client.solvers.apfl import ALPHA_KEY, apfl_step
 from pflarena.core.models import build_model
+from pflarena.methods.apfl.solver import ALPHA_KEY, apfl_step
 
 
 def _setting(seed=0, n=24):

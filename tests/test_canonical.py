@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pflarena.core.canonical import (
+from pflarena.algorithms.canonical import (
     CanonicalModel,
     PersonalizedModel,
     copied_entries,

@@ -20,15 +20,15 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
 from pflarena.core import keys
-from pflarena.server.app import initial_arrays
-from pflarena.server.build import build_strategy
-from pflarena.server.results import read_rounds
-from pflarena.strategies.cfl import (
+from pflarena.methods.cfl.strategy import (
     cosine_similarities,
     max_cross_similarity,
     optimal_bipartition,
     split_criterion,
 )
+from pflarena.server.app import initial_arrays
+from pflarena.server.build import build_strategy
+from pflarena.server.results import read_rounds
 
 
 def _exhaustive_minimum(similarity: np.ndarray) -> float:

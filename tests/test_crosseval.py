@@ -8,11 +8,11 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 from helpers import config, grid_for, run_local, stored
 
-from pflarena.client.solvers.local import MODEL_KEY
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
+from pflarena.methods.local.solver import MODEL_KEY
 from pflarena.server.crosseval import (
     cross_owners,
     cross_scores,

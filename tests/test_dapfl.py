@@ -21,14 +21,15 @@ from flwr.app import MessageType
 from helpers import config, grid_for, run_local, stored
 from local_grid import LocalGrid
 
-from pflarena.client.solvers.dapfl import AGENT_KEY, f1_score, improvement_reward
+from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.federation import load_client
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
+from pflarena.methods.dapfl import keys as dapfl_keys
+from pflarena.methods.dapfl.solver import AGENT_KEY, f1_score, improvement_reward
+from pflarena.methods.dapfl.strategy import DapFL, contribution_weights
 from pflarena.server.build import parse_config
-from pflarena.strategies.dapfl import DapFL, contribution_weights
 
 ROUNDS = 4
 MAX_EPOCHS = 4
@@ -200,32 +201,32 @@ def test_the_clients_state_reward_and_actions(played):
             derive_seed(cfg.seed, c, 1, "dapfl-client", bits=AGENT_SEED_BITS)
         ).uniform(0, 1, 2)
         first = capture.replies[1][c][1]
-        assert first[keys.DAPFL_EPOCHS] == round(1 + u[0] * (MAX_EPOCHS - 1))  # random
-        assert first[keys.DAPFL_LR] == pytest.approx(
+        assert first[dapfl_keys.EPOCHS] == round(1 + u[0] * (MAX_EPOCHS - 1))  # random
+        assert first[dapfl_keys.LR] == pytest.approx(
             math.exp(log_lr[0] + u[1] * (log_lr[1] - log_lr[0]))
         )
-        assert keys.DAPFL_REWARD not in first  # nothing to reward yet
+        assert dapfl_keys.REWARD not in first  # nothing to reward yet
         states = []
         for t in range(1, ROUNDS + 1):
             metrics = capture.replies[t][c][1]
             state = np_state(capture.sent[t], data.x_train, data.y_train)
             played_state = [
-                metrics[keys.DAPFL_STATE_LOSS],
-                metrics[keys.DAPFL_STATE_ACCURACY],
-                metrics[keys.DAPFL_STATE_F1],
+                metrics[dapfl_keys.STATE_LOSS],
+                metrics[dapfl_keys.STATE_ACCURACY],
+                metrics[dapfl_keys.STATE_F1],
             ]
             np.testing.assert_allclose(played_state, state, rtol=1e-4, atol=1e-6)
             states.append(state)
-            assert metrics[keys.DAPFL_EPOCHS] in range(1, MAX_EPOCHS + 1)
-            assert 0.01 <= metrics[keys.DAPFL_LR] <= 0.5
-            assert metrics[keys.DAPFL_SGD_TIME] >= 0
+            assert metrics[dapfl_keys.EPOCHS] in range(1, MAX_EPOCHS + 1)
+            assert 0.01 <= metrics[dapfl_keys.LR] <= 0.5
+            assert metrics[dapfl_keys.SGD_TIME] >= 0
             # the agent updates from its second action on (a critic loss with each update)
-            assert (keys.DAPFL_CRITIC_LOSS in metrics) == (t > 1)
+            assert (dapfl_keys.CRITIC_LOSS in metrics) == (t > 1)
             if t > 1:
                 previous = states[-2]
                 change = float(np.clip(previous[0] - state[0], -1.0, 1.0))
                 expected = change + (state[1] - previous[1]) + (state[2] - previous[2])
-                assert metrics[keys.DAPFL_REWARD] == pytest.approx(expected, abs=1e-4)
+                assert metrics[dapfl_keys.REWARD] == pytest.approx(expected, abs=1e-4)
 
 
 def test_each_client_keeps_its_agent_in_its_own_state(played):
@@ -237,17 +238,17 @@ def test_each_client_keeps_its_agent_in_its_own_state(played):
         assert agent.steps == ROUNDS and agent.updates == ROUNDS - 1
         replies = [capture.replies[t][c][1] for t in range(1, ROUNDS + 1)]
         states = [
-            [m[keys.DAPFL_STATE_LOSS], m[keys.DAPFL_STATE_ACCURACY], m[keys.DAPFL_STATE_F1]]
+            [m[dapfl_keys.STATE_LOSS], m[dapfl_keys.STATE_ACCURACY], m[dapfl_keys.STATE_F1]]
             for m in replies
         ]
         np.testing.assert_allclose(agent.buffer.states[: ROUNDS - 1], states[:-1], 1e-6)
         np.testing.assert_allclose(agent.buffer.next_states[: ROUNDS - 1], states[1:], 1e-6)
-        rewards = [m[keys.DAPFL_REWARD] for m in replies[1:]]
+        rewards = [m[dapfl_keys.REWARD] for m in replies[1:]]
         np.testing.assert_allclose(agent.buffer.rewards[: ROUNDS - 1], rewards, rtol=1e-5)
         # the stored action is u in [0, 1]² (before rounding): it maps to the epochs played
         for t in range(1, ROUNDS):
             epochs = 1 + agent.buffer.actions[t - 1, 0] * (MAX_EPOCHS - 1)
-            assert round(float(epochs)) == replies[t - 1][keys.DAPFL_EPOCHS]
+            assert round(float(epochs)) == replies[t - 1][dapfl_keys.EPOCHS]
         assert agent.pending is not None  # the last action waits for its reward
     for t in capture.replies:  # the agents never left their clients
         for upload, _ in capture.replies[t].values():

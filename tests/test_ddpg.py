@@ -1,4 +1,4 @@
-"""DDPG (core/ddpg.py) on problems with known answers, its bounds, its storage.
+"""DDPG (algorithms/ddpg.py) on problems with known answers, its bounds, its storage.
 
 * Contextual bandits (γ = 0) whose best action is a known function of the state, in a box
   and on the simplex: the trained policy must be within a stated tolerance of it.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig, soft_update
+from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig, soft_update
 
 HIDDEN = (32, 32)
 BOX_LOW, BOX_HIGH = np.array([-1.0, 2.0]), np.array([1.0, 5.0])
@@ -327,7 +327,7 @@ def test_bad_settings_and_inputs_are_named():
 def test_a_packed_agent_is_the_same_arrays_and_a_truncated_one_is_refused():
     """The stored form packs the agent into one array per dtype: unpacking gives every
     array of to_arrays back, bit for bit (dtype, shape, bytes), and from_arrays reads it."""
-    from pflarena.core.ddpg import pack_arrays, unpack_arrays
+    from pflarena.algorithms.ddpg import pack_arrays, unpack_arrays
 
     config = _bandit_config("box")
     agent = DDPGAgent(config, seed=3)

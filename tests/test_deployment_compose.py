@@ -612,12 +612,14 @@ def test_image_requirements_pin_torch_and_keep_every_dependency() -> None:
 
 
 _EDGE_IMPORTS = """
-import importlib, pkgutil, sys
+import importlib, pathlib, sys
 import torch
-import pflarena.client.app, pflarena.client.solvers as solvers
+import pflarena.client.app, pflarena.methods
 import pflarena.deploy.executor, pflarena.deploy.supernode
-for module in pkgutil.walk_packages(solvers.__path__, "pflarena.client.solvers."):
-    importlib.import_module(module.name)
+solvers = sorted(pathlib.Path(pflarena.methods.__path__[0]).glob("*/solver.py"))
+assert len(solvers) > 20, solvers
+for path in solvers:
+    importlib.import_module(f"pflarena.methods.{path.parent.name}.solver")
 from pflarena.core.models import MODEL_NAMES, TOKEN_MODELS, build_model
 for name in MODEL_NAMES:
     shape = (20,) if name in TOKEN_MODELS else (3, 32, 32)

@@ -17,8 +17,8 @@ import tomllib
 import pflarena.core.methods as methods
 from pflarena.client.solvers import _allowed
 from pflarena.core.methods import ENTRY_POINT_GROUP, MethodDeclaration, choose_builtins
-from pflarena.strategies import BUILTIN_STRATEGIES, strategy_classes
-from pflarena.strategies.fedavg import FedAvg
+from pflarena.methods.fedavg.strategy import FedAvg
+from pflarena.strategies import builtin_strategies, strategy_classes
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pflarena-hello"
@@ -42,8 +42,29 @@ def _env(*paths: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- built-ins
 def test_the_builtins_are_the_pyproject_tables_entry_points_in_its_order():
     table = _table()
-    assert [c.declaration.name for c in BUILTIN_STRATEGIES] == list(table)
-    assert [f"{c.__module__}:{c.__qualname__}" for c in BUILTIN_STRATEGIES] == list(table.values())
+    assert [c.declaration.name for c in builtin_strategies()] == list(table)
+    assert [f"{c.__module__}:{c.__qualname__}" for c in builtin_strategies()] == list(
+        table.values()
+    )
+
+
+def test_each_builtin_is_a_folder_of_its_own():
+    """``pflarena/methods/<name>/`` (the name with ``_`` for ``-``) holds the method's
+    strategy; its solver is a folder's ``solver.py``; every folder there is a method."""
+    folders = {
+        path.name
+        for path in (ROOT / "pflarena" / "methods").iterdir()
+        if path.is_dir() and not path.name.startswith("__")
+    }
+    registered = set()
+    for cls in builtin_strategies():
+        folder = cls.declaration.name.replace("-", "_")
+        registered.add(folder)
+        assert cls.__module__ == f"pflarena.methods.{folder}.strategy", cls
+        solver = cls.declaration.solver
+        assert solver.startswith("pflarena.methods.") and solver.endswith(".solver"), solver
+        assert (ROOT / solver.replace(".", "/")).with_suffix(".py").is_file(), solver
+    assert folders == registered
 
 
 def _as_setuptools_writes(table: dict[str, str]) -> list[EntryPoint]:
@@ -136,8 +157,11 @@ def test_an_installed_plugin_is_a_method_and_its_package_a_solver_source(monkeyp
     _installed_plugin(monkeypatch, ("toy-avg", "pflarena_test_methods:ToyAvg"))
     assert "toy-avg" in strategy_classes()
     assert methods.plugin_packages() == {"pflarena_test_methods"}
-    assert _allowed("pflarena_test_methods") and _allowed("pflarena.client.solvers.fedavg")
+    assert _allowed("pflarena_test_methods") and _allowed("pflarena.methods.fedavg.solver")
     assert not _allowed("os") and not _allowed("pflarena.cli")
+    # a built-in method's strategy or maths is not a solver
+    assert not _allowed("pflarena.methods.fedavg.strategy")
+    assert not _allowed("pflarena.methods.page.utility")
 
 
 def test_a_plugin_is_refused_when_its_name_or_solver_disagrees(monkeypatch):

@@ -9,8 +9,8 @@ from helpers import config, run_local
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflarena.client.solvers.fedala import aggregate, higher_layers, learn_weights
 from pflarena.core.models import build_model
+from pflarena.methods.fedala.solver import aggregate, higher_layers, learn_weights
 
 
 def _setting(seed=0, n=32):

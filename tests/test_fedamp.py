@@ -9,8 +9,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from helpers import config, run_local
 
 from pflarena.core import keys
+from pflarena.methods.fedamp.strategy import attention_weights, cloud_model, squared_distances
 from pflarena.server.build import build_strategy
-from pflarena.strategies.fedamp import attention_weights, cloud_model, squared_distances
 
 
 def _records(vectors):

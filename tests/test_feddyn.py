@@ -17,9 +17,9 @@ from quadratics import (
     vector,
 )
 
-from pflarena.client.solvers.feddyn import GRADIENT_KEY, gradient_state
+from pflarena.methods.feddyn.solver import GRADIENT_KEY, gradient_state
+from pflarena.methods.feddyn.strategy import server_update
 from pflarena.server.build import build_strategy
-from pflarena.strategies.feddyn import server_update
 
 LR, STEPS = 0.1, 50  # 50 full-batch gradient steps a round (8 dummy samples, batch 8)
 ALPHA = 1.0  # of the order of the quadratics' curvature (eigenvalues in [0.5, 2])

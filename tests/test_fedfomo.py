@@ -19,7 +19,9 @@ from helpers import (
     stored,
 )
 
-from pflarena.client.solvers.fedfomo import (
+from pflarena.core import keys
+from pflarena.methods.fedfomo import keys as fedfomo_keys
+from pflarena.methods.fedfomo.solver import (
     FOMO,
     MODEL_KEY,
     ROUND_START_KEY,
@@ -29,11 +31,10 @@ from pflarena.client.solvers.fedfomo import (
     model_distance,
     step,
 )
-from pflarena.core import keys
+from pflarena.methods.fedfomo.strategy import PEER_PREFIX, epsilon_at, select_peers
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.results import read_rounds
-from pflarena.strategies.fedfomo import PEER_PREFIX, epsilon_at, select_peers
 
 
 # --------------------------------------------------------------------------- the math
@@ -162,8 +163,8 @@ def test_a_run_routes_peers_updates_affinity_and_personalizes(tmp_path):
     for reply in train_replies:
         client = int(reply.content[keys.METRICS][keys.CLIENT_ID])
         record = reply.content[FOMO]
-        weighed = record[keys.FEDFOMO_PEERS].numpy()
-        expected[client, weighed] += record[keys.FEDFOMO_AFFINITY].numpy()
+        weighed = record[fedfomo_keys.PEERS].numpy()
+        expected[client, weighed] += record[fedfomo_keys.AFFINITY].numpy()
     np.testing.assert_allclose(strategy.affinity, expected)
     assert np.abs(strategy.affinity).sum() > 0 and np.all(np.diag(strategy.affinity) == 0)
     # the pool holds each client's latest upload
@@ -241,15 +242,15 @@ def test_replies_that_do_not_match_what_was_sent_are_rejected(tmp_path):
         if (
             FOMO in reply.content.array_records
             and int(reply.content[keys.METRICS][keys.CLIENT_ID]) == 0
-            and len(reply.content[FOMO][keys.FEDFOMO_PEERS].numpy())
+            and len(reply.content[FOMO][fedfomo_keys.PEERS].numpy())
         ):
             record = reply.content[FOMO]
-            peers = record[keys.FEDFOMO_PEERS].numpy()
+            peers = record[fedfomo_keys.PEERS].numpy()
             reply.content[FOMO] = ArrayRecord(
                 {
-                    keys.FEDFOMO_PEERS: Array(peers[::-1].copy()),
-                    keys.FEDFOMO_PEER_WEIGHTS: record[keys.FEDFOMO_PEER_WEIGHTS],
-                    keys.FEDFOMO_AFFINITY: Array(np.full(len(peers), np.nan)),
+                    fedfomo_keys.PEERS: Array(peers[::-1].copy()),
+                    fedfomo_keys.PEER_WEIGHTS: record[fedfomo_keys.PEER_WEIGHTS],
+                    fedfomo_keys.AFFINITY: Array(np.full(len(peers), np.nan)),
                 }
             )
         return reply

@@ -8,13 +8,14 @@ import pytest
 from flwr.app import Array, ArrayRecord
 from helpers import config, grid_for, run_local
 
+from pflarena.algorithms.mgda import min_norm_weights
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
-from pflarena.core.mgda import min_norm_weights
+from pflarena.methods.fedmgda.strategy import FedMGDA, box_projection, min_norm_weights_box
+from pflarena.methods.fedpg import keys as fedpg_keys
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.strategies.aggregation import flatten
-from pflarena.strategies.fedmgda import FedMGDA, box_projection, min_norm_weights_box
 
 
 def _reference_projection(v, lo, hi):
@@ -93,9 +94,9 @@ def test_the_update_is_theta_minus_eta_times_the_constrained_combination(tmp_pat
     base = {n: rng.normal(size=a.numpy().shape) for n, a in initial_arrays(cfg).items()}
 
     def swap(reply):
-        if keys.FEDPG_GRADIENT in reply.content.array_records:
+        if fedpg_keys.GRADIENT in reply.content.array_records:
             client = int(reply.content[keys.METRICS][keys.CLIENT_ID])
-            real = reply.content[keys.FEDPG_GRADIENT]
+            real = reply.content[fedpg_keys.GRADIENT]
             sign = -0.5 if client == 2 else 1.0  # client 2 conflicts with 0 and 1
             arrays = {
                 n: ((sign * base[n] + 0.3 * rng.normal(size=base[n].shape)) * (client + 1)).astype(
@@ -104,7 +105,7 @@ def test_the_update_is_theta_minus_eta_times_the_constrained_combination(tmp_pat
                 for n in real
             }
             made[client] = arrays
-            reply.content[keys.FEDPG_GRADIENT] = ArrayRecord(
+            reply.content[fedpg_keys.GRADIENT] = ArrayRecord(
                 {n: Array(v) for n, v in arrays.items()}
             )
         return reply

@@ -24,25 +24,26 @@ from helpers import (
 from local_grid import LocalGrid
 from torch.nn import functional as F
 
-from pflarena.client.solvers.fedpg import full_gradient, training_loss
+from pflarena.algorithms.mgda import fair_objective, fairness_weights
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
-from pflarena.core.mgda import fair_objective, fairness_weights
 from pflarena.core.models import build_model
-from pflarena.server.app import initial_arrays
-from pflarena.server.build import build_strategy, parse_config
-from pflarena.server.results import read_rounds
-from pflarena.strategies.aggregation import flatten, unflatten
-from pflarena.strategies.fedpg import (
+from pflarena.methods.fedpg import keys as fedpg_keys
+from pflarena.methods.fedpg.solver import full_gradient, training_loss
+from pflarena.methods.fedpg.strategy import (
     FedPG,
     common_descent_direction,
     drift_coefficient,
     stale_window,
 )
+from pflarena.server.app import initial_arrays
+from pflarena.server.build import build_strategy, parse_config
+from pflarena.server.results import read_rounds
+from pflarena.strategies.aggregation import flatten, unflatten
 
-GRAD = keys.FEDPG_GRADIENT
+GRAD = fedpg_keys.GRADIENT
 R = 6  # rounds of the shared run
 
 
@@ -220,7 +221,7 @@ def learned(tmp_path_factory):
     outcome = run_local(cfg, tmp, grid=grid, strategy=strategy)
     for msg in grid.sent:
         config_ = msg.content[keys.CONFIG]
-        if config_.get(keys.PHASE) == keys.FEDPG_PHASE_GRADIENTS:
+        if config_.get(keys.PHASE) == fedpg_keys.PHASE_GRADIENTS:
             sent_theta[int(config_[keys.SERVER_ROUND])] = msg.content[keys.ARRAYS]
     sent_theta[R + 1] = outcome.arrays
     return cfg, grid, strategy, outcome, sent_theta, tmp
@@ -408,7 +409,7 @@ def test_stale_gradients_age_out_and_a_killed_run_resumes_to_the_same_results(tm
     assert whole.held == held and used > 0
 
     broken = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
-    die_in_round(broken, 4, phase=keys.FEDPG_PHASE_PERSONALIZE)
+    die_in_round(broken, 4, phase=fedpg_keys.PHASE_PERSONALIZE)
     with pytest.raises(KeyboardInterrupt):
         run_resumable(cfg, tmp_path / "broken", broken)
     _, resumed = run_resumable(
@@ -434,7 +435,7 @@ def test_a_lost_personalize_reply_leaves_no_p_model_and_is_charged_to_that_excha
         sent = {m.metadata.message_id: m for m in grid.sent}.get(reply.metadata.reply_to_message_id)
         phase = sent.content[keys.CONFIG].get(keys.PHASE) if sent is not None else None
         if (
-            phase == keys.FEDPG_PHASE_PERSONALIZE
+            phase == fedpg_keys.PHASE_PERSONALIZE
             and reply.metadata.src_node_id == victim
             and sent.content[keys.CONFIG][keys.SERVER_ROUND] == 2
         ):
@@ -498,19 +499,19 @@ def _search_run(tmp_path, lower: str, unsafe_above: float):
         sent = {m.metadata.message_id: m for m in grid.sent}[reply.metadata.reply_to_message_id]
         phase = sent.content[keys.CONFIG].get(keys.PHASE)
         client = int(reply.content[keys.METRICS][keys.CLIENT_ID])
-        if phase == keys.FEDPG_PHASE_GRADIENTS:
+        if phase == fedpg_keys.PHASE_GRADIENTS:
             like = ArrayRecord({n: theta0[n] for n in names})
             vector = unflatten(made[client], like, names)
             reply.content[GRAD] = ArrayRecord(
                 {n: Array(v.astype(np.float32)) for n, v in vector.items()}
             )
             reply.content[keys.METRICS][keys.TRAIN_LOSS] = old[client]
-        elif phase == keys.FEDPG_PHASE_LINE_SEARCH:
+        elif phase == fedpg_keys.PHASE_LINE_SEARCH:
             step = float(sent.content[keys.CONFIG]["fedpg.step"])  # its run-config-style key
             if client == 0:
                 steps.append(step)
             raised = old[client] + (1.0 if step > unsafe_above else 0.0)
-            reply.content[keys.METRICS][keys.FEDPG_TRIAL_LOSS] = raised
+            reply.content[keys.METRICS][fedpg_keys.TRIAL_LOSS] = raised
         return reply
 
     grid.reply_filter = swap
@@ -565,7 +566,7 @@ def _m4_run(tmp_path, absent_clients: bool):
     strategy = build_strategy(cfg)
     outcome = run_local(cfg, tmp_path, grid=grid, strategy=strategy)
     sent = [
-        m for m in grid.sent if m.content[keys.CONFIG].get(keys.PHASE) == keys.FEDPG_PHASE_GRADIENTS
+        m for m in grid.sent if m.content[keys.CONFIG].get(keys.PHASE) == fedpg_keys.PHASE_GRADIENTS
     ]
     return cfg, strategy, outcome, sent
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from helpers import config, run_resumable, stateful_grid
 
-from pflarena.client.solvers.fedrecon import support_query
+from pflarena.algorithms.heads import reset_layers
 from pflarena.core import keys
-from pflarena.core.heads import reset_layers
 from pflarena.core.model_split import split_state
 from pflarena.core.models import build_model
+from pflarena.methods.fedrecon.solver import support_query
 
 
 def test_support_and_query_are_disjoint_and_cover_the_split_or_both_are_all():

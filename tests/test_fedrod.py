@@ -9,16 +9,16 @@ import torch
 from helpers import config, grid_for, run_local, stored
 from torch.nn import functional as F
 
-from pflarena.client.solvers.fedrod import (
+from pflarena.algorithms.heads import feature_size, first_head_layer, head_forward, head_input
+from pflarena.core import keys
+from pflarena.core.model_split import split_state
+from pflarena.core.models import build_model
+from pflarena.methods.fedrod.solver import (
     PERSONAL_KEY,
     balanced_softmax_loss,
     class_counts,
     personalized_logits,
 )
-from pflarena.core import keys
-from pflarena.core.heads import feature_size, first_head_layer, head_forward, head_input
-from pflarena.core.model_split import split_state
-from pflarena.core.models import build_model
 from pflarena.server.app import initial_arrays
 
 

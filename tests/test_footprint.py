@@ -13,10 +13,11 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, RecordDict
 from helpers import config, grid_for, run_local
 
+from pflarena.algorithms import mgda
+from pflarena.algorithms.ddpg import DDPGAgent
 from pflarena.cli.command import main
-from pflarena.core import footprint, mgda
+from pflarena.core import footprint
 from pflarena.core.config import ConfigError
-from pflarena.core.ddpg import DDPGAgent
 from pflarena.core.footprint import (
     FLOAT32,
     MEMORY_SHARE,
@@ -27,13 +28,13 @@ from pflarena.core.footprint import (
     memory_limit,
 )
 from pflarena.core.versions import DiskVersions
+from pflarena.methods.fedamp.strategy import MODELS
+from pflarena.methods.page.strategy import Page
+from pflarena.methods.pfedhn.strategy import PFedHN
 from pflarena.server.app import initial_arrays
 from pflarena.server.app import main as serverapp_main
 from pflarena.server.build import build_strategy, check_footprint, federation_of, parse_config
 from pflarena.strategies import strategy_classes
-from pflarena.strategies.fedamp import MODELS
-from pflarena.strategies.page import Page
-from pflarena.strategies.pfedhn import PFedHN
 
 MB = 1024**2
 

@@ -19,9 +19,9 @@ from helpers import build_strategy, grid_for, run_local
 from pflarena.core import keys
 from pflarena.core.federation import load_server_data
 from pflarena.server.build import parse_config
-from pflarena.strategies import BUILTIN_STRATEGIES
+from pflarena.strategies import builtin_strategies
 
-METHODS = sorted(cls.declaration.name for cls in BUILTIN_STRATEGIES) + sorted(
+METHODS = sorted(cls.declaration.name for cls in builtin_strategies()) + sorted(
     cls.declaration.name for cls in pflarena_test_methods.PFLARENA_STRATEGIES
 )
 #: What a method needs to run at all on the embedded digits.

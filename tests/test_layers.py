@@ -16,11 +16,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pflarena"
 #: What each subpackage may import besides itself (and the top-level ``pflarena``).
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
-    # each method's parameters (methods/<name>/params.py): what the command checks a run
-    # config against before torch or Flower is imported
-    "methods": {"core"},
-    "strategies": {"core", "methods"},
-    "client": {"core"},  # an edge image holds the ClientApp alone: no strategy code
+    # maths more than one method uses (the DDPG agent, the min-norm QP, K canonical models,
+    # split heads): both sides import it
+    "algorithms": {"core"},
+    "strategies": {"core", "algorithms"},  # the strategies' shared base, no method
+    "client": {"core", "algorithms"},  # an edge image holds the ClientApp alone: no strategy code
+    # one package per method (methods/<name>/): its strategy above the strategies' base, its
+    # solver above the client's, and, per file, a solver never reaching a strategy (below)
+    "methods": {"core", "algorithms", "strategies", "client"},
     "server": {"core", "strategies"},
     "runtime": {"core", "strategies", "server"},
     "deploy": {"core", "runtime"},
@@ -201,3 +204,70 @@ def test_the_console_script_and_app_components_resolve() -> None:
         [sys.executable, "-c", code, *refs], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _server_side(module: str) -> bool:
+    """A module a client never needs: the strategies' base, a method's strategy, and the
+    layers above them."""
+    top = ("strategies", "server", "runtime", "deploy", "reporting", "cli")
+    return _layer(module) in top or (
+        _layer(module) == "methods" and module.rsplit(".", 1)[-1] == "strategy"
+    )
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for succ in graph[todo.pop()] - seen:
+            seen.add(succ)
+            todo.append(succ)
+    return seen
+
+
+SOLVERS = sorted(PACKAGE.glob("methods/*/solver.py"))
+
+
+@pytest.mark.parametrize("path", SOLVERS, ids=lambda path: path.parent.name)
+def test_a_methods_solver_reaches_no_strategy(path: Path) -> None:
+    """Every module a method's solver imports, and every module those import (at the top or
+    inside a function), is client-side: the ClientApp of an edge image loads it alone."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    reached = sorted(m for m in _reached(import_graph(), module) if _server_side(m))
+    assert reached == [], f"{module} reaches {reached}"
+
+
+def test_the_client_side_checks_see_a_strategy() -> None:
+    graph = {
+        "pflarena.methods.a.solver": {"pflarena.methods.a.maths"},
+        "pflarena.methods.a.maths": {"pflarena.methods.b.strategy"},
+        "pflarena.methods.b.strategy": {"pflarena.strategies.base"},
+        "pflarena.strategies.base": set(),
+    }
+    reached = _reached(graph, "pflarena.methods.a.solver")
+    assert sorted(m for m in reached if _server_side(m)) == [
+        "pflarena.methods.b.strategy",
+        "pflarena.strategies.base",
+    ]
+
+
+def test_the_clientapp_and_every_solver_load_no_strategy() -> None:
+    """In a fresh interpreter: the ClientApp and every built-in solver, then no module of
+    the strategies, the server or a method's strategy is loaded."""
+    modules = [".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts) for p in SOLVERS]
+    assert len(modules) >= 29
+    code = (
+        "import importlib, sys\n"
+        "for m in sys.argv[1:]:\n"
+        "    importlib.import_module(m)\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('pflarena.') and "
+        "(m.split('.')[1] in ('strategies', 'server', 'runtime', 'cli') or "
+        "m.endswith('.strategy')))) or 'none')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "pflarena.client.app", *modules],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "none"

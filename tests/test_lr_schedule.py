@@ -15,11 +15,13 @@ from pflarena.core import keys
 from pflarena.core.config import ConfigError
 from pflarena.core.presets import load_preset
 from pflarena.server.build import parse_config
-from pflarena.strategies import BUILTIN_STRATEGIES
+from pflarena.strategies import builtin_strategies
 from pflarena.strategies.base import LocalTraining
 
 SCHEDULED = sorted(
-    cls.declaration.name for cls in BUILTIN_STRATEGIES if "lr-milestones" in cls.declaration.honours
+    cls.declaration.name
+    for cls in builtin_strategies()
+    if "lr-milestones" in cls.declaration.honours
 )
 #: What a method needs to run at all on the embedded digits.
 NEEDS = {

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pflarena.strategies import BUILTIN_STRATEGIES
+from pflarena.strategies import builtin_strategies
 
 #: Constructors whose first argument, a dict display, names what a record carries.
 RECORDS = {"ArrayRecord", "ConfigRecord", "MetricRecord", "RecordDict"}
-#: The helpers whose result is a reply's metrics (client/solvers/common.py).
+#: The helpers whose result is a reply's metrics (client/common.py).
 METRICS_HELPERS = {"train_metrics", "eval_metrics"}
 METRICS = "metrics"  # the variable the solvers build their reply metrics in
 
@@ -153,7 +153,7 @@ def test_the_check_finds_a_shared_literal_and_passes_constants() -> None:
 
 def _methods() -> list[tuple[str, Path, list[Path]]]:
     methods = []
-    for cls in BUILTIN_STRATEGIES:
+    for cls in builtin_strategies():
         spec = importlib.util.find_spec(cls.declaration.solver)
         assert spec is not None and spec.origin is not None, cls.declaration.solver
         strategies = sorted(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +14,15 @@ import pytest
 from flwr.app import Array, ConfigRecord
 from helpers import config, grid_for, run_local
 
-import pflarena.client.solvers as solvers_package
 from pflarena.cli import methods as catalog
 from pflarena.client.solvers import SolverError, load_solver
 from pflarena.core import keys
 from pflarena.core.config import ConfigError, parse_run_config
 from pflarena.core.presets import load_preset, preset_names
+from pflarena.methods.pfedgt import keys as pfedgt_keys
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
-from pflarena.strategies import BUILTIN_STRATEGIES, declarations, strategy_classes
+from pflarena.strategies import builtin_strategies, declarations, strategy_classes
 from pflarena.strategies.exchange import direct_send
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,16 +47,17 @@ def plugins(monkeypatch):
 def test_strategies_solvers_and_declarations_are_the_same_set():
     declared = declarations()
     assert (
-        set(declared) == set(strategy_classes()) == {c.declaration.name for c in BUILTIN_STRATEGIES}
+        set(declared)
+        == set(strategy_classes())
+        == {c.declaration.name for c in builtin_strategies()}
     )
     named_solvers = {d.solver for d in declared.values()}
     for module in named_solvers:
         solver = load_solver(module)
         assert callable(solver.train) and callable(solver.evaluate)
     on_disk = {
-        f"{solvers_package.__name__}.{info.name}"
-        for info in pkgutil.iter_modules(solvers_package.__path__)
-        if info.name != "common"
+        f"pflarena.methods.{path.parent.name}.solver"
+        for path in (ROOT / "pflarena" / "methods").glob("*/solver.py")
     }
     assert on_disk == named_solvers, "every solver module serves a declared method"
 
@@ -89,14 +89,14 @@ def test_every_method_page_holds_its_generated_block():
 
 def test_every_method_page_belongs_to_a_method():
     on_disk = {path.stem for path in (ROOT / "docs" / "methods").glob("*.md")}
-    declared = {cls.declaration.name for cls in BUILTIN_STRATEGIES}
+    declared = {cls.declaration.name for cls in builtin_strategies()}
     assert on_disk - declared == set(), "pages of no declared method"
     assert declared - on_disk == set(), "declared methods without a page"
 
 
 def test_strategy_and_solver_docstrings_link_the_method_page():
     missing = []
-    for cls in BUILTIN_STRATEGIES:
+    for cls in builtin_strategies():
         d = cls.declaration
         page = catalog.method_page(d.name)
         for module_name in (cls.__module__, d.solver):
@@ -121,7 +121,7 @@ def test_the_generator_rewrites_only_the_block_and_stubs_missing_pages(tmp_path)
     catalog.write_method_pages(tmp_path)
     text = page.read_text()
     assert text == f"# Ditto\n\n{catalog.method_page_block('ditto')}\n\nmine\n"
-    assert "`ditto.lambda`" in text and "`pflarena.client.solvers.ditto`" in text
+    assert "`ditto.lambda`" in text and "`pflarena.methods.ditto.solver`" in text
     created = {path.stem for path in pages.glob("*.md")}
     assert created == set(catalog.declarations())
     assert catalog.PAGE_STUB in (pages / "fedavg.md").read_text()
@@ -358,7 +358,7 @@ def test_per_node_messages_share_the_round_payload():
     arrays = initial_arrays(cfg)
     strategy.initialise_message(grid, arrays, direct_send(grid, 60))
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
-    for key in (keys.ARRAYS, keys.PFEDGT_MESSAGE):
+    for key in (keys.ARRAYS, pfedgt_keys.MESSAGE):
         assert all(m.content[key] is messages[0].content[key] for m in messages)
     sent = {
         strategy.client_ids[m.metadata.dst_node_id]: m.content[keys.CONFIG]["pfedgt.gamma"]

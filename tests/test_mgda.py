@@ -1,4 +1,4 @@
-"""FedPG's server math (pflarena.core.mgda) against independent references.
+"""FedPG's server math (pflarena.algorithms.mgda) against independent references.
 
 References: the min-norm QP solved by cvxpy in its primal form ``min ‖Gᵀλ‖²`` on the
 gradients themselves (not the Gram matrix), MGDA's two-gradient closed form, finite
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pflarena.core import mgda
+from pflarena.algorithms import mgda
 
 SETTINGS = settings(
     max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

@@ -30,19 +30,20 @@ from flwr.app import Array, ArrayRecord, MessageType
 from helpers import config, grid_for, stored
 from local_grid import LocalGrid
 
+from pflarena.algorithms.ddpg import DDPGAgent
 from pflarena.client.app import app as client_app
-from pflarena.client.solvers.page import AGENT_KEY
 from pflarena.core import keys
 from pflarena.core.config import ConfigError
-from pflarena.core.ddpg import DDPGAgent
 from pflarena.core.federation import load_client, load_server_data
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
+from pflarena.methods.page import keys as page_keys
+from pflarena.methods.page.solver import AGENT_KEY
+from pflarena.methods.page.strategy import Page, aggregate, data_size_weights, weight_entropy
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
 from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
-from pflarena.strategies.page import Page, aggregate, data_size_weights, weight_entropy
 
 ROUNDS = 4
 SETTING = {
@@ -220,20 +221,20 @@ def test_the_clients_state_loss_reward_and_actions(played):
             derive_seed(cfg.seed, c, 1, "page-client", bits=AGENT_SEED_BITS)
         ).uniform(0, 1, 2)
         first = capture.replies[1][c][1]
-        assert first[keys.PAGE_EPOCHS] == round(1 + u[0] * 4)  # round 1: uniform in the box
-        assert first[keys.PAGE_LR] == pytest.approx(
+        assert first[page_keys.EPOCHS] == round(1 + u[0] * 4)  # round 1: uniform in the box
+        assert first[page_keys.LR] == pytest.approx(
             math.exp(log_lr[0] + u[1] * (log_lr[1] - log_lr[0]))
         )
         for t in range(1, ROUNDS + 1):
             upload, metrics = capture.replies[t][c]
-            assert metrics[keys.PAGE_STATE] == pytest.approx(
+            assert metrics[page_keys.STATE] == pytest.approx(
                 np_accuracy(capture.sent[t], data.x_train, data.y_train)
             )
             loss = np_loss(upload, data.x_train, data.y_train)
-            assert metrics[keys.PAGE_LOSS] == pytest.approx(loss, rel=1e-4)
-            assert metrics[keys.PAGE_REWARD] == pytest.approx(1.0 / max(loss, 0.01), rel=1e-4)
-            assert metrics[keys.PAGE_EPOCHS] in range(1, 6)
-            assert 1e-3 <= metrics[keys.PAGE_LR] <= 0.1
+            assert metrics[page_keys.LOSS] == pytest.approx(loss, rel=1e-4)
+            assert metrics[page_keys.REWARD] == pytest.approx(1.0 / max(loss, 0.01), rel=1e-4)
+            assert metrics[page_keys.EPOCHS] in range(1, 6)
+            assert 1e-3 <= metrics[page_keys.LR] <= 0.1
 
 
 def test_each_client_keeps_its_agent_in_its_own_state(played):
@@ -243,8 +244,8 @@ def test_each_client_keeps_its_agent_in_its_own_state(played):
         agent = DDPGAgent.from_arrays({k: record[k].numpy() for k in record.keys()})
         c = int(context.node_config["partition-id"])
         assert agent.steps == ROUNDS and agent.updates == ROUNDS - 1
-        played_states = [capture.replies[t][c][1][keys.PAGE_STATE] for t in range(1, ROUNDS + 1)]
-        rewards = [capture.replies[t][c][1][keys.PAGE_REWARD] for t in range(1, ROUNDS + 1)]
+        played_states = [capture.replies[t][c][1][page_keys.STATE] for t in range(1, ROUNDS + 1)]
+        rewards = [capture.replies[t][c][1][page_keys.REWARD] for t in range(1, ROUNDS + 1)]
         np.testing.assert_allclose(agent.buffer.states[: ROUNDS - 1, 0], played_states[:-1], 1e-6)
         np.testing.assert_allclose(
             agent.buffer.next_states[: ROUNDS - 1, 0], played_states[1:], 1e-6
@@ -253,7 +254,7 @@ def test_each_client_keeps_its_agent_in_its_own_state(played):
         # the stored action is (α, ln η) before rounding: α rounds to the epochs played
         for t in range(1, ROUNDS):
             alpha = 1 + agent.buffer.actions[t - 1, 0] * 4
-            assert round(float(alpha)) == capture.replies[t][c][1][keys.PAGE_EPOCHS]
+            assert round(float(alpha)) == capture.replies[t][c][1][page_keys.EPOCHS]
     # the agents never left their clients: no reply carries more than the model
     for t in capture.replies:
         for upload, _ in capture.replies[t].values():
@@ -289,7 +290,7 @@ def test_the_papers_reward_is_the_inverse_weighted_client_loss(tmp_path):
     rounds = read_rounds(tmp_path / "rounds.jsonl")
     for i, t in enumerate((1, 2)):
         p = strategy.history["weights"][i]
-        losses = [capture.replies[t][c][1][keys.PAGE_LOSS] for c in range(4)]
+        losses = [capture.replies[t][c][1][page_keys.LOSS] for c in range(4)]
         assert rounds[t]["train"]["server"]["reward"] == pytest.approx(1.0 / float(p @ losses))
 
 
@@ -311,8 +312,8 @@ def test_the_biased_variants_scale_each_sides_reward(tmp_path):
         assert reward == pytest.approx(k_g / max(loss, 0.01), rel=1e-5)
         for c in range(4):
             metrics = capture.replies[1][c][1]
-            expected = k_l / max(metrics[keys.PAGE_LOSS], 0.01)
-            assert metrics[keys.PAGE_REWARD] == pytest.approx(expected)
+            expected = k_l / max(metrics[page_keys.LOSS], 0.01)
+            assert metrics[page_keys.REWARD] == pytest.approx(expected)
 
 
 def _final_model(out: Path) -> ArrayRecord:
@@ -346,7 +347,7 @@ def test_the_random_control_learns_nothing(tmp_path):
             u = np.random.default_rng(
                 derive_seed(cfg.seed, c, t, "page-client", bits=AGENT_SEED_BITS)
             ).uniform(0, 1, 2)
-            assert capture.replies[t][c][1][keys.PAGE_EPOCHS] == round(1 + 4 * u[0])
+            assert capture.replies[t][c][1][page_keys.EPOCHS] == round(1 + 4 * u[0])
 
     assert all(stored(ctx, AGENT_KEY) is None for ctx in grid.contexts.values())
 
@@ -367,7 +368,7 @@ def test_untuned_weights_and_actions_are_the_fedavg_settings(tmp_path):
     for t in (1, 2):
         for c in range(4):
             metrics = capture.replies[t][c][1]
-            assert (metrics[keys.PAGE_EPOCHS], metrics[keys.PAGE_LR]) == (2, 0.05)
+            assert (metrics[page_keys.EPOCHS], metrics[page_keys.LR]) == (2, 0.05)
 
 
 def test_partial_participation_renormalizes_over_the_uploads_and_carries_the_state(tmp_path):
@@ -404,7 +405,7 @@ def test_a_reply_without_the_agents_metrics_is_rejected_and_named(tmp_path, capl
 
     def strip(reply):
         if reply.metadata.src_node_id == victim and keys.ARRAYS in reply.content.array_records:
-            del reply.content[keys.METRICS][keys.PAGE_LOSS]
+            del reply.content[keys.METRICS][page_keys.LOSS]
         return reply
 
     grid.reply_filter = strip
@@ -420,9 +421,9 @@ def test_a_reply_without_the_agents_metrics_is_rejected_and_named(tmp_path, capl
 @pytest.mark.parametrize(
     ("metric", "value", "message"),
     [
-        (keys.PAGE_LR, 0.0, "a learning rate > 0"),
-        (keys.PAGE_EPOCHS, 0, "a number of epochs >= 1"),
-        (keys.PAGE_LOSS, -1.0, "a loss >= 0"),
+        (page_keys.LR, 0.0, "a learning rate > 0"),
+        (page_keys.EPOCHS, 0, "a number of epochs >= 1"),
+        (page_keys.LOSS, -1.0, "a loss >= 0"),
     ],
 )
 def test_malformed_agent_metrics_are_named(metric, value, message):
@@ -433,9 +434,9 @@ def test_malformed_agent_metrics_are_named(metric, value, message):
     metrics = {
         keys.CLIENT_ID: 0,
         keys.NUM_EXAMPLES: 10,
-        keys.PAGE_LOSS: 1.0,
-        keys.PAGE_EPOCHS: 2,
-        keys.PAGE_LR: 0.01,
+        page_keys.LOSS: 1.0,
+        page_keys.EPOCHS: 2,
+        page_keys.LR: 0.01,
         metric: value,
     }
     from flwr.app import MetricRecord, RecordDict
@@ -569,11 +570,11 @@ def test_a_killed_run_resumes_to_the_same_agents_and_results(tmp_path):
 def test_agents_kept_in_memory_run_as_agents_rebuilt_from_the_stored_state(tmp_path, monkeypatch):
     """The clients' agents kept in memory between messages give the run that rebuilding
     every agent from its stored arrays gives (no agent in memory: a cache of size 0)."""
-    from pflarena.client.solvers import common
+    from pflarena.client import agents
 
     cfg = page_config(num_rounds=3)
     page_run(cfg, tmp_path / "memory", _nodes(cfg, tmp_path / "state-memory", 1_000_003))
-    monkeypatch.setattr(common, "AGENT_CACHE_SIZE", 0)
+    monkeypatch.setattr(agents, "AGENT_CACHE_SIZE", 0)
     page_run(cfg, tmp_path / "stored", _nodes(cfg, tmp_path / "state-stored", 4_000_037))
     rounds = {n: read_rounds(tmp_path / n / "rounds.jsonl") for n in ("memory", "stored")}
     assert [r["train"]["server"]["client-agents-in-memory"] for r in rounds["memory"][1:]] == [
@@ -625,7 +626,7 @@ def test_the_bounded_reward_is_not_maximized_by_one_client_and_the_papers_is(pla
         assert problem.value < min(vertex_losses) - 0.01  # no vertex is optimal
         assert best.max() < 0.9 and weight_entropy(best) / math.log(n) > 0.3
         # the paper's reward: every mixture is beaten by the vertex of the smallest f_i
-        f = np.array([capture.replies[t][c][1][keys.PAGE_LOSS] for c in range(n)])
+        f = np.array([capture.replies[t][c][1][page_keys.LOSS] for c in range(n)])
         rng = np.random.default_rng(t)
         for q in [best, np.full(n, 1 / n), *rng.dirichlet(np.ones(n), 20)]:
             assert 1.0 / f.min() >= 1.0 / float(q @ f)
@@ -836,7 +837,7 @@ def test_the_agents_move_away_from_their_initial_play(agents, tmp_path, monkeypa
 
 def test_the_players_reward_is_the_reciprocal_loss_bounded_by_the_floor():
     """u = k / max(f, f_min) (Definition 1 with the floor of docs/papers/page.md §9.11)."""
-    from pflarena.core.page_utility import reciprocal_reward
+    from pflarena.methods.page.utility import reciprocal_reward
 
     assert reciprocal_reward(0.5, 0.01) == (2.0, False)
     assert reciprocal_reward(0.001, 0.01) == (100.0, True)  # the floor bounds it

@@ -17,10 +17,10 @@ import torch
 from helpers import config
 from test_page import page_config, page_run
 
+from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig
 from pflarena.core.config import ConfigError
-from pflarena.core.ddpg import DDPGAgent, DDPGConfig
+from pflarena.methods.page.strategy import aggregate_loss_gradient, tangent_cosine
 from pflarena.server.results import read_rounds
-from pflarena.strategies.page import aggregate_loss_gradient, tangent_cosine
 
 N = 20
 
@@ -101,7 +101,7 @@ def test_the_loss_gradient_in_the_weights_matches_finite_differences():
 
     from pflarena.core.models import build_model
     from pflarena.core.training import evaluate
-    from pflarena.strategies.page import aggregate
+    from pflarena.methods.page.strategy import aggregate
 
     torch.manual_seed(0)
     model = build_model("logreg", (5,), 3, seed=0)

@@ -14,10 +14,10 @@ import pytest
 from pydantic import ValidationError
 
 from pflarena.core.methods import hyphenate
+from pflarena.methods.ditto.strategy import Ditto, DittoParams
+from pflarena.methods.fedavg.strategy import FedAvgParams
 from pflarena.strategies import strategy_classes
 from pflarena.strategies.base import PflStrategy
-from pflarena.strategies.ditto import Ditto, DittoParams
-from pflarena.strategies.fedavg import FedAvgParams
 
 STRATEGIES = Path(__file__).resolve().parents[1] / "pflarena" / "strategies"
 #: infrastructure arguments only (the run's training settings, the model's layout, where

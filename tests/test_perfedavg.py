@@ -8,13 +8,13 @@ from helpers import config, run_local
 from torch import nn
 from torch.nn import functional as F
 
-from pflarena.client.solvers.perfedavg import (
+from pflarena.core.models import build_model
+from pflarena.methods.perfedavg.solver import (
     batch_stream,
     hvp_autograd,
     hvp_finite_difference,
     meta_step,
 )
-from pflarena.core.models import build_model
 
 
 def _smooth_mlp(seed):

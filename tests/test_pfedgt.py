@@ -11,15 +11,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from helpers import config, grid_for, run_local, stored
 from scipy.optimize import minimize
 
-from pflarena.client.solvers import pfedgt as solver
-from pflarena.client.solvers.local import MODEL_KEY
 from pflarena.core import keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
+from pflarena.methods.local.solver import MODEL_KEY
+from pflarena.methods.pfedgt import keys as pfedgt_keys
+from pflarena.methods.pfedgt import solver as solver
+from pflarena.methods.pfedgt.strategy import tracked_update
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy
 from pflarena.strategies.exchange import direct_send
-from pflarena.strategies.pfedgt import tracked_update
 
 F64 = torch.float64
 
@@ -650,12 +651,12 @@ def test_nan_update_is_rejected_and_eq5_uses_the_rest():
         grid.send_and_receive(list(strategy.configure_train(1, arrays, ConfigRecord(), grid)))
     )
     name = strategy.trainable[0]
-    bad = replies[0].content[keys.PFEDGT_DELTA_C][name].numpy().copy()
+    bad = replies[0].content[pfedgt_keys.DELTA_C][name].numpy().copy()
     bad.flat[0] = np.nan
-    replies[0].content[keys.PFEDGT_DELTA_C][name] = Array(bad)
+    replies[0].content[pfedgt_keys.DELTA_C][name] = Array(bad)
     strategy.aggregate_train(1, replies)
     assert strategy.last_failed == [replies[0].metadata.src_node_id]
-    rest = [r.content[keys.PFEDGT_DELTA_C][name].numpy() for r in replies[1:]]
+    rest = [r.content[pfedgt_keys.DELTA_C][name].numpy() for r in replies[1:]]
     np.testing.assert_allclose(
         strategy.message[name],
         before[name] + 0.7 / len(rest) * np.sum(rest, 0),
@@ -707,7 +708,7 @@ def test_a_rejected_update_leaves_c_tracking_the_stored_messages(tmp_path):
 
     def nan_in_transit(reply):
         content = reply.content
-        sync_round = None if reply.has_error() else content.array_records.get(keys.PFEDGT_DELTA_C)
+        sync_round = None if reply.has_error() else content.array_records.get(pfedgt_keys.DELTA_C)
         if sync_round is not None and not victim:  # the first train reply of the run
             victim.append(reply.metadata.src_node_id)
             name = next(iter(sync_round.keys()))
@@ -842,9 +843,9 @@ def test_a_bad_buffer_upload_is_rejected_and_never_reaches_theta(caplog, damage)
     cfg = config(strategy="pfedgt", model="small-cnn-bn", fraction_train=0.6)
     strategy, arrays, replies = _one_round_replies(cfg)
     name = "features.1.running_var"
-    buffers = replies[0].content.array_records[keys.PFEDGT_BUFFERS]
+    buffers = replies[0].content.array_records[pfedgt_keys.BUFFERS]
     if damage == "missing":
-        del replies[0].content.array_records[keys.PFEDGT_BUFFERS]
+        del replies[0].content.array_records[pfedgt_keys.BUFFERS]
     else:
         bad = buffers[name].numpy().copy()
         if damage == "shape":
@@ -858,7 +859,7 @@ def test_a_bad_buffer_upload_is_rejected_and_never_reaches_theta(caplog, damage)
     assert "rejected reply" in caplog.text and (
         "buffers" in caplog.text and (name in caplog.text or damage == "missing")
     )
-    rest = [r.content.array_records[keys.PFEDGT_BUFFERS][name].numpy() for r in replies[1:]]
+    rest = [r.content.array_records[pfedgt_keys.BUFFERS][name].numpy() for r in replies[1:]]
     assert np.isfinite(theta[name].numpy()).all()
     np.testing.assert_allclose(theta[name].numpy(), np.mean(rest, axis=0), rtol=1e-6)
 
@@ -866,8 +867,8 @@ def test_a_bad_buffer_upload_is_rejected_and_never_reaches_theta(caplog, damage)
 def test_buffers_from_a_model_without_any_are_rejected():
     cfg = config(strategy="pfedgt", fraction_train=0.4)  # digits' MLP: no buffers
     strategy, _, replies = _one_round_replies(cfg)
-    assert keys.PFEDGT_BUFFERS not in replies[0].content.array_records
-    replies[0].content.array_records[keys.PFEDGT_BUFFERS] = ArrayRecord(
+    assert pfedgt_keys.BUFFERS not in replies[0].content.array_records
+    replies[0].content.array_records[pfedgt_keys.BUFFERS] = ArrayRecord(
         {"features.1.running_var": Array(np.ones(3, dtype=np.float32))}
     )
     strategy.aggregate_train(1, replies)
@@ -1022,8 +1023,8 @@ def test_client_uploads_follow_algorithm_2_through_the_client_app(monkeypatch):
                 m=m,
                 lr=lr,
             )
-            delta_w = _flat(reply.content.array_records[keys.PFEDGT_DELTA_W], names)
-            delta_c = _flat(reply.content.array_records[keys.PFEDGT_DELTA_C], names)
+            delta_w = _flat(reply.content.array_records[pfedgt_keys.DELTA_W], names)
+            delta_c = _flat(reply.content.array_records[pfedgt_keys.DELTA_C], names)
             np.testing.assert_allclose(delta_w, iterates[-1] - theta, rtol=1e-4, atol=2e-6)
             np.testing.assert_allclose(delta_c, message - held[node], rtol=1e-4, atol=2e-6)
         arrays, _ = strategy.aggregate_train(server_round, replies)

@@ -12,8 +12,8 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from pflarena.core.models import build_model
+from pflarena.methods.pfedhn.strategy import HyperNetwork, hypernetwork_gradients
 from pflarena.server.build import build_strategy
-from pflarena.strategies.pfedhn import HyperNetwork, hypernetwork_gradients
 
 
 def _target():

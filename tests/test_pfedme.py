@@ -8,11 +8,11 @@ import torch
 from flwr.app import Array, ArrayRecord
 from helpers import config, run_local
 
-from pflarena.client.solvers.pfedme import local_copy_step, solve_personalized
 from pflarena.core.federation import build_federation
 from pflarena.core.models import build_model
+from pflarena.methods.pfedme.solver import local_copy_step, solve_personalized
+from pflarena.methods.pfedme.strategy import beta_update
 from pflarena.strategies.aggregation import weighted_mean
-from pflarena.strategies.pfedme import beta_update
 
 
 def _softmax_gradient(weight, bias, x, y):

@@ -11,7 +11,10 @@ from helpers import config, grid_for, run_local, stored
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from pflarena.client.solvers.pfedsv import (
+from pflarena.core import keys
+from pflarena.core.federation import load_client
+from pflarena.core.models import build_model
+from pflarena.methods.pfedsv.solver import (
     PERSONAL_KEY,
     TRAINED_KEY,
     _Game,
@@ -22,14 +25,11 @@ from pflarena.client.solvers.pfedsv import (
     select_peers,
     update_relevance,
 )
-from pflarena.core import keys
-from pflarena.core.federation import load_client
-from pflarena.core.models import build_model
+from pflarena.methods.pfedsv.strategy import PFedSVParams, dp_epsilon, split_head
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.loop import run_rounds
 from pflarena.server.results import ResultsWriter
-from pflarena.strategies.pfedsv import PFedSVParams, dp_epsilon, split_head
 
 
 # --------------------------------------------------------------------------- top-k rule
@@ -137,7 +137,7 @@ def test_utilities_equal_the_averaged_models_accuracy_computed_apart():
     # Each utility against an independent computation: the coalition's plain parameter
     # average loaded into a fresh CNN, all 260 validation images in one forward pass (the
     # game runs them in chunks of EVAL_CHUNK, the last one partial).
-    from pflarena.client.solvers.pfedsv import EVAL_CHUNK
+    from pflarena.methods.pfedsv.solver import EVAL_CHUNK
 
     torch.manual_seed(0)
     base = build_model("cnn", (1, 16, 16), 10, seed=0).state_dict()
@@ -171,8 +171,8 @@ def _check_coalitions(game, reference, states, base, x, y, accuracies):
 
 
 def test_the_own_models_logged_accuracy_reuses_its_utility():
-    from pflarena.client.solvers.pfedsv import own_accuracy
-    from pflarena.core.shapley import shapley_values
+    from pflarena.methods.pfedsv.shapley import shapley_values
+    from pflarena.methods.pfedsv.solver import own_accuracy
 
     torch.manual_seed(1)
     base = build_model("mlp", (1, 8, 8), 10, seed=0).state_dict()
@@ -291,7 +291,7 @@ def test_the_private_variants_replies_change_only_through_the_clipped_release(
     import dataclasses
 
     import pflarena.client.app as client_app_module
-    import pflarena.client.solvers.pfedsv as solver
+    import pflarena.methods.pfedsv.solver as solver
 
     monkeypatch.setattr(solver.secrets, "randbits", lambda bits: 12345)
     original = client_app_module.load_node_data
@@ -732,7 +732,7 @@ def test_the_feature_extractor_average_and_the_heads_aggregate_computed_apart(tm
 
 
 def test_the_validation_subsample_is_off_by_default_and_draws_distinct_images():
-    from pflarena.client.solvers.pfedsv import validation_subsample
+    from pflarena.methods.pfedsv.solver import validation_subsample
 
     assert PFedSVParams().validation_subsample == 0  # the paper: the whole split
     x = torch.arange(40, dtype=torch.float32).reshape(20, 2)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import approx_fprime
 
-from pflarena.core.population import (
+from pflarena.methods.ppfl.population import (
     affinity_from_histograms,
     affinity_problem,
     exponentiated_gradient_step,

@@ -20,13 +20,14 @@ from pflarena.core.config import ConfigError
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.core.models import ModelShape
-from pflarena.core.population import affinity_from_histograms, exponentiated_gradient_step
+from pflarena.methods.ppfl import keys as ppfl_keys
+from pflarena.methods.ppfl.population import affinity_from_histograms, exponentiated_gradient_step
+from pflarena.methods.ppfl.strategy import PPFL
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
 from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
-from pflarena.strategies.ppfl import PPFL
 
 
 def _recording(strategy):
@@ -200,8 +201,8 @@ def test_a_membership_off_the_simplex_is_rejected_and_changes_nothing(tmp_path):
     victim = grid.node_ids[2]
 
     def tamper(reply):
-        if reply.metadata.src_node_id == victim and keys.PPFL_MEMBERSHIP in reply.content:
-            reply.content[keys.PPFL_MEMBERSHIP] = ArrayRecord(
+        if reply.metadata.src_node_id == victim and ppfl_keys.MEMBERSHIP in reply.content:
+            reply.content[ppfl_keys.MEMBERSHIP] = ArrayRecord(
                 {"c": Array(np.array([0.9, 0.9, -0.8]))}
             )
         return reply
@@ -304,7 +305,7 @@ def test_memberships_are_saved_and_pictured_and_a_killed_run_resumes_identically
     for r in whole.history:
         np.testing.assert_array_equal(resumed.history[r], whole.history[r])
     phases = {m.content[keys.CONFIG].get(keys.PHASE) for m in broken.sent}
-    assert (keys.PPFL_PHASE_STEPS in phases) == (eval_every == 1)
+    assert (ppfl_keys.PHASE_STEPS in phases) == (eval_every == 1)
 
 
 def test_a_folded_membership_epoch_gives_the_unfolded_run(tmp_path):
@@ -325,8 +326,8 @@ def test_a_folded_membership_epoch_gives_the_unfolded_run(tmp_path):
         phases = [m.content[keys.CONFIG].get(keys.PHASE) for m in grid.sent]
         runs[name] = (strategy, outcome, thetas, phases)
     (s1, o1, t1, p1), (s2, o2, t2, p2) = runs["unfolded"], runs["folded"]
-    assert p1.count(keys.PPFL_PHASE_STEPS) == 4 * 5
-    assert p2.count(keys.PPFL_PHASE_STEPS) == 4  # only the last round's
+    assert p1.count(ppfl_keys.PHASE_STEPS) == 4 * 5
+    assert p2.count(ppfl_keys.PHASE_STEPS) == 4  # only the last round's
     assert not np.allclose(s1.memberships, 0.25)  # the memberships moved
     np.testing.assert_allclose(s2.memberships, s1.memberships, rtol=0, atol=1e-6)
     for r in s1.history:
@@ -405,7 +406,11 @@ def test_ppfl2_is_cross_evaluated_and_ppfl1_says_why_it_cannot_be(tmp_path):
 
 # --------------------------------------------------------------------------- the authors' optimizer
 def _canonical_person(form: str = "mix"):
-    from pflarena.core.canonical import CanonicalModel, PersonalizedModel, initial_stacked_state
+    from pflarena.algorithms.canonical import (
+        CanonicalModel,
+        PersonalizedModel,
+        initial_stacked_state,
+    )
     from pflarena.core.models import build_model
 
     stacked = initial_stacked_state("logreg", (6,), 3, 7, 2, 0, "canonical")
@@ -434,7 +439,7 @@ def _momentum_reference(person, x, y, generators, lr, momentum, weight_decay, ba
 def test_persistent_momentum_continues_the_velocity_across_theta_blocks():
     """Two θ-blocks with the buffers carried equal one SGD-with-momentum run over both
     blocks' batches (the authors' clients keep their optimizer); fresh buffers do not."""
-    from pflarena.client.solvers.ppfl import train_theta
+    from pflarena.methods.ppfl.solver import train_theta
 
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.normal(size=(40, 6)), dtype=torch.float32)
@@ -479,7 +484,7 @@ def test_the_run_schedule_scales_both_step_sizes():
     )
     strategy = build_strategy(cfg)
     for server_round, factor in ((1, 1.0), (2, 1.0), (3, 0.1), (5, 0.01)):
-        sent = strategy._config(server_round, keys.PPFL_PHASE_THETA)
+        sent = strategy._config(server_round, ppfl_keys.PHASE_THETA)
         assert sent[keys.LR] == pytest.approx(0.2 * factor)
         assert sent["ppfl.membership-lr"] == pytest.approx(0.5 * factor)
     with pytest.raises(ConfigError, match="it is now lr-milestones"):
@@ -519,7 +524,7 @@ def test_the_stored_momentum_round_trips_in_thetas_shapes_and_reads_the_old_layo
     a flat record of the wrong size is refused, naming both sizes."""
     from types import SimpleNamespace
 
-    from pflarena.client.solvers import ppfl as solver
+    from pflarena.methods.ppfl import solver as solver
 
     person = _mixed_person("mlp", "prob")
     parameters = person.model.shared_parameters()
@@ -545,7 +550,11 @@ def test_the_stored_momentum_round_trips_in_thetas_shapes_and_reads_the_old_layo
 
 # --------------------------------------------------------------------------- per-copy outputs
 def _mixed_person(model_name: str, mix: str, count: int = 3):
-    from pflarena.core.canonical import CanonicalModel, PersonalizedModel, initial_stacked_state
+    from pflarena.algorithms.canonical import (
+        CanonicalModel,
+        PersonalizedModel,
+        initial_stacked_state,
+    )
     from pflarena.core.models import build_model
 
     stacked = initial_stacked_state(model_name, (6,), 4, 3, count, 0, "canonical")
@@ -581,7 +590,7 @@ def test_the_membership_epoch_on_per_copy_outputs_equals_the_full_forward_passes
     """PPFL1's membership epoch computed on the copies' outputs (once) takes the steps the
     K forward passes per minibatch take; for mix=prob both equal the closed-form gradient's
     steps in float64."""
-    from pflarena.client.solvers import ppfl as solver
+    from pflarena.methods.ppfl import solver as solver
 
     torch.manual_seed(0)
     x, y = torch.randn(50, 6), torch.randint(0, 4, (50,))
@@ -612,7 +621,7 @@ def test_the_start_loss_from_the_copies_table_is_the_forward_pass_loss(mix):
     """f_i from the table the membership epoch computed equals the K forward passes'
     (training_loss), at a membership away from uniform; and for mix=prob the literal
     −mean log Σ_k c_k p_k(y|x) in float64."""
-    from pflarena.client.solvers import ppfl as solver
+    from pflarena.methods.ppfl import solver as solver
 
     torch.manual_seed(1)
     x, y = torch.randn(70, 6), torch.randint(0, 4, (70,))
@@ -637,7 +646,7 @@ def test_the_start_loss_from_the_copies_table_is_the_forward_pass_loss(mix):
 def test_per_copy_outputs_are_not_used_where_they_would_change_the_result():
     """PPFL2 (one interpolated model) and models with dropout or batch normalization keep
     the forward passes."""
-    from pflarena.client.solvers.ppfl import per_copy_outputs_apply
+    from pflarena.methods.ppfl.solver import per_copy_outputs_apply
 
     assert not per_copy_outputs_apply(_canonical_person("interpolate"))
     person = _mixed_person("mlp", "prob")

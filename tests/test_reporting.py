@@ -223,7 +223,7 @@ def test_pfedsv_privacy_accounting_leaves_the_log_alone():
     code = (
         "from logging import INFO\n"
         "from flwr.common.logger import log\n"
-        "from pflarena.strategies.pfedsv import dp_epsilon\n"
+        "from pflarena.methods.pfedsv.strategy import dp_epsilon\n"
         "assert dp_epsilon(1.0, 3, 1e-5) > 0\n"
         "log(INFO, 'marker-line')\n"
     )

@@ -18,10 +18,10 @@ from quadratics import (
     vector,
 )
 
-from pflarena.client.solvers.scaffold import CONTROL_KEY, option_ii_control
 from pflarena.core.config import ConfigError
+from pflarena.methods.scaffold.solver import CONTROL_KEY, option_ii_control
+from pflarena.methods.scaffold.strategy import server_update
 from pflarena.server.build import build_strategy
-from pflarena.strategies.scaffold import server_update
 
 LR, STEPS = 0.1, 50  # 50 full-batch gradient steps a round (8 dummy samples, batch 8)
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pflarena.core.shapley import sampled_evaluations, shapley_values
+from pflarena.methods.pfedsv.shapley import sampled_evaluations, shapley_values
 
 
 def brute_force(utility, players):
@@ -166,7 +166,7 @@ def test_the_sampling_branch_is_unbiased_with_distinct_orderings():
     where ``shapley_values`` would enumerate instead: R distinct orderings drawn without
     replacement (5! = 120 of them), one scan each. The mean of 2,000 independent estimates
     is within 4 standard errors of the brute-force value, and each estimate is efficient."""
-    from pflarena.core.shapley import _orderings, _sampled
+    from pflarena.methods.pfedsv.shapley import _orderings, _sampled
 
     players = list("abcde")
     draw = np.random.default_rng(11)

@@ -6,10 +6,10 @@ import torch
 from flwr.app import ConfigRecord
 from helpers import config, grid_for, run_local, stored
 
-from pflarena.client.solvers.common import prox_hook
-from pflarena.client.solvers.ditto import PERSONAL_KEY
-from pflarena.client.solvers.local import MODEL_KEY
+from pflarena.client.common import prox_hook
 from pflarena.core.models import build_model
+from pflarena.methods.ditto.solver import PERSONAL_KEY
+from pflarena.methods.local.solver import MODEL_KEY
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy
 

@@ -14,11 +14,11 @@ from helpers import config, grid_for, run_local, stored
 from torch.nn import functional as F
 
 from pflarena.client.job import ClientJob, load_node_data
-from pflarena.client.solvers import fedbabu as fedbabu_solver
 from pflarena.client.state import ClientState, MemoryVersions
 from pflarena.core import keys
 from pflarena.core.models import build_model
 from pflarena.core.training import batches
+from pflarena.methods.fedbabu import solver as fedbabu_solver
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 

@@ -13,7 +13,11 @@ import torch
 from helpers import config, grid_for, run_local, stored
 
 from pflarena.client.job import load_node_data
-from pflarena.client.solvers.splitgp import (
+from pflarena.core import keys
+from pflarena.core.model_split import split_state
+from pflarena.core.models import build_model
+from pflarena.methods.splitgp import keys as splitgp_keys
+from pflarena.methods.splitgp.solver import (
     AUX_KEY,
     CLIENT_KEY,
     entropy,
@@ -21,9 +25,6 @@ from pflarena.client.solvers.splitgp import (
     splitgp_loss,
     splitgp_predict,
 )
-from pflarena.core import keys
-from pflarena.core.model_split import split_state
-from pflarena.core.models import build_model
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -101,17 +102,17 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
         content = reply.content
         assert set(content.array_records) == {
             keys.ARRAYS,
-            keys.SPLITGP_AUX,
-            keys.SPLITGP_SERVER_SIDE,
+            splitgp_keys.AUX,
+            splitgp_keys.SERVER_SIDE,
         }
         assert list(content[keys.ARRAYS].keys()) == list(split.body)
-        assert list(content[keys.SPLITGP_SERVER_SIDE].keys()) == list(split.head)
-        assert list(content[keys.SPLITGP_AUX].keys()) == ["weight", "bias"]
+        assert list(content[splitgp_keys.SERVER_SIDE].keys()) == list(split.head)
+        assert list(content[splitgp_keys.AUX].keys()) == ["weight", "bias"]
         metrics = content[keys.METRICS]
         n = metrics[keys.NUM_EXAMPLES]
-        assert metrics[keys.SPLITGP_SMASHED_UP] == 2 * n * (200 * 4 + 8)
-        assert metrics[keys.SPLITGP_SMASHED_DOWN] == 2 * n * 200 * 4
-        assert metrics[keys.SPLITGP_CLIENT_LOSS] > 0 and metrics[keys.SPLITGP_SERVER_LOSS] > 0
+        assert metrics[splitgp_keys.SMASHED_UP] == 2 * n * (200 * 4 + 8)
+        assert metrics[splitgp_keys.SMASHED_DOWN] == 2 * n * 200 * 4
+        assert metrics[splitgp_keys.CLIENT_LOSS] > 0 and metrics[splitgp_keys.SERVER_LOSS] > 0
     last = train_replies[3:]
     # the server's round totals of that traffic, under the names the results files keep
     server = outcome.rounds[-1]["train"]["server"]
@@ -126,14 +127,14 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
 
     final_eval = [m for m in grid.sent if m.metadata.message_type == "evaluate"][-1].content
     model = {n: a.numpy() for n, a in final_eval[keys.ARRAYS].items()}
-    aux = {n: a.numpy() for n, a in final_eval[keys.SPLITGP_AUX].items()}
+    aux = {n: a.numpy() for n, a in final_eval[splitgp_keys.AUX].items()}
     for name in split.body:
         np.testing.assert_allclose(model[name], average(keys.ARRAYS, name), rtol=1e-5, atol=1e-7)
     for name in split.head:
         np.testing.assert_allclose(
-            model[name], average(keys.SPLITGP_SERVER_SIDE, name), rtol=1e-5, atol=1e-7
+            model[name], average(splitgp_keys.SERVER_SIDE, name), rtol=1e-5, atol=1e-7
         )
-    np.testing.assert_allclose(aux["weight"], average(keys.SPLITGP_AUX, "weight"), rtol=1e-5)
+    np.testing.assert_allclose(aux["weight"], average(splitgp_keys.AUX, "weight"), rtol=1e-5)
 
     # one client's personalized evaluation, by hand
     node = grid.node_ids[1]
@@ -154,9 +155,9 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
     chosen = np.where(offload[:, None], server_logits, client_logits)
     reported = evaluations[1]
     assert reported[keys.PERSONALIZED_CORRECT] == int((chosen.argmax(axis=1) == y).sum())
-    assert reported[keys.SPLITGP_OFFLOADED] == int(offload.sum())
+    assert reported[splitgp_keys.OFFLOADED] == int(offload.sum())
     client_right = int((client_logits.argmax(axis=1) == y).sum())
-    assert reported[keys.SPLITGP_CLIENT_SIDE_CORRECT] == client_right
+    assert reported[splitgp_keys.CLIENT_SIDE_CORRECT] == client_right
     assert 0 < offload.sum() < len(y)  # the rule chose both exits
 
     # rounds.jsonl: the split of the test samples, per client and over the clients
@@ -166,9 +167,9 @@ def test_a_run_uploads_the_client_side_and_the_evaluation_follows_the_paper(tmp_
         "client-side": pytest.approx(client_right / len(y)),
     }
     counts = {c: m[keys.PERSONALIZED_COUNT] for c, m in evaluations.items()}
-    sent = sum(m[keys.SPLITGP_OFFLOADED] for m in evaluations.values())
+    sent = sum(m[splitgp_keys.OFFLOADED] for m in evaluations.values())
     assert details["offloaded"] == pytest.approx(sent / sum(counts.values()))
-    accuracies = [m[keys.SPLITGP_CLIENT_SIDE_CORRECT] / counts[c] for c, m in evaluations.items()]
+    accuracies = [m[splitgp_keys.CLIENT_SIDE_CORRECT] / counts[c] for c, m in evaluations.items()]
     assert details["client-side-mean"] == pytest.approx(np.mean(accuracies))
 
 
@@ -212,15 +213,15 @@ def test_a_finished_run_re_evaluated_at_its_own_settings_gives_its_last_round(tm
         assert own[keys.PERSONALIZED_CORRECT] / n == pytest.approx(
             recorded[str(client)]["personalized"]
         )
-        assert own[keys.SPLITGP_OFFLOADED] / n == pytest.approx(
+        assert own[splitgp_keys.OFFLOADED] / n == pytest.approx(
             last["evaluation"]["method"]["per_client"][str(client)]["offloaded"]
         )
-        assert 0 < own[keys.SPLITGP_OFFLOADED] < n  # both exits chose some samples
+        assert 0 < own[splitgp_keys.OFFLOADED] < n  # both exits chose some samples
         for mixed in (lam, 1.0):
-            assert by_setting[(mixed, 0.0)][keys.SPLITGP_OFFLOADED] == n
+            assert by_setting[(mixed, 0.0)][splitgp_keys.OFFLOADED] == n
             alone = by_setting[(mixed, math.inf)]
-            assert alone[keys.SPLITGP_OFFLOADED] == 0
-            assert alone[keys.PERSONALIZED_CORRECT] == alone[keys.SPLITGP_CLIENT_SIDE_CORRECT]
+            assert alone[splitgp_keys.OFFLOADED] == 0
+            assert alone[keys.PERSONALIZED_CORRECT] == alone[splitgp_keys.CLIENT_SIDE_CORRECT]
     assert len(tool.table(counts, [lam, 1.0], [0.0, threshold, math.inf])) == 2 + 6
 
 
@@ -236,7 +237,7 @@ def test_evaluation_details_leave_out_replies_without_possible_counts():
     def reply(count, sent=None, right=None):
         metrics = {keys.PERSONALIZED_COUNT: count}
         if sent is not None:
-            metrics |= {keys.SPLITGP_OFFLOADED: sent, keys.SPLITGP_CLIENT_SIDE_CORRECT: right}
+            metrics |= {splitgp_keys.OFFLOADED: sent, splitgp_keys.CLIENT_SIDE_CORRECT: right}
         return MetricRecord(metrics)
 
     details = strategy.evaluation_details(

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from helpers import config, grid_for, run_local, stored
 
-from pflarena.client.solvers.ditto import PERSONAL_KEY
 from pflarena.core.config import ConfigError
+from pflarena.methods.ditto.solver import PERSONAL_KEY
 
 
 def _personal_models(precision: str, tmp_path) -> tuple[list[dict], float]:

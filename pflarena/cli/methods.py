@@ -470,9 +470,9 @@ def write_generated(root: Path) -> None:
 
 def builtin_declarations() -> dict[str, MethodDeclaration]:
     """The built-in methods' declarations (no plug-ins): what :data:`CATALOG` holds."""
-    from pflarena.strategies import BUILTIN_STRATEGIES
+    from pflarena.strategies import builtin_strategies
 
-    return {cls.declaration.name: cls.declaration for cls in BUILTIN_STRATEGIES}
+    return {cls.declaration.name: cls.declaration for cls in builtin_strategies()}
 
 
 def command(args: argparse.Namespace) -> int:

@@ -95,7 +95,7 @@ def linear_plan(sequence: nn.Sequential, prefix: str) -> list[tuple[str, str | N
     ``("flatten", None)``, ``("linear", <module name>)``, ``("relu", None)``.
 
     A model made only of such layers says so with a ``linear_plan()`` method giving its
-    forward pass as these steps; :class:`~pflarena.core.canonical.CanonicalModel` then runs
+    forward pass as these steps; :class:`~pflarena.algorithms.canonical.CanonicalModel` then runs
     K copies of it as one batched pass instead of K passes (PPFL, FedEM and IFCA on the
     logistic and MLP models).
     """

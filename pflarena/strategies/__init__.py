@@ -13,6 +13,7 @@ installed.
 from __future__ import annotations
 
 import importlib
+from functools import lru_cache
 from importlib.metadata import EntryPoint
 
 from pflarena.core.methods import (
@@ -25,7 +26,7 @@ from pflarena.core.methods import (
 )
 from pflarena.strategies.base import PflStrategy
 
-__all__ = ["BUILTIN_STRATEGIES", "PLUGINS_ENV", "declarations", "strategy_classes"]
+__all__ = ["PLUGINS_ENV", "builtin_strategies", "declarations", "strategy_classes"]
 
 
 def _origin(ep: EntryPoint) -> str:
@@ -56,7 +57,7 @@ def _load(ep: EntryPoint) -> type[PflStrategy]:
 
 def _load_plugin(ep: EntryPoint) -> type[PflStrategy]:
     """An out-of-tree method: its solver must lie in its strategy's top-level package, the
-    modules a client accepts as solvers (``client/solvers/__init__.py``)."""
+    modules a client accepts as solvers (``client/solvers.py``)."""
     cls = _load(ep)
     package = ep.value.split(":")[0].strip().split(".")[0]
     solver = cls.declaration.solver
@@ -68,11 +69,16 @@ def _load_plugin(ep: EntryPoint) -> type[PflStrategy]:
     return cls
 
 
-#: One entry per built-in method, in the order `pflarena methods` lists them: the
-#: ``pflarena.methods`` entry points of pflarena's own pyproject.toml.
-BUILTIN_STRATEGIES: tuple[type[PflStrategy], ...] = tuple(
-    _load(ep) for ep in builtin_entry_points()
-)
+@lru_cache(maxsize=1)
+def builtin_strategies() -> tuple[type[PflStrategy], ...]:
+    """One entry per built-in method, in the order `pflarena methods` lists them: the
+    ``pflarena.methods`` entry points of pflarena's own pyproject.toml.
+
+    Loaded on the first call, not when this package is imported: each method's strategy
+    module imports this package's base (:mod:`pflarena.strategies.base`), so it may be the
+    first module of a process to import it.
+    """
+    return tuple(_load(ep) for ep in builtin_entry_points())
 
 
 def strategy_classes() -> dict[str, type[PflStrategy]]:
@@ -82,7 +88,7 @@ def strategy_classes() -> dict[str, type[PflStrategy]]:
     Raises ValueError when two classes declare the same name, or a plug-in cannot be loaded
     or declares no method.
     """
-    classes: list[type[PflStrategy]] = list(BUILTIN_STRATEGIES)
+    classes: list[type[PflStrategy]] = list(builtin_strategies())
     classes += [_load_plugin(ep) for ep in plugin_entry_points()]
     for module_name in plugin_modules():
         module = importlib.import_module(module_name)

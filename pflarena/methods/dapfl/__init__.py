@@ -1,1 +1,10 @@
-"""Dap-FL: its parameters (:mod:`.params`)."""
+"""Dap-FL (docs/methods/dapfl.md): one package, the method's own modules.
+
+- :mod:`.strategy`, the server side;
+- :mod:`.solver`, the client side;
+- :mod:`.keys`, the message names both sides use;
+- :mod:`.params`, its parameters' rules (torch-free).
+
+Its entry point (pyproject.toml): ``dapfl = "pflarena.methods.dapfl.strategy:DapFL"``.
+This file imports nothing.
+"""

@@ -1,5 +1,5 @@
 """Dap-FL's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.dapfl`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.dapfl.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """FedBABU's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.fedbabu`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.fedbabu.strategy`, runs
 with them)."""
 
 from __future__ import annotations

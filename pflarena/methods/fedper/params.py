@@ -1,5 +1,5 @@
 """FedPer's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.fedper`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.fedper.strategy`, runs
 with them)."""
 
 from __future__ import annotations

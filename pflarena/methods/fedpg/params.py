@@ -1,5 +1,5 @@
 """FedPG's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.fedpg`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.fedpg.strategy`, runs
 with them)."""
 
 from __future__ import annotations

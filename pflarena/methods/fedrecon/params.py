@@ -1,5 +1,5 @@
 """FedRecon's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.fedrecon`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.fedrecon.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """FedRep's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.fedrep`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.fedrep.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,1 +1,10 @@
-"""Fed-ROD: its parameters (:mod:`.params`)."""
+"""FedRoD (docs/methods/fedrod.md): one package, the method's own modules.
+
+- :mod:`.strategy`, the server side;
+- :mod:`.solver`, the client side;
+- :mod:`.keys`, the message names both sides use;
+- :mod:`.params`, its parameters' rules (torch-free).
+
+Its entry point (pyproject.toml): ``fedrod = "pflarena.methods.fedrod.strategy:FedRoD"``.
+This file imports nothing.
+"""

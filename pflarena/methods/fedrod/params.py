@@ -1,5 +1,5 @@
 """Fed-ROD's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.fedrod`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.fedrod.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """LG-FedAvg's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.lgfedavg`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.lgfedavg.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """PAGE's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.page`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.page.strategy`, runs
 with them)."""
 
 from __future__ import annotations

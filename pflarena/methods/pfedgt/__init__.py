@@ -1,1 +1,10 @@
-"""pFedGT: its parameters (:mod:`.params`)."""
+"""pFedGT (docs/methods/pfedgt.md): one package, the method's own modules.
+
+- :mod:`.strategy`, the server side;
+- :mod:`.solver`, the client side;
+- :mod:`.keys`, the message names both sides use;
+- :mod:`.params`, its parameters' rules (torch-free).
+
+Its entry point (pyproject.toml): ``pfedgt = "pflarena.methods.pfedgt.strategy:PFedGT"``.
+This file imports nothing.
+"""

@@ -1,5 +1,5 @@
 """pFedGT's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.pfedgt`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.pfedgt.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """PPFL's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.ppfl`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.ppfl.strategy`, runs
 with them)."""
 
 from __future__ import annotations

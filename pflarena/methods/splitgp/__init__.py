@@ -1,1 +1,10 @@
-"""SplitGP: its parameters (:mod:`.params`)."""
+"""SplitGP (docs/methods/splitgp.md): one package, the method's own modules.
+
+- :mod:`.strategy`, the server side;
+- :mod:`.solver`, the client side;
+- :mod:`.keys`, the message names both sides use;
+- :mod:`.params`, its parameters' rules (torch-free).
+
+Its entry point (pyproject.toml): ``splitgp = "pflarena.methods.splitgp.strategy:SplitGP"``.
+This file imports nothing.
+"""

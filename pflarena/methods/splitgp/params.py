@@ -1,5 +1,5 @@
 """SplitGP's parameters, without torch: the run config is checked against them before
-anything imports torch or Flower (the strategy, :mod:`pflarena.strategies.splitgp`, runs
+anything imports torch or Flower (the strategy, :mod:`pflarena.methods.splitgp.strategy`, runs
 with them)."""
 
 from __future__ import annotations

@@ -1,0 +1,10 @@
+"""IFCA's message names.
+
+Its strategy and its solver agree on them through these constants only; the names every
+method uses are in :mod:`pflarena.core.keys`.
+"""
+
+from __future__ import annotations
+
+CLUSTER = "ifca-cluster"  # train reply: the cluster identity the client estimated
+CLUSTER_PREFIX = "cluster"  # ARRAYS: the K cluster models, cluster.<j>.<name>
