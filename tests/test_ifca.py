@@ -58,7 +58,7 @@ def test_clients_pick_their_lowest_loss_cluster_and_clusters_average_their_membe
 
     strategy.train_round = train_round
     run_local(cfg, tmp_path, grid=grid, strategy=strategy)
-    stacked = strategy.clusters(initial_arrays(cfg))
+    stacked = strategy.stacked(initial_arrays(cfg))
     chosen: dict[int, list[int]] = {0: [], 1: [], 2: []}
     gradients = {}
     for node in grid.node_ids:

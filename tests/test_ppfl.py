@@ -131,7 +131,7 @@ def test_a_membership_block_is_one_eg_step_on_the_clients_true_gradients(tmp_pat
     assert [e["name"] for e in outcome.rounds[1]["exchanges"]] == [
         "affinity", "membership-gradient", "membership",
     ]  # fmt: skip
-    theta = strategy.population(initial_arrays(cfg))
+    theta = strategy.stacked(initial_arrays(cfg))
     histograms, sizes, grads = [], [], []
     for client in range(4):
         data, info = load_client(cfg.federation_spec(), client)

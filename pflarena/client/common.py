@@ -5,6 +5,8 @@ split-model parts (FedPer, FedRep, LG-FedAvg, FedBABU). A client's DDPG agent (P
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from flwr.app import ArrayRecord
 from torch import nn
@@ -16,11 +18,14 @@ from pflarena.core.model_split import ModelSplit, split_state
 from pflarena.core.training import EvalResult, train_epochs
 
 __all__ = [
+    "KeptPartSolver",
     "assemble",
     "eval_metrics",
+    "evaluate_stored_or_global",
     "model_split",
     "part_record",
     "prox_hook",
+    "stored_or_global",
     "train_jointly",
     "train_metrics",
     "train_part",
@@ -52,6 +57,22 @@ def eval_metrics(job: ClientJob, personalized: EvalResult, global_: EvalResult |
             keys.GLOBAL_LOSS_SUM: global_.loss_sum,
         }
     return metrics
+
+
+def stored_or_global(job: ClientJob, key: str) -> nn.Module:
+    """The model this client keeps under ``key`` in its state, or the server's model while
+    it keeps none (before its first training round)."""
+    stored = job.load_state_model(key)
+    return stored if stored is not None else job.global_model()
+
+
+def evaluate_stored_or_global(job: ClientJob, key: str) -> dict:
+    """Reply metrics of a method whose personalized model is the one kept under ``key``
+    (:func:`stored_or_global`; the server's model, tested once, while there is none) and
+    whose global model is the server's."""
+    global_ = job.test_global()
+    stored = job.load_state_model(key)
+    return eval_metrics(job, global_ if stored is None else job.test(stored), global_)
 
 
 def fine_tuned(job: ClientJob, model: nn.Module, default_epochs: int) -> nn.Module:
@@ -142,6 +163,34 @@ def train_jointly(
     )
     job.state[private_key] = part_record(model, private)
     return {keys.ARRAYS: part_record(model, shared)}, train_metrics(job, loss, steps)
+
+
+@dataclass(frozen=True)
+class KeptPartSolver:
+    """The solver of a model split in two parts trained together, one of them kept on the
+    client under ``key`` (:func:`train_jointly`): FedPer keeps the head, LG-FedAvg the body.
+    ``layers`` names the parameter that counts the head's weighted layers."""
+
+    layers: str
+    kept: Literal["head", "body"]
+    key: str
+
+    def parts(self, job: ClientJob) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the shared part's names, the kept part's)."""
+        split = model_split(job, int(job.param(self.layers)))
+        shared, kept = (split.body, split.head) if self.kept == "head" else (split.head, split.body)
+        return tuple(shared), tuple(kept)
+
+    def train(self, job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
+        shared, kept = self.parts(job)
+        return train_jointly(job, shared, kept, self.key)
+
+    def personalized_model(self, job: ClientJob) -> nn.Module:
+        """The latest shared part with this client's kept part."""
+        return assemble(job, self.parts(job)[0], self.key)
+
+    def evaluate(self, job: ClientJob) -> dict:
+        return eval_metrics(job, job.test(self.personalized_model(job)), None)
 
 
 def train_part(

@@ -473,14 +473,20 @@ class PflStrategy(Strategy):
         return [nodes[i] for i in sorted(chosen)]
 
     # ------------------------------------------------------------------ messages
-    def train_config(self, server_round: int, node_id: int) -> dict:
-        """The ConfigRecord contents of one train message (override to add keys)."""
+    def round_config(self, server_round: int) -> dict:
+        """What every train message of ``server_round`` carries: the round, the method, its
+        solver and the round's local-training settings (a multi-exchange method's messages
+        start from it)."""
         return {
             keys.SERVER_ROUND: server_round,
             keys.METHOD: self.method,
             keys.SOLVER: self.declaration.solver,
             **self.training.to_config(server_round),
         }
+
+    def train_config(self, server_round: int, node_id: int) -> dict:
+        """The ConfigRecord contents of one train message (override to add keys)."""
+        return self.round_config(server_round)
 
     def method_config(self, **values: Any) -> dict[str, Any]:
         """Method values for a message, under their run-config names (``<method>.<key>``).

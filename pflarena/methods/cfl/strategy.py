@@ -54,7 +54,8 @@ from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.methods.cfl import keys as cfl_keys
 from pflarena.strategies.aggregation import as_numpy, as_record, stack_flat, weighted_mean
-from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
+from pflarena.strategies.base import Send, StrategySetup, array_problem
+from pflarena.strategies.stacked import StackedModelsStrategy
 
 __all__ = [
     "CFL",
@@ -163,7 +164,7 @@ def split_criterion(
 
 
 # ---------------------------------------------------------------------------- strategy
-class CFL(MultiExchangeStrategy):
+class CFL(StackedModelsStrategy):
     """Algorithm 3 of Sattler et al. (2020) over Flower: clusters split by update similarity.
 
     One exchange per round; each client is sent only its own cluster's model (one shared
@@ -192,9 +193,11 @@ class CFL(MultiExchangeStrategy):
             *stacked_gram_footprint("the round's updates", f.sampled, f.model_params),
         ]  # fmt: skip
 
+    prefix = CLUSTER_PREFIX
+
     @classmethod
-    def from_setup(cls, setup: StrategySetup) -> CFL:
-        return cls(setup.params, trainable=setup.trainable, **setup.common(cls.declaration))
+    def from_setup(cls, setup: StrategySetup, **extra: Any) -> CFL:
+        return super().from_setup(setup, trainable=setup.trainable, **extra)
 
     def __init__(
         self, params: CFLParams | None = None, *, trainable: tuple[str, ...] = (), **kwargs: Any
@@ -238,10 +241,12 @@ class CFL(MultiExchangeStrategy):
     def cluster_of(self, client_id: int) -> int:
         return self.assignment.get(client_id, 0)
 
-    def clusters(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The cluster models as a stacked state; the run's model is cluster 0 at the start."""
-        if any(name.startswith(CLUSTER_PREFIX + ".") for name in arrays.keys()):
-            return arrays
+    def copies(self) -> tuple[int, int]:
+        """One cluster at the start; a split adds one."""
+        return 1, 0
+
+    def initial_stack(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The run's model as cluster 0, its arrays as they are."""
         return ArrayRecord(
             {copy_name(CLUSTER_PREFIX, 0, name): arrays[name] for name in arrays.keys()}
         )
@@ -255,10 +260,6 @@ class CFL(MultiExchangeStrategy):
         return [self.cluster_of(c) for c in range(known + 1)]
 
     # ------------------------------------------------------------------ messages
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        """Every client evaluates its cluster's model: all go down, shared."""
-        return self.clusters(arrays)
-
     def evaluate_config(self, server_round: int) -> dict:
         """With the assignment, so a node whose client id the server has not learnt yet
         finds its own cluster."""
@@ -272,19 +273,12 @@ class CFL(MultiExchangeStrategy):
         self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self.server_round = server_round
-        stacked = self.clusters(arrays)
+        stacked = self.stacked(arrays)
         self._round_arrays = stacked
         _, entries, count = parse_stacked(list(stacked.keys()), CLUSTER_PREFIX)
         models = [self.cluster_model(stacked, j, entries) for j in range(count)]
         self.last_sampled = nodes = self.sample_train_nodes(grid)
-        config = ConfigRecord(
-            {
-                keys.SERVER_ROUND: server_round,
-                keys.METHOD: self.method,
-                keys.SOLVER: self.declaration.solver,
-                **self.training.to_config(server_round),
-            }
-        )
+        config = ConfigRecord(self.round_config(server_round))
         sent_cluster: dict[int, int] = {}
         messages = []
         for node in nodes:

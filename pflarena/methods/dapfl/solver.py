@@ -45,7 +45,11 @@ from torch.nn import functional as F
 
 from pflarena.algorithms.ddpg import DDPGAgent
 from pflarena.client import agents
-from pflarena.client.common import eval_metrics, train_metrics
+from pflarena.client.common import (
+    evaluate_stored_or_global,
+    stored_or_global,
+    train_metrics,
+)
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
@@ -213,13 +217,9 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 
 def personalized_model(job: ClientJob) -> nn.Module:
     """The client's trained model of its latest round (the global model before its first)."""
-    stored = job.load_state_model(MODEL_KEY)
-    return stored if stored is not None else job.global_model()
+    return stored_or_global(job, MODEL_KEY)
 
 
 def evaluate(job: ClientJob) -> dict:
     """Personalized: the latest trained local model on the test split; global: W."""
-    global_ = job.test_global()
-    stored = job.load_state_model(MODEL_KEY)
-    personal = global_ if stored is None else job.test(stored)
-    return eval_metrics(job, personal, global_)
+    return evaluate_stored_or_global(job, MODEL_KEY)

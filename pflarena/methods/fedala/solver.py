@@ -28,7 +28,11 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflarena.client.common import eval_metrics, train_metrics
+from pflarena.client.common import (
+    evaluate_stored_or_global,
+    stored_or_global,
+    train_metrics,
+)
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
@@ -187,9 +191,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 
 def personalized_model(job: ClientJob) -> nn.Module:
     """Θ_i, the client's trained local model; the global model before its first round."""
-    model = job.load_state_model(MODEL_KEY)
-    return model if model is not None else job.global_model()
+    return stored_or_global(job, MODEL_KEY)
 
 
 def evaluate(job: ClientJob) -> dict:
-    return eval_metrics(job, job.test(personalized_model(job)), job.test_global())
+    return evaluate_stored_or_global(job, MODEL_KEY)

@@ -16,7 +16,12 @@ from __future__ import annotations
 from flwr.app import ArrayRecord
 from torch import nn
 
-from pflarena.client.common import eval_metrics, prox_hook, train_metrics
+from pflarena.client.common import (
+    evaluate_stored_or_global,
+    prox_hook,
+    stored_or_global,
+    train_metrics,
+)
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
@@ -57,12 +62,9 @@ def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, A
 
 def personalized_model(job: ClientJob) -> nn.Module:
     """The kept local-training result if the run keeps one, else the global model."""
-    stored = job.load_state_model(local_result_key(job))
-    return stored if stored is not None else job.global_model()
+    return stored_or_global(job, local_result_key(job))
 
 
 def evaluate(job: ClientJob) -> dict:
     """The personalized model (:func:`personalized_model`) and the global model."""
-    global_ = job.test_global()
-    stored = job.load_state_model(local_result_key(job))
-    return eval_metrics(job, global_ if stored is None else job.test(stored), global_)
+    return evaluate_stored_or_global(job, local_result_key(job))

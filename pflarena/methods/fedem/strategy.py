@@ -25,11 +25,8 @@ The reading of the paper, decisions and measurements: docs/methods/fedem.md.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -40,14 +37,12 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from pydantic import Field
 
-from pflarena.algorithms.canonical import initial_stacked_state
 from pflarena.core import keys
-from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.models import ModelShape
 from pflarena.methods.fedem import keys as fedem_keys
 from pflarena.strategies.aggregation import weighted_average
-from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
+from pflarena.strategies.base import Send, array_problem
+from pflarena.strategies.stacked import StackedModelsStrategy
 
 __all__ = ["FedEM", "FedEMParams"]
 
@@ -60,7 +55,7 @@ class FedEMParams(MethodParams):
     num_components: int = Field(3, ge=1, le=64, description="M, the number of mixture components")
 
 
-class FedEM(MultiExchangeStrategy):
+class FedEM(StackedModelsStrategy):
     """Algorithm 1 of Marfoq et al. (2021): E and M steps on the clients, averaged components."""
 
     declaration = MethodDeclaration(
@@ -75,46 +70,10 @@ class FedEM(MultiExchangeStrategy):
         global_model=False,
     )
 
-    @classmethod
-    def from_setup(cls, setup: StrategySetup) -> FedEM:
-        info = dataset_info(setup.cfg.dataset)
-        return cls(
-            setup.params,
-            model=ModelShape.of_run(setup.cfg, info),
-            **setup.common(cls.declaration),
-        )
+    prefix = COMPONENT_PREFIX
 
-    def __init__(
-        self,
-        params: FedEMParams | None = None,
-        *,
-        model: ModelShape | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(params, **kwargs)
-        model = model or ModelShape()
-        self.model_name, self.input_shape = model.name, model.input_shape
-        self.num_classes = model.num_classes
-
-    def components(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The M component models as a stacked state (built from the run's initial model)."""
-        if any(name.startswith(COMPONENT_PREFIX + ".") for name in arrays.keys()):
-            return arrays
-        stacked = initial_stacked_state(
-            self.model_name,
-            self.input_shape,
-            self.num_classes,
-            self.seed,
-            self.params.num_components,
-            0,
-            COMPONENT_PREFIX,
-            base={n: arrays[n].numpy() for n in arrays.keys()},
-        )
-        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in stacked.items()})
-
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        """Every client evaluates its mixture: the M components go down, shared."""
-        return self.components(arrays)
+    def copies(self) -> tuple[int, int]:
+        return self.params.num_components, 0
 
     def _check(self, content: RecordDict, stacked: ArrayRecord) -> str | None:
         examples = content[keys.METRICS].get(keys.NUM_EXAMPLES)
@@ -128,17 +87,10 @@ class FedEM(MultiExchangeStrategy):
         self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self.server_round = server_round
-        stacked = self.components(arrays)
+        stacked = self.stacked(arrays)
         self._round_arrays = stacked
         self.last_sampled = nodes = self.sample_train_nodes(grid)
-        config = ConfigRecord(
-            {
-                keys.SERVER_ROUND: server_round,
-                keys.METHOD: self.method,
-                keys.SOLVER: self.declaration.solver,
-                **self.training.to_config(server_round),
-            }
-        )
+        config = ConfigRecord(self.round_config(server_round))
         exchange = send(
             "train",
             [

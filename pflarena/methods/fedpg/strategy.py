@@ -240,15 +240,10 @@ class FedPG(MultiExchangeStrategy):
     def _config(self, server_round: int, phase: str, **extra: Any) -> ConfigRecord:
         keep = self.params.personalize or self.params.line_search
         return ConfigRecord(
-            {
-                keys.SERVER_ROUND: server_round,
-                keys.METHOD: self.method,
-                keys.SOLVER: self.declaration.solver,
-                keys.PHASE: phase,
-                **self.training.to_config(server_round),
-                **self.method_config(**{"grad-mode": self.params.grad_mode, "keep": keep}),
-                **extra,
-            }
+            self.round_config(server_round)
+            | {keys.PHASE: phase}
+            | self.method_config(**{"grad-mode": self.params.grad_mode, "keep": keep})
+            | extra
         )
 
     @staticmethod

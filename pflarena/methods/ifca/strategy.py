@@ -30,7 +30,6 @@ from typing import Any, Literal
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -41,15 +40,14 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from pydantic import Field
 
-from pflarena.algorithms.canonical import copy_name, initial_stacked_state, parse_stacked
+from pflarena.algorithms.canonical import copy_name, parse_stacked
 from pflarena.core import keys
 from pflarena.core.array_decoding import decode
-from pflarena.core.datasets import dataset_info
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.models import ModelShape
 from pflarena.methods.ifca import keys as ifca_keys
 from pflarena.strategies.aggregation import as_numpy, as_record, weighted_mean
-from pflarena.strategies.base import MultiExchangeStrategy, Send, StrategySetup, array_problem
+from pflarena.strategies.base import Send, array_problem
+from pflarena.strategies.stacked import StackedModelsStrategy
 
 __all__ = ["IFCA", "IFCAParams"]
 
@@ -67,7 +65,7 @@ class IFCAParams(MethodParams):
     )
 
 
-class IFCA(MultiExchangeStrategy):
+class IFCA(StackedModelsStrategy):
     """Algorithm 1 of Ghosh et al. (2020) over Flower: k cluster models, argmin-loss identity.
 
     It has one exchange per round, but its replies are cluster-tagged models, not updates
@@ -86,26 +84,10 @@ class IFCA(MultiExchangeStrategy):
         global_model=False,
     )
 
-    @classmethod
-    def from_setup(cls, setup: StrategySetup) -> IFCA:
-        info = dataset_info(setup.cfg.dataset)
-        return cls(
-            setup.params,
-            model=ModelShape.of_run(setup.cfg, info),
-            **setup.common(cls.declaration),
-        )
+    prefix = CLUSTER_PREFIX
 
-    def __init__(
-        self,
-        params: IFCAParams | None = None,
-        *,
-        model: ModelShape | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, params: IFCAParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
-        model = model or ModelShape()
-        self.model_name, self.input_shape = model.name, model.input_shape
-        self.num_classes = model.num_classes
         #: round -> client id -> the cluster it chose
         self.assignments: dict[int, dict[int, int]] = {}
 
@@ -124,37 +106,14 @@ class IFCA(MultiExchangeStrategy):
             int(r): {int(c): int(j) for c, j in v.items()} for r, v in meta["ifca"].items()
         }
 
-    def clusters(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The k cluster models as a stacked state (built from the run's initial model)."""
-        if any(name.startswith(CLUSTER_PREFIX + ".") for name in arrays.keys()):
-            return arrays
-        stacked = initial_stacked_state(
-            self.model_name,
-            self.input_shape,
-            self.num_classes,
-            self.seed,
-            self.params.num_clusters,
-            0,
-            CLUSTER_PREFIX,
-            base={n: arrays[n].numpy() for n in arrays.keys()},
-        )
-        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in stacked.items()})
+    def copies(self) -> tuple[int, int]:
+        return self.params.num_clusters, 0
 
     # ------------------------------------------------------------------ messages
     def _config(self, server_round: int) -> ConfigRecord:
         return ConfigRecord(
-            {
-                keys.SERVER_ROUND: server_round,
-                keys.METHOD: self.method,
-                keys.SOLVER: self.declaration.solver,
-                **self.training.to_config(server_round),
-                **self.params_config(exclude={"num_clusters"}),
-            }
+            self.round_config(server_round) | self.params_config(exclude={"num_clusters"})
         )
-
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        """Every client evaluates the cluster model it would choose: all k go down, shared."""
-        return self.clusters(arrays)
 
     def _check(self, content: RecordDict, template: ArrayRecord) -> str | None:
         metrics = content[keys.METRICS]
@@ -171,7 +130,7 @@ class IFCA(MultiExchangeStrategy):
         self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self.server_round = server_round
-        stacked = self.clusters(arrays)
+        stacked = self.stacked(arrays)
         self._round_arrays = stacked
         _, entries, _ = parse_stacked(list(stacked.keys()), CLUSTER_PREFIX)
         template = ArrayRecord({n: stacked[copy_name(CLUSTER_PREFIX, 0, n)] for n in entries})

@@ -27,7 +27,11 @@ from flwr.app import ArrayRecord
 from torch import nn
 from torch.nn import functional as F
 
-from pflarena.client.common import eval_metrics, train_metrics
+from pflarena.client.common import (
+    evaluate_stored_or_global,
+    stored_or_global,
+    train_metrics,
+)
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
@@ -152,9 +156,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
 
 def personalized_model(job: ClientJob) -> nn.Module:
     """θ_i from the client's last round; the global model before its first."""
-    model = job.load_state_model(PERSONAL_KEY)
-    return model if model is not None else job.global_model()
+    return stored_or_global(job, PERSONAL_KEY)
 
 
 def evaluate(job: ClientJob) -> dict:
-    return eval_metrics(job, job.test(personalized_model(job)), job.test_global())
+    return evaluate_stored_or_global(job, PERSONAL_KEY)

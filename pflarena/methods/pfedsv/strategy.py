@@ -284,14 +284,9 @@ class PFedSV(MultiExchangeStrategy):
     # ------------------------------------------------------------------ messages
     def _config(self, server_round: int, phase: str, **values: Any) -> ConfigRecord:
         return ConfigRecord(
-            {
-                keys.SERVER_ROUND: server_round,
-                keys.METHOD: self.method,
-                keys.SOLVER: self.declaration.solver,
-                keys.PHASE: phase,
-                **self.training.to_config(server_round),
-                **self.method_config(**self.client_settings(), **values),
-            }
+            self.round_config(server_round)
+            | {keys.PHASE: phase}
+            | self.method_config(**self.client_settings(), **values)
         )
 
     def client_settings(self) -> dict[str, Any]:

@@ -63,10 +63,8 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 
-from pflarena.algorithms.canonical import initial_stacked_state
 from pflarena.core import drawing, keys
 from pflarena.core.methods import MethodDeclaration
-from pflarena.core.models import ModelShape
 from pflarena.methods.ppfl import keys as ppfl_keys
 from pflarena.methods.ppfl.params import PPFLParams
 from pflarena.methods.ppfl.population import (
@@ -81,12 +79,12 @@ from pflarena.methods.ppfl.population import (
 from pflarena.strategies.aggregation import weighted_average
 from pflarena.strategies.base import (
     Exchange,
-    MultiExchangeStrategy,
     Send,
     StrategySetup,
     array_problem,
     vector_problem,
 )
+from pflarena.strategies.stacked import StackedModelsStrategy
 
 __all__ = ["PPFL", "PPFLParams"]
 
@@ -107,16 +105,12 @@ def _entropy(memberships: np.ndarray) -> float:
     return float(np.mean(-np.sum(c * np.log(c), axis=1)))
 
 
-class PPFL(MultiExchangeStrategy):
+class PPFL(StackedModelsStrategy):
     """PPFL with the RBCD schedule (Algorithm 1), Algorithm 2, or the authors' code order.
 
-    Parameters
-    ----------
-    model_name, input_shape, num_classes
-        The run's architecture, to build the K canonical models (copy 0 is the run's initial
-        model, copy k a fresh seeded initialisation: docs/papers/ppfl.md §9.13).
-    Others
-        See :class:`PPFLParams`.
+    ``model`` is the run's architecture, to build the K canonical models (copy 0 is the run's
+    initial model, copy k a fresh seeded initialisation: docs/papers/ppfl.md §9.13); the
+    parameters: :class:`PPFLParams`.
     """
 
     declaration = MethodDeclaration(
@@ -137,22 +131,18 @@ class PPFL(MultiExchangeStrategy):
     }
     checkpointed_values = {"folded_round": "ppfl/folded_round"}
 
+    prefix = CANONICAL_PREFIX
+
     @classmethod
-    def from_setup(cls, setup: StrategySetup) -> PPFL:
-        info = setup.cfg.data_info()
-        return cls(
-            setup.params,
-            model=ModelShape.of_run(setup.cfg, info),
-            eval_every=setup.cfg.eval_every,
-            num_rounds=setup.cfg.num_rounds,
-            **setup.common(cls.declaration),
+    def from_setup(cls, setup: StrategySetup, **extra: Any) -> PPFL:
+        return super().from_setup(
+            setup, eval_every=setup.cfg.eval_every, num_rounds=setup.cfg.num_rounds, **extra
         )
 
     def __init__(
         self,
         params: PPFLParams | None = None,
         *,
-        model: ModelShape | None = None,
         eval_every: int = 1,
         num_rounds: int | None = None,
         **kwargs: Any,
@@ -167,9 +157,6 @@ class PPFL(MultiExchangeStrategy):
         self.folded_round: int | None = None
         if self.num_clients is None:
             raise ValueError("ppfl needs num_clients: the server holds every client's membership")
-        model = model or ModelShape()
-        self.model_name, self.input_shape = model.name, model.input_shape
-        self.num_classes = model.num_classes
         p = self.params
         #: the membership steps "auto" resolves to: epoch for theta-first, else full
         self.steps_mode = (
@@ -224,22 +211,9 @@ class PPFL(MultiExchangeStrategy):
         self.history = {int(r): np.array(history[i]) for i, r in enumerate(own["history_rounds"])}
 
     # ------------------------------------------------------------------ θ and W
-    def population(self, arrays: ArrayRecord) -> ArrayRecord:
-        """θ as a stacked state: ``arrays`` itself once it is one, else built from the run's
-        initial model (the loop's round-0 arrays) and K − 1 fresh seeded copies."""
-        if any(name.startswith(CANONICAL_PREFIX + ".") for name in arrays.keys()):
-            return arrays
-        stacked = initial_stacked_state(
-            self.model_name,
-            self.input_shape,
-            self.num_classes,
-            self.seed,
-            self.params.num_canonical,
-            self.params.canonical_layers,
-            CANONICAL_PREFIX,
-            base={n: arrays[n].numpy() for n in arrays.keys()},
-        )
-        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in stacked.items()})
+    def copies(self) -> tuple[int, int]:
+        """θ: K canonical copies of the model's last ``canonical-layers`` weighted layers."""
+        return self.params.num_canonical, self.params.canonical_layers
 
     def affinity(self) -> np.ndarray | None:
         """W (M × M), or None when the run has no Laplacian term."""
@@ -292,27 +266,21 @@ class PPFL(MultiExchangeStrategy):
     def _config(self, server_round: int, phase: str, **extra: Any) -> ConfigRecord:
         # the run's schedule (lr-milestones, lr-gamma) scales θ's and the memberships' steps
         factor = self.training.lr_factor(server_round)
-        training = self.training.to_config(server_round)
         return ConfigRecord(
-            {
-                keys.SERVER_ROUND: server_round,
-                keys.METHOD: self.method,
-                keys.SOLVER: self.declaration.solver,
-                keys.PHASE: phase,
-                **training,
-                **self.method_config(
-                    **{
-                        "form": self.params.form,
-                        "mix": self.params.mix,
-                        "membership-lr": self.params.membership_lr * factor,
-                        "persistent-momentum": self.params.persistent_momentum,
-                        "membership-steps": self.steps_mode,
-                        "membership-floor": self.params.membership_floor,
-                        "local-steps": self.params.local_steps,
-                    }
-                ),
-                **extra,
-            }
+            self.round_config(server_round)
+            | {keys.PHASE: phase}
+            | self.method_config(
+                **{
+                    "form": self.params.form,
+                    "mix": self.params.mix,
+                    "membership-lr": self.params.membership_lr * factor,
+                    "persistent-momentum": self.params.persistent_momentum,
+                    "membership-steps": self.steps_mode,
+                    "membership-floor": self.params.membership_floor,
+                    "local-steps": self.params.local_steps,
+                }
+            )
+            | extra
         )
 
     def evaluate_config(self, server_round: int) -> dict:
@@ -320,10 +288,6 @@ class PPFL(MultiExchangeStrategy):
             **super().evaluate_config(server_round),
             **self.method_config(form=self.params.form, mix=self.params.mix),
         }
-
-    def evaluate_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        """Every client evaluates (θ, its c_i): θ goes down once, shared by every message."""
-        return self.population(arrays)
 
     def _client(self, node: int) -> int | None:
         return self.client_ids.get(node)
@@ -407,7 +371,9 @@ class PPFL(MultiExchangeStrategy):
         return self._check_vector(content, ppfl_keys.MEMBERSHIP, simplex=True)
 
     def _check_histogram(self, content: RecordDict) -> str | None:
-        problem = vector_problem(content, ppfl_keys.LABEL_COUNTS, {"counts": (self.num_classes,)})
+        problem = vector_problem(
+            content, ppfl_keys.LABEL_COUNTS, {"counts": (self.model.num_classes,)}
+        )
         if problem is not None:
             return f"label histogram: {problem}"
         counts = content[ppfl_keys.LABEL_COUNTS]["counts"].numpy()
@@ -426,7 +392,7 @@ class PPFL(MultiExchangeStrategy):
         self, server_round: int, arrays: ArrayRecord, grid: Grid, send: Send
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         self.server_round = server_round
-        theta = self.population(arrays)
+        theta = self.stacked(arrays)
         self._round_arrays = theta
         start = self.memberships.copy()  # C^t, for the round's objective
         if self.params.affinity in ("labels", "centered-labels") and self.histograms is None:
@@ -481,7 +447,7 @@ class PPFL(MultiExchangeStrategy):
             for node in nodes
         ]
         exchange = send(ppfl_keys.PHASE_AFFINITY, messages)
-        histograms = np.zeros((self.num_clients, self.num_classes))
+        histograms = np.zeros((self.num_clients, self.model.num_classes))
         for msg in self.valid_replies(exchange, self._check_histogram):
             client = self.client_ids[exchange.node_of(msg)]
             histograms[client] = msg.content[ppfl_keys.LABEL_COUNTS]["counts"].numpy()
