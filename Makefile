@@ -64,7 +64,7 @@ lint: setup
 # After changing a method's declaration or a run-config key: regenerate the
 # [tool.flwr.app.config] tables of pyproject.toml, docs/methods.md and the generated block of
 # every method's page docs/methods/<name>.md, a stub page for a new method, the catalog
-# `pflarena methods` lists (pflarena/strategies/catalog.json) and the models' layouts a run
+# `pflarena methods` lists (pflarena/methods/catalog.json) and the models' layouts a run
 # config is checked against (pflarena/core/model_layouts.json) (tests check all).
 generated: setup
 	$(PY) -m pflarena.cli.methods

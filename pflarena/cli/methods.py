@@ -42,7 +42,7 @@ def declarations() -> dict[str, MethodDeclaration]:
 #: What ``pflarena methods`` and ``pflarena methods NAME`` show of the built-in methods,
 #: written from their declarations by ``make generated`` (:func:`write_generated`), so that
 #: listing them imports neither torch nor Flower; a test keeps it equal to the declarations.
-CATALOG = Path(__file__).resolve().parents[1] / "strategies" / "catalog.json"
+CATALOG = Path(__file__).resolve().parents[1] / "methods" / "catalog.json"
 
 
 class _Shown:

@@ -11,7 +11,7 @@ is, and nothing another method needs.
 - ``params.py``: the parameters whose rules go beyond their types and bounds, torch-free,
   so that the command checks a run config against them before anything imports torch or
   Flower (:func:`pflarena.cli.options.validate_run`, found through the catalog
-  ``strategies/catalog.json``);
+  ``methods/catalog.json``);
 - the maths only this method uses, in modules of their own.
 
 The layering (tests/test_layers.py): a package imports :mod:`pflarena.core`,
