@@ -38,12 +38,13 @@ from pflarena.core.federation import load_client, load_server_data
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.methods.page import keys as page_keys
 from pflarena.methods.page.solver import AGENT_KEY
-from pflarena.methods.page.strategy import Page, aggregate, data_size_weights, weight_entropy
+from pflarena.methods.page.strategy import Page, data_size_weights
 from pflarena.server.app import initial_arrays
 from pflarena.server.build import build_strategy, parse_config
 from pflarena.server.checkpoint import load_checkpoint
 from pflarena.server.loop import run_rounds
 from pflarena.server.results import ResultsWriter, comparable_rounds, read_rounds
+from pflarena.strategies.aggregation import weight_entropy, weighted_combination
 
 ROUNDS = 4
 SETTING = {
@@ -141,7 +142,7 @@ def test_aggregation_is_the_weighted_sum_of_every_float_array():
         for i in range(3)
     ]
     p = np.array([0.2, 0.5, 0.3])
-    out = aggregate(records, p)
+    out = weighted_combination(records, p)
     expected = sum(pi * r["w"].numpy().astype(np.float64) for pi, r in zip(p, records, strict=True))
     np.testing.assert_allclose(out["w"].numpy(), expected, rtol=1e-6)
     assert out["w"].numpy().dtype == np.float32
@@ -620,7 +621,7 @@ def test_the_bounded_reward_is_not_maximized_by_one_client_and_the_papers_is(pla
         problem = cp.Problem(cp.Minimize(loss / len(server.y)), [cp.sum(p) == 1])
         problem.solve()
         best = np.clip(p.value, 0, None) / np.clip(p.value, 0, None).sum()
-        mixed = aggregate(uploads, best)
+        mixed = weighted_combination(uploads, best)
         assert np_loss(mixed, server.x, server.y) == pytest.approx(problem.value, rel=1e-3)
         vertex_losses = [np_loss(u, server.x, server.y) for u in uploads]
         assert problem.value < min(vertex_losses) - 0.01  # no vertex is optimal

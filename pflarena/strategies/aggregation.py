@@ -15,6 +15,8 @@ so that one rule holds for all of them:
   unchanged and a client's reply keeps the dtype the server sent. (Flower's averaging made
   them float64, which the reply check then refused in the next round.) With BatchNorm's
   momentum set, as in every pflarena model, the counter never changes a prediction.
+* :func:`weighted_combination` is ``Σ_i p_i x_i`` with weights the server chose (PAGE's and
+  Dap-FL's agents), not normalised by it; its integer entries are the most-weighted model's.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ __all__ = [
     "stack_flat",
     "sum_of",
     "unflatten",
+    "weight_entropy",
     "weighted_average",
+    "weighted_combination",
     "weighted_mean",
 ]
 
@@ -204,3 +208,31 @@ def unflatten(vector: np.ndarray, like: Arrays, names: Sequence[str]) -> dict[st
         out[name] = vector[offset : offset + ref.size].reshape(ref.shape).astype(ref.dtype)
         offset += ref.size
     return out
+
+
+def weighted_combination(records: Sequence[ArrayRecord], weights: np.ndarray) -> ArrayRecord:
+    """``Σ_i p_i w_i`` with weights chosen by the server (PAGE's Eq. 5, W(t+1) = Σ_i p_i ŵ_i(t);
+    Dap-FL's) for every floating-point array, in float64, then the array's dtype; other arrays
+    (integer buffers) come from the most-weighted model."""
+    if len(records) != len(weights) or not records:
+        raise ValueError(f"{len(records)} models and {len(weights)} weights")
+    heaviest = records[int(np.argmax(weights))]
+    out = {}
+    for name in records[0].keys():
+        first = records[0][name].numpy()
+        if np.issubdtype(first.dtype, np.floating):
+            total = np.zeros(first.shape, dtype=np.float64)
+            for w, record in zip(weights, records, strict=True):
+                total += float(w) * record[name].numpy().astype(np.float64)
+            out[name] = Array(np.ascontiguousarray(total.astype(first.dtype)))
+        else:
+            out[name] = Array(np.ascontiguousarray(heaviest[name].numpy()))
+    return ArrayRecord(out)
+
+
+def weight_entropy(weights: np.ndarray) -> float:
+    """Shannon entropy −Σ p log p (nats) of aggregation weights (0 log 0 = 0): how spread
+    PAGE's and Dap-FL's weights are."""
+    p = np.asarray(weights, dtype=np.float64)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())

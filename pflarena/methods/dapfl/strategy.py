@@ -45,7 +45,7 @@ from pflarena.core import keys
 from pflarena.core.methods import MethodDeclaration
 from pflarena.methods.dapfl import keys as dapfl_keys
 from pflarena.methods.dapfl.params import DapflParams
-from pflarena.methods.page.strategy import aggregate, weight_entropy
+from pflarena.strategies.aggregation import weight_entropy, weighted_combination
 from pflarena.strategies.base import PflStrategy
 
 __all__ = ["DapFL", "DapflParams", "contribution_weights"]
@@ -138,7 +138,7 @@ class DapFL(PflStrategy):
         epochs = np.array([float(m[dapfl_keys.EPOCHS]) for m in metrics])
         lrs = np.array([float(m[dapfl_keys.LR]) for m in metrics])
         weights = contribution_weights(examples, epochs, self.params.weighting)
-        new_arrays = aggregate([m.content[keys.ARRAYS] for m in valid], weights)
+        new_arrays = weighted_combination([m.content[keys.ARRAYS] for m in valid], weights)
 
         out = self.train_metrics(valid)
         assert out is not None

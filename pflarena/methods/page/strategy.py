@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
@@ -95,16 +95,15 @@ from pflarena.core.training import evaluate
 from pflarena.methods.page import keys as page_keys
 from pflarena.methods.page.params import PageParams
 from pflarena.methods.page.utility import reciprocal_reward
+from pflarena.strategies.aggregation import weight_entropy, weighted_combination
 from pflarena.strategies.base import PflStrategy, StrategySetup
 
 __all__ = [
     "Page",
     "PageParams",
-    "aggregate",
     "aggregate_loss_gradient",
     "data_size_weights",
     "tangent_cosine",
-    "weight_entropy",
 ]
 
 
@@ -126,36 +125,10 @@ SHARED_AGENT_KEYS = {"client_optimizer": "rl-optimizer", "client_hidden": "hidde
 
 
 # --------------------------------------------------------------------------- the math
-def weight_entropy(weights: np.ndarray) -> float:
-    """Shannon entropy −Σ p log p (nats) of aggregation weights (0 log 0 = 0)."""
-    p = np.asarray(weights, dtype=np.float64)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
-
-
 def data_size_weights(examples: np.ndarray) -> np.ndarray:
     """FedAvg's n_i / Σ n_j (the untuned p of the ablation, docs/papers/page.md §9.25)."""
     n = np.asarray(examples, dtype=np.float64)
     return n / n.sum()
-
-
-def aggregate(records: list[ArrayRecord], weights: np.ndarray) -> ArrayRecord:
-    """Eq. 5: W(t+1) = Σ_i p_i ŵ_i(t) for every floating-point array (in float64, then the
-    array's dtype); other arrays (integer buffers) come from the most-weighted model."""
-    if len(records) != len(weights) or not records:
-        raise ValueError(f"{len(records)} models and {len(weights)} weights")
-    heaviest = records[int(np.argmax(weights))]
-    out = {}
-    for name in records[0].keys():
-        first = records[0][name].numpy()
-        if np.issubdtype(first.dtype, np.floating):
-            total = np.zeros(first.shape, dtype=np.float64)
-            for w, record in zip(weights, records, strict=True):
-                total += float(w) * record[name].numpy().astype(np.float64)
-            out[name] = Array(np.ascontiguousarray(total.astype(first.dtype)))
-        else:
-            out[name] = Array(np.ascontiguousarray(heaviest[name].numpy()))
-    return ArrayRecord(out)
 
 
 def tangent_cosine(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -466,7 +439,7 @@ class Page(PflStrategy):
         chosen = chosen / total if total > 0 else np.full(len(clients), 1.0 / len(clients))
         chosen = (1.0 - p.weight_floor) * chosen + p.weight_floor / len(clients)
         executed[clients] = chosen
-        new_arrays = aggregate(models, chosen)
+        new_arrays = weighted_combination(models, chosen)
 
         # 5. the reward, bounded (docs/papers/page.md §9.11); W on D_CS is also the paper's
         # global accuracy when D_CS is the global test set
