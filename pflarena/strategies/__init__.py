@@ -1,10 +1,12 @@
-"""The strategies, one module per method, and the list of declared methods.
+"""The strategies' shared base (:mod:`.base`, :mod:`.aggregation`, :mod:`.exchange`,
+:mod:`.replies`, :mod:`.stacked`) and the registry of declared methods; each method's
+strategy lives in its own package, ``pflarena/methods/<name>/strategy.py``.
 
 Every method, built-in or out-of-tree, is an entry point of the group ``pflarena.methods``
 (:data:`pflarena.core.methods.ENTRY_POINT_GROUP`): ``<name> = "<module>:<StrategyClass>"``,
 the built-ins' in pflarena's ``pyproject.toml``, another package's in its own. Adding a
-method: ``strategies/<method>.py`` (the strategy class with its ``declaration``),
-``client/solvers/<method>.py``, one line in that table, and the method's page. Modules named
+method: a folder ``methods/<name>/`` (docs/guide.md, "Adding a method"), one line in that
+table, and the method's page. Modules named
 in ``PFLARENA_PLUGINS`` (comma-separated), each listing its strategy classes in a module
 attribute ``PFLARENA_STRATEGIES``, are the alias for code that is importable but not
 installed.
