@@ -30,8 +30,8 @@ from pflarena.core.config import ConfigError
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import load_client
 from pflarena.core.models import build_model
+from pflarena.core.training import full_gradient, training_loss
 from pflarena.methods.fedpg import keys as fedpg_keys
-from pflarena.methods.fedpg.solver import full_gradient, training_loss
 from pflarena.methods.fedpg.strategy import (
     FedPG,
     common_descent_direction,

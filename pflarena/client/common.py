@@ -22,6 +22,8 @@ __all__ = [
     "assemble",
     "eval_metrics",
     "evaluate_stored_or_global",
+    "keeps_local_result",
+    "local_result_key",
     "model_split",
     "part_record",
     "prox_hook",
@@ -57,6 +59,17 @@ def eval_metrics(job: ClientJob, personalized: EvalResult, global_: EvalResult |
             keys.GLOBAL_LOSS_SUM: global_.loss_sum,
         }
     return metrics
+
+
+def keeps_local_result(job: ClientJob) -> bool:
+    """Whether the strategy asked for the local-training result as the P-model (its
+    ``<method>.personal-model``; strategies that never send it mean the global model)."""
+    return job.config.get(f"{job.method}.personal-model", "global") == "local-result"
+
+
+def local_result_key(job: ClientJob) -> str:
+    """Where the client keeps its latest local-training result."""
+    return f"{job.method}/local-result"
 
 
 def stored_or_global(job: ClientJob, key: str) -> nn.Module:

@@ -27,11 +27,13 @@ __all__ = [
     "batches",
     "cross_entropy_loss",
     "evaluate",
+    "full_gradient",
     "get_state",
     "set_state",
     "state_vector",
     "train_epochs",
     "trainable_names",
+    "training_loss",
 ]
 
 #: Called after ``loss.backward()`` and before the optimizer step, to add terms to the
@@ -162,6 +164,34 @@ def evaluate(
         loss_sum += F.cross_entropy(logits, target, reduction="sum").to(torch.float64)
         correct += (logits.argmax(dim=1) == target).sum()
     return EvalResult(loss_sum=float(loss_sum), correct=int(correct), count=len(y))
+
+
+def full_gradient(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int
+) -> list[torch.Tensor]:
+    """``∇ (1/N) Σ_j ℓ(model(x_j), y_j)`` over the trainable parameters, in train mode.
+
+    Accumulated over consecutive mini-batches of ``batch_size`` (summed losses, divided by
+    N once), so it is the exact full-batch gradient for models without batch statistics.
+    """
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for p in params]
+    n = len(y)
+    for start in range(0, n, batch_size):
+        loss = F.cross_entropy(
+            model(x[start : start + batch_size]), y[start : start + batch_size], reduction="sum"
+        )
+        for acc, grad in zip(total, torch.autograd.grad(loss, params), strict=True):
+            acc.add_(grad)
+    return [t / max(n, 1) for t in total]
+
+
+def training_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Mean cross-entropy over ``(x, y)`` in eval mode (FedPG's ``L_i`` of the fair
+    objective, IFCA's cluster estimate)."""
+    result = evaluate(model, x, y)
+    return result.loss_sum / max(result.count, 1)
 
 
 def get_state(model: nn.Module) -> dict[str, np.ndarray]:

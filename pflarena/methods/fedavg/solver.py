@@ -18,6 +18,8 @@ from torch import nn
 
 from pflarena.client.common import (
     evaluate_stored_or_global,
+    keeps_local_result,
+    local_result_key,
     prox_hook,
     stored_or_global,
     train_metrics,
@@ -27,18 +29,7 @@ from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
 from pflarena.core.training import LossFn, train_epochs
 
-__all__ = ["keeps_local_result", "local_result_key", "train", "evaluate", "personalized_model"]
-
-
-def keeps_local_result(job: ClientJob) -> bool:
-    """Whether the strategy asked for the local-training result as the P-model (its
-    ``<method>.personal-model``; strategies that never send it mean the global model)."""
-    return job.config.get(f"{job.method}.personal-model", "global") == "local-result"
-
-
-def local_result_key(job: ClientJob) -> str:
-    """Where the client keeps its latest local-training result."""
-    return f"{job.method}/local-result"
+__all__ = ["evaluate", "personalized_model", "train"]
 
 
 def train(job: ClientJob, *, loss_fn: LossFn | None = None) -> tuple[dict[str, ArrayRecord], dict]:

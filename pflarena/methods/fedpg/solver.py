@@ -40,23 +40,18 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 from torch import nn
-from torch.nn import functional as F
 
-from pflarena.client.common import eval_metrics, train_metrics
+from pflarena.client.common import eval_metrics, keeps_local_result, train_metrics
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
-from pflarena.core.training import evaluate as evaluate_model
-from pflarena.core.training import train_epochs
-from pflarena.methods.fedavg.solver import keeps_local_result
+from pflarena.core.training import full_gradient, train_epochs, training_loss
 from pflarena.methods.fedpg import keys as fedpg_keys
 
 __all__ = [
     "evaluate",
-    "full_gradient",
     "personalized_model",
     "pseudo_gradient",
     "train",
-    "training_loss",
 ]
 
 
@@ -66,33 +61,6 @@ def _key(job: ClientJob, name: str) -> str:
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def full_gradient(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int
-) -> list[torch.Tensor]:
-    """``∇ (1/N) Σ_j ℓ(model(x_j), y_j)`` over the trainable parameters, in train mode.
-
-    Accumulated over consecutive mini-batches of ``batch_size`` (summed losses, divided by
-    N once), so it is the exact full-batch gradient for models without batch statistics.
-    """
-    model.train()
-    params = [p for _, p in _trainable(model)]
-    total = [torch.zeros_like(p) for p in params]
-    n = len(y)
-    for start in range(0, n, batch_size):
-        loss = F.cross_entropy(
-            model(x[start : start + batch_size]), y[start : start + batch_size], reduction="sum"
-        )
-        for acc, grad in zip(total, torch.autograd.grad(loss, params), strict=True):
-            acc.add_(grad)
-    return [t / max(n, 1) for t in total]
-
-
-def training_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Mean cross-entropy over ``(x, y)`` in eval mode (the ``L_i`` of the fair objective)."""
-    result = evaluate_model(model, x, y)
-    return result.loss_sum / max(result.count, 1)
 
 
 def pseudo_gradient(job: ClientJob, model: nn.Module) -> list[torch.Tensor]:

@@ -21,8 +21,7 @@ from pflarena.client.common import eval_metrics, train_metrics
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
-from pflarena.core.training import train_epochs
-from pflarena.methods.fedpg.solver import full_gradient, training_loss
+from pflarena.core.training import full_gradient, train_epochs, training_loss
 from pflarena.methods.ifca import keys as ifca_keys
 
 __all__ = ["cluster_models", "estimate_cluster", "evaluate", "personalized_model", "train"]
