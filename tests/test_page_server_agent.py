@@ -101,7 +101,7 @@ def test_the_loss_gradient_in_the_weights_matches_finite_differences():
 
     from pflarena.core.models import build_model
     from pflarena.core.training import evaluate
-    from pflarena.methods.page.strategy import aggregate
+    from pflarena.strategies.aggregation import weighted_combination
 
     torch.manual_seed(0)
     model = build_model("logreg", (5,), 3, seed=0)
@@ -115,7 +115,7 @@ def test_the_loss_gradient_in_the_weights_matches_finite_differences():
     grad = aggregate_loss_gradient(model, records, p, x, y, batch_size=128)
 
     def loss(q):
-        model.load_state_dict(aggregate(records, q).to_torch_state_dict())
+        model.load_state_dict(weighted_combination(records, q).to_torch_state_dict())
         return evaluate(model, x, y).loss
 
     eps = 1e-3
