@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,12 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+@lru_cache(maxsize=1)
+def _package_graph() -> dict[str, set[str]]:
+    """:func:`import_graph`, built once for the tests that only read it."""
+    return import_graph()
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -118,11 +125,11 @@ def test_the_checks_find_a_cycle_and_an_upward_import() -> None:
 
 
 def test_no_import_cycle() -> None:
-    assert cycles(import_graph()) == []
+    assert cycles(_package_graph()) == []
 
 
 def test_each_layer_imports_only_the_layers_below() -> None:
-    graph = import_graph()
+    graph = _package_graph()
     assert {_layer(m) for m in graph} - {""} == set(ALLOWED), "a subpackage ALLOWED misses"
     upward = sorted(
         f"{module} imports {target}"
@@ -141,7 +148,7 @@ def test_each_package_imports_on_its_own(package: str) -> None:
     """Every module of the package (but ``__main__``, which runs), in a fresh interpreter
     whose first import is the package's."""
     modules = sorted(
-        m for m in import_graph() if _layer(m) == package and not m.endswith(".__main__")
+        m for m in _package_graph() if _layer(m) == package and not m.endswith(".__main__")
     )
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
     result = subprocess.run(
@@ -232,7 +239,7 @@ def test_a_methods_solver_reaches_no_strategy(path: Path) -> None:
     """Every module a method's solver imports, and every module those import (at the top or
     inside a function), is client-side: the ClientApp of an edge image loads it alone."""
     module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    reached = sorted(m for m in _reached(import_graph(), module) if _server_side(m))
+    reached = sorted(m for m in _reached(_package_graph(), module) if _server_side(m))
     assert reached == [], f"{module} reaches {reached}"
 
 

@@ -191,8 +191,7 @@ class KeptPartSolver:
     def parts(self, job: ClientJob) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the shared part's names, the kept part's)."""
         split = model_split(job, int(job.param(self.layers)))
-        shared, kept = (split.body, split.head) if self.kept == "head" else (split.head, split.body)
-        return tuple(shared), tuple(kept)
+        return (split.body, split.head) if self.kept == "head" else (split.head, split.body)
 
     def train(self, job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         shared, kept = self.parts(job)

@@ -48,8 +48,9 @@ class StackedModelsStrategy(MultiExchangeStrategy):
 
     def copies(self) -> tuple[int, int]:
         """How many models (K), and how many of the model's last weighted layers each copy
-        holds (0: the whole model; PPFL's canonical layers)."""
-        raise NotImplementedError
+        holds (0: the whole model; PPFL's canonical layers). Here: one whole model, the
+        run's (a method with more overrides this)."""
+        return 1, 0
 
     def is_stacked(self, arrays: ArrayRecord) -> bool:
         return any(name.startswith(self.prefix + ".") for name in arrays.keys())

@@ -24,7 +24,7 @@ from pflarena.methods.cfl import keys as cfl_keys
 
 __all__ = ["evaluate", "personalized_model", "train", "weight_update"]
 
-PREFIX = cfl_keys.CLUSTER_PREFIX  # the strategy's array names (core/keys.py)
+PREFIX = cfl_keys.CLUSTER_PREFIX  # the strategy's array names (keys.py)
 
 
 def weight_update(before: dict, after: dict) -> ArrayRecord:

@@ -241,12 +241,9 @@ class CFL(StackedModelsStrategy):
     def cluster_of(self, client_id: int) -> int:
         return self.assignment.get(client_id, 0)
 
-    def copies(self) -> tuple[int, int]:
-        """One cluster at the start; a split adds one."""
-        return 1, 0
-
     def initial_stack(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The run's model as cluster 0, its arrays as they are."""
+        """The run's model as cluster 0, its arrays as they are (no model built): one
+        cluster at the start, a split adds one."""
         return ArrayRecord(
             {copy_name(CLUSTER_PREFIX, 0, name): arrays[name] for name in arrays.keys()}
         )

@@ -26,7 +26,7 @@ from pflarena.methods.fedem import keys as fedem_keys
 
 __all__ = ["e_step", "evaluate", "train", "weighted_sgd"]
 
-PREFIX = fedem_keys.COMPONENT_PREFIX  # the strategy's array names (core/keys.py)
+PREFIX = fedem_keys.COMPONENT_PREFIX  # the strategy's array names (keys.py)
 
 
 def _components(job: ClientJob) -> CanonicalModel:

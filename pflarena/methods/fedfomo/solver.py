@@ -55,7 +55,7 @@ __all__ = [
 MODEL_KEY = "fedfomo/model"  # θ_i after local training: evaluated, uploaded
 ROUND_START_KEY = "fedfomo/round-start"  # θ_i before its last local training (round-start)
 
-PEER_PREFIX = fedfomo_keys.PEER_PREFIX  # the strategy's record names (core/keys.py)
+PEER_PREFIX = fedfomo_keys.PEER_PREFIX  # the strategy's record names (keys.py)
 FOMO = fedfomo_keys.WEIGHTS
 
 #: Candidates closer than this to θ_ref are no move; their weight is 0.

@@ -26,7 +26,7 @@ from pflarena.methods.ifca import keys as ifca_keys
 
 __all__ = ["cluster_models", "estimate_cluster", "evaluate", "personalized_model", "train"]
 
-PREFIX = ifca_keys.CLUSTER_PREFIX  # the strategy's array names (core/keys.py)
+PREFIX = ifca_keys.CLUSTER_PREFIX  # the strategy's array names (keys.py)
 
 
 def cluster_models(job: ClientJob) -> list[nn.Module]:

@@ -153,8 +153,9 @@ def aggregate_loss_gradient(
 ) -> np.ndarray:
     """``∂F/∂p`` at ``p = weights``, F the mean cross-entropy on ``(x, y)`` of the model
     whose floating-point arrays are ``Σ_i p_i`` of the records' (non-float arrays from the
-    most-weighted record, as :func:`aggregate`); ``model`` gives the architecture and is
-    run in eval mode."""
+    most-weighted record, as
+    :func:`~pflarena.strategies.aggregation.weighted_combination`); ``model`` gives the
+    architecture and is run in eval mode."""
     if len(records) != len(weights) or not records:
         raise ValueError(f"{len(records)} models and {len(weights)} weights")
     heaviest = records[int(np.argmax(weights))]

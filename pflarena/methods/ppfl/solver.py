@@ -62,7 +62,7 @@ __all__ = [
     "train_theta",
 ]
 
-PREFIX = ppfl_keys.CANONICAL_PREFIX  # the stacked state's copy prefix (core/keys.py)
+PREFIX = ppfl_keys.CANONICAL_PREFIX  # the stacked state's copy prefix (keys.py)
 
 
 def _key(job: ClientJob, name: str) -> str:
