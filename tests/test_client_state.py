@@ -59,6 +59,41 @@ def test_a_server_restarted_one_round_back_rolls_the_client_back(store):
     assert store.versions()[-1] == 301 and len(store.versions()) <= 3
 
 
+def _versions_after(store, messages):
+    """Train messages ``(accepted, update_id, checkpointed)``, each writing one entry."""
+    for accepted, update_id, checkpointed in messages:
+        state = ClientState(store, accepted, update_id, checkpointed=checkpointed)
+        state["model"] = _record(float(update_id))
+        state.save()
+    return store.versions()
+
+
+def test_a_client_keeps_the_accepted_version_and_the_checkpoints_only(store):
+    # checkpoint every round: the accepted version, and the one being written
+    every_round = [(0, 101, 0), (101, 201, 101), (201, 301, 201), (301, 401, 301)]
+    assert _versions_after(store, every_round) == [301, 401]
+    # an evaluation that knows 401 was accepted (and checkpointed) leaves it alone
+    ClientState(store, 401, None, checkpointed=401)
+    assert store.versions() == [401]
+
+
+def test_the_checkpointed_version_stays_however_old(store):
+    """A checkpoint every 4 rounds: the version of round 1's checkpoint is kept through the
+    rounds after it, and a server restarted from that checkpoint finds it (keeping the last
+    three before the accepted one had deleted it by round 5)."""
+    messages = [(0, 101, 0), (101, 201, 101), (201, 301, 101), (301, 401, 101), (401, 501, 101)]
+    assert _versions_after(store, messages) == [101, 401, 501]
+    state = ClientState(store, 101, None, checkpointed=101, holds=101)
+    assert _value(state, "model") == 101.0 and not state.missing
+    assert store.versions() == [101]
+
+
+def test_a_server_that_does_not_say_what_it_checkpointed_keeps_the_last_three(store):
+    messages = [(0, 101, None), (101, 201, None), (201, 301, None), (301, 401, None)]
+    messages.append((401, 501, None))
+    assert _versions_after(store, messages) == [201, 301, 401, 501]
+
+
 def test_missing_state_is_reported(store):
     state = ClientState(store, 301, 401, holds=301)
     assert state.missing and state.problem_code == 1 and _value(state, "model") is None

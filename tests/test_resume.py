@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Error, Message, MessageType
-from helpers import comparable, config, run_resumable, stateful_grid
+from helpers import comparable, config, die_in_round, run_resumable, stateful_grid
 from local_grid import LocalGrid
 from processes import descendants
 
@@ -85,6 +85,34 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_results(
     )
     assert comparable(resumed.rounds) == comparable(whole.rounds)
     assert comparable(read_rounds(tmp_path / "broken" / "rounds.jsonl")) == comparable(whole.rounds)
+
+
+@pytest.mark.parametrize("strategy", ["ditto", "pfedgt"])
+def test_a_run_resumes_from_a_checkpoint_four_rounds_back(strategy, tmp_path):
+    """checkpoint-every = 4: every client trains in rounds 5 to 7 after the checkpoint of round
+    4, and the run dies in round 8. The clients still hold the version that checkpoint
+    accepted (keeping the last three before the accepted one did not), and the resumed run
+    is the uninterrupted one. Each client ends holding two versions: round 8's, which the
+    last evaluation's message names as checkpointed, and round 9's."""
+    cfg = config(strategy=strategy, num_clients=3, num_rounds=9, fraction_train=1.0)
+    cfg = cfg.model_copy(update={"checkpoint_every": 4})
+    whole, _ = run_resumable(
+        cfg, tmp_path / "whole", stateful_grid(cfg, tmp_path / "state-whole", 1_000_003)
+    )
+    clients = sorted((tmp_path / "state-whole" / "run").glob("client-*"))
+    assert len(clients) == 3
+    assert all(sorted(v.name for v in client.glob("v*")) == ["v801", "v901"] for client in clients)
+
+    grid = stateful_grid(cfg, tmp_path / "state-broken", 2_000_003)
+    die_in_round(grid, 8)
+    with pytest.raises(KeyboardInterrupt):
+        run_resumable(cfg, tmp_path / "broken", grid)
+    assert load_checkpoint(tmp_path / "broken", strategy).server_round == 4
+    resumed, _ = run_resumable(
+        cfg, tmp_path / "broken", stateful_grid(cfg, tmp_path / "state-broken", 3_000_017), True
+    )
+    assert comparable(resumed.rounds) == comparable(whole.rounds)
+    assert not any(r.get("train", {}).get("state_problems") for r in resumed.rounds)
 
 
 def _lose_state(state_dir: Path, client: int, how: str) -> None:

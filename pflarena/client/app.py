@@ -77,7 +77,8 @@ def open_state(
     accepted = int(sync[keys.ACCEPTED]) if keys.ACCEPTED in sync else None
     update_id = int(sync[keys.UPDATE_ID]) if train and keys.UPDATE_ID in sync else None
     holds = int(sync[keys.HOLDS]) if keys.HOLDS in sync else None
-    return ClientState(store, accepted, update_id, holds=holds)
+    checkpointed = int(sync[keys.CHECKPOINTED]) if keys.CHECKPOINTED in sync else None
+    return ClientState(store, accepted, update_id, holds=holds, checkpointed=checkpointed)
 
 
 def _state_metrics(state: ClientState) -> dict[str, int]:

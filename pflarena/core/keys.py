@@ -40,6 +40,9 @@ SYNC = "sync"
 ACCEPTED = "accepted"
 UPDATE_ID = "update-id"
 HOLDS = "holds"  # the state version the client must hold (its last accepted state-version)
+# what the run's last checkpoint accepted from this client: the version a resume rolls it back
+# to, which it keeps beside the accepted one (nothing older)
+CHECKPOINTED = "checkpointed"
 STATE_KEY = "state-key"  # the run's name for its clients' state (kept in config.json)
 
 # MetricRecord keys every client reply carries.

@@ -58,12 +58,20 @@ class ClientSync:
     copied or extended run finds it; empty: the clients hash the run config); ``held`` maps
     a client id to the state version its last accepted train reply left (``state-version``),
     which the client must still hold; ``ttl`` is each message's time to live (the round
-    timeout: an engine gives up on a client, and frees what runs it, when it passes).
+    timeout: an engine gives up on a client, and frees what runs it, when it passes);
+    ``checkpointed`` is what the strategy had accepted from each client when the run's last
+    checkpoint was written: a resume rolls the client back to that version, so the client
+    keeps it and the accepted one, and nothing older (client/state.py).
     """
 
     state_key: str = ""
     held: dict[int, int] = field(default_factory=dict)
     ttl: float | None = None
+    checkpointed: dict[int, int] = field(default_factory=dict)
+
+    def checkpoint_written(self, strategy: PflStrategy) -> None:
+        """The checkpoint just written (or resumed from) holds the strategy's ``accepted``."""
+        self.checkpointed = dict(strategy.accepted)
 
     def learn(self, strategy: PflStrategy, exchanges: list[Exchange]) -> None:
         """Note the state version of every train reply the strategy accepted."""
@@ -440,6 +448,7 @@ def with_sync(
             sync[keys.ACCEPTED] = strategy.accepted.get(client_id, 0)
             if client_sync is not None:
                 sync[keys.HOLDS] = client_sync.held.get(client_id, 0)
+                sync[keys.CHECKPOINTED] = client_sync.checkpointed.get(client_id, 0)
         if update_id is not None:
             sync[keys.UPDATE_ID] = update_id
         if client_sync is not None and client_sync.state_key:
@@ -673,6 +682,7 @@ def run_rounds(
     else:
         strategy.restore_state(resume.strategy_arrays, resume.strategy_meta)
         sync.restore(resume.loop_meta)
+        sync.checkpoint_written(strategy)
         outcome.arrays = resume.arrays
         outcome.rounds = read_rounds(writer.dir / "rounds.jsonl")
         # An unrecorded evaluation tells the strategy which client each node holds now
@@ -746,6 +756,7 @@ def run_rounds(
                 loop_meta=sync.meta(),
                 rounds_sha256=writer.rounds_sha256(),
             )
+            sync.checkpoint_written(strategy)
         round_times.append(record["round_time_s"])
         eta = round_eta(round_times, cfg.num_rounds - server_round)
         emit(RoundDone.from_record(record, cfg.num_rounds, eta))
