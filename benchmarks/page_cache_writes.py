@@ -85,7 +85,7 @@ def main() -> None:
         "# Writing model-sized files: new page-cache pages against recycled ones",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; commit `{head_commit()}`.",
-        f"- Command: `python benchmarks/page_cache_writes.py {shlex.join(sys.argv[1:])}`.",
+        f"- Command: `{shlex.join(['python', 'benchmarks/page_cache_writes.py', *sys.argv[1:]])}`.",
         f"- Machine: {os.cpu_count()} cores; virtio balloon with free page reporting: "
         f"{balloon_reports_free_pages()}; folder on the file system of `{folder.parent}`.",
         "",
