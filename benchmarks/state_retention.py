@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -45,7 +47,7 @@ def state_on_disk(folder: Path) -> tuple[int, list[int]]:
         versions.append(sum(1 for v in client.iterdir() if v.name[:1] == "v"))
         for path in client.rglob("*"):
             info = path.lstat()
-            if path.is_file() and info.st_ino not in seen:
+            if stat.S_ISREG(info.st_mode) and info.st_ino not in seen:
                 seen.add(info.st_ino)
                 size += info.st_size
     return size, versions
@@ -66,14 +68,15 @@ def run(tree: Path, args: argparse.Namespace, out: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{tree}:\n{proc.stderr[-3000:]}")
     size, versions = state_on_disk(out / "client-state")
-    rounds = [r for r in read_rounds(out / "rounds.jsonl") if r["round"] >= 2]
+    records = read_rounds(out / "rounds.jsonl")
+    rounds = [r for r in records if r["round"] >= 2]
     return {
         "bytes": size,
         "versions_mean": statistics.mean(versions),
         "versions_max": max(versions),
         "clients": len(versions),
         "round_s": statistics.mean(r["train_time_s"] for r in rounds),
-        "accuracy": read_rounds(out / "rounds.jsonl")[-1]["evaluation"]["personalized"]["mean"],
+        "accuracy": records[-1]["evaluation"]["personalized"]["mean"],
     }
 
 
@@ -97,7 +100,7 @@ def main() -> None:
     for side, tree in trees.items():
         found[side] = run(tree, args, work / side)
         print(side, found[side], flush=True)
-        subprocess.run(["rm", "-rf", str(work / side)], check=True)
+        shutil.rmtree(work / side)  # gigabytes of client state
 
     lines = [
         "# Client state left on disk",
@@ -126,6 +129,7 @@ def main() -> None:
         )
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":
