@@ -554,6 +554,7 @@ def test_the_data_checks_run_in_a_child_that_keeps_what_they_import(tmp_path, mo
     data, about 1 GB, which the command's process would hold to the run's end: the checks
     run in a forked child, whose imports and errors do not stay behind / come back."""
     from pflarena.core.config import ConfigError
+    from pflarena.core.footprint import DiskEstimate
     from pflarena.runtime import precheck
     from pflarena.server.build import parse_config
 
@@ -570,11 +571,14 @@ def test_the_data_checks_run_in_a_child_that_keeps_what_they_import(tmp_path, mo
     cfgs = [parse_config({"num-clients": n}) for n in (2, 3)]
     too_many = parse_config({"num-clients": 5})
     monkeypatch.setattr(precheck, "check_data", reads_heavily)
-    # the memory check builds the model: torch, loaded here, cannot be imported again once
-    # it is taken out of sys.modules below (the command's process never loaded it)
-    monkeypatch.setattr("pflarena.server.build.check_footprint", lambda cfg: None)
+    # the memory and disk checks build the model: torch, loaded here, cannot be imported
+    # again once it is taken out of sys.modules below (the command's process never loaded it)
+    nothing = DiskEstimate((), tmp_path)
+    monkeypatch.setattr("pflarena.server.build.check_resources", lambda cfg, here: nothing)
     monkeypatch.delitem(sys.modules, "torch")  # as in the command's process, which has none
-    assert precheck.check_data_apart(cfgs) == ["checked 2", "checked 3"]
+    checked = precheck.check_data_apart(cfgs)
+    assert [c.unchecked for c in checked] == ["checked 2", "checked 3"]
+    assert [c.disk for c in checked] == [nothing, nothing]
     assert "heavy_reader" not in sys.modules
     with pytest.raises(ConfigError, match="num-clients=5: too many for this data"):
         precheck.check_data_apart([too_many])

@@ -53,8 +53,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -65,7 +66,9 @@ __all__ = [
     "DDPGConfig",
     "ReplayBuffer",
     "UpdateStats",
+    "box_config",
     "pack_arrays",
+    "saved_bytes",
     "soft_update",
     "unpack_arrays",
 ]
@@ -74,6 +77,8 @@ ActionSpace = Literal["box", "simplex"]
 
 
 PACKED_INDEX = "packed/index"
+#: About the bytes one array's line takes in a packed index (its name, dtype and shape).
+INDEX_LINE = 40
 
 
 def pack_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -89,6 +94,50 @@ def pack_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {f"packed/{dtype}": np.concatenate(parts) for dtype, parts in groups.items()}
     out[PACKED_INDEX] = np.frombuffer(json.dumps(index).encode(), dtype=np.uint8)
     return out
+
+
+def saved_bytes(config: DDPGConfig, transitions: int) -> int:
+    """The bytes of an agent's saved arrays (:meth:`DDPGAgent.to_packed`) once it has
+    taken steps and holds ``transitions`` transitions (at most its buffer's capacity): its
+    networks and their targets as built, Adam's two moments and step count per parameter,
+    and the buffer's rows (state, action, reward, next state, float32)."""
+    agent = DDPGAgent(config, seed=0)
+    built = sum(int(a.nbytes) for a in agent.to_packed().values())
+    params = [p for net in (agent.actor, agent.critic) for p in net.parameters()]
+    optimizer = 0
+    if config.optimizer == "adam":
+        # exp_avg and exp_avg_sq as float32, a float32 step, and each one's index line
+        optimizer = sum(2 * 4 * p.numel() + 4 for p in params) + 3 * len(params) * INDEX_LINE
+    rows = min(max(transitions, 0), config.buffer_capacity)
+    row = 2 * config.state_dim + config.action_dim + 1
+    return built + optimizer + 4 * rows * row
+
+
+def box_config(param: Callable[[str], Any], state_dim: int) -> DDPGConfig:
+    """A client agent that chooses (α, ln η) in ``[min-epochs, max-epochs] × [ln min-lr,
+    ln max-lr]`` from a state of ``state_dim`` values, with the DDPG settings ``param``
+    gives under their message names (``hidden``: two layers of that width; PAGE's and
+    Dap-FL's clients)."""
+    hidden = int(param("hidden"))
+    return DDPGConfig(
+        state_dim=state_dim,
+        action_dim=2,
+        action_space="box",
+        low=(float(param("min-epochs")), math.log(float(param("min-lr")))),
+        high=(float(param("max-epochs")), math.log(float(param("max-lr")))),
+        actor_hidden=(hidden, hidden),
+        critic_hidden=(hidden, hidden),
+        critic_lr=float(param("critic-lr")),
+        actor_lr=float(param("actor-lr")),
+        tau=float(param("tau")),
+        gamma=float(param("gamma")),
+        batch_size=int(param("rl-batch-size")),
+        buffer_capacity=int(param("rl-buffer")),
+        optimizer=str(param("rl-optimizer")),
+        noise_sigma=float(param("noise-sigma")),
+        noise_decay=float(param("noise-decay")),
+        noise_min=float(param("noise-min")),
+    )
 
 
 def unpack_arrays(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -209,11 +209,21 @@ def _command(args: argparse.Namespace, phases_file: str | None) -> int:
         check_output_dir(output_dir)
     # Before the simulation's start-up: files that are not there, and settings the data
     # cannot satisfy (more clients than samples, a partition that leaves a client without
-    # its minimum), fail the run now, in one line with the numbers.
-    (unchecked,) = check_data_apart([cfg], files_required=not args.check)
+    # its minimum), a server that would not fit this machine's memory and state that would
+    # not fit the output directory's disk fail the run now, in one line with the numbers.
+    # A simulation's clients keep their state in the output directory; --superlink's nodes
+    # keep theirs where their own state-dir is.
+    (checked,) = check_data_apart(
+        [cfg], files_required=not args.check, clients_here=not args.superlink
+    )
     if args.check:
-        if unchecked:
-            print(f"pflarena run: {' '.join(unchecked.split())}", file=sys.stderr)
+        if checked.disk.terms:
+            print(
+                f"pflarena run: state on disk, up to {checked.disk} in {checked.disk.directory}",
+                file=sys.stderr,
+            )
+        if checked.unchecked:
+            print(f"pflarena run: {' '.join(checked.unchecked.split())}", file=sys.stderr)
         elif not cfg.shards_dir:
             # Each client's samples and labels, as `pflarena shards --stats` prints them; on
             # stderr, so that stdout stays the resolved config.

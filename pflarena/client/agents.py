@@ -12,7 +12,7 @@ from collections import OrderedDict
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig, UpdateStats
+from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig, UpdateStats, box_config
 from pflarena.client.job import ClientJob
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 
@@ -27,29 +27,9 @@ __all__ = [
 
 
 def box_agent_config(job: ClientJob, state_dim: int) -> DDPGConfig:
-    """A client agent that chooses (α, ln η) in ``[min-epochs, max-epochs] × [ln min-lr,
-    ln max-lr]`` from a state of ``state_dim`` values, with the DDPG settings the message
-    carries under the method's names (``hidden``: two layers of that width)."""
-    hidden = int(job.param("hidden"))
-    return DDPGConfig(
-        state_dim=state_dim,
-        action_dim=2,
-        action_space="box",
-        low=(float(job.param("min-epochs")), math.log(float(job.param("min-lr")))),
-        high=(float(job.param("max-epochs")), math.log(float(job.param("max-lr")))),
-        actor_hidden=(hidden, hidden),
-        critic_hidden=(hidden, hidden),
-        critic_lr=float(job.param("critic-lr")),
-        actor_lr=float(job.param("actor-lr")),
-        tau=float(job.param("tau")),
-        gamma=float(job.param("gamma")),
-        batch_size=int(job.param("rl-batch-size")),
-        buffer_capacity=int(job.param("rl-buffer")),
-        optimizer=str(job.param("rl-optimizer")),
-        noise_sigma=float(job.param("noise-sigma")),
-        noise_decay=float(job.param("noise-decay")),
-        noise_min=float(job.param("noise-min")),
-    )
+    """The client agent the message describes (:func:`~pflarena.algorithms.ddpg.box_config`
+    with the method's values the message carries)."""
+    return box_config(job.param, state_dim)
 
 
 #: Client agents kept in memory between messages, per process (a simulation's ClientApp

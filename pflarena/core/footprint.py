@@ -24,21 +24,28 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pflarena.core.model_split import ModelSplit, layer_entries, layer_owners, split_names
 from pflarena.core.text import count
 
 __all__ = [
     "FLOAT32",
     "FLOAT64",
     "MEMORY_SHARE",
+    "DiskEstimate",
     "Federation",
     "Footprint",
+    "disk_free",
+    "disk_used",
+    "disk_problem",
     "footprint_problem",
     "human_bytes",
     "memory_limit",
+    "stored_versions",
 ]
 
 FLOAT32 = 4
@@ -58,10 +65,14 @@ SHOWN_TERMS = 3
 
 @dataclass(frozen=True)
 class Federation:
-    """The numbers a method's server memory depends on.
+    """The numbers a method's server memory and its clients' state depend on.
 
     ``model_bytes`` is the model's state as the run's records hold it (every entry, at its
-    own dtype); ``model_params`` the number of values in it.
+    own dtype); ``model_params`` the number of values in it. ``entries`` is each state
+    entry's bytes and whether it is float32 (what ``state-precision = float16`` halves), in
+    state order; ``trainable`` the model's trainable parameters, in state order (a
+    split-model method's part is taken from both: :mod:`pflarena.core.model_split`);
+    ``shapes`` each entry's shape; ``num_classes`` the data's classes.
     """
 
     num_clients: int
@@ -69,6 +80,36 @@ class Federation:
     num_rounds: int
     model_bytes: int
     model_params: int
+    entries: Mapping[str, tuple[int, bool]] = field(default_factory=dict, compare=False)
+    trainable: tuple[str, ...] = ()
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    num_classes: int = 0
+    state_precision: str = "float32"
+    checkpoint_every: int = 1
+
+    def entry_bytes(self, names: Iterable[str] | None = None) -> int:
+        """The bytes of the model's entries ``names`` (default: all of them) at their own
+        dtype: what a record of them holds (a control variate, a gradient)."""
+        chosen = self.entries.values() if names is None else (self.entries[n] for n in names)
+        return sum(n for n, _ in chosen)
+
+    def split(self, head_layers: int) -> ModelSplit:
+        """The model's body/head split with a head of the last ``head_layers`` weighted
+        layers (:func:`~pflarena.core.model_split.split_names`)."""
+        return split_names(tuple(self.entries), self.trainable, head_layers)
+
+    def top_layers(self, layers: int) -> list[str]:
+        """The trainable parameters of the last ``layers`` weighted layers, in state order."""
+        owners = layer_owners(self.trainable)
+        return layer_entries(self.trainable, owners, owners[-layers:])
+
+    def state_bytes(self, names: Iterable[str] | None = None) -> int:
+        """What a client's state holds of the model's entries ``names`` (default: all of
+        them) at the run's ``state-precision``: float32 entries at half their bytes in
+        float16, every other entry at its own."""
+        chosen = self.entries if names is None else {n: self.entries[n] for n in names}
+        half = self.state_precision == "float16"
+        return sum(n // 2 if half and is_float32 else n for n, is_float32 in chosen.values())
 
 
 @dataclass(frozen=True)
@@ -121,4 +162,90 @@ def footprint_problem(
         f"{human_bytes(federation.model_bytes)}), more than {MEMORY_SHARE:.0%} of the "
         f"{human_bytes(limit)} this machine gives the run; use fewer clients, a smaller "
         "model, or a machine with more memory"
+    )
+
+
+def stored_versions(federation: Federation, most: int, initial: int = 0) -> float:
+    """The versions a federation's per-client stores are expected to hold at once, summed
+    over the clients, where a client writes ``initial`` versions before the first round and
+    one each time it trains, and keeps at most ``most``: with ``sampled`` of
+    ``num_clients`` drawn uniformly in each of ``num_rounds`` rounds, a client trains k
+    times with the binomial probability B(k; R, m/N), so N · Σ_k B(k; R, m/N) · min(k +
+    initial, most)."""
+    n, m, rounds = federation.num_clients, federation.sampled, max(federation.num_rounds, 0)
+    if n <= 0:
+        return 0.0
+    p = min(m, n) / n
+    return n * math.fsum(
+        math.comb(rounds, k) * p**k * (1.0 - p) ** (rounds - k) * min(k + initial, most)
+        for k in range(rounds + 1)
+    )
+
+
+@dataclass(frozen=True)
+class DiskEstimate:
+    """What a run's state is expected to take on disk at its end: ``terms`` (named, in
+    bytes), and where (``directory``: the output directory, or the nearest folder above it
+    that exists)."""
+
+    terms: tuple[Footprint, ...]
+    directory: Path
+    #: What the run's state already takes there (a resumed run's): counted in the terms,
+    #: so not needed again from the free space.
+    held: int = 0
+
+    @property
+    def total(self) -> float:
+        return math.fsum(t.nbytes for t in self.terms)
+
+    @property
+    def needed(self) -> float:
+        """The free space the run still needs."""
+        return max(0.0, self.total - self.held)
+
+    def __str__(self) -> str:
+        if not self.terms:
+            return "no per-client state"
+        return f"{human_bytes(self.total)} ({'; '.join(map(str, self.terms))})"
+
+
+def disk_used(*folders: Path) -> int:
+    """The bytes the files under ``folders`` take on disk, a file with several hard links
+    once (a client's versions share the entries they carry over)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for folder in folders:
+        for root, _dirs, files in os.walk(folder):
+            for name in files:
+                try:
+                    info = os.lstat(os.path.join(root, name))
+                except OSError:  # removed meanwhile
+                    continue
+                if (info.st_dev, info.st_ino) not in seen:
+                    seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+    return total
+
+
+def disk_free(directory: Path) -> tuple[Path, int]:
+    """The free bytes (for an unprivileged user) of the file system ``directory`` would be
+    on: that of the nearest folder above it that exists, and that folder."""
+    path = Path(directory).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path, shutil.disk_usage(path).free
+
+
+def disk_problem(method: str, num_clients: int, estimate: DiskEstimate, free: int) -> str | None:
+    """Why ``method``'s run cannot keep its state (``estimate``, the most it is expected to
+    hold at once) in ``free`` bytes, in one line with the numbers; None when it can."""
+    if estimate.needed <= free:
+        return None
+    return (
+        f"{method} cannot keep its state for {count(num_clients, 'client')} in "
+        f"{estimate.directory}: it would take up to {estimate}"
+        + (f", {human_bytes(estimate.held)} of it there already" if estimate.held else "")
+        + ", more than the "
+        f'{human_bytes(free)} free there; use state-precision = "float16" (half the '
+        "models' bytes), fewer clients or rounds, or an output-dir with more space"
     )

@@ -16,14 +16,17 @@ path looked at, the layout expected and where to get them).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pflarena.core.config import ConfigError, RunConfig
+from pflarena.core.footprint import DiskEstimate, disk_free, disk_problem, human_bytes
 from pflarena.core.text import count
 
-__all__ = ["check_data", "check_data_apart", "check_shards"]
+__all__ = ["Checked", "check_data", "check_data_apart", "check_disk_space", "check_shards"]
 
 #: Damaged shard files the one line names before it counts the rest.
 SHOWN_SHARDS = 3
@@ -100,20 +103,65 @@ def check_data(cfg: RunConfig, *, files_required: bool = True) -> str | None:
     return None
 
 
-def _check_each(cfgs: Sequence[RunConfig], files_required: bool) -> list[str | None]:
-    from pflarena.server.build import check_footprint
+@dataclass(frozen=True)
+class Checked:
+    """What :func:`check_data_apart` found for a run that passed: why its data's numbers
+    were not checked (``--check`` without the files), or None; and what its state is
+    expected to take on disk (:func:`pflarena.server.build.disk_estimate`)."""
 
-    unchecked = []
-    for cfg in cfgs:
-        unchecked.append(check_data(cfg, files_required=files_required))
-        check_footprint(cfg)  # a method whose server would not fit this machine
-    return unchecked
+    unchecked: str | None
+    disk: DiskEstimate
 
 
-def check_data_apart(cfgs: Sequence[RunConfig], *, files_required: bool = True) -> list[str | None]:
-    """:func:`check_data` of each config, and whether its method's server fits this
-    machine (:func:`pflarena.server.build.check_footprint`), in one child process forked
-    for the purpose.
+def _check_each(
+    cfgs: Sequence[RunConfig], files_required: bool, clients_here: bool
+) -> list[Checked]:
+    from pflarena.server.build import check_resources
+
+    checked = [
+        Checked(check_data(cfg, files_required=files_required), check_resources(cfg, clients_here))
+        for cfg in cfgs
+    ]
+    check_disk_space(cfgs, [c.disk for c in checked])
+    return checked
+
+
+def check_disk_space(cfgs: Sequence[RunConfig], estimates: Sequence[DiskEstimate]) -> None:
+    """Raise :class:`ConfigError` (one line, with the numbers) when the runs' state would
+    not fit the free space of their output directories' file systems: runs whose
+    directories share a file system are summed (a sweep's runs keep their state when they
+    end)."""
+    by_device: dict[int, list[tuple[RunConfig, DiskEstimate]]] = {}
+    for cfg, estimate in zip(cfgs, estimates, strict=True):
+        if estimate.terms:
+            device = os.stat(estimate.directory).st_dev
+            by_device.setdefault(device, []).append((cfg, estimate))
+    for runs in by_device.values():
+        cfg, estimate = runs[0]
+        _, free = disk_free(estimate.directory)
+        if len(runs) == 1:
+            problem = disk_problem(cfg.strategy, cfg.num_clients, estimate, free)
+        else:
+            total = math.fsum(e.needed for _, e in runs)
+            largest = sorted(runs, key=lambda r: -r[1].total)[:SHOWN_SHARDS]
+            named = "; ".join(f"{c.strategy} {human_bytes(e.total)}" for c, e in largest)
+            problem = None if total <= free else (
+                f"these {len(runs)} runs would keep up to {human_bytes(total)} of state in "
+                f"{estimate.directory} ({named}), more than the {human_bytes(free)} free "
+                "there; run fewer at once, use state-precision = \"float16\", or an output "
+                "directory with more space"
+            )  # fmt: skip
+        if problem:
+            raise ConfigError(problem)
+
+
+def check_data_apart(
+    cfgs: Sequence[RunConfig], *, files_required: bool = True, clients_here: bool = True
+) -> list[Checked]:
+    """:func:`check_data` of each config, whether its method's server fits this machine's
+    memory (:func:`pflarena.server.build.check_footprint`) and whether its state fits the
+    output directory's disk (:func:`check_disk_space`; ``clients_here``: the clients keep
+    their state there, as a simulation's do), in one child process forked for the purpose.
 
     Reading a data set may import torch (torchvision's readers: MNIST, CIFAR) and keep it
     with the data, about 1 GB for MNIST, which the command's process, waiting on the run to
@@ -123,7 +171,7 @@ def check_data_apart(cfgs: Sequence[RunConfig], *, files_required: bool = True) 
     :func:`check_data` raises.
     """
     if "torch" in sys.modules or not hasattr(os, "fork"):
-        return _check_each(cfgs, files_required)
+        return _check_each(cfgs, files_required, clients_here)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -131,4 +179,4 @@ def check_data_apart(cfgs: Sequence[RunConfig], *, files_required: bool = True) 
 
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent) as child:
-        return child.submit(_check_each, list(cfgs), files_required).result()
+        return child.submit(_check_each, list(cfgs), files_required, clients_here).result()

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
-from pflarena.core.footprint import Federation, footprint_problem
+from pflarena.core.footprint import (
+    DiskEstimate,
+    Federation,
+    Footprint,
+    disk_free,
+    disk_used,
+    footprint_problem,
+    human_bytes,
+    stored_versions,
+)
 from pflarena.core.methods import MethodDeclaration
 from pflarena.core.models import build_model
 from pflarena.core.training import trainable_names
@@ -17,6 +27,8 @@ from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup, sa
 __all__ = [
     "build_strategy",
     "check_footprint",
+    "check_resources",
+    "disk_estimate",
     "declaration_of",
     "federation_of",
     "known_client_sizes",
@@ -43,8 +55,11 @@ def federation_of(cfg: RunConfig) -> Federation:
     """The numbers ``cfg``'s server memory depends on (:mod:`pflarena.core.footprint`):
     the clients, how many a round samples (as the strategy will), the rounds and the size
     of the model the run builds."""
+    import torch
+
     info = cfg.data_info()
-    state = build_model(cfg.model_name(), info.input_shape, info.num_classes).state_dict()
+    model = build_model(cfg.model_name(), info.input_shape, info.num_classes)
+    state = model.state_dict()
     strategy = strategy_classes()[cfg.strategy]
     fraction = cfg.fraction_train or strategy.declaration.default_fraction_train
     n = cfg.num_clients
@@ -54,20 +69,89 @@ def federation_of(cfg: RunConfig) -> Federation:
         num_rounds=cfg.num_rounds,
         model_bytes=sum(t.numel() * t.element_size() for t in state.values()),
         model_params=sum(t.numel() for t in state.values()),
+        entries={
+            name: (t.numel() * t.element_size(), t.dtype == torch.float32)
+            for name, t in state.items()
+        },
+        trainable=tuple(trainable_names(model)),
+        shapes={name: tuple(t.shape) for name, t in state.items()},
+        num_classes=info.num_classes,
+        state_precision=cfg.state_precision,
+        checkpoint_every=cfg.checkpoint_every,
     )
 
 
-def check_footprint(cfg: RunConfig, limit: int | None = None) -> None:
+def check_footprint(
+    cfg: RunConfig, limit: int | None = None, federation: Federation | None = None
+) -> None:
     """Raise :class:`ConfigError` (one line, with the numbers) when ``cfg``'s method would
     hold more in the server's memory than this machine gives the run
     (:func:`~pflarena.core.footprint.footprint_problem`; ``limit``: the machine's memory
     in bytes, default :func:`~pflarena.core.footprint.memory_limit`)."""
     cls = strategy_classes()[cfg.strategy]
-    federation = federation_of(cfg)
+    federation = federation_of(cfg) if federation is None else federation
     terms = cls.server_footprint(cfg.params(cls.declaration), federation)
     problem = footprint_problem(cfg.strategy, federation, terms, limit)
     if problem:
         raise ConfigError(problem)
+
+
+def disk_estimate(
+    cfg: RunConfig, federation: Federation | None = None, clients_here: bool = True
+) -> DiskEstimate:
+    """The most ``cfg``'s state is expected to take at once in its output directory: the
+    clients' (``clients_here``: a simulation's clients keep theirs in
+    ``<output-dir>/client-state``; a deployment's nodes, on their own disks) and the
+    server's per-client pools.
+
+    A client holds the version the server last accepted and the one its last train message
+    wrote, and one more where checkpoints are further apart than a round (the version the
+    last checkpoint accepted: :mod:`pflarena.client.state`); a pool holds a client's newest
+    version up to the last checkpoint and those written since
+    (:class:`~pflarena.core.versions.ClientPool`). How many versions that is, summed over
+    the clients, follows from how often each is expected to train
+    (:func:`~pflarena.core.footprint.stored_versions`). Entries a version carries over
+    unchanged are hard links and cost nothing; the estimate counts every version whole."""
+    cls = strategy_classes()[cfg.strategy]
+    params = cfg.params(cls.declaration)
+    federation = federation_of(cfg) if federation is None else federation
+    every = federation.checkpoint_every
+    terms = []
+    per_client = cls.client_footprint(params, federation) if clients_here else []
+    if per_client:
+        most = 2 if every <= 1 else 3
+        versions = stored_versions(federation, most, cls.initial_versions(params))
+        one = math.fsum(t.nbytes for t in per_client)
+        terms.append(
+            Footprint(
+                f"client state, {versions:,.0f} versions of {human_bytes(one)} "
+                f"({', '.join(map(str, per_client))})",
+                versions * one,
+            )
+        )
+    models, what = cls.pool_models
+    if models:
+        versions = stored_versions(federation, 1 + min(every, federation.num_rounds))
+        terms.append(
+            Footprint(
+                f"the server's pools, {versions:,.0f} versions of {what}",
+                versions * models * federation.model_bytes,
+            )
+        )
+    output = Path(cfg.output_dir or ".")
+    directory, _ = disk_free(output)
+    # a resumed run's state is there already, counted in the terms
+    held = disk_used(output / "client-state", output / "server-state") if terms else 0
+    return DiskEstimate(tuple(terms), directory, held)
+
+
+def check_resources(cfg: RunConfig, clients_here: bool = True) -> DiskEstimate:
+    """:func:`check_footprint` (the server's memory) and ``cfg``'s :func:`disk_estimate`,
+    which the caller checks against the free space (with any other run's that shares the
+    disk: :func:`pflarena.runtime.precheck.check_disk_space`)."""
+    federation = federation_of(cfg)
+    check_footprint(cfg, federation=federation)
+    return disk_estimate(cfg, federation, clients_here)
 
 
 def known_client_sizes(cfg: RunConfig, data_from_spec: bool = True) -> ClientSizes | None:

@@ -207,6 +207,13 @@ class PflStrategy(Strategy):
     #: The models' worth a training reply carries, and what :meth:`server_footprint` says
     #: they are (SCAFFOLD's Δy and Δc: ``(2, "Δy and Δc: two models each")``).
     reply_models: ClassVar[tuple[int, str]] = (1, "a model each")
+    #: The models' worth a client keeps in its state between messages, at the run's
+    #: ``state-precision``, and what :meth:`client_footprint` says they are (Ditto's
+    #: ``(1, "its personal model")``); 0 for a method whose clients keep nothing.
+    client_models: ClassVar[tuple[int, str]] = (0, "")
+    #: The models' worth the server keeps per client on disk in its pools
+    #: (``server-state/``: FedAMP's latest models), and what they are.
+    pool_models: ClassVar[tuple[int, str]] = (0, "")
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PflStrategy:
@@ -253,6 +260,25 @@ class PflStrategy(Strategy):
                 WORKING_MODELS * federation.model_bytes,
             )
         ]
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """What one client keeps in its state between messages, one version of it
+        (:mod:`pflarena.client.state`), from the method's validated ``params``: here
+        :attr:`client_models` models at the run's ``state-precision``. A method that keeps a
+        part of the model (a head), an agent or a vector per peer says so here, so that
+        ``pflarena run --check`` states what the clients' state will take on disk and a run
+        that would fill its disk is refused before it starts
+        (:func:`pflarena.server.build.disk_estimate`)."""
+        models, what = cls.client_models
+        return [Footprint(what, models * federation.state_bytes())] if models else []
+
+    @classmethod
+    def initial_versions(cls, params: Any) -> int:
+        """The state versions a client writes before its first training: none, except
+        where every client stores something before the first round (pFedGT's
+        ``c-init = round``)."""
+        return 0
 
     @property
     def method(self) -> str:

@@ -84,6 +84,7 @@ class APFL(FedAvg):
         params=APFLParams,
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
+    client_models = (1, "its local model v_i")
 
     def solver_config(self) -> dict[str, Any]:
         """What the solver reads: α, whether it adapts, and α's step (0: the run's lr)."""

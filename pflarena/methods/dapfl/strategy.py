@@ -42,6 +42,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from pflarena.core import keys
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
 from pflarena.methods.dapfl import keys as dapfl_keys
 from pflarena.methods.dapfl.params import DapflParams
@@ -103,6 +104,20 @@ class DapFL(PflStrategy):
         params=DapflParams,
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The personal model and the client's agent (state (loss, accuracy, F1), action
+        (epochs, ln lr)), with a transition for each round it trained in."""
+        from pflarena.algorithms.ddpg import box_config, saved_bytes  # torch: at --check only
+
+        config = box_config(lambda key: getattr(params, key.replace("-", "_")), 3)
+        return [
+            Footprint("its personal model", federation.state_bytes()),
+            Footprint(
+                f"its agent (hidden {params.hidden})", saved_bytes(config, federation.num_rounds)
+            ),
+        ]
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         """The common settings plus what the clients' agents need."""

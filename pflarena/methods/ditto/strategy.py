@@ -40,6 +40,7 @@ class Ditto(FedAvg):
         solver="pflarena.methods.ditto.solver",
         params=DittoParams,
     )
+    client_models = (1, "its personal model")
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         return super().train_config(server_round, node_id) | self.params_config()

@@ -39,6 +39,7 @@ from typing import Any
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.methods.fedala import keys as fedala_keys
 from pflarena.methods.fedavg.strategy import FedAvg
@@ -84,6 +85,14 @@ class FedALA(FedAvg):
         solver="pflarena.methods.fedala.solver",
         params=FedALAParams,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        weights = federation.entry_bytes(federation.top_layers(params.layers))
+        return [
+            Footprint("its local model", federation.state_bytes()),
+            Footprint(f"its ALA weights on the top {params.layers} layer(s)", weights),
+        ]
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {**super().train_config(server_round, node_id), **self.params_config()}

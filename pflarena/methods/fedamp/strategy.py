@@ -146,6 +146,8 @@ class FedAMP(PflStrategy):
         params=FedAMPParams,
         global_model=False,
     )
+    client_models = (1, "its personalized model")
+    pool_models = (1, "its latest model")
     checkpointed = {"attention": "fedamp/attention"}
 
     @classmethod

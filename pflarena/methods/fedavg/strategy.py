@@ -6,12 +6,13 @@ The reading of the paper, decisions and measurements: docs/methods/fedavg.md.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.aggregation import weighted_average
 from pflarena.strategies.base import PflStrategy
@@ -54,6 +55,13 @@ class FedAvg(PflStrategy):
         solver="pflarena.methods.fedavg.solver",
         params=FedAvgParams,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        terms = super().client_footprint(params, federation)
+        if getattr(params, "personal_model", "global") == "local-result":
+            terms.append(Footprint("its latest local-training result", federation.state_bytes()))
+        return terms
 
     @property
     def personal_model(self) -> PersonalModel:

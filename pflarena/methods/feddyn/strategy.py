@@ -114,6 +114,11 @@ class FedDyn(PflStrategy):
         solver="pflarena.methods.feddyn.solver",
         params=FedDynParams,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [Footprint("its gradient state", federation.entry_bytes(federation.trainable))]
+
     checkpointed = {"state": "h/"}
 
     @classmethod

@@ -25,6 +25,8 @@ The reading of the paper, decisions and measurements: docs/methods/fedem.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.app import (
     ArrayRecord,
@@ -38,6 +40,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import keys
+from pflarena.core.footprint import FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.methods.fedem import keys as fedem_keys
 from pflarena.strategies.aggregation import weighted_average
@@ -69,6 +72,10 @@ class FedEM(StackedModelsStrategy):
         params=FedEMParams,
         global_model=False,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [Footprint("its mixture weights (float64)", FLOAT64 * params.num_components)]
 
     prefix = COMPONENT_PREFIX
 

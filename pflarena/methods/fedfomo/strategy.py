@@ -194,6 +194,8 @@ class FedFomo(PflStrategy):
         global_model=False,
         needs_validation=True,
     )
+    client_models = (2, "its model and the round's starting model")
+    pool_models = (1, "its latest model")
     checkpointed = {"affinity": "fedfomo/affinity"}
     checkpointed_values = {"epsilon": "fedfomo/epsilon"}
 

@@ -175,6 +175,13 @@ class FedMGDA(PflStrategy):
     )
 
     @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        terms = super().client_footprint(params, federation)
+        if getattr(params, "personal_model", "global") == "local-result":
+            terms.append(Footprint("its latest local-training result", federation.state_bytes()))
+        return terms
+
+    @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """The round's gradients stacked in float32 for their Gram matrix, and its float64
         chunk, beside the replies."""

@@ -18,6 +18,9 @@ The reading of the paper, decisions and measurements: docs/methods/fedper.md.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
 from pflarena.methods.fedavg.partial import PartialFedAvg
 from pflarena.methods.fedper.params import FedPerParams
@@ -39,4 +42,10 @@ class FedPer(PartialFedAvg):
         params=FedPerParams,
         global_model=False,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        head = federation.split(params.head_layers).head
+        return [Footprint("its head", federation.entry_bytes(head))]
+
     shared = "body"

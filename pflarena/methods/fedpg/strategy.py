@@ -142,6 +142,21 @@ class FedPG(MultiExchangeStrategy):
         default_fraction_train=0.1,
         honours=frozenset({"local-epochs", "batch-size", "lr"}),
     )
+    pool_models = (1, "its latest gradient")
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        terms = []
+        if params.personalize or params.line_search:  # the round's model and gradient kept
+            trainable = federation.entry_bytes(federation.trainable)
+            terms += [
+                Footprint("the round's model", federation.entry_bytes()),
+                Footprint("its gradient", trainable),
+                Footprint("the common direction", trainable),
+            ]
+        if params.personalize:
+            terms.append(Footprint("its personal model", federation.state_bytes()))
+        return terms
 
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:

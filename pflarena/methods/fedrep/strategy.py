@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
 from pflarena.methods.fedavg.partial import PartialFedAvg
 from pflarena.methods.fedrep.params import FedRepParams
@@ -50,6 +51,12 @@ class FedRep(PartialFedAvg):
             {"batch-size", "lr", "momentum", "weight-decay", "lr-milestones", "lr-gamma"}
         ),
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        head = federation.split(params.head_layers).head
+        return [Footprint("its head", federation.entry_bytes(head))]
+
     shared = "body"
 
     def train_config(self, server_round: int, node_id: int) -> dict:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
 from pflarena.core.model_split import split_names
 from pflarena.methods.fedavg.strategy import FedAvg
@@ -56,6 +57,11 @@ class FedRoD(FedAvg):
         solver="pflarena.methods.fedrod.solver",
         params=FedRoDParams,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        head = federation.split(params.head_layers).head
+        return [Footprint("its personal head", federation.entry_bytes(head))]
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> FedRoD:

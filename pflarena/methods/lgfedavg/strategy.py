@@ -22,6 +22,9 @@ The reading of the paper, decisions and measurements: docs/methods/lgfedavg.md.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
 from pflarena.methods.fedavg.partial import PartialFedAvg
 from pflarena.methods.lgfedavg.params import LGFedAvgParams
@@ -44,6 +47,12 @@ class LGFedAvg(PartialFedAvg):
         params=LGFedAvgParams,
         global_model=False,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        local = federation.split(params.global_layers).body
+        return [Footprint("its local layers", federation.entry_bytes(local))]
+
     shared = "head"
 
     layers_field = "global_layers"

@@ -31,6 +31,7 @@ class Local(PflStrategy):
         solver="pflarena.methods.local.solver",
         global_model=False,
     )
+    client_models = (1, "its model")
     expects_arrays = False
 
     def train_content(

@@ -83,7 +83,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
-from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig
+from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig, box_config, saved_bytes
 from pflarena.core import drawing, keys
 from pflarena.core.datasets import to_tensors
 from pflarena.core.federation import build_federation
@@ -227,6 +227,19 @@ class Page(PflStrategy):
         honours=frozenset({"local-epochs", "batch-size", "lr"}),
         needs_server_data=True,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The personal model and the client's agent (state 1, action (α, ln η)), with a
+        transition for each round it trained in, at most every round."""
+        names = {key: name for name, key in SHARED_AGENT_KEYS.items()}
+        config = box_config(lambda key: getattr(params, names.get(key, key.replace("-", "_"))), 1)
+        agent = saved_bytes(config, federation.num_rounds)
+        return [
+            Footprint("its personal model", federation.state_bytes()),
+            Footprint(f"its agent (hidden {params.client_hidden})", agent),
+        ]
+
     checkpointed = {"last_accuracy": "page/last-accuracy"}
 
     @classmethod

@@ -122,6 +122,19 @@ class PFedGT(PflStrategy):
         # presets, and a bare `pflarena run` compares pFedGT with the baselines at theirs.
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [
+            Footprint("its message c_i", federation.entry_bytes(federation.trainable)),
+            Footprint("its personal model", federation.state_bytes()),
+        ]
+
+    @classmethod
+    def initial_versions(cls, params: Any) -> int:
+        """With ``c-init = round`` every client stores its c_i⁰ before the first round."""
+        return 1 if params.c_init == "round" else 0
+
     checkpointed = {"message": "message/", "message_mean": "message-mean/"}
 
     def __init__(

@@ -127,6 +127,7 @@ class PFedMe(FedAvg):
         params=PFedMeParams,
         honours=frozenset({"local-epochs", "batch-size", "lr", "lr-milestones", "lr-gamma"}),
     )
+    client_models = (1, "its personal model")
 
     def train_config(self, server_round: int, node_id: int) -> dict:
         return {

@@ -214,6 +214,16 @@ class PFedSV(MultiExchangeStrategy):
         global_model=False,
         needs_validation=True,
     )
+    pool_models = (1, "its latest model")
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        # φ^i (float64) and the explored flags (one byte) per peer
+        return [
+            Footprint("its trained and personal models", 2 * federation.state_bytes()),
+            Footprint("its relevance vector", 9 * federation.num_clients),
+        ]
+
     checkpointed = {"features": "features/"}
 
     @classmethod

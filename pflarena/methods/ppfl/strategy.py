@@ -64,7 +64,9 @@ from flwr.app import (
 from flwr.serverapp import Grid
 
 from pflarena.core import drawing, keys
+from pflarena.core.footprint import FLOAT64, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration
+from pflarena.core.model_split import copied_entries
 from pflarena.methods.ppfl import keys as ppfl_keys
 from pflarena.methods.ppfl.params import PPFLParams
 from pflarena.methods.ppfl.population import (
@@ -124,6 +126,23 @@ class PPFL(StackedModelsStrategy):
         params=PPFLParams,
         global_model=False,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """Its membership vector c_i; with ``persistent-momentum``, the momentum of every
+        shared parameter θ (the body once, the canonical layers K times)."""
+        k = params.num_canonical
+        terms = [Footprint(f"its membership vector ({k} float64)", FLOAT64 * k)]
+        if params.persistent_momentum:
+            entries = copied_entries(
+                tuple(federation.entries), federation.trainable, params.canonical_layers
+            )
+            canonical = [n for n in federation.trainable if n in set(entries)]
+            body = [n for n in federation.trainable if n not in set(entries)]
+            momentum = federation.entry_bytes(body) + k * federation.entry_bytes(canonical)
+            terms.append(Footprint("the momentum of θ", momentum))
+        return terms
+
     checkpointed = {
         "memberships": "ppfl-memberships",
         "num_examples": "ppfl-num-examples",

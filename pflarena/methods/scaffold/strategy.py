@@ -129,6 +129,11 @@ class Scaffold(PflStrategy):
             {"local-epochs", "batch-size", "lr", "weight-decay", "lr-milestones", "lr-gamma"}
         ),
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [Footprint("its control variate", federation.entry_bytes(federation.trainable))]
+
     checkpointed = {"control": "control/"}
 
     reply_models = (2, "Δy and Δc: two models each")

@@ -47,8 +47,9 @@ from torch import nn
 
 from pflarena.algorithms.heads import feature_size, first_head_layer
 from pflarena.core import keys
+from pflarena.core.footprint import FLOAT32, Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.core.model_split import ModelSplit, split_names
+from pflarena.core.model_split import ModelSplit, layer_owners, split_names
 from pflarena.core.models import build_model
 from pflarena.core.seeds import AGENT_SEED_BITS, derive_seed
 from pflarena.methods.fedavg.strategy import FedAvg
@@ -102,6 +103,25 @@ class SplitGP(FedAvg):
         solver="pflarena.methods.splitgp.solver",
         params=SplitGPParams,
     )
+
+    @classmethod
+    def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The client side φ_k (the body) and the auxiliary classifier κ_k: a linear layer
+        from the head's first layer's input to the classes. Where that layer is linear its
+        input is its weight's second dimension; a convolutional one's (a feature map) is
+        not in the model's shapes, and the head's own bytes stand for it."""
+        split = federation.split(params.head_layers)
+        first = layer_owners(federation.trainable)[-params.head_layers]
+        weight = federation.shapes.get(f"{first}.weight" if first else "weight", ())
+        if len(weight) == 2:
+            aux = FLOAT32 * (weight[1] + 1) * federation.num_classes
+        else:
+            aux = federation.entry_bytes(split.head)
+        return [
+            Footprint("its client-side model", federation.entry_bytes(split.body)),
+            Footprint("its auxiliary classifier", aux),
+        ]
+
     checkpointed = {"aux": "splitgp-aux/"}
 
     @classmethod
