@@ -219,7 +219,7 @@ def _command(args: argparse.Namespace, phases_file: str | None) -> int:
     if args.check:
         if checked.disk.terms:
             print(
-                f"pflarena run: state on disk, up to {checked.disk} in {checked.disk.directory}",
+                f"pflarena run: state on disk, up to about {checked.disk} in {checked.disk.directory}",
                 file=sys.stderr,
             )
         if checked.unchecked:

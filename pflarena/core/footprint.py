@@ -118,6 +118,8 @@ class Footprint:
 
     what: str
     nbytes: float
+    #: The stored entries (files) it is, where it is something a store keeps on disk.
+    entries: int = 1
 
     def __str__(self) -> str:
         return f"{self.what}: {human_bytes(self.nbytes)}"
@@ -243,7 +245,7 @@ def disk_problem(method: str, num_clients: int, estimate: DiskEstimate, free: in
         return None
     return (
         f"{method} cannot keep its state for {count(num_clients, 'client')} in "
-        f"{estimate.directory}: it would take up to {estimate}"
+        f"{estimate.directory}: it would take up to about {estimate}"
         + (f", {human_bytes(estimate.held)} of it there already" if estimate.held else "")
         + ", more than the "
         f'{human_bytes(free)} free there; use state-precision = "float16" (half the '

@@ -146,7 +146,7 @@ def check_disk_space(cfgs: Sequence[RunConfig], estimates: Sequence[DiskEstimate
             largest = sorted(runs, key=lambda r: -r[1].total)[:SHOWN_SHARDS]
             named = "; ".join(f"{c.strategy} {human_bytes(e.total)}" for c, e in largest)
             problem = None if total <= free else (
-                f"these {len(runs)} runs would keep up to {human_bytes(total)} of state in "
+                f"these {len(runs)} runs would keep up to about {human_bytes(total)} of state in "
                 f"{estimate.directory} ({named}), more than the {human_bytes(free)} free "
                 "there; run fewer at once, use state-precision = \"float16\", or an output "
                 "directory with more space"

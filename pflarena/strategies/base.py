@@ -271,7 +271,7 @@ class PflStrategy(Strategy):
         that would fill its disk is refused before it starts
         (:func:`pflarena.server.build.disk_estimate`)."""
         models, what = cls.client_models
-        return [Footprint(what, models * federation.state_bytes())] if models else []
+        return [Footprint(what, models * federation.state_bytes(), models)] if models else []
 
     @classmethod
     def initial_versions(cls, params: Any) -> int:

@@ -220,7 +220,7 @@ class PFedSV(MultiExchangeStrategy):
     def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         # φ^i (float64) and the explored flags (one byte) per peer
         return [
-            Footprint("its trained and personal models", 2 * federation.state_bytes()),
+            Footprint("its trained and personal models", 2 * federation.state_bytes(), 2),
             Footprint("its relevance vector", 9 * federation.num_clients),
         ]
 
