@@ -11,14 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_local, stateful_grid
+from flwr.app import Context, RecordDict
+from helpers import config, grid_for, run_local, stateful_grid
 
 from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig, saved_bytes
 from pflarena.cli.command import main
 from pflarena.core import footprint
 from pflarena.core.config import ConfigError
 from pflarena.core.footprint import DiskEstimate, Federation, Footprint, disk_used, stored_versions
-from pflarena.runtime import precheck
+from pflarena.server import build
+from pflarena.server.app import main as serverapp_main
 from pflarena.server.build import ENTRY_OVERHEAD, disk_estimate, federation_of, parse_config
 from pflarena.strategies import strategy_classes
 
@@ -184,7 +186,8 @@ def test_disk_used_counts_a_hard_linked_file_once(tmp_path):
 
 
 def _small_disk(monkeypatch, free: int) -> None:
-    monkeypatch.setattr(precheck, "disk_free", lambda directory: (Path(directory), free))
+    real = footprint.disk_free
+    monkeypatch.setattr(build, "disk_free", lambda directory: (real(directory)[0], free))
 
 
 def test_check_states_the_estimate_and_a_run_too_large_is_refused(tmp_path, monkeypatch, capsys):
@@ -216,10 +219,10 @@ def test_a_resumed_runs_state_already_there_is_not_asked_for_again(tmp_path, mon
     assert resumed.held >= 200_000
     assert resumed.needed == pytest.approx(estimate.total - resumed.held)
     # refused on what is still needed: free space for that much passes
-    precheck.check_disk_space([cfg], [resumed])
+    build.check_disk_space([cfg], [resumed])
     _small_disk(monkeypatch, int(resumed.needed) - 1)
     with pytest.raises(ConfigError, match="of it there already"):
-        precheck.check_disk_space([cfg], [resumed])
+        build.check_disk_space([cfg], [resumed])
 
 
 def test_a_sweeps_runs_on_one_disk_are_summed(tmp_path, monkeypatch):
@@ -227,10 +230,10 @@ def test_a_sweeps_runs_on_one_disk_are_summed(tmp_path, monkeypatch):
     estimates = [disk_estimate(c) for c in cfgs]
     both = sum(e.total for e in estimates)
     _small_disk(monkeypatch, int(both))
-    precheck.check_disk_space(cfgs, estimates)
+    build.check_disk_space(cfgs, estimates)
     _small_disk(monkeypatch, int(max(e.total for e in estimates)) + 1)  # each fits alone
     with pytest.raises(ConfigError, match="these 2 runs would keep up to about"):
-        precheck.check_disk_space(cfgs, estimates)
+        build.check_disk_space(cfgs, estimates)
 
 
 def test_an_estimate_without_terms_refuses_nothing(tmp_path):
@@ -239,3 +242,25 @@ def test_an_estimate_without_terms_refuses_nothing(tmp_path):
     assert footprint.disk_problem("fedavg", 10, empty, 0) is None
     one = DiskEstimate((Footprint("x", 2 * KB),), tmp_path)
     assert footprint.disk_problem("m", 10, one, KB) is not None
+
+
+def test_the_serverapp_refuses_pools_its_disk_cannot_hold(tmp_path, monkeypatch):
+    """A deployment's ServerApp checks its own disk for the server's pools (FedFomo keeps a
+    model per client), before it writes anything; the clients' state is their nodes'."""
+    out = tmp_path / "run"
+    cfg = _config("fedfomo", num_clients=40, output_dir=str(out))
+    pools = disk_estimate(cfg, clients_here=False)
+    assert [t.what.split(",")[0] for t in pools.terms] == ["the server's pools"]
+    _small_disk(monkeypatch, int(pools.total) - 1)
+    context = Context(1, 0, {}, RecordDict(), cfg.to_run_config())
+    with pytest.raises(ConfigError, match="fedfomo cannot keep its state for 40 clients"):
+        serverapp_main(grid_for(config(num_clients=2)), context)
+    assert not out.exists()
+
+
+def test_the_versions_of_a_long_run_are_every_clients_most():
+    """Ten thousand rounds (whose binomial coefficients no float holds): every client has
+    trained often enough to hold its most."""
+    federation = Federation(100, 10, 10_000, model_bytes=1, model_params=1)
+    assert stored_versions(federation, 2) == pytest.approx(200)
+    assert stored_versions(Federation(100, 10, 0, 1, 1), 2, initial=1) == pytest.approx(100)

@@ -36,6 +36,7 @@ __all__ = [
     "FLOAT32",
     "FLOAT64",
     "MEMORY_SHARE",
+    "SHOWN_TERMS",
     "DiskEstimate",
     "Federation",
     "Footprint",
@@ -178,10 +179,14 @@ def stored_versions(federation: Federation, most: int, initial: int = 0) -> floa
     if n <= 0:
         return 0.0
     p = min(m, n) / n
-    return n * math.fsum(
-        math.comb(rounds, k) * p**k * (1.0 - p) ** (rounds - k) * min(k + initial, most)
-        for k in range(rounds + 1)
-    )
+    # only the first few k hold fewer than ``most`` (the rest hold ``most``): the sum needs
+    # no binomial coefficient of a long run's rounds, which no float holds
+    fewer = [
+        math.comb(rounds, k) * p**k * (1.0 - p) ** (rounds - k)
+        for k in range(min(max(most - initial, 0), rounds + 1))
+    ]
+    below = math.fsum(b * (k + initial) for k, b in enumerate(fewer))
+    return n * (below + most * max(0.0, 1.0 - math.fsum(fewer)))
 
 
 @dataclass(frozen=True)

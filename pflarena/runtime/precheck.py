@@ -16,17 +16,16 @@ path looked at, the layout expected and where to get them).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pflarena.core.config import ConfigError, RunConfig
-from pflarena.core.footprint import DiskEstimate, disk_free, disk_problem, human_bytes
+from pflarena.core.footprint import DiskEstimate
 from pflarena.core.text import count
 
-__all__ = ["Checked", "check_data", "check_data_apart", "check_disk_space", "check_shards"]
+__all__ = ["Checked", "check_data", "check_data_apart", "check_shards"]
 
 #: Damaged shard files the one line names before it counts the rest.
 SHOWN_SHARDS = 3
@@ -116,7 +115,7 @@ class Checked:
 def _check_each(
     cfgs: Sequence[RunConfig], files_required: bool, clients_here: bool
 ) -> list[Checked]:
-    from pflarena.server.build import check_resources
+    from pflarena.server.build import check_disk_space, check_resources
 
     checked = [
         Checked(check_data(cfg, files_required=files_required), check_resources(cfg, clients_here))
@@ -126,41 +125,12 @@ def _check_each(
     return checked
 
 
-def check_disk_space(cfgs: Sequence[RunConfig], estimates: Sequence[DiskEstimate]) -> None:
-    """Raise :class:`ConfigError` (one line, with the numbers) when the runs' state would
-    not fit the free space of their output directories' file systems: runs whose
-    directories share a file system are summed (a sweep's runs keep their state when they
-    end)."""
-    by_device: dict[int, list[tuple[RunConfig, DiskEstimate]]] = {}
-    for cfg, estimate in zip(cfgs, estimates, strict=True):
-        if estimate.terms:
-            device = os.stat(estimate.directory).st_dev
-            by_device.setdefault(device, []).append((cfg, estimate))
-    for runs in by_device.values():
-        cfg, estimate = runs[0]
-        _, free = disk_free(estimate.directory)
-        if len(runs) == 1:
-            problem = disk_problem(cfg.strategy, cfg.num_clients, estimate, free)
-        else:
-            total = math.fsum(e.needed for _, e in runs)
-            largest = sorted(runs, key=lambda r: -r[1].total)[:SHOWN_SHARDS]
-            named = "; ".join(f"{c.strategy} {human_bytes(e.total)}" for c, e in largest)
-            problem = None if total <= free else (
-                f"these {len(runs)} runs would keep up to about {human_bytes(total)} of state in "
-                f"{estimate.directory} ({named}), more than the {human_bytes(free)} free "
-                "there; run fewer at once, use state-precision = \"float16\", or an output "
-                "directory with more space"
-            )  # fmt: skip
-        if problem:
-            raise ConfigError(problem)
-
-
 def check_data_apart(
     cfgs: Sequence[RunConfig], *, files_required: bool = True, clients_here: bool = True
 ) -> list[Checked]:
     """:func:`check_data` of each config, whether its method's server fits this machine's
     memory (:func:`pflarena.server.build.check_footprint`) and whether its state fits the
-    output directory's disk (:func:`check_disk_space`; ``clients_here``: the clients keep
+    output directory's disk (:func:`pflarena.server.build.check_disk_space`; ``clients_here``: the clients keep
     their state there, as a simulation's do), in one child process forked for the purpose.
 
     Reading a data set may import torch (torchvision's readers: MNIST, CIFAR) and keep it

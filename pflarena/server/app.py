@@ -30,7 +30,8 @@ from pflarena.core.phases import mark
 from pflarena.core.versions import run_key
 from pflarena.server.build import (
     build_strategy,
-    check_footprint,
+    check_disk_space,
+    check_resources,
     declaration_of,
     parse_config,
 )
@@ -124,8 +125,11 @@ def state_key_of(previous: dict, run_config: dict) -> str:
 def main(grid: Grid, context: Context) -> None:
     grid = prompt_grid(grid)  # a deployment's replies checked every 0.1 s, not every 3 s
     cfg = parse_config(context.run_config)  # raises ConfigError naming the bad keys
-    check_footprint(cfg)  # this machine's memory, which need not be the command's machine's
     output_dir = resolve_output_dir(cfg)
+    # this machine's memory and disk, which need not be the command's machine's: its pools
+    # (a deployment's clients keep their state on their own nodes)
+    here = cfg.model_copy(update={"output_dir": str(output_dir)})
+    check_disk_space([here], [check_resources(here, clients_here=False)])
     if cfg.resume and not cfg.output_dir:
         raise ConfigError("resume=true needs the output-dir of the run to continue")
     if not cfg.resume:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pflarena.core.config import ConfigError, RunConfig, parse_run_config
 from pflarena.core.footprint import (
+    SHOWN_TERMS,
     DiskEstimate,
     Federation,
     Footprint,
     disk_free,
+    disk_problem,
     disk_used,
     footprint_problem,
     human_bytes,
@@ -26,6 +29,7 @@ from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup, sa
 
 __all__ = [
     "build_strategy",
+    "check_disk_space",
     "check_footprint",
     "check_resources",
     "disk_estimate",
@@ -149,17 +153,47 @@ def disk_estimate(
     output = Path(cfg.output_dir or ".")
     directory, _ = disk_free(output)
     # a resumed run's state is there already, counted in the terms
-    held = disk_used(output / "client-state", output / "server-state") if terms else 0
-    return DiskEstimate(tuple(terms), directory, held)
+    counted = [output / "client-state"] if per_client else []
+    counted += [output / "server-state"] if models else []
+    return DiskEstimate(tuple(terms), directory, disk_used(*counted))
 
 
 def check_resources(cfg: RunConfig, clients_here: bool = True) -> DiskEstimate:
     """:func:`check_footprint` (the server's memory) and ``cfg``'s :func:`disk_estimate`,
     which the caller checks against the free space (with any other run's that shares the
-    disk: :func:`pflarena.runtime.precheck.check_disk_space`)."""
+    disk: :func:`check_disk_space`)."""
     federation = federation_of(cfg)
     check_footprint(cfg, federation=federation)
     return disk_estimate(cfg, federation, clients_here)
+
+
+def check_disk_space(cfgs: Sequence[RunConfig], estimates: Sequence[DiskEstimate]) -> None:
+    """Raise :class:`ConfigError` (one line, with the numbers) when the runs' state would
+    not fit the free space of their output directories' file systems: runs whose
+    directories share a file system are summed (a sweep's runs keep their state when they
+    end)."""
+    by_device: dict[int, list[tuple[RunConfig, DiskEstimate]]] = {}
+    for cfg, estimate in zip(cfgs, estimates, strict=True):
+        if estimate.terms:
+            device = os.stat(estimate.directory).st_dev
+            by_device.setdefault(device, []).append((cfg, estimate))
+    for runs in by_device.values():
+        cfg, estimate = runs[0]
+        _, free = disk_free(estimate.directory)
+        if len(runs) == 1:
+            problem = disk_problem(cfg.strategy, cfg.num_clients, estimate, free)
+        else:
+            total = math.fsum(e.needed for _, e in runs)
+            largest = sorted(runs, key=lambda r: -r[1].needed)[:SHOWN_TERMS]
+            named = "; ".join(f"{c.strategy} {human_bytes(e.needed)}" for c, e in largest)
+            problem = None if total <= free else (
+                f"these {len(runs)} runs would keep up to about {human_bytes(total)} of state in "
+                f"{estimate.directory} ({named}), more than the {human_bytes(free)} free "
+                "there; run fewer at once, use state-precision = \"float16\", or an output "
+                "directory with more space"
+            )  # fmt: skip
+        if problem:
+            raise ConfigError(problem)
 
 
 def known_client_sizes(cfg: RunConfig, data_from_spec: bool = True) -> ClientSizes | None:
