@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +12,7 @@ import pytest
 from flwr.app import Error, Message, MessageType
 from helpers import comparable, config, die_in_round, run_resumable, stateful_grid
 from local_grid import LocalGrid
-from processes import descendants
+from processes import kill_tree
 
 from pflarena.core import keys
 from pflarena.server.checkpoint import load_checkpoint
@@ -230,9 +227,7 @@ def test_flower_simulation_killed_after_round_3_resumes_identically(tmp_path):
     while _last_round(out) < 3:
         assert victim.poll() is None and time.monotonic() < deadline, "the run ended early"
         time.sleep(0.2)
-    for pid in {victim.pid} | descendants({victim.pid}):  # all of it, no chance to clean up
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_tree(victim.pid)  # all of it, no chance to clean up
     victim.wait(timeout=30)
     killed_at = _last_round(out)
     assert 3 <= killed_at < 6 and not (out / "summary.json").exists()

@@ -268,12 +268,9 @@ def test_a_2x2_sweep_twice_runs_nothing_new_and_its_leaderboard_matches_the_runs
 @pytest.mark.slow
 def test_a_killed_sweep_continues_where_it_died_to_the_uninterrupted_results(tmp_path):
     """SIGKILL a sweep (all its processes) in its second run, after a checkpoint; run it again."""
-    import contextlib
-    import os
-    import signal
     import time
 
-    from processes import descendants
+    from processes import kill_tree
     from test_resume import comparable
 
     from pflarena.server.results import read_rounds
@@ -305,9 +302,7 @@ def test_a_killed_sweep_continues_where_it_died_to_the_uninterrupted_results(tmp
     while not ditto.exists() or max((r["round"] for r in read_rounds(ditto)), default=0) < 3:
         assert victim.poll() is None and time.monotonic() < deadline, "the sweep ended early"
         time.sleep(0.2)
-    for pid in {victim.pid} | descendants({victim.pid}):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_tree(victim.pid)  # all of it, no chance to clean up
     victim.wait(timeout=30)
     assert not ditto.with_name("summary.json").exists()
 
