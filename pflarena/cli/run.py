@@ -217,9 +217,10 @@ def _command(args: argparse.Namespace, phases_file: str | None) -> int:
         [cfg], files_required=not args.check, clients_here=not args.superlink
     )
     if args.check:
-        if checked.disk.terms:
+        disk = checked.disk
+        if disk.terms:
             print(
-                f"pflarena run: state on disk, up to about {checked.disk} in {checked.disk.directory}",
+                f"pflarena run: state on disk, up to about {disk} in {disk.directory}",
                 file=sys.stderr,
             )
         if checked.unchecked:

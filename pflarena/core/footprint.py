@@ -1,4 +1,5 @@
-"""What a method's server holds in memory at a federation's size, checked before a run.
+"""What a method's server holds in memory, and what a run's state takes on disk, at a
+federation's size, checked before a run.
 
 A method whose server keeps something per client (FedAMP's stacked models, FedFomo's
 affinity matrix, FedPG's stale gradients, PAGE's agent of width N) can ask for more memory
@@ -16,6 +17,13 @@ The terms are the server's own state and the round's traffic it holds at once (t
 clients' replies); the engine's processes, the clients' training and the data are not in
 them (measured apart: ``benchmarks/results/scale.md``), which is why a run is refused
 before its terms reach the whole memory.
+
+The same goes for disk: each method states what one client keeps between messages
+(:meth:`pflarena.strategies.base.PflStrategy.client_footprint`) and its server's pools per
+client; :func:`stored_versions` says how many versions the clients are expected to hold at
+once, :class:`DiskEstimate` is the sum (``pflarena.server.build.disk_estimate``), and
+:func:`disk_problem` refuses a run whose estimate exceeds the output directory's free space
+(:func:`disk_free`), less what a resumed run already holds there (:func:`disk_used`).
 
 This module is torch-free and knows no method.
 """
@@ -41,8 +49,8 @@ __all__ = [
     "Federation",
     "Footprint",
     "disk_free",
-    "disk_used",
     "disk_problem",
+    "disk_used",
     "footprint_problem",
     "human_bytes",
     "memory_limit",
@@ -191,7 +199,7 @@ def stored_versions(federation: Federation, most: int, initial: int = 0) -> floa
 
 @dataclass(frozen=True)
 class DiskEstimate:
-    """What a run's state is expected to take on disk at its end: ``terms`` (named, in
+    """The most a run's state is expected to take on disk at once: ``terms`` (named, in
     bytes), and where (``directory``: the output directory, or the nearest folder above it
     that exists)."""
 

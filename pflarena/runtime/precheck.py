@@ -130,8 +130,9 @@ def check_data_apart(
 ) -> list[Checked]:
     """:func:`check_data` of each config, whether its method's server fits this machine's
     memory (:func:`pflarena.server.build.check_footprint`) and whether its state fits the
-    output directory's disk (:func:`pflarena.server.build.check_disk_space`; ``clients_here``: the clients keep
-    their state there, as a simulation's do), in one child process forked for the purpose.
+    output directory's disk (:func:`pflarena.server.build.check_disk_space`;
+    ``clients_here``: the clients keep their state there, as a simulation's do), in one
+    child process forked for the purpose.
 
     Reading a data set may import torch (torchvision's readers: MNIST, CIFAR) and keep it
     with the data, about 1 GB for MNIST, which the command's process, waiting on the run to
