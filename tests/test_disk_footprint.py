@@ -91,6 +91,7 @@ def test_a_method_that_declares_no_state_writes_none(method, tmp_path):
         ("ditto", {"state_precision": "float16"}),
         ("fedper", {"fedper.head-layers": 2}),
         ("fedavg", {"fedavg.personal-model": "local-result"}),
+        ("fedmgda", {"fedmgda.personal-model": "local-result"}),
         ("ppfl", {"ppfl.persistent-momentum": True, "momentum": 0.9}),
         ("pfedgt", {"pfedgt.c-init": "zeros"}),
     ],

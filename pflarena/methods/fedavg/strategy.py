@@ -17,7 +17,7 @@ from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.strategies.aggregation import weighted_average
 from pflarena.strategies.base import PflStrategy
 
-__all__ = ["PERSONAL_MODEL_HELP", "FedAvg", "FedAvgParams", "PersonalModel"]
+__all__ = ["PERSONAL_MODEL_HELP", "FedAvg", "FedAvgParams", "PersonalModel", "local_result"]
 
 #: What a method without a personalization step of its own reports as a client's P-model.
 PersonalModel = Literal["global", "local-result"]
@@ -32,6 +32,14 @@ class FedAvgParams(MethodParams):
     """FedAvg's parameters."""
 
     personal_model: PersonalModel = Field("global", description=PERSONAL_MODEL_HELP)
+
+
+def local_result(params: Any, federation: Federation) -> list[Footprint]:
+    """What a client keeps with ``personal-model = local-result`` (FedAvg's, FedProx's and
+    FedMGDA+'s P-model): its latest local-training result; nothing otherwise."""
+    if getattr(params, "personal_model", "global") != "local-result":
+        return []
+    return [Footprint("its latest local-training result", federation.state_bytes())]
 
 
 class FedAvg(PflStrategy):
@@ -58,10 +66,7 @@ class FedAvg(PflStrategy):
 
     @classmethod
     def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        terms = super().client_footprint(params, federation)
-        if getattr(params, "personal_model", "global") == "local-result":
-            terms.append(Footprint("its latest local-training result", federation.state_bytes()))
-        return terms
+        return [*super().client_footprint(params, federation), *local_result(params, federation)]
 
     @property
     def personal_model(self) -> PersonalModel:

@@ -47,7 +47,7 @@ from pflarena.algorithms.mgda import (
 from pflarena.core import keys
 from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
-from pflarena.methods.fedavg.strategy import PERSONAL_MODEL_HELP, PersonalModel
+from pflarena.methods.fedavg.strategy import PERSONAL_MODEL_HELP, PersonalModel, local_result
 from pflarena.methods.fedpg import keys as fedpg_keys
 from pflarena.strategies.aggregation import (
     as_numpy,
@@ -176,10 +176,7 @@ class FedMGDA(PflStrategy):
 
     @classmethod
     def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        terms = super().client_footprint(params, federation)
-        if getattr(params, "personal_model", "global") == "local-result":
-            terms.append(Footprint("its latest local-training result", federation.state_bytes()))
-        return terms
+        return local_result(params, federation)
 
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
