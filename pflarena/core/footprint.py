@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pflarena.core.model_split import ModelSplit, layer_entries, layer_owners, split_names
+from pflarena.core.model_split import ModelSplit, split_names
 from pflarena.core.text import count
 
 __all__ = [
@@ -106,11 +106,6 @@ class Federation:
         """The model's body/head split with a head of the last ``head_layers`` weighted
         layers (:func:`~pflarena.core.model_split.split_names`)."""
         return split_names(tuple(self.entries), self.trainable, head_layers)
-
-    def top_layers(self, layers: int) -> list[str]:
-        """The trainable parameters of the last ``layers`` weighted layers, in state order."""
-        owners = layer_owners(self.trainable)
-        return layer_entries(self.trainable, owners, owners[-layers:])
 
     def state_bytes(self, names: Iterable[str] | None = None) -> int:
         """What a client's state holds of the model's entries ``names`` (default: all of

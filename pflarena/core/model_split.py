@@ -25,8 +25,9 @@ API (stable; the split-model strategies and solvers build on it):
 * :func:`split_state` (a model) and :func:`split_names` (state names and trainable names,
   for the server side, which holds arrays rather than a model);
 * :func:`weighted_layers` (a model) and :func:`layer_owners` (trainable names);
-* :func:`layer_entries`: every state entry of given layers, and :func:`copied_entries`, those
-  of the last few (PPFL's canonical layers);
+* :func:`layer_entries`: every state entry of given layers, :func:`copied_entries`, those
+  of the last few (PPFL's canonical layers), and :func:`top_trainable`, their trainable
+  parameters (FedALA's higher layers);
 * :func:`split_problem`: whether a run's model has the split a method asks for, from the
   model's names alone (:mod:`pflarena.core.model_layouts`), so a run config is checked
   without torch.
@@ -54,6 +55,7 @@ __all__ = [
     "split_names",
     "split_problem",
     "split_state",
+    "top_trainable",
     "weighted_layers",
 ]
 
@@ -118,6 +120,13 @@ def layer_owners(trainable: Sequence[str]) -> list[str]:
         if owner not in owners:
             owners.append(owner)
     return owners
+
+
+def top_trainable(trainable: Sequence[str], layers: int) -> list[str]:
+    """The trainable parameters of the last ``layers`` weighted layers, in state order
+    (FedALA's higher layers)."""
+    owners = layer_owners(trainable)
+    return layer_entries(trainable, owners, owners[-layers:])
 
 
 def weighted_layers(model: nn.Module) -> list[str]:

@@ -36,7 +36,7 @@ from pflarena.client.common import (
 from pflarena.client.job import ClientJob
 from pflarena.core import keys
 from pflarena.core.array_decoding import state_record
-from pflarena.core.model_split import layer_entries, layer_owners
+from pflarena.core.model_split import top_trainable
 from pflarena.core.training import batches, train_epochs
 from pflarena.methods.fedala import keys as fedala_keys
 
@@ -61,9 +61,7 @@ def higher_layers(model: nn.Module, layers: int) -> list[str]:
     """Names of the trainable parameters of the ``layers`` highest layers (a layer: the
     trainable parameters of one module, e.g. a weight and its bias), in model order; the
     layers are the body/head split's (``core/model_split.py``)."""
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    owners = layer_owners(trainable)
-    return layer_entries(trainable, owners, owners[-layers:])
+    return top_trainable([name for name, p in model.named_parameters() if p.requires_grad], layers)
 
 
 def aggregate(

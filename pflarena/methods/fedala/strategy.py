@@ -41,6 +41,7 @@ from pydantic import Field
 from pflarena.core import keys
 from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodDeclaration, MethodParams
+from pflarena.core.model_split import top_trainable
 from pflarena.methods.fedala import keys as fedala_keys
 from pflarena.methods.fedavg.strategy import FedAvg
 
@@ -88,7 +89,7 @@ class FedALA(FedAvg):
 
     @classmethod
     def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        weights = federation.entry_bytes(federation.top_layers(params.layers))
+        weights = federation.entry_bytes(top_trainable(federation.trainable, params.layers))
         return [
             Footprint("its local model", federation.state_bytes()),
             Footprint(f"its ALA weights on the top {params.layers} layer(s)", weights),

@@ -134,11 +134,13 @@ class PPFL(StackedModelsStrategy):
         k = params.num_canonical
         terms = [Footprint(f"its membership vector ({k} float64)", FLOAT64 * k)]
         if params.persistent_momentum:
-            entries = copied_entries(
-                tuple(federation.entries), federation.trainable, params.canonical_layers
+            copied = set(
+                copied_entries(
+                    tuple(federation.entries), federation.trainable, params.canonical_layers
+                )
             )
-            canonical = [n for n in federation.trainable if n in set(entries)]
-            body = [n for n in federation.trainable if n not in set(entries)]
+            canonical = [n for n in federation.trainable if n in copied]
+            body = [n for n in federation.trainable if n not in copied]
             momentum = federation.entry_bytes(body) + k * federation.entry_bytes(canonical)
             terms.append(Footprint("the momentum of θ", momentum))
         return terms
