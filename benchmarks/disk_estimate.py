@@ -3,10 +3,12 @@
 ``pflarena run --check`` states what a run's state is expected to take at most in its
 output directory (``pflarena.server.build.disk_estimate``: each method's per-client state,
 ``client_footprint``, times the versions the clients are expected to hold at once; the
-server's per-client pools), and a run refuses to start when that exceeds the free space.
+server's per-client pools; the checkpoint, twice while a new one replaces it), and a run
+refuses to start when that exceeds the free space.
 This benchmark runs real ``pflarena run`` simulations of stateful methods (the FedAvg CNN
 on MNIST, IID, one local epoch where the method honours it) and samples the bytes under
-``client-state/`` and ``server-state/`` every 0.2 s while each runs: the peak and the end
+``client-state/``, ``server-state/`` and the checkpoint (with the one being written
+beside it) every 0.2 s while each runs: the peak and the end
 are reported beside the estimate. Hard links (the entries a version carries over
 unchanged) count once, as on disk.
 
@@ -62,6 +64,13 @@ def _estimate(flags: list[str]) -> float:
     return disk_estimate(parse_config(tomllib.loads(check.stdout))).total
 
 
+def _state(out: Path) -> int:
+    """The bytes the run's state takes on disk: its clients', its pools, its checkpoint
+    and the one being written beside it (``pflarena.server.checkpoint``)."""
+    files = [out / "checkpoint.npz", out / ".checkpoint.npz.tmp"]
+    return disk_used(out / "client-state", out / "server-state", *files)
+
+
 def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / method
     flags = _flags(args, method, out)
@@ -70,7 +79,7 @@ def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
 
     def sample() -> None:
         while not stop.wait(0.2):
-            peak[0] = max(peak[0], disk_used(out / "client-state", out / "server-state"))
+            peak[0] = max(peak[0], _state(out))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -83,7 +92,7 @@ def measure(method: str, args: argparse.Namespace, workdir: Path) -> dict:
     finally:
         stop.set()
         sampler.join()
-    end = disk_used(out / "client-state", out / "server-state")
+    end = _state(out)
     shutil.rmtree(out, ignore_errors=True)
     if run.returncode != 0:
         tail = " ".join(run.stderr.split())[-300:]
@@ -121,8 +130,9 @@ def main() -> None:
         f"{args.rounds} rounds, checkpoint-every {args.checkpoint_every}, the FedAvg CNN. "
         "**Estimate**: what `pflarena run --check` states and a run is refused on "
         "(`disk_estimate`); **peak** and **end**: the bytes under the run's `client-state/` "
-        "and `server-state/`, sampled every 0.2 s while it ran and at its end (a file with "
-        "several hard links once). MB: 2^20 bytes.",
+        "and `server-state/` and of its checkpoint (with the one written beside it while it "
+        "is replaced), sampled every 0.2 s while it ran and at its end (a file with several "
+        "hard links once). MB: 2^20 bytes.",
         "",
         "| method | estimate (MB) | peak (MB) | peak / estimate | end (MB) | outcome |",
         "|---|---|---|---|---|---|",

@@ -145,12 +145,19 @@ def test_pfedsv_features_restore_from_the_old_layout():
     for name, value in features.items():
         np.testing.assert_array_equal(strategy.features[name], value)
         assert strategy.features[name].dtype == value.dtype
-    assert strategy.relevance == {1: [0.5, 0.25]}
+    # the relevance rows of an older checkpoint's JSON part, as arrays
+    assert list(strategy.relevance) == [1]
+    np.testing.assert_array_equal(strategy.relevance[1], [0.5, 0.25])
     twin = _resumed(strategy, _strategy("pfedsv", validation_fraction=0.2))
-    assert sorted(strategy.checkpoint_state()[0]) == sorted(old)
+    arrays, meta = strategy.checkpoint_state()
+    assert sorted(arrays) == sorted(old) + ["pfedsv/relevance", "pfedsv/relevance-clients"]
+    assert "relevance" not in meta["pfedsv"]
+    np.testing.assert_array_equal(arrays["pfedsv/relevance"], [[0.5, 0.25]])
+    np.testing.assert_array_equal(arrays["pfedsv/relevance-clients"], [1])
     for name, value in features.items():
         np.testing.assert_array_equal(twin.features[name], value)
-    assert twin.relevance == {1: [0.5, 0.25]}
+    assert list(twin.relevance) == [1]
+    np.testing.assert_array_equal(twin.relevance[1], [0.5, 0.25])
 
 
 def test_page_last_accuracy_restores_from_the_old_layout():

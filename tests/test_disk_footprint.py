@@ -18,11 +18,20 @@ from pflarena.algorithms.ddpg import DDPGAgent, DDPGConfig, saved_bytes
 from pflarena.cli.command import main
 from pflarena.core import footprint
 from pflarena.core.config import ConfigError
+from pflarena.core.federation import load_server_data
 from pflarena.core.footprint import DiskEstimate, Federation, Footprint, disk_used, stored_versions
 from pflarena.server import build
 from pflarena.server.app import main as serverapp_main
-from pflarena.server.build import ENTRY_OVERHEAD, disk_estimate, federation_of, parse_config
+from pflarena.server.build import (
+    CHECKPOINT_OVERHEAD,
+    ENTRY_OVERHEAD,
+    build_strategy,
+    disk_estimate,
+    federation_of,
+    parse_config,
+)
 from pflarena.strategies import strategy_classes
+from pflarena.strategies.base import CHECKPOINT_BYTES_PER_CLIENT
 
 KB = 1024
 
@@ -109,6 +118,50 @@ def test_a_clients_declared_state_is_what_it_writes(method, overrides, tmp_path)
         assert declared <= size <= 1.02 * declared + 4 * KB, (method, declared, written)
 
 
+def _checkpoint_parts(cfg, tmp_path) -> tuple[int, int]:
+    """Run ``cfg`` (nodes with 19-digit ids, as Flower's are); its checkpoint's arrays'
+    bytes and its JSON part's."""
+    strategy = None
+    if cfg.server_fraction > 0:  # PAGE's server agent learns on data of its own
+        strategy = build_strategy(cfg, load_server_data(cfg.federation_spec()))
+    grid = stateful_grid(cfg, tmp_path / "state", 10**18)
+    run_local(cfg, tmp_path, grid=grid, strategy=strategy)
+    with np.load(tmp_path / f"run-{cfg.strategy}" / "checkpoint.npz") as saved:
+        arrays = sum(saved[n].nbytes for n in saved.files if n not in ("header", "checksum"))
+        return arrays, saved["header"].nbytes
+
+
+@pytest.mark.parametrize(
+    ("method", "overrides"),
+    [(m, {}) for m in sorted(strategy_classes())]
+    + [("ppfl", {"ppfl.canonical-layers": 1}), ("pfedsv", {"pfedsv.variant": "D+C"})],
+)
+def test_a_methods_declared_checkpoint_is_what_it_writes(method, overrides, tmp_path):
+    """Every client trained in both rounds: the checkpoint's arrays are the declared bytes
+    (PAGE's agent within a few hundred bytes: its counters and settings beside its
+    networks, and no index lines, which the declaration counts as for a client's packed
+    agent)."""
+    extra = overrides | ({"server_fraction": 0.1} if method == "page" else {})
+    cfg = _config(method, num_clients=6, num_rounds=2, fraction_train=1.0, **extra)
+    cls = strategy_classes()[method]
+    terms = cls.checkpoint_footprint(cfg.params(cls.declaration), federation_of(cfg))
+    declared = math.fsum(t.nbytes for t in terms)
+    arrays, _ = _checkpoint_parts(cfg, tmp_path)
+    assert declared - 2 * KB <= arrays <= declared + 2 * KB, (method, declared, arrays, terms)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ifca", "cfl", "fedpg"])
+def test_a_checkpoints_records_are_about_what_is_declared(method, tmp_path):
+    """The JSON part: the run's bookkeeping per client, and what IFCA, CFL and FedPG record
+    per sampled client and round (declared for four-digit client ids: two-digit ones take
+    a little less)."""
+    cfg = _config(method, num_clients=40, num_rounds=3, fraction_train=0.5)
+    cls = strategy_classes()[method]
+    records = cls.checkpoint_records(cfg.params(cls.declaration), federation_of(cfg))
+    _, header = _checkpoint_parts(cfg, tmp_path)
+    assert 0.5 * records <= header <= records + KB, (method, records, header)
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_an_agents_saved_bytes_are_what_it_saves(optimizer):
     """:func:`saved_bytes` against a real agent's packed arrays once it has stepped on as
@@ -151,20 +204,24 @@ def test_the_versions_held_are_the_samples_expectation(rounds, initial, most):
     assert stored_versions(federation, most, initial) == pytest.approx(exact, rel=1e-12)
 
 
-def test_the_estimate_counts_the_versions_and_the_pools():
-    """FedFomo: each client's two models in as many versions as the sampling predicts, and
-    the server's pool of each client's latest model."""
+def test_the_estimate_counts_the_versions_the_pools_and_the_checkpoint():
+    """FedFomo: each client's two models in as many versions as the sampling predicts, the
+    server's pool of each client's latest model, and the checkpoint (the model and the
+    affinity matrix P, with the run's records) twice."""
     cfg = _config("fedfomo", num_clients=40, num_rounds=6, fraction_train=0.25)
     federation = federation_of(cfg)
     estimate = disk_estimate(cfg)
-    client, pools = estimate.terms
+    client, pools, checkpoint = estimate.terms
     model = federation.model_bytes  # digits' MLP: float32 throughout
     entry = model + ENTRY_OVERHEAD  # each model one entry, one file
     assert client.nbytes == pytest.approx(stored_versions(federation, 2) * 2 * entry)
     assert pools.nbytes == pytest.approx(stored_versions(federation, 2) * entry)
     assert client.what.startswith("client state") and "its model and the round's" in client.what
+    records = CHECKPOINT_BYTES_PER_CLIENT * 40
+    assert checkpoint.nbytes == 2 * (model + 40 * 40 * 8 + records + 2 * CHECKPOINT_OVERHEAD)
+    assert checkpoint.what.startswith("the checkpoint, twice") and "affinity" in checkpoint.what
     # a deployment's nodes keep the clients' state on their own disks
-    assert disk_estimate(cfg, clients_here=False).terms == (pools,)
+    assert disk_estimate(cfg, clients_here=False).terms == (pools, checkpoint)
     # float16 halves what the clients keep, not the server's pools
     half = disk_estimate(cfg.model_copy(update={"state_precision": "float16"}))
     versions = stored_versions(federation, 2)
@@ -184,6 +241,7 @@ def test_disk_used_counts_a_hard_linked_file_once(tmp_path):
     assert 100_000 <= once < 120_000
     assert disk_used(tmp_path / "a", tmp_path / "b") == once
     assert disk_used(tmp_path / "missing") == 0
+    assert disk_used(tmp_path / "a" / "x", tmp_path / "b") == once  # a file, and its link
 
 
 def _small_disk(monkeypatch, free: int) -> None:
@@ -207,6 +265,12 @@ def test_check_states_the_estimate_and_a_run_too_large_is_refused(tmp_path, monk
     assert "ditto cannot keep its state for 40 clients in" in err, err
     assert "more than the 100 KB free there" in err and 'state-precision = "float16"' in err
     assert not out.exists()
+    # a method whose clients keep nothing still writes its checkpoint (the model, twice)
+    assert main([*argv, "--strategy", "fedavg"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "fedavg cannot keep its state" in err and "the checkpoint, twice" in err, err
+    assert not out.exists()
+    _small_disk(monkeypatch, 10 * 1024 * KB)
     assert main([*argv, "--check", "--strategy", "fedavg"]) == 0
 
 
@@ -216,8 +280,9 @@ def test_a_resumed_runs_state_already_there_is_not_asked_for_again(tmp_path, mon
     assert estimate.held == 0 and estimate.needed == estimate.total
     (tmp_path / "client-state").mkdir()
     (tmp_path / "client-state" / "v1.npz").write_bytes(b"0" * 200_000)
+    (tmp_path / "checkpoint.npz").write_bytes(b"0" * 100_000)
     resumed = disk_estimate(cfg)
-    assert resumed.held >= 200_000
+    assert resumed.held >= 300_000
     assert resumed.needed == pytest.approx(estimate.total - resumed.held)
     # refused on what is still needed: free space for that much passes
     build.check_disk_space([cfg], [resumed])
@@ -251,7 +316,7 @@ def test_the_serverapp_refuses_pools_its_disk_cannot_hold(tmp_path, monkeypatch)
     out = tmp_path / "run"
     cfg = _config("fedfomo", num_clients=40, output_dir=str(out))
     pools = disk_estimate(cfg, clients_here=False)
-    assert [t.what.split(",")[0] for t in pools.terms] == ["the server's pools"]
+    assert [t.what.split(",")[0] for t in pools.terms] == ["the server's pools", "the checkpoint"]
     _small_disk(monkeypatch, int(pools.total) - 1)
     context = Context(1, 0, {}, RecordDict(), cfg.to_run_config())
     with pytest.raises(ConfigError, match="fedfomo cannot keep its state for 40 clients"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import tracemalloc
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -127,7 +126,7 @@ def test_pages_agent_term_counts_its_networks_weights():
     builds."""
     cfg = config(strategy="page", num_clients=30, server_fraction=0.1, **{"page.server-hidden": 16})
     params = cfg.params(Page.declaration)
-    agent = DDPGAgent(Page.agent_config(SimpleNamespace(params=params, num_clients=30)), seed=0)
+    agent = DDPGAgent(Page.server_agent_config(params, 30), seed=0)
     weights = sum(p.numel() for net in (agent.actor, agent.critic) for p in net.parameters())
     _, terms = _terms(cfg)
     (networks,) = [t for t in terms if t.what.startswith("the server agent's networks")]

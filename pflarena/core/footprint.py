@@ -219,21 +219,25 @@ class DiskEstimate:
         return f"{human_bytes(self.total)} ({'; '.join(map(str, self.terms))})"
 
 
-def disk_used(*folders: Path) -> int:
-    """The bytes the files under ``folders`` take on disk, a file with several hard links
-    once (a client's versions share the entries they carry over)."""
+def disk_used(*paths: Path) -> int:
+    """The bytes ``paths`` take on disk (a file, or the files under a folder; none where a
+    path does not exist), a file with several hard links once (a client's versions share
+    the entries they carry over)."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    for folder in folders:
-        for root, _dirs, files in os.walk(folder):
-            for name in files:
-                try:
-                    info = os.lstat(os.path.join(root, name))
-                except OSError:  # removed meanwhile
-                    continue
-                if (info.st_dev, info.st_ino) not in seen:
-                    seen.add((info.st_dev, info.st_ino))
-                    total += info.st_blocks * 512
+    for path in paths:
+        if os.path.isfile(path):
+            found = [str(path)]
+        else:
+            found = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+        for name in found:
+            try:
+                info = os.lstat(name)
+            except OSError:  # removed meanwhile
+                continue
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_blocks * 512
     return total
 
 

@@ -24,6 +24,7 @@ from pflarena.core.footprint import (
 from pflarena.core.methods import MethodDeclaration
 from pflarena.core.models import build_model
 from pflarena.core.training import trainable_names
+from pflarena.server.checkpoint import CHECKPOINT_NAME
 from pflarena.strategies import declarations, strategy_classes
 from pflarena.strategies.base import ClientSizes, PflStrategy, StrategySetup, sample_size
 
@@ -104,6 +105,9 @@ def check_footprint(
 #: 260 bytes an array) and its last file-system block, partly empty (4 KB blocks): a FedPer
 #: head of 20 KB on MNIST's CNN is a file of 24 KB on disk (benchmarks/results/disk_estimate.md).
 ENTRY_OVERHEAD = 4096
+#: What a checkpoint term's arrays take beyond their bytes (each array's npz header, and
+#: for the method's own state a name per entry).
+CHECKPOINT_OVERHEAD = 4096
 
 
 def disk_estimate(
@@ -111,8 +115,9 @@ def disk_estimate(
 ) -> DiskEstimate:
     """The most ``cfg``'s state is expected to take at once in its output directory: the
     clients' (``clients_here``: a simulation's clients keep theirs in
-    ``<output-dir>/client-state``; a deployment's nodes, on their own disks) and the
-    server's per-client pools.
+    ``<output-dir>/client-state``; a deployment's nodes, on their own disks), the
+    server's per-client pools, and its checkpoint, twice while a new one replaces the last
+    (written beside it, then renamed over it: :mod:`pflarena.server.checkpoint`).
 
     A client holds the version the server last accepted and the one its last train message
     wrote, and one more where checkpoints are further apart than a round (the version the
@@ -150,12 +155,23 @@ def disk_estimate(
                 versions * models * (federation.model_bytes + ENTRY_OVERHEAD),
             )
         )
+    checkpoint = cls.checkpoint_footprint(params, federation)
+    arrays = math.fsum(t.nbytes for t in checkpoint)
+    records = cls.checkpoint_records(params, federation)
+    terms.append(
+        Footprint(
+            f"the checkpoint, twice while it is replaced "
+            f"({'; '.join(map(str, checkpoint))}; {human_bytes(records)} of records)",
+            2 * (arrays + records + CHECKPOINT_OVERHEAD * len(checkpoint)),
+        )
+    )
     output = Path(cfg.output_dir or ".")
     directory, _ = disk_free(output)
     # a resumed run's state is there already, counted in the terms
     counted = [output / "client-state"] if per_client else []
     counted += [output / "server-state"] if models else []
-    return DiskEstimate(tuple(terms), directory, disk_used(*counted))
+    held = disk_used(*counted, output / CHECKPOINT_NAME)
+    return DiskEstimate(tuple(terms), directory, held)
 
 
 def check_resources(cfg: RunConfig, clients_here: bool = True) -> DiskEstimate:

@@ -76,6 +76,11 @@ __all__ = [
 #: The models' worth of memory an aggregation works in beside the replies (see
 #: :meth:`PflStrategy.working_footprint`).
 WORKING_MODELS = 12
+#: The JSON a checkpoint holds per client of the federation: its node's id (a 64-bit
+#: number in a deployment and in Flower's simulation) with its client id, the update the
+#: server last accepted from it, and the state version it must hold
+#: (``{"15015663516352844772": 3549, ...}``, ``{"3549": 100101, ...}`` twice: 62 bytes).
+CHECKPOINT_BYTES_PER_CLIENT = 64
 
 
 def sample_size(num_nodes: int, fraction: float, minimum: int = 1) -> int:
@@ -214,6 +219,9 @@ class PflStrategy(Strategy):
     #: The models' worth the server keeps per client on disk in its pools
     #: (``server-state/``: FedAMP's latest models), and what they are.
     pool_models: ClassVar[tuple[int, str]] = (0, "")
+    #: The JSON a checkpoint keeps per sampled client per round, where a method records
+    #: something of each client every round for its results (IFCA's cluster choices).
+    checkpoint_round_bytes: ClassVar[int] = 0
 
     @classmethod
     def from_setup(cls, setup: StrategySetup) -> PflStrategy:
@@ -272,6 +280,25 @@ class PflStrategy(Strategy):
         (:func:`pflarena.server.build.disk_estimate`)."""
         models, what = cls.client_models
         return [Footprint(what, models * federation.state_bytes(), models)] if models else []
+
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The arrays this method's checkpoint holds (``checkpoint.npz``:
+        :mod:`pflarena.server.checkpoint`) for ``federation``, from its validated ``params``:
+        here the server's model. A method that checkpoints more (a control variate, a matrix
+        of clients × clients, a hypernetwork, an agent) adds its own terms, sized as in
+        :meth:`server_footprint`, so that the disk a run needs counts its checkpoint
+        (:func:`pflarena.server.build.disk_estimate`)."""
+        return [Footprint("the server's model", federation.model_bytes)]
+
+    @classmethod
+    def checkpoint_records(cls, params: Any, federation: Federation) -> float:
+        """The bytes of the checkpoint's JSON part for ``federation``: the run's
+        bookkeeping, :data:`CHECKPOINT_BYTES_PER_CLIENT` a client, and what the method
+        records per sampled client and round (:attr:`checkpoint_round_bytes`)."""
+        f = federation
+        per_round = cls.checkpoint_round_bytes * f.sampled * max(f.num_rounds, 0)
+        return CHECKPOINT_BYTES_PER_CLIENT * f.num_clients + per_round
 
     @classmethod
     def initial_versions(cls, params: Any) -> int:

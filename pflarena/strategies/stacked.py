@@ -17,7 +17,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from pflarena.algorithms.canonical import initial_stacked_state
+from pflarena.core.footprint import Federation, Footprint
 from pflarena.core.methods import MethodParams
+from pflarena.core.model_split import copied_entries
 from pflarena.core.models import ModelShape
 from pflarena.strategies.base import MultiExchangeStrategy, StrategySetup
 
@@ -46,11 +48,28 @@ class StackedModelsStrategy(MultiExchangeStrategy):
         #: the run's model, of which the server builds the fresh copies
         self.model = model or ModelShape()
 
-    def copies(self) -> tuple[int, int]:
+    @classmethod
+    def copies(cls, params: Any) -> tuple[int, int]:
         """How many models (K), and how many of the model's last weighted layers each copy
-        holds (0: the whole model; PPFL's canonical layers). Here: one whole model, the
-        run's (a method with more overrides this)."""
+        holds (0: the whole model; PPFL's canonical layers), from the method's validated
+        ``params``. Here: one whole model, the run's (a method with more overrides this;
+        CFL's clusters grow from this one as they split)."""
         return 1, 0
+
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The stacked state: the trunk once and the copied entries K times."""
+        count, layers = cls.copies(params)
+        if layers == 0:
+            return [Footprint(f"the server's {count} models", count * federation.model_bytes)]
+        copied = set(copied_entries(tuple(federation.entries), federation.trainable, layers))
+        trunk = federation.entry_bytes(n for n in federation.entries if n not in copied)
+        return [
+            Footprint(
+                f"the server's trunk and {count} copies of its last {layers} layers",
+                trunk + count * federation.entry_bytes(copied),
+            )
+        ]
 
     def is_stacked(self, arrays: ArrayRecord) -> bool:
         return any(name.startswith(self.prefix + ".") for name in arrays.keys())
@@ -64,7 +83,7 @@ class StackedModelsStrategy(MultiExchangeStrategy):
         """The run's initial model as copy 0 and K − 1 fresh copies seeded by the run's seed
         (:func:`~pflarena.algorithms.canonical.initial_stacked_state`: the clients build the
         same)."""
-        count, layers = self.copies()
+        count, layers = self.copies(self.params)
         stacked = initial_stacked_state(
             self.model.name,
             self.model.input_shape,

@@ -171,6 +171,10 @@ class CFL(StackedModelsStrategy):
     record per cluster), so it runs in pflarena's loop like the multi-exchange methods.
     """
 
+    #: the checkpoint's JSON keeps each sampled client's cluster and the clusters' update
+    #: norms, every round (24 bytes a sampled client measured with two-digit client ids)
+    checkpoint_round_bytes = 28
+
     declaration = MethodDeclaration(
         name="cfl",
         kind="baseline",

@@ -151,6 +151,14 @@ class FedAMP(PflStrategy):
     checkpointed = {"attention": "fedamp/attention"}
 
     @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        n = federation.num_clients
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint(f"the attention matrix ({n} x {n} float64)", n * n * FLOAT64),
+        ]
+
+    @classmethod
     def from_setup(cls, setup) -> FedAMP:
         return cls(setup.params, **setup.common(cls.declaration), trainable=setup.trainable)
 

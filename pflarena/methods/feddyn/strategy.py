@@ -122,6 +122,13 @@ class FedDyn(PflStrategy):
     checkpointed = {"state": "h/"}
 
     @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint("the state h", federation.entry_bytes(federation.trainable)),
+        ]
+
+    @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """The replies, and the state h beside the model."""
         return [

@@ -79,8 +79,9 @@ class FedEM(StackedModelsStrategy):
 
     prefix = COMPONENT_PREFIX
 
-    def copies(self) -> tuple[int, int]:
-        return self.params.num_components, 0
+    @classmethod
+    def copies(cls, params: Any) -> tuple[int, int]:
+        return params.num_components, 0
 
     def _check(self, content: RecordDict, stacked: ArrayRecord) -> str | None:
         examples = content[keys.METRICS].get(keys.NUM_EXAMPLES)

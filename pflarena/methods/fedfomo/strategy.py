@@ -197,6 +197,15 @@ class FedFomo(PflStrategy):
     client_models = (2, "its model and the round's starting model")
     pool_models = (1, "its latest model")
     checkpointed = {"affinity": "fedfomo/affinity"}
+
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        n = federation.num_clients
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint(f"the affinity matrix P ({n} x {n} float64)", n * n * FLOAT64),
+        ]
+
     checkpointed_values = {"epsilon": "fedfomo/epsilon"}
 
     @classmethod

@@ -263,6 +263,19 @@ class Page(PflStrategy):
         ]  # fmt: skip
 
     @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The server agent as it saves itself (networks, targets, Adam's moments, the
+        replay buffer's rows), the clients' last accuracies, and the per-round history."""
+        n, rounds = federation.num_clients, federation.num_rounds
+        agent = saved_bytes(cls.server_agent_config(params, n), rounds)
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint(f"the server agent (width {n}, its buffer's {rounds} rows at most)", agent),
+            Footprint(f"the last accuracies and the per-round history ({rounds} x (4 x {n} + 6)"
+                      " float64)", n * FLOAT64 + rounds * (4 * n + 6) * FLOAT64),
+        ]  # fmt: skip
+
+    @classmethod
     def from_setup(cls, setup: StrategySetup) -> Page:
         params = setup.params
         assert isinstance(params, PageParams)
@@ -337,8 +350,11 @@ class Page(PflStrategy):
 
     def agent_config(self) -> DDPGConfig:
         """The server agent: state and action of size N, simplex actions (§2.4, §4.2)."""
-        p = self.params
-        n = int(self.num_clients or 0)
+        return self.server_agent_config(self.params, int(self.num_clients or 0))
+
+    @staticmethod
+    def server_agent_config(p: Any, n: int) -> DDPGConfig:
+        """:meth:`agent_config` from the method's ``params`` and the federation's size."""
         return DDPGConfig(
             state_dim=n,
             action_dim=n,

@@ -137,6 +137,16 @@ class PFedGT(PflStrategy):
 
     checkpointed = {"message": "message/", "message_mean": "message-mean/"}
 
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint(
+                "the tracked message c and its mean",
+                2 * federation.entry_bytes(federation.trainable),
+            ),
+        ]
+
     def __init__(
         self,
         params: MethodParams | None = None,

@@ -173,10 +173,8 @@ class PFedHN(PflStrategy):
         hypernetwork per reply of the round, all computed at the φ that generated the
         models before the first step (Algorithm 1 run sequentially)."""
         n, f, h = federation.num_clients, federation, params.hidden
-        embed = params.embed_dim or int(1 + n / 4)
-        # every parameter of the hypernetwork: embeddings, its MLP, the heads (with biases)
-        weights = n * embed + (embed * h + h) + params.hidden_layers * (h * h + h)
-        weights += h * f.model_params + f.model_params
+        embed = cls.embedding_dim(params, n)
+        weights = cls.hypernetwork_weights(params, federation)
         return [
             *super().server_footprint(params, federation),
             Footprint(f"the client embeddings and their momentum (2 x {n} x {embed} float32)",
@@ -186,6 +184,30 @@ class PFedHN(PflStrategy):
             # aggregate_train computes every reply's gradient at the same φ before it steps
             Footprint(f"the round's hypernetwork gradients, one per reply ({f.sampled} x "
                       f"{weights} float32)", f.sampled * weights * FLOAT32),
+        ]  # fmt: skip
+
+    @staticmethod
+    def embedding_dim(params: Any, num_clients: int) -> int:
+        """A client embedding's size: ``embed-dim``, by default 1 + N/4."""
+        return params.embed_dim or int(1 + num_clients / 4)
+
+    @classmethod
+    def hypernetwork_weights(cls, params: Any, federation: Federation) -> int:
+        """Every parameter of the hypernetwork: the embeddings, its MLP, the heads (with
+        biases)."""
+        n, h = federation.num_clients, params.hidden
+        embed = cls.embedding_dim(params, n)
+        weights = n * embed + (embed * h + h) + params.hidden_layers * (h * h + h)
+        return weights + h * federation.model_params + federation.model_params
+
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The hypernetwork φ and its SGD momentum."""
+        weights = cls.hypernetwork_weights(params, federation)
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint(f"the hypernetwork and its momentum (2 x {weights} float32)",
+                      2 * weights * FLOAT32),
         ]  # fmt: skip
 
     @classmethod
@@ -215,7 +237,7 @@ class PFedHN(PflStrategy):
             raise ValueError("pfedhn needs num_clients (one embedding per client)")
         params = self.params
         #: the embedding size in use (``embed-dim``, or 1 + num-clients/4 where it is 0)
-        self.embedding_size = params.embed_dim or int(1 + self.num_clients / 4)
+        self.embedding_size = self.embedding_dim(params, self.num_clients)
         #: the embeddings' learning rate in use (``embed-lr``, or ``server-lr`` where it is 0)
         self.embedding_lr = params.embed_lr or params.server_lr
         with torch.random.fork_rng(devices=[]):

@@ -152,6 +152,22 @@ class PPFL(StackedModelsStrategy):
     }
     checkpointed_values = {"folded_round": "ppfl/folded_round"}
 
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """θ (the stacked state), and per client its membership vector, its examples, its
+        label histogram and its memberships after every round (the run's membership picture)."""
+        n, k, rounds = federation.num_clients, params.num_canonical, federation.num_rounds
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint(
+                f"the memberships, examples and histograms ({n} x {k + 1 + federation.num_classes}"
+                " float64)",
+                n * (k + 1 + federation.num_classes) * FLOAT64,
+            ),
+            Footprint(f"the memberships of every round ({rounds} x {n} x {k} float64)",
+                      rounds * n * k * FLOAT64),
+        ]  # fmt: skip
+
     prefix = CANONICAL_PREFIX
 
     @classmethod
@@ -232,9 +248,10 @@ class PPFL(StackedModelsStrategy):
         self.history = {int(r): np.array(history[i]) for i, r in enumerate(own["history_rounds"])}
 
     # ------------------------------------------------------------------ θ and W
-    def copies(self) -> tuple[int, int]:
+    @classmethod
+    def copies(cls, params: Any) -> tuple[int, int]:
         """θ: K canonical copies of the model's last ``canonical-layers`` weighted layers."""
-        return self.params.num_canonical, self.params.canonical_layers
+        return params.num_canonical, params.canonical_layers
 
     def affinity(self) -> np.ndarray | None:
         """W (M × M), or None when the run has no Laplacian term."""

@@ -136,6 +136,13 @@ class Scaffold(PflStrategy):
 
     checkpointed = {"control": "control/"}
 
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        return [
+            *super().checkpoint_footprint(params, federation),
+            Footprint("the control variate c", federation.entry_bytes(federation.trainable)),
+        ]
+
     reply_models = (2, "Δy and Δc: two models each")
 
     @classmethod

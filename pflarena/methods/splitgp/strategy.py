@@ -106,20 +106,31 @@ class SplitGP(FedAvg):
 
     @classmethod
     def client_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        """The client side φ_k (the body) and the auxiliary classifier κ_k: a linear layer
-        from the head's first layer's input to the classes. Where that layer is linear its
-        input is its weight's second dimension; a convolutional one's (a feature map) is
-        not in the model's shapes, and the head's own bytes stand for it."""
+        """The client side φ_k (the body) and the auxiliary classifier κ_k."""
         split = federation.split(params.head_layers)
+        return [
+            Footprint("its client-side model", federation.entry_bytes(split.body)),
+            Footprint("its auxiliary classifier", cls.aux_bytes(params, federation)),
+        ]
+
+    @classmethod
+    def aux_bytes(cls, params: Any, federation: Federation) -> int:
+        """The auxiliary classifier's bytes: a linear layer from the head's first layer's
+        input to the classes. Where that layer is linear its input is its weight's second
+        dimension; a convolutional one's (a feature map) is not in the model's shapes, and
+        the head's own bytes stand for it."""
         first = layer_owners(federation.trainable)[-params.head_layers]
         weight = federation.shapes.get(f"{first}.weight" if first else "weight", ())
         if len(weight) == 2:
-            aux = FLOAT32 * (weight[1] + 1) * federation.num_classes
-        else:
-            aux = federation.entry_bytes(split.head)
+            return FLOAT32 * (weight[1] + 1) * federation.num_classes
+        return federation.entry_bytes(federation.split(params.head_layers).head)
+
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """The server's κ, the clients' mean, beside the model."""
         return [
-            Footprint("its client-side model", federation.entry_bytes(split.body)),
-            Footprint("its auxiliary classifier", aux),
+            *super().checkpoint_footprint(params, federation),
+            Footprint("the auxiliary classifier κ", cls.aux_bytes(params, federation)),
         ]
 
     checkpointed = {"aux": "splitgp-aux/"}
