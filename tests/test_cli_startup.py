@@ -341,7 +341,8 @@ def test_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> No
 def test_sweep_check_and_config_errors_import_neither_torch_nor_flower(tmp_path) -> None:
     """Catches ``pflarena sweep`` importing the strategies (torch, Flower) to build its
     parser or to validate its runs: ``--check`` of methods with and without rules of their
-    own, and a run refused for a method's parameter, answer from the catalog."""
+    own, and a run refused for a method's parameter, answer from the catalog; the disk
+    estimate ``--check`` states comes from a child process."""
     out = str(tmp_path / "sweep")
     runs = [
         ["sweep", "--strategies", "fedavg,fedper,ppfl,pfedgt", "--seeds", "0,1", "--out", out,
@@ -364,7 +365,9 @@ def test_sweep_check_and_config_errors_import_neither_torch_nor_flower(tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[-1] == "none", result.stdout
-    assert lines[0] == "0   new       all/pfedgt/seed-1", result.stdout
+    # the runs' disk estimate, from a child process that the check forks
+    assert lines[0].startswith("0 state on disk, up to about "), result.stdout
+    assert "for the 8 run(s) to do" in lines[0], result.stdout
     assert lines[1].startswith("2 ") and "fedper.head-layers=9 with model 'mlp'" in lines[1]
     assert not Path(out).exists()
 

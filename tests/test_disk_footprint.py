@@ -302,6 +302,28 @@ def test_a_sweeps_runs_on_one_disk_are_summed(tmp_path, monkeypatch):
         build.check_disk_space(cfgs, estimates)
 
 
+def test_sweep_check_states_each_runs_disk_and_refuses_a_sweep_too_large(
+    tmp_path, monkeypatch, capsys
+):
+    """``sweep --check`` lists each run to do with its estimate and their sum; a sweep whose
+    runs would not fit together is refused after the listing, and nothing is written."""
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--strategies", "fedavg,ditto", "--seeds", "0", "--num-clients", "40"]
+    argv += ["--num-rounds", "3", "--out", str(out), "--check"]
+    assert main(argv) == 0
+    listed = capsys.readouterr().out.splitlines()
+    rows = {line.split()[1]: line for line in listed if line.startswith("  new")}
+    assert set(rows) == {"all/fedavg/seed-0", "all/ditto/seed-0"}
+    assert all("state on disk up to about" in row for row in rows.values())
+    assert listed[-1].startswith("state on disk, up to about ") and "2 run(s)" in listed[-1]
+    _small_disk(monkeypatch, 100 * KB)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "all/ditto/seed-0" in captured.out
+    assert "these 2 runs would keep up to about" in " ".join(captured.err.split())
+    assert not out.exists()
+
+
 def test_an_estimate_without_terms_refuses_nothing(tmp_path):
     empty = DiskEstimate((), tmp_path)
     assert str(empty) == "no per-client state" and empty.total == 0

@@ -53,6 +53,7 @@ from pflarena.cli.options import (
 )
 from pflarena.cli.run import EXIT_CLIENTS_FAILED
 from pflarena.core.config import ConfigError, RunConfig
+from pflarena.core.footprint import DiskEstimate, human_bytes
 from pflarena.core.presets import flatten_table, load_preset
 from pflarena.reporting.leaderboard import (
     leaderboard,
@@ -336,6 +337,45 @@ def configs_to_run(runs: list[PlannedRun]) -> list[RunConfig]:
     return todo
 
 
+def _check_plan(plan: list[PlannedRun], out: Path) -> int:
+    """``sweep --check``: each run with its status and, for those still to do, the state it
+    is expected to keep on disk (``pflarena run --check``'s estimate), and their sum. The
+    runs' data and resources are checked as ``sweep`` checks them before it starts
+    (:func:`~pflarena.runtime.precheck.check_data_apart`, the data files not required);
+    what would refuse the sweep is raised after the listing."""
+    from pflarena.runtime.precheck import check_data_apart
+
+    todo = [run for run in plan if run.status in ("new", "resume")]
+    estimates: dict[Path, DiskEstimate] = {}
+    refused = None
+    if todo:
+        try:
+            checked = check_data_apart(configs_to_run(todo), files_required=False)
+            estimates = {run.directory: c.disk for run, c in zip(todo, checked, strict=True)}
+        except ConfigError as error:
+            refused = error
+    names = {run.directory: str(run.directory.relative_to(out)) for run in plan}
+    width = max(map(len, names.values()), default=0)
+    for run in plan:
+        disk = estimates.get(run.directory)
+        name = names[run.directory]
+        if disk is None:
+            print(f"  {run.status:9s} {name}")
+        else:
+            print(
+                f"  {run.status:9s} {name:{width}s}  state on disk up to about {human_bytes(disk.needed)}"
+            )
+    if refused is not None:
+        raise refused
+    if estimates:
+        total = sum(e.needed for e in estimates.values())
+        print(
+            f"state on disk, up to about {human_bytes(total)} for the {len(estimates)} "
+            "run(s) to do (summed: a sweep's runs keep their state when they end)"
+        )
+    return 0
+
+
 def write_leaderboard(runs: list[PlannedRun], out: Path) -> tuple[str, list[Path]]:
     """Write ``leaderboard.md``, ``.csv`` and ``.png`` into ``out``; return the Markdown."""
     rows = leaderboard(runs)
@@ -386,9 +426,7 @@ def command(args: argparse.Namespace) -> int:
         f"{counts['resume']} to resume, {counts['new']} to start"
     )
     if args.check:
-        for run in plan:
-            print(f"  {run.status:9s} {run.directory.relative_to(plan_of.out.resolve())}")
-        return 0
+        return _check_plan(plan, plan_of.out.resolve())
     todo = configs_to_run(plan)
     group = None
     if todo and todo[0].tracker:
