@@ -130,10 +130,6 @@ class FedPG(MultiExchangeStrategy):
         See :class:`FedPGParams`.
     """
 
-    #: the checkpoint's JSON keeps each sampled client's γ and its online and stale
-    #: weights, every round (65 bytes measured with two-digit client ids)
-    checkpoint_round_bytes = 72
-
     declaration = MethodDeclaration(
         name="fedpg",
         kind="paper",
@@ -161,6 +157,19 @@ class FedPG(MultiExchangeStrategy):
         if params.personalize:
             terms.append(Footprint("its personal model", federation.state_bytes()))
         return terms
+
+    @classmethod
+    def checkpoint_records(cls, params: Any, federation: Federation) -> float:
+        """Beside the run's bookkeeping, each client's last round and whether its gradient
+        is held (``"3549": 100, `` and ``3549, ``: 19 bytes), and every round's γ and
+        online weight of each sampled client and, with ``absent-clients``, the weight of each
+        client of the stale window (up to all the others), 29 bytes each
+        (``"3549": 0.12345678901234567, ``)."""
+        n, m, rounds = federation.num_clients, federation.sampled, max(federation.num_rounds, 0)
+        weights = m * (2 if params.personalize else 1)
+        weights += max(n - m, 0) if params.absent_clients else 0
+        own = 19 * n + 29 * rounds * weights
+        return super().checkpoint_records(params, federation) + own
 
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
