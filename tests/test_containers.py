@@ -1408,12 +1408,13 @@ def test_several_hosts_from_their_bundles(tmp_path: Path, image_tag: str) -> Non
         print(f"node-c, made after the run started, trains in round {joined['round']}")
         assert joined["round"] >= 2, joined
 
-        # node-a's host reboots: its containers removed, made again from its bundle and state.
-        # Its files are compared from the moment it stops: while it runs, each message deletes
-        # the versions the server no longer needs.
+        # node-a's host reboots: its containers stopped (its SuperNode leaves the SuperLink),
+        # removed, made again from its bundle and state. Its files are compared from the
+        # moment it stops: while it runs, each message deletes the versions the server no
+        # longer needs.
         state = nodes["node-a"].root / "state"
         old = nodes["node-a"].container("clientapp")
-        nodes["node-a"].compose("kill")
+        nodes["node-a"].compose("stop", "-t", "10")
         before = _tree_digest(state)
         assert [k for k in before if "personal" in k], f"no personal model: {sorted(before)}"
         nodes["node-a"].compose("down", "-t", "10")
