@@ -290,15 +290,17 @@ class PPFL(StackedModelsStrategy):
             return np.zeros_like(self.memberships)
         return penalty_gradient(w, self.memberships, self.params.lambda_, self.params.penalty)
 
-    def step_inputs(self, client: int) -> tuple[float, np.ndarray]:
-        """``(w_i, π_i)`` such that client i's step gradient is ``w_i ∇_c f_i + π_i``."""
-        p = float(self.client_weights()[client])
-        pi = self.penalty_rows()[client]
+    def step_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(w, Π)`` (M, and M × K) such that client i's step gradient is
+        ``w_i ∇_c f_i + π_i``: every client's at once, so that a round's messages take their
+        rows from one computation of Π (an M × M product), not one each."""
+        p = self.client_weights()
+        pi = self.penalty_rows()
         if self.params.scaling == "paper":
             return p, pi
         if self.params.scaling == "code":
-            return 1.0, pi
-        return 1.0, pi / p
+            return np.ones_like(p), pi
+        return np.ones_like(p), pi / p[:, None]
 
     # ------------------------------------------------------------------ messages
     def _config(self, server_round: int, phase: str, **extra: Any) -> ConfigRecord:
@@ -347,6 +349,8 @@ class PPFL(StackedModelsStrategy):
         fold: dict[str, Any] | None = None,
     ) -> list[Message]:
         out = []
+        if with_penalty:
+            weights, penalties = self.step_inputs()
         for node in nodes:
             body: dict[str, Any] = {}
             if theta is not None:
@@ -359,7 +363,7 @@ class PPFL(StackedModelsStrategy):
                 if client is None:
                     weight, pi = 1.0, np.zeros(self.params.num_canonical)
                 else:
-                    weight, pi = self.step_inputs(client)
+                    weight, pi = float(weights[client]), penalties[client]
                 vectors[ppfl_keys.MEMBERSHIP_PENALTY] = pi
                 extra |= self.method_config(**{"loss-weight": float(weight)})
             body[ppfl_keys.MEMBERSHIP] = _vector_record(**vectors)
