@@ -133,6 +133,32 @@ def test_pages_agent_term_counts_its_networks_weights():
     assert networks.nbytes == 4 * weights * FLOAT32
 
 
+@pytest.mark.parametrize("affinity", ["labels", "centered-labels"])
+def test_ppfls_affinity_term_covers_building_and_checking_w(affinity):
+    """PPFL's W term is at least the peak of building W from every client's histogram and
+    checking it, as the strategy does (tracemalloc), and there is none without a Laplacian
+    term."""
+    n = 600
+    cfg = config(strategy="ppfl", num_clients=n, **{"ppfl.affinity": affinity})
+    _, terms = _terms(cfg)
+    (term,) = [t for t in terms if t.what.startswith("the affinity W")]
+    strategy = build_strategy(cfg)
+    strategy.histograms = np.random.default_rng(0).dirichlet(np.ones(10), n) * 50
+    import sklearn.metrics.pairwise  # noqa: F401  (its import's memory is not W's)
+
+    tracemalloc.start()
+    try:
+        w = strategy.affinity()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert w.shape == (n, n)
+    assert 2 * w.nbytes <= peak <= term.nbytes, (peak / w.nbytes, term)
+    for off in ({"ppfl.affinity": "none"}, {"ppfl.lambda": 0.0}):
+        _, terms = _terms(config(strategy="ppfl", num_clients=n, **off))
+        assert not [t for t in terms if t.what.startswith("the affinity W")]
+
+
 def test_pfedhns_terms_count_its_embeddings_and_heads():
     cfg = config(strategy="pfedhn", num_clients=40)
     strategy = build_strategy(cfg)
