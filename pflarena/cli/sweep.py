@@ -362,9 +362,8 @@ def _check_plan(plan: list[PlannedRun], out: Path) -> int:
         if disk is None:
             print(f"  {run.status:9s} {name}")
         else:
-            print(
-                f"  {run.status:9s} {name:{width}s}  state on disk up to about {human_bytes(disk.needed)}"
-            )
+            about = human_bytes(disk.needed)
+            print(f"  {run.status:9s} {name:{width}s}  state on disk up to about {about}")
     if refused is not None:
         raise refused
     if estimates:
