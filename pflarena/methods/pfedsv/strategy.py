@@ -43,7 +43,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from pflarena.core import drawing, keys
-from pflarena.core.footprint import FLOAT64, Federation, Footprint
+from pflarena.core.footprint import FLOAT64, Federation, Footprint, stored_versions
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.core.model_split import layer_owners, split_names
 from pflarena.methods.pfedsv import keys as pfedsv_keys
@@ -231,15 +231,15 @@ class PFedSV(MultiExchangeStrategy):
     @classmethod
     def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """The D+C feature extractor (the model's body), and a relevance row of N float64
-        per client that has reported one: N (1 − (1 − m/N)^R) of them expected."""
+        per client that has reported one: as many as the clients expected to have trained
+        at least once (:func:`~pflarena.core.footprint.stored_versions` of one version)."""
         f, n = federation, federation.num_clients
         terms = super().checkpoint_footprint(params, federation)
         if params.variant == "D+C":
             body = f.split(params.head_layers).body
             terms.append(Footprint("the feature extractor", f.entry_bytes(body)))
-        if params.report_relevance and params.dp_noise <= 0 and n > 0:
-            p = min(f.sampled, n) / n
-            rows = n * (1.0 - (1.0 - p) ** max(f.num_rounds, 0))
+        if params.report_relevance and params.dp_noise <= 0:
+            rows = stored_versions(f, 1)
             terms.append(
                 Footprint(
                     f"the relevance rows ({rows:,.0f} x {n} float64)", rows * (n + 1) * FLOAT64

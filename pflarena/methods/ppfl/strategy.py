@@ -157,12 +157,8 @@ class PPFL(StackedModelsStrategy):
         (``lambda`` > 0 and an ``affinity``) the M × M affinity W, which takes
         :data:`AFFINITY_PEAK` times its size while it is built and checked (its symmetry and
         its smallest eigenvalue)."""
-        n, k, rounds = federation.num_clients, params.num_canonical, federation.num_rounds
-        terms = [
-            *super().server_footprint(params, federation),
-            Footprint(f"the memberships of every round ({rounds} x {n} x {k} float64)",
-                      rounds * n * k * FLOAT64),
-        ]  # fmt: skip
+        n = federation.num_clients
+        terms = [*super().server_footprint(params, federation), cls._history(params, federation)]
         if params.affinity != "none" and params.lambda_ > 0:
             terms.append(
                 Footprint(f"the affinity W ({n} x {n} float64) as it is built and checked",
@@ -181,7 +177,7 @@ class PPFL(StackedModelsStrategy):
     def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """θ (the stacked state), and per client its membership vector, its examples, its
         label histogram and its memberships after every round (the run's membership picture)."""
-        n, k, rounds = federation.num_clients, params.num_canonical, federation.num_rounds
+        n, k = federation.num_clients, params.num_canonical
         return [
             *super().checkpoint_footprint(params, federation),
             Footprint(
@@ -189,9 +185,18 @@ class PPFL(StackedModelsStrategy):
                 " float64)",
                 n * (k + 1 + federation.num_classes) * FLOAT64,
             ),
-            Footprint(f"the memberships of every round ({rounds} x {n} x {k} float64)",
-                      rounds * n * k * FLOAT64),
-        ]  # fmt: skip
+            cls._history(params, federation),
+        ]
+
+    @staticmethod
+    def _history(params: Any, federation: Federation) -> Footprint:
+        """The memberships after every round (the run's membership picture), held by the
+        server and kept in its checkpoint."""
+        n, k, rounds = federation.num_clients, params.num_canonical, federation.num_rounds
+        return Footprint(
+            f"the memberships of every round ({rounds} x {n} x {k} float64)",
+            rounds * n * k * FLOAT64,
+        )
 
     prefix = CANONICAL_PREFIX
 
