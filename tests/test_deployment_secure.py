@@ -40,6 +40,7 @@ from processes import cmdline, descendants, proc_state
 from strangers import acquire_task, control_api_refuses, markers, stranger_app, stranger_home
 
 from pflarena.core.config import toml_value
+from pflarena.deploy.liveness import ACTIVATION_WAIT_ENV
 from pflarena.deploy.local import CONNECTION, STATE_FILE, LocalDeployment, make_node_key
 from pflarena.server.results import read_rounds
 
@@ -197,7 +198,13 @@ def test_unregistered_supernode_is_refused(secured: Secured) -> None:
     before = dep.online_nodes()
     assert len(before) == NUM_NODES
     private, _ = make_node_key(secured.root / "keys" / "unregistered")
-    intruder = dep.start_supernode(0, key=private, name="unregistered")
+    # The SuperLink refuses an unregistered key as it refuses a key whose node it still holds
+    # online, so the node tries again for a while (PFLARENA_ACTIVATION_WAIT_S): 3 s here.
+    env, dep.env = dep.env, {**dep.env, ACTIVATION_WAIT_ENV: "3"}
+    try:
+        intruder = dep.start_supernode(0, key=private, name="unregistered")
+    finally:
+        dep.env = env
     secured.note()
     try:
         code = intruder.popen.wait(timeout=90)
@@ -205,6 +212,7 @@ def test_unregistered_supernode_is_refused(secured: Secured) -> None:
         raise AssertionError(f"an unregistered SuperNode kept running\n{secured.logs()}") from None
     log = intruder.log.read_text(errors="replace")
     assert code != 0 and "Exit Code: 305" in log, f"exit {code}\n{log[-2000:]}"
+    assert "is its key registered" in log, log[-2000:]
     assert sorted(dep.online_nodes()) == sorted(before)
     assert "No SuperNode found with the given public key" in dep.superlink.log.read_text()
 
@@ -382,3 +390,37 @@ def test_a_stranger_is_refused_while_the_operators_run_completes(
     assert markers(marker) == [], "the stranger's code ran"
     nodes_after = len(json.loads(dep.flwr("supernode", "list", "--format", "json").stdout)["nodes"])
     assert nodes_after == nodes_before, (nodes_before, nodes_after)
+
+
+def test_a_registered_node_killed_and_started_again_at_once_rejoins(secured: Secured) -> None:
+    """A SuperNode with a registered key is killed (SIGKILL: it cannot leave) right after it
+    came online, and started again at once with the same key, as a supervisor does. The
+    SuperLink still holds that key's node online (until its heartbeats are missed, about a
+    minute) and refuses to activate it (412, code 2004), on which Flower's node exits with
+    305. ``pflarena supernode`` tries again and rejoins as the same node once the SuperLink
+    lets the dead one go. Catches a keyed node that cannot come back after a crash (a
+    bundle's ``start.sh``, ``local-deploy``'s supervision)."""
+    dep = secured.dep
+    assert dep is not None
+    private, public = make_node_key(secured.root / "keys" / "comeback")
+    dep.register(public)
+    before = set(dep.online_nodes())
+    first = dep.start_supernode(0, key=private, name="comeback")
+    secured.note()
+    deadline = time.monotonic() + 120
+    while not (new := set(dep.online_nodes()) - before):
+        assert first.alive() and time.monotonic() < deadline, secured.logs()
+        time.sleep(0.5)
+    (node_id,) = new
+    assert first.stop(signal.SIGKILL, wait=10), "the SuperNode survived SIGKILL"
+    again = dep.start_supernode(0, key=private, name="comeback-again")
+    secured.note()
+    deadline = time.monotonic() + 150
+    while "Connection successful after" not in again.log.read_text(errors="replace"):
+        assert again.alive(), f"it did not wait for the SuperLink\n{secured.logs(40)}"
+        assert time.monotonic() < deadline, secured.logs(40)
+        time.sleep(1.0)
+    log = again.log.read_text(errors="replace")
+    assert "refused to activate this node (code 2004)" in log, log[-3000:]
+    assert node_id in dep.online_nodes() and again.alive(), secured.logs(40)
+    assert again.stop(signal.SIGTERM, wait=30), "the SuperNode did not stop"

@@ -325,7 +325,8 @@ def test_a_supernode_that_exits_is_started_again_with_its_executor(
     deployment: LocalDeployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``pflarena supernode`` exits when it can no longer serve; ``local-deploy``'s supervisor
-    starts it again with a warm executor of its own, unless it exited right after its start."""
+    starts it again with a warm executor of its own, unless it exited right after its start
+    or was refused activation."""
     name = "supernode-1"
     node = next(p for p in deployment.supernodes if p.name == name)
     executor = next(p for p in deployment.executors if p.name == f"executor-{name}")
@@ -338,6 +339,13 @@ def test_a_supernode_that_exits_is_started_again_with_its_executor(
     assert deployment.supervise(say=said.append) == []
     assert deployment.supervise(say=said.append) == []
     assert len(said) == 1 and "not restarted" in said[0], said
+    monkeypatch.undo()
+    deployment._left_down.clear()
+    # Had the SuperLink refused to activate it (Flower's exit code for an unregistered key,
+    # given after pflarena supernode's wait), it is left down too, whatever its uptime.
+    monkeypatch.setattr(local, "EXIT_NODE_NOT_REGISTERED", node.popen.returncode)
+    assert deployment.supervise(say=said.append) == []
+    assert len(said) == 2 and "not restarted" in said[1], said
     monkeypatch.undo()
     deployment._left_down.clear()
 

@@ -21,11 +21,15 @@ from flwr.supercore import heartbeat as flower_heartbeat
 from flwr.supernode import fleet_http_connection
 
 from pflarena.deploy.liveness import (
+    ACTIVATION_WAIT_ENV,
+    DEFAULT_ACTIVATION_WAIT_S,
     LOOP_ENDED,
     RETRY_ENV,
     ServerErrorStreak,
+    activation_wait_limit,
     guard_node_heartbeat,
     keep_superexec_alive,
+    limit_server_errors,
     retry_limit,
     retry_server_errors,
 )
@@ -310,6 +314,105 @@ def test_a_flower_without_the_retried_codes_is_named(connection, monkeypatch) ->
     monkeypatch.setattr(http_retry, "_RETRYABLE_STATUS_CODES", frozenset({503}))
     with pytest.raises(RuntimeError, match="_RETRYABLE_STATUS_CODES"):
         retry_server_errors(ServerErrorStreak(300.0))
+
+
+def _flower_refusal(code: int) -> httpx.HTTPStatusError:
+    """The SuperLink's answer to an activation request that raised Flower's API error
+    ``code``, as its HTTP error translator writes it (status and JSON body from Flower's
+    catalog)."""
+    from flwr.supercore.error import FlowerError
+    from flwr.supercore.error.catalog import API_ERROR_MAP
+
+    spec = API_ERROR_MAP[code]
+    request = httpx.Request("POST", "http://superlink/v1/fleet/activate-node")
+    body = FlowerError(code, "internal reason").to_json(spec.public_message)
+    response = httpx.Response(spec.http_status_code, request=request, json=body)
+    return httpx.HTTPStatusError(str(spec.http_status_code), request=request, response=response)
+
+
+def test_a_refused_activation_is_tried_again_until_the_node_is_let_go(
+    connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A keyed node started again less than a minute after it died (the SuperLink still
+    holds its key's node online) is refused with 412, code 2004: Flower gives the activation
+    up at once (the node exits with 305); kept alive, it tries again with Flower's back-off
+    and activates once the SuperLink lets the old node go (here after 51 s of refusals),
+    saying why it waits; a refusal that lasts past the limit is given up, naming the key."""
+    from flwr.supercore.error import ApiErrorCode
+
+    refusal = _flower_refusal(ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED)
+    assert refusal.response.status_code == 412
+    flower = connection.make_simple_http_retry_invoker()
+    request, calls = _requests(refusal)
+    with pytest.raises(httpx.HTTPStatusError):
+        flower.invoke(request)
+    assert len(calls) == 1
+
+    clock = Clock()
+    retry_server_errors(
+        ServerErrorStreak(300.0, clock=clock),
+        activation=ServerErrorStreak(DEFAULT_ACTIVATION_WAIT_S, clock=clock),
+    )
+    invoker = connection.make_simple_http_retry_invoker()
+    invoker.wait_function = clock.wait
+    invoker.jitter = None  # 1, 2, 4, 8, 16, 20, 20... s
+    refusals = 6  # each followed by a wait: 1 + 2 + 4 + 8 + 16 + 20 = 51 s
+    request, calls = _requests(*[refusal] * refusals)
+    assert invoker.invoke(request) == "answered"
+    assert len(calls) == refusals + 1 and clock.t == 51.0
+    assert "still held online" in caplog.text and ACTIVATION_WAIT_ENV in caplog.text
+
+    clock.t = 0.0  # the success reset the count: a new run of refusals gets the whole wait
+    request, calls = _requests(*[refusal] * 1000)
+    with pytest.raises(httpx.HTTPStatusError, match="412"):
+        invoker.invoke(request)
+    assert DEFAULT_ACTIVATION_WAIT_S <= clock.t <= DEFAULT_ACTIVATION_WAIT_S + 20.0
+    assert "still refused to activate this node after" in caplog.text
+    assert "flwr supernode register" in caplog.text
+
+
+def test_other_refusals_are_left_to_flower() -> None:
+    """Another 412 (a refused deactivation), and a refused activation with the wait set to
+    0, are given up at once, as Flower does."""
+    from flwr.supercore.error import ApiErrorCode
+    from flwr.supercore.retry.http_retry import make_simple_http_retry_invoker
+
+    clock = Clock()
+    for wait_s, code in [
+        (60.0, ApiErrorCode.FLEET_NODE_DEACTIVATION_FAILED),
+        (0.0, ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED),
+    ]:
+        invoker = limit_server_errors(
+            make_simple_http_retry_invoker(),
+            ServerErrorStreak(300.0, clock=clock),
+            ServerErrorStreak(wait_s, clock=clock),
+        )
+        invoker.wait_function = clock.wait
+        request, calls = _requests(_flower_refusal(code))
+        with pytest.raises(httpx.HTTPStatusError, match="412"):
+            invoker.invoke(request)
+        assert len(calls) == 1 and clock.t == 0.0
+
+
+def test_the_activation_wait_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unset, the wait covers Flower's heartbeat patience (2 x 30 s) and a back-off step;
+    the variable sets it (0: Flower's behaviour); a bad value is named."""
+    from flwr.common import constant
+
+    monkeypatch.delenv(ACTIVATION_WAIT_ENV, raising=False)
+    held = constant.HEARTBEAT_PATIENCE * constant.HEARTBEAT_DEFAULT_INTERVAL
+    assert activation_wait_limit() == DEFAULT_ACTIVATION_WAIT_S >= held + 15
+    monkeypatch.setenv(ACTIVATION_WAIT_ENV, "0")
+    assert activation_wait_limit() == 0.0
+    for value, says in [("soon", "not a number"), ("-1", "0 or more")]:
+        monkeypatch.setenv(ACTIVATION_WAIT_ENV, value)
+        with pytest.raises(ValueError, match=f"{ACTIVATION_WAIT_ENV}='{value}' .*{says}"):
+            activation_wait_limit()
+    monkeypatch.setattr(constant, "HEARTBEAT_DEFAULT_INTERVAL", 60)
+    with pytest.raises(RuntimeError, match="HEARTBEAT_PATIENCE"):
+        activation_wait_limit()
 
 
 # --------------------------------------------------------------- against a real SuperLink

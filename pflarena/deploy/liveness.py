@@ -35,6 +35,21 @@ SuperLink under load locks it: "database is locked", ``tests/test_liveness.py``)
 so that its supervisor (compose's ``restart:``, systemd's ``Restart=on-failure``) starts it
 again and it activates anew.
 
+**A node that comes back too soon is refused.** A SuperNode with a registered key (node
+authentication) that stops without leaving (killed, a power loss) stays online on the
+SuperLink until its heartbeats are missed: Flower's SuperNode heartbeats every ~24 s with an
+interval of 30 s, and the SuperLink holds it online for ``HEARTBEAT_PATIENCE`` (2) intervals
+after the last one. Started again within that minute, the node asks to be activated, the
+SuperLink refuses (HTTP 412, ``[code: 2004] Failed to activate SuperNode``: it activates only
+a node it holds registered or offline) and Flower's node exits at once with code 305, so a
+supervisor that restarts it at once (or a bundle's ``start.sh``) fails. The SuperLink answers
+an unregistered key with the same code and message (its reason, "No SuperNode found with the
+given public key", stays in its own log), so the node cannot tell the two apart:
+``pflarena supernode`` tries the activation again with Flower's back-off for
+:data:`ACTIVATION_WAIT_ENV` seconds (default :data:`DEFAULT_ACTIVATION_WAIT_S`: the patience
+and a margin), saying both causes, and then gives up as Flower does (code 305). An
+unregistered key is therefore refused after that wait rather than at once.
+
 The ServerApp's executor (Flower's ``flower-superexec``, polling the SuperLink for tasks) gives
 a 500 up the same way and exits (seen with a SuperLink whose database was locked for 12 s: no
 later run started), and a ServerApp it started watches its PID (``--parent-pid``) and stops
@@ -61,6 +76,8 @@ from logging import ERROR, WARNING
 from typing import Any
 
 __all__ = [
+    "ACTIVATION_WAIT_ENV",
+    "DEFAULT_ACTIVATION_WAIT_S",
     "DEFAULT_RETRY_S",
     "LOOP_ENDED",
     "RETRY_ENV",
@@ -82,6 +99,16 @@ RETRY_ENV = "PFLARENA_SUPERLINK_RETRY_S"
 DEFAULT_RETRY_S = 300.0
 #: The status Flower handles itself (it stops the node on a refused credential).
 _UNAUTHORIZED = 401
+#: The SuperLink's answer to an activation it refuses: HTTP 412 with Flower's API error code
+#: ``FLEET_NODE_ACTIVATION_FAILED`` (flwr 1.41: 2004).
+_PRECONDITION_FAILED = 412
+#: Environment variable: seconds a node whose activation is refused tries it again.
+ACTIVATION_WAIT_ENV = "PFLARENA_ACTIVATION_WAIT_S"
+#: Flower 1.41 holds a node online for 2 heartbeat intervals of 30 s after its last heartbeat
+#: (``HEARTBEAT_PATIENCE`` x ``HEARTBEAT_DEFAULT_INTERVAL``, checked by
+#: :func:`activation_wait_limit`), and a node heartbeats every ~24 s: a node that died is
+#: activatable again at most 60 s later. 15 s more for the back-off's step (up to 20 s).
+DEFAULT_ACTIVATION_WAIT_S = 75.0
 #: Why ``pflarena supernode`` exits when Flower's loop returns (it only returns on an error).
 LOOP_ENDED = "Flower's SuperNode loop ended (its error is logged above)"
 
@@ -111,8 +138,8 @@ def _flwr_differs(missing: list[str], what: str) -> RuntimeError:
 
 class ServerErrorStreak:
     """How long the SuperLink has answered nothing but server errors to one kind of request
-    (the node's loop, or its heartbeat): from the first of them since the last success (from
-    any thread), against ``limit_s``."""
+    (the node's loop, or its heartbeat), or refused to activate the node: from the first of
+    them since the last success (from any thread), against ``limit_s``."""
 
     def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit_s = limit_s
@@ -149,10 +176,59 @@ def retry_limit() -> float:
     return seconds
 
 
-def limit_server_errors(invoker: Any, streak: ServerErrorStreak) -> Any:
+def activation_wait_limit() -> float:
+    """Seconds a node whose activation is refused tries it again, from
+    :data:`ACTIVATION_WAIT_ENV` (0: not at all, as Flower).
+
+    Raises
+    ------
+    ValueError
+        The variable is not a number of seconds, at least 0.
+    RuntimeError
+        The installed flwr holds a node online longer than the default covers.
+    """
+    from flwr.common import constant
+
+    held = (
+        getattr(constant, "HEARTBEAT_PATIENCE", None),
+        getattr(constant, "HEARTBEAT_DEFAULT_INTERVAL", None),
+    )
+    if None in held or held[0] * held[1] > DEFAULT_ACTIVATION_WAIT_S - 15:
+        raise _flwr_differs(
+            ["HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL of at most 60 s"],
+            "wait out a node still held online",
+        )
+    value = os.environ.get(ACTIVATION_WAIT_ENV, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_ACTIVATION_WAIT_S
+    except ValueError:
+        raise ValueError(f"{ACTIVATION_WAIT_ENV}={value!r} is not a number of seconds") from None
+    if not seconds >= 0:
+        raise ValueError(f"{ACTIVATION_WAIT_ENV}={value!r} must be 0 or more seconds")
+    return seconds
+
+
+def _activation_refused(exc: Exception) -> bool:
+    """Whether ``exc`` is the SuperLink's refusal to activate this node (code 2004)."""
+    import httpx
+    from flwr.supercore.error import ApiErrorCode, FlowerError
+
+    if not (
+        isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == _PRECONDITION_FAILED
+    ):
+        return False
+    error = FlowerError.from_json(exc.response.text)
+    return error is not None and error.code == ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED
+
+
+def limit_server_errors(
+    invoker: Any, streak: ServerErrorStreak, activation: ServerErrorStreak | None = None
+) -> Any:
     """``invoker`` (Flower's HTTP ``RetryInvoker``) retrying a 500 as Flower retries 502-504,
     until ``streak`` reaches its limit; then it gives the request up (its error ends the
-    node's loop). Returns ``invoker``."""
+    node's loop). With ``activation``, a refused activation (a node with this key still
+    held online, or an unregistered key: the module docstring) is retried too, until
+    ``activation`` reaches its limit. Returns ``invoker``."""
     import httpx
     from flwr.common.logger import log
 
@@ -167,10 +243,28 @@ def limit_server_errors(invoker: Any, streak: ServerErrorStreak) -> Any:
                 "%.0f s (%s=%g); giving up, so that this node exits for its supervisor",
                 streak.failed(), RETRY_ENV, streak.limit_s)  # fmt: skip
             return True
+        if activation is not None and activation.limit_s > 0 and _activation_refused(exc):
+            waited = activation.failed()
+            if waited < activation.limit_s:
+                if waited == 0:
+                    log(WARNING, "pflarena supernode: the SuperLink refused to activate this "
+                        "node (code 2004): a node with its key is still held online (one "
+                        "that stopped without leaving less than a minute ago, until its "
+                        "heartbeats are missed), or its key is not registered; trying again "
+                        "for up to %.0f s (%s)", activation.limit_s,
+                        ACTIVATION_WAIT_ENV)  # fmt: skip
+                return False
+            log(ERROR, "pflarena supernode: the SuperLink still refused to activate this node "
+                "after %.0f s (%s=%g): is its key registered (flwr supernode register), and "
+                "is no other node running with it?", waited, ACTIVATION_WAIT_ENV,
+                activation.limit_s)  # fmt: skip
+            return True
         return bool(flower_giveup(exc)) if flower_giveup is not None else False
 
     def on_success(state: Any) -> None:
         streak.succeeded()
+        if activation is not None:
+            activation.succeeded()
         if flower_success is not None:
             flower_success(state)
 
@@ -179,10 +273,15 @@ def limit_server_errors(invoker: Any, streak: ServerErrorStreak) -> Any:
     return invoker
 
 
-def retry_server_errors(streak: ServerErrorStreak, where: str = _CONNECTION_MODULE) -> None:
+def retry_server_errors(
+    streak: ServerErrorStreak,
+    where: str = _CONNECTION_MODULE,
+    activation: ServerErrorStreak | None = None,
+) -> None:
     """Make this process's SuperNode connection (or the Flower module ``where``: each makes
     its retry invoker with ``make_simple_http_retry_invoker``) retry a request answered with
-    500, as it retries 502-504 (with Flower's back-off), until ``streak`` reaches its limit."""
+    500, as it retries 502-504 (with Flower's back-off), until ``streak`` reaches its limit;
+    and a refused activation until ``activation`` (if given) reaches its limit."""
     module = importlib.import_module(where)
     retry = importlib.import_module(_RETRY_MODULE)
     make = getattr(module, "make_simple_http_retry_invoker", None)
@@ -196,7 +295,7 @@ def retry_server_errors(streak: ServerErrorStreak, where: str = _CONNECTION_MODU
         )  # fmt: skip
 
     def make_limited() -> Any:
-        return limit_server_errors(make(), streak)
+        return limit_server_errors(make(), streak, activation)
 
     make_limited._pflarena_limited = True  # type: ignore[attr-defined]
     module.make_simple_http_retry_invoker = make_limited
@@ -300,19 +399,22 @@ def run_superexec(argv: list[str]) -> None:
 
 
 def keep_node_alive() -> None:
-    """Both of the above for this process's SuperNode (the module docstring).
+    """Both of the above for this process's SuperNode, and its refused activation tried
+    again for :data:`ACTIVATION_WAIT_ENV` seconds (the module docstring).
 
     Raises
     ------
     RuntimeError
         The installed flwr differs from flwr 1.41 where they lean on it.
     ValueError
-        :data:`RETRY_ENV` is not a number of seconds, at least 1.
+        :data:`RETRY_ENV` is not a number of seconds, at least 1, or
+        :data:`ACTIVATION_WAIT_ENV` not one of at least 0.
     """
     limit = retry_limit()
+    activation = ServerErrorStreak(activation_wait_limit())
     # Apart: a SuperLink that takes the heartbeats and answers every ask for messages with
     # 500 would otherwise keep the node listed online, and sampled, while it serves nothing.
-    retry_server_errors(ServerErrorStreak(limit))
+    retry_server_errors(ServerErrorStreak(limit), activation=activation)
     guard_node_heartbeat(streak=ServerErrorStreak(limit))
 
 

@@ -111,7 +111,9 @@ DEFAULT_TASK_POLL_S = 1.0
 DEFAULT_ACTIVE_POLL_S = 0.1
 #: What may run a SuperNode's ClientApp messages (:class:`LocalDeployment`'s ``executor``).
 EXECUTORS = ("warm", "flower")
-#: Flower's exit code of a SuperNode the SuperLink refused to activate (unregistered key).
+#: Flower's exit code of a SuperNode the SuperLink refused to activate (an unregistered key;
+#: ``pflarena supernode`` first waits out a node with its key still held online,
+#: :mod:`pflarena.deploy.liveness`): :meth:`LocalDeployment.supervise` leaves it down.
 EXIT_NODE_NOT_REGISTERED = 305
 GRACE_S = 15.0
 #: The variable that pins a process to its GPUs (CUDA's; torch honours it).
@@ -571,8 +573,9 @@ class LocalDeployment:
     def supervise(self, say: Callable[[str], Any] = print) -> list[str]:
         """Restart every SuperNode that exited, with its warm executor (``pflarena supernode``
         exits when it can no longer serve: :mod:`pflarena.deploy.liveness`; it activates anew),
-        unless it exited within :data:`RESTART_MIN_UPTIME_S` of its start (a node that cannot
-        start is reported once and left down); and every warm executor that exited while its
+        unless it exited within :data:`RESTART_MIN_UPTIME_S` of its start or was refused
+        activation (:data:`EXIT_NODE_NOT_REGISTERED`): a node that cannot start is reported
+        once and left down; and every warm executor that exited while its
         SuperNode runs (a killed executor is a node failure; the node serves again from its
         next message). Returns the names restarted."""
         restarted = []
@@ -581,7 +584,7 @@ class LocalDeployment:
                 continue
             code = node.popen.returncode if node.popen else "?"
             uptime = time.monotonic() - self._spawned_at.get(node.name, 0.0)
-            if uptime < RESTART_MIN_UPTIME_S:
+            if uptime < RESTART_MIN_UPTIME_S or code == EXIT_NODE_NOT_REGISTERED:
                 self._left_down.add(node.name)
                 say(f"{node.name} exited (code {code}) {uptime:.0f} s after its start; not "
                     f"restarted: see {node.log}")  # fmt: skip
