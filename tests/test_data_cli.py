@@ -252,6 +252,8 @@ def test_shakespeare_preset_runs_and_the_lstm_learns_in_flower_simulation(
         cwd=tmp_path,
         env={**__import__("os").environ, "PFLARENA_CACHE": str(tmp_path / "cache")},
     )
+    stuck = out / "stuck-calls.txt"  # where a client that never answered was
+    assert not stuck.exists(), stuck.read_text()[-12000:]
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["dataset"] == "shakespeare"

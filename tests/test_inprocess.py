@@ -139,6 +139,61 @@ def test_a_worker_that_dies_costs_its_replies_and_the_rest_run_in_the_process() 
         grid.close()
 
 
+#: Lets the thread of a call that waits for it (in this process) go at a test's end.
+_RELEASE = __import__("threading").Event()
+
+
+@app.query("stuck")
+def _stuck(msg: Message, context) -> Message:
+    if context.node_config["partition-id"] == 0:
+        _waits_on_a_lock_it_holds()
+    return Message(RecordDict({"a": MetricRecord({"n": 1})}), reply_to=msg)
+
+
+def _waits_on_a_lock_it_holds() -> None:
+    import threading
+
+    if _RELEASE.is_set():
+        return
+    if threading.current_thread() is not threading.main_thread():
+        _RELEASE.wait(60)  # a call in the test's own process: let go at the test's end
+        return
+    lock = threading.Lock()  # a worker process: deadlocked until it is ended
+    lock.acquire()
+    lock.acquire()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_call_past_its_time_leaves_where_it_was_in_the_run_directory(
+    tmp_path: Path, workers: int
+) -> None:
+    """A call that runs past its message's time to live (here node 0's, stuck on a lock it
+    holds) gets no reply while the other node's does; the run's ``stuck-calls.txt`` holds
+    where it was: its thread's stack in the run's process, or with workers every worker's
+    (faulthandler answers from a worker whose main thread is deadlocked). Catches a hang
+    recorded only as "no reply", with nothing to say where."""
+    from pflarena.runtime.inprocess import STUCK_CALLS_FILE
+
+    grid = InProcessGrid(app, {}, 2, workers=workers, output_dir=tmp_path)
+    try:
+        grid.start_workers()
+        stuck = [
+            grid.create_message(RecordDict(), "query.stuck", n, "1", ttl=2.0) for n in grid.node_ids
+        ]
+        replies = list(grid.send_and_receive(stuck))
+        assert [r.metadata.src_node_id for r in replies] == [grid.node_ids[1]]
+        said = (tmp_path / STUCK_CALLS_FILE).read_text()
+        assert f"node {grid.node_ids[0]}'s ClientApp, on a query.stuck message, ran past" in said
+        assert "_waits_on_a_lock_it_holds" in said, said
+        if workers > 1:
+            pids = {p.pid for p in grid._pool._processes.values()}
+            assert {f"worker process {pid}:" in said for pid in pids} == {True}, said
+    finally:
+        _RELEASE.set()
+        grid.close()
+        _RELEASE.clear()
+
+
 @app.query("whoami")
 def _whoami(msg: Message, context) -> Message:
     import os

@@ -39,25 +39,34 @@ the pool's pipe (:mod:`pflarena.runtime.parcel`).
 A slow client costs only itself: each ClientApp call gets its message's time to live (the
 run loop sets it to ``round-timeout``). A call still running then is abandoned: the message
 gets no reply (the server records no reply within the round timeout), and the node gets no
-further message until that call has ended (a SuperNode works one message at a time). A
-worker that dies (a crash, the kernel's OOM killer) costs the replies it owed: they become
-error replies, and a fresh set of workers is forked.
+further message until that call has ended (a SuperNode works one message at a time). Where
+it was is not lost: the Python stacks of the call's thread (or, with workers, of every
+worker process: each writes its own with :mod:`faulthandler` on :data:`STACKS_SIGNAL`,
+which needs no lock and so works in a worker stuck in a deadlock) are appended to
+``stuck-calls.txt`` in the run's output directory (:class:`StuckCalls`), and the warning
+names that file. A worker that dies (a crash, the kernel's OOM killer) costs the replies it
+owed: they become error replies, and a fresh set of workers is forked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timezone
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -95,12 +104,116 @@ FORK_AFTER_ENV = "PFLARENA_FORK_AFTER_S"
 IN_FLIGHT_PER_WORKER = 2
 #: The ClientApp a forked worker calls (set in the parent before it forks).
 _WORKER_APP: dict[str, ClientApp] = {}
+#: A worker's file for its stacks (:func:`_worker_init`).
+_WORKER_STACKS: list[Any] = []
+#: The signal on which a worker writes the Python stacks of its threads (:class:`StuckCalls`).
+STACKS_SIGNAL = signal.SIGUSR1
+#: Seconds the run's process waits for the workers' stacks.
+STACKS_WAIT_S = 2.0
+#: The file of the run's output directory the stacks of calls past their time go to.
+STUCK_CALLS_FILE = "stuck-calls.txt"
 
 
-def _worker_init(threads: int) -> None:
+class StuckCalls:
+    """Where a call that ran past its message's time to live was: the Python stacks of its
+    thread, or of every worker process, appended to :data:`STUCK_CALLS_FILE` in ``output_dir``
+    (None: no file; the warning then carries them).
+
+    Each worker registers :mod:`faulthandler` on :data:`STACKS_SIGNAL` at its start, writing
+    to a file of its own in :meth:`directory` (made with ``tempfile.mkdtemp``: this user's
+    alone); faulthandler's handler takes no lock (it writes from the signal handler itself),
+    so it answers from a worker whose threads are stuck on a lock. Which worker runs which
+    call is not known to the run's process, so every worker is asked."""
+
+    def __init__(self, output_dir: Path | None) -> None:
+        self.output_dir = output_dir
+        self._dir: Path | None = None
+
+    def directory(self) -> str | None:
+        """The directory the workers write their stacks in (made on first use); None where
+        it cannot be made (no stacks are then asked for)."""
+        if self._dir is None:
+            try:
+                self._dir = Path(tempfile.mkdtemp(prefix="pflarena-stacks-"))
+            except OSError:
+                return None
+        return str(self._dir)
+
+    def of_workers(self, pids: Iterable[int]) -> str:
+        """Ask each worker ``pids`` for its stacks; what they wrote within
+        :data:`STACKS_WAIT_S` (a worker that wrote nothing is said so)."""
+        if self._dir is None:
+            return "(the workers' stacks could not be asked for)"
+        asked: dict[int, tuple[Path, int]] = {}
+        for pid in pids:
+            path = self._dir / f"{pid}.txt"
+            with contextlib.suppress(OSError):
+                asked[pid] = (path, path.stat().st_size if path.exists() else 0)
+                os.kill(pid, STACKS_SIGNAL)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        sizes: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = {pid: _size(path) for pid, (path, _) in asked.items()}
+            # written, and no longer growing: each worker's dump is done
+            if now == sizes and all(now[p] > start for p, (_, start) in asked.items()):
+                break
+            sizes = now
+        parts = []
+        for pid, (path, start) in asked.items():
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(start)
+                    text = handle.read().decode(errors="replace").rstrip()
+            except OSError:
+                text = ""
+            parts.append(f"worker process {pid}:\n{text or '(wrote nothing)'}")
+        return "\n\n".join(parts)
+
+    def record(self, node_id: int, msg: Message, stacks: str) -> Path | None:
+        """Append the stacks of ``node_id``'s call on ``msg`` to the output directory's
+        file; that file, or None where it could not be written."""
+        if self.output_dir is None:
+            return None
+        path = self.output_dir / STUCK_CALLS_FILE
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        head = (
+            f"{when}: node {node_id}'s ClientApp, on a {msg.metadata.message_type} message, "
+            f"ran past its time to live ({msg.metadata.ttl:.0f} s). Where it was:"
+        )
+        try:
+            with open(path, "a") as handle:
+                handle.write(f"{head}\n\n{stacks}\n\n")
+        except OSError:
+            return None
+        return path
+
+    def close(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _thread_stack(thread: threading.Thread) -> str:
+    """The Python stack of ``thread`` (a call running in this process) as a traceback."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "(its thread has ended)"
+    return f"thread {thread.name}:\n" + "".join(traceback.format_stack(frame)).rstrip()
+
+
+def _worker_init(threads: int, stacks_dir: str | None = None) -> None:
     """A forked worker's start: a session of its own, Ctrl-C and SIGTERM its parent's to
-    handle (the parent ends its workers), its own torch thread count, and it exits with its
-    parent.
+    handle (the parent ends its workers), its own torch thread count, its stacks written to
+    a file of its own in ``stacks_dir`` on :data:`STACKS_SIGNAL` (:class:`StuckCalls`), and
+    it exits with its parent.
 
     A session of its own because Linux's autogroup scheduling (on by default on many
     distributions) shares one fair share of the CPUs among all the processes of a session:
@@ -110,20 +223,28 @@ def _worker_init(threads: int) -> None:
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(STACKS_SIGNAL, signal.SIG_IGN)  # asked for stacks it cannot write: nothing
+    if stacks_dir is not None:
+        with contextlib.suppress(OSError):
+            # kept open for the process's life: faulthandler writes to its descriptor
+            _WORKER_STACKS.append(open(os.path.join(stacks_dir, f"{os.getpid()}.txt"), "a"))  # noqa: SIM115
+            faulthandler.register(STACKS_SIGNAL, file=_WORKER_STACKS[-1], all_threads=True)
     die_with_parent()
     import torch
 
     torch.set_num_threads(threads)
 
 
-def _spawned_worker_init(threads: int, app_loader: Callable[[], ClientApp], gpus: Any) -> None:
+def _spawned_worker_init(
+    threads: int, app_loader: Callable[[], ClientApp], gpus: Any, stacks_dir: str | None = None
+) -> None:
     """A spawned worker's start: its GPU (the next of the parent's queue ``gpus``, if any)
     set in ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA, then the forked worker's
     start (:func:`_worker_init`) and the ClientApp loaded here (``spawn`` gives the worker
     the parent's ``sys.path`` as it was at the worker's start)."""
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get(timeout=60))
-    _worker_init(threads)
+    _worker_init(threads, stacks_dir)
     _WORKER_APP["app"] = app_loader()
     from pflarena.core.training import warm_optimizers
 
@@ -243,6 +364,7 @@ class InProcessGrid(Grid):
         start_method: str = "fork",
         gpus: Iterable[str] = (),
         app_loader: Callable[[], ClientApp] | None = None,
+        output_dir: Path | None = None,
     ) -> None:
         self.client_app = client_app
         #: ClientApp calls run at once, each in a worker process (1: in this process)
@@ -262,6 +384,8 @@ class InProcessGrid(Grid):
         self._files = ParcelFiles()
         #: the memory files the workers write their replies' large records into
         self._slots = ReplySlots()
+        #: where a call past its time was (``stuck-calls.txt`` in ``output_dir``)
+        self._stuck = StuckCalls(output_dir)
         #: the workers are forked once one push has kept this process busy this long
         self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
         #: start the workers before any call runs in this process: spawned workers (clients
@@ -436,7 +560,7 @@ class InProcessGrid(Grid):
                     self.workers,
                     mp_context=multiprocessing.get_context("fork"),
                     initializer=_worker_init,
-                    initargs=(per_worker,),
+                    initargs=(per_worker, self._stuck.directory()),
                 )
                 # With fork, every worker is started at the first submission, before the
                 # executor's own thread: all of them are forked here.
@@ -459,7 +583,7 @@ class InProcessGrid(Grid):
             self.workers,
             mp_context=context,
             initializer=_spawned_worker_init,
-            initargs=(threads, self.app_loader, slots),
+            initargs=(threads, self.app_loader, slots, self._stuck.directory()),
         )
         # A spawned pool starts a worker for each submission no idle worker takes: as many
         # submissions as workers start them all here, and waiting for the answers waits for
@@ -487,6 +611,7 @@ class InProcessGrid(Grid):
                     process.join(timeout=5)
         self._files.close()
         self._slots.close()
+        self._stuck.close()
 
     def _push_parallel(self, messages: list[Message]) -> list[str]:
         """:meth:`push_messages` with each node's call in a worker process; a node given two
@@ -543,6 +668,7 @@ class InProcessGrid(Grid):
         submission, and keep their replies and contexts."""
         from concurrent.futures.process import BrokenProcessPool
 
+        stacks: str | None = None  # the workers' stacks, asked for once per collection
         for msg, node_id, future, submitted, slot in pending:
             ttl = msg.metadata.ttl
             deadline = None if not ttl else submitted + ttl
@@ -552,13 +678,10 @@ class InProcessGrid(Grid):
                 if slot is not None:  # its worker may still write it
                     self._slots.abandon(slot)
                 self.busy[node_id] = future
-                log(
-                    WARNING,
-                    "pflarena: node %d's ClientApp ran past the round timeout (%.0fs); "
-                    "no reply, the next client runs",
-                    node_id,
-                    ttl,
-                )
+                if stacks is None:
+                    processes = getattr(self._pool, "_processes", None) or {}
+                    stacks = self._stuck.of_workers(list(processes))
+                self._past_its_time(node_id, msg, stacks)
                 continue
             except BrokenProcessPool as exc:
                 if not self._pool_broken:
@@ -588,6 +711,19 @@ class InProcessGrid(Grid):
                     self._slots.done(slot)
             self._replies[msg.metadata.message_id] = self._finish(reply, node_id, fresh=True)
 
+    def _past_its_time(self, node_id: int, msg: Message, stacks: str) -> None:
+        """Say that ``node_id``'s call on ``msg`` ran past its time to live, and record
+        where it was (``stacks``) in the run's ``stuck-calls.txt``."""
+        written = self._stuck.record(node_id, msg, stacks)
+        log(
+            WARNING,
+            "pflarena: node %d's ClientApp ran past the round timeout (%.0fs); no reply, the "
+            "next client runs; %s",
+            node_id,
+            msg.metadata.ttl,
+            f"where it was: {written}" if written else f"where it was:\n{stacks}",
+        )
+
     def _call(self, received: Message, msg: Message, node_id: int) -> Message | None:
         """The ClientApp's reply to ``received`` (an error reply if it raised), or None
         when it is still running once the message's time to live has passed."""
@@ -608,13 +744,7 @@ class InProcessGrid(Grid):
         _join(thread, None if not ttl else time.monotonic() + ttl)
         if thread.is_alive():
             self.busy[node_id] = thread
-            log(
-                WARNING,
-                "pflarena: node %d's ClientApp ran past the round timeout (%.0fs); "
-                "no reply, the next client runs",
-                node_id,
-                msg.metadata.ttl,
-            )
+            self._past_its_time(node_id, msg, _thread_stack(thread))
             return None
         if "raise" in outcome:
             raise outcome["raise"]
@@ -687,6 +817,7 @@ def run_inprocess(
         start_method=start_method,
         gpus=gpus,
         app_loader=functools.partial(load_client_app, app),
+        output_dir=Path(str(fused["output-dir"])) if fused.get("output-dir") else None,
     )
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=fused)
     # Everything imported so far (torch, Flower, half a million objects) lives as long as
