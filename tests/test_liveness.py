@@ -302,7 +302,7 @@ def test_a_heartbeat_500_streak_ends_with_a_success(guarded: Callable[..., type]
 def test_the_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RETRY_ENV, "45")
     assert retry_limit() == 45.0
-    for value, says in [("later", "not a number"), ("0.5", "at least 1 second")]:
+    for value, says in [("later", "not a number"), ("0.5", "at least 1 s")]:
         monkeypatch.setenv(RETRY_ENV, value)
         with pytest.raises(ValueError, match=f"{RETRY_ENV}='{value}' .*{says}"):
             retry_limit()
@@ -406,7 +406,7 @@ def test_the_activation_wait_comes_from_the_environment(
     assert activation_wait_limit() == DEFAULT_ACTIVATION_WAIT_S >= held + 15
     monkeypatch.setenv(ACTIVATION_WAIT_ENV, "0")
     assert activation_wait_limit() == 0.0
-    for value, says in [("soon", "not a number"), ("-1", "0 or more")]:
+    for value, says in [("soon", "not a number"), ("-1", "at least 0 s")]:
         monkeypatch.setenv(ACTIVATION_WAIT_ENV, value)
         with pytest.raises(ValueError, match=f"{ACTIVATION_WAIT_ENV}='{value}' .*{says}"):
             activation_wait_limit()

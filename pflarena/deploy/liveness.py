@@ -164,16 +164,22 @@ class ServerErrorStreak:
         return self.failed() >= self.limit_s
 
 
+def _seconds(name: str, default: float, least: float) -> float:
+    """Seconds from the environment variable ``name`` (``default`` where it is unset), at
+    least ``least``; a ``ValueError`` naming the variable otherwise."""
+    value = os.environ.get(name, "").strip()
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+    if not seconds >= least:
+        raise ValueError(f"{name}={value!r} must be at least {least:g} s")
+    return seconds
+
+
 def retry_limit() -> float:
     """The node's limit on a streak of 500s, from :data:`RETRY_ENV` (seconds)."""
-    value = os.environ.get(RETRY_ENV, "").strip()
-    try:
-        seconds = float(value) if value else DEFAULT_RETRY_S
-    except ValueError:
-        raise ValueError(f"{RETRY_ENV}={value!r} is not a number of seconds") from None
-    if not seconds >= 1:
-        raise ValueError(f"{RETRY_ENV}={value!r} must be at least 1 second")
-    return seconds
+    return _seconds(RETRY_ENV, DEFAULT_RETRY_S, 1.0)
 
 
 def activation_wait_limit() -> float:
@@ -198,14 +204,7 @@ def activation_wait_limit() -> float:
             ["HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL of at most 60 s"],
             "wait out a node still held online",
         )
-    value = os.environ.get(ACTIVATION_WAIT_ENV, "").strip()
-    try:
-        seconds = float(value) if value else DEFAULT_ACTIVATION_WAIT_S
-    except ValueError:
-        raise ValueError(f"{ACTIVATION_WAIT_ENV}={value!r} is not a number of seconds") from None
-    if not seconds >= 0:
-        raise ValueError(f"{ACTIVATION_WAIT_ENV}={value!r} must be 0 or more seconds")
-    return seconds
+    return _seconds(ACTIVATION_WAIT_ENV, DEFAULT_ACTIVATION_WAIT_S, 0.0)
 
 
 def _activation_refused(exc: Exception) -> bool:
