@@ -1273,8 +1273,9 @@ def test_several_hosts_from_their_bundles(tmp_path: Path, image_tag: str) -> Non
     * A run submitted from the operator's network completes with the in-process run's rounds.
     * A second run (Ditto: each client's personal model in its host's state): a third host,
       whose bundle is made after the run started, joins as a device without Docker
-      (``run-node.sh``); then a host "reboots" (its containers removed, made again by its
-      ``start.sh`` from its bundle and state) and takes part again holding its client state.
+      (``run-node.sh``); then a host loses power and comes back at once (its containers
+      killed and removed, made again by its ``start.sh`` from its bundle and state while the
+      SuperLink still holds its node online) and takes part again holding its client state.
     """
     _need_root("the hosts' firewalls (iptables in their network namespaces)",
                ("nsenter", "iptables", "ip"))  # fmt: skip
@@ -1408,13 +1409,15 @@ def test_several_hosts_from_their_bundles(tmp_path: Path, image_tag: str) -> Non
         print(f"node-c, made after the run started, trains in round {joined['round']}")
         assert joined["round"] >= 2, joined
 
-        # node-a's host reboots: its containers stopped (its SuperNode leaves the SuperLink),
-        # removed, made again from its bundle and state. Its files are compared from the
-        # moment it stops: while it runs, each message deletes the versions the server no
+        # node-a's host loses power and comes back at once: its containers killed (its
+        # SuperNode cannot leave: the SuperLink holds its key's node online until its
+        # heartbeats are missed, about a minute, and refuses to activate it meanwhile),
+        # removed, made again by start.sh from its bundle and state. Its files are compared
+        # from the kill on: while it runs, each message deletes the versions the server no
         # longer needs.
         state = nodes["node-a"].root / "state"
         old = nodes["node-a"].container("clientapp")
-        nodes["node-a"].compose("stop", "-t", "10")
+        nodes["node-a"].compose("kill")
         before = _tree_digest(state)
         assert [k for k in before if "personal" in k], f"no personal model: {sorted(before)}"
         nodes["node-a"].compose("down", "-t", "10")
@@ -1423,6 +1426,8 @@ def test_several_hosts_from_their_bundles(tmp_path: Path, image_tag: str) -> Non
         nodes["node-a"].start()
         assert nodes["node-a"].container("clientapp") != old
         nodes["node-a"].healthy("supernode")
+        waited = nodes["node-a"].compose("logs", "--no-color", "supernode")
+        assert "refused to activate this node (code 2004)" in waited, waited[-3000:]
         for container in nodes["node-a"].containers():
             _firewall(container, (address, port))
         back = _wait_round(out, proc, lambda r: r["round"] > rebooted + 1 and _trained(r, 0), logs)
