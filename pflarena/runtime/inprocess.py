@@ -147,9 +147,10 @@ class StuckCalls:
         asked: dict[int, tuple[Path, int]] = {}
         for pid in pids:
             path = self._dir / f"{pid}.txt"
-            with contextlib.suppress(OSError):
-                asked[pid] = (path, path.stat().st_size if path.exists() else 0)
+            start = _size(path)
+            with contextlib.suppress(OSError):  # a worker gone meanwhile is not waited for
                 os.kill(pid, STACKS_SIGNAL)
+                asked[pid] = (path, start)
         deadline = time.monotonic() + STACKS_WAIT_S
         sizes: dict[int, int] = {}
         while time.monotonic() < deadline:
