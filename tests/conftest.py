@@ -51,3 +51,22 @@ def pytest_collection_modifyitems(config, items):
         return len(LONGEST) + (item.get_closest_marker("slow") is None)
 
     items.sort(key=rank)
+
+
+#: The file the in-process engine writes where a client call ran past its time
+#: (``pflarena.runtime.inprocess.STUCK_CALLS_FILE``; not imported here, to keep this file's
+#: imports light).
+STUCK_CALLS = "stuck-calls.txt"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report gets the ``stuck-calls.txt`` files of its ``tmp_path`` (where
+    a client that never answered was), so that a hang in CI can be read from its log."""
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path) and tmp_path.is_dir():
+        for path in sorted(tmp_path.rglob(STUCK_CALLS))[:3]:
+            text = path.read_text(errors="replace")
+            report.sections.append((f"where the stuck calls were: {path}", text[-12000:]))
+    return report
