@@ -413,6 +413,12 @@ def test_the_activation_wait_comes_from_the_environment(
     monkeypatch.setattr(constant, "HEARTBEAT_DEFAULT_INTERVAL", 60)
     with pytest.raises(RuntimeError, match="HEARTBEAT_PATIENCE"):
         activation_wait_limit()
+    monkeypatch.undo()
+    from flwr.supercore import error
+
+    monkeypatch.setattr(error, "ApiErrorCode", type("ApiErrorCode", (), {}))  # without it
+    with pytest.raises(RuntimeError, match="FLEET_NODE_ACTIVATION_FAILED"):
+        activation_wait_limit()
 
 
 # --------------------------------------------------------------- against a real SuperLink

@@ -194,16 +194,26 @@ def activation_wait_limit() -> float:
         The installed flwr holds a node online longer than the default covers.
     """
     from flwr.common import constant
+    from flwr.supercore import error
 
     held = (
         getattr(constant, "HEARTBEAT_PATIENCE", None),
         getattr(constant, "HEARTBEAT_DEFAULT_INTERVAL", None),
     )
-    if None in held or held[0] * held[1] > DEFAULT_ACTIVATION_WAIT_S - 15:
-        raise _flwr_differs(
-            ["HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL of at most 60 s"],
-            "wait out a node still held online",
-        )
+    missing = [
+        name
+        for name, ok in [
+            ("flwr.common.constant's HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL of at "
+             "most 60 s", None not in held and held[0] * held[1] <= DEFAULT_ACTIVATION_WAIT_S - 15),
+            ("flwr.supercore.error.ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED",
+             hasattr(getattr(error, "ApiErrorCode", None), "FLEET_NODE_ACTIVATION_FAILED")),
+            ("flwr.supercore.error.FlowerError.from_json",
+             hasattr(getattr(error, "FlowerError", None), "from_json")),
+        ]
+        if not ok
+    ]  # fmt: skip
+    if missing:
+        raise _flwr_differs(missing, "wait out a node still held online")
     return _seconds(ACTIVATION_WAIT_ENV, DEFAULT_ACTIVATION_WAIT_S, 0.0)
 
 
