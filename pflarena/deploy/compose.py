@@ -335,7 +335,8 @@ def _services(
             "environment": TRACE,
             "healthcheck": healthcheck(SUPERNODE_RUNTIME_PORT, tls),
             "depends_on": _healthy("superlink"),
-            # With authentication a node is refused (exit 305) until its key is registered.
+            # With authentication a node is refused (exit 305, after its activation wait:
+            # deploy/liveness.py) until its key is registered; restarted meanwhile.
             "restart": "unless-stopped",
         }
         services[f"clientapp-{i}"] = {
