@@ -387,6 +387,8 @@ class InProcessGrid(Grid):
         self._slots = ReplySlots()
         #: where a call past its time was (``stuck-calls.txt`` in ``output_dir``)
         self._stuck = StuckCalls(output_dir)
+        #: the workers' stacks, asked for once per push (its collections share them)
+        self._push_stacks: str | None = None
         #: the workers are forked once one push has kept this process busy this long
         self.fork_after_s = float(os.environ.get(FORK_AFTER_ENV, FORK_AFTER_S))
         #: start the workers before any call runs in this process: spawned workers (clients
@@ -628,6 +630,7 @@ class InProcessGrid(Grid):
         thousands of them."""
         began = time.monotonic()
         stored: dict[int, Spilled] | None = None
+        self._push_stacks = None  # asked for at the push's first call past its time
         ids: list[str] = []
         pending: list[tuple[Message, int, Future, float, str | None]] = []
         window = IN_FLIGHT_PER_WORKER * self.workers
@@ -669,7 +672,6 @@ class InProcessGrid(Grid):
         submission, and keep their replies and contexts."""
         from concurrent.futures.process import BrokenProcessPool
 
-        stacks: str | None = None  # the workers' stacks, asked for once per collection
         for msg, node_id, future, submitted, slot in pending:
             ttl = msg.metadata.ttl
             deadline = None if not ttl else submitted + ttl
@@ -679,10 +681,10 @@ class InProcessGrid(Grid):
                 if slot is not None:  # its worker may still write it
                     self._slots.abandon(slot)
                 self.busy[node_id] = future
-                if stacks is None:
+                if self._push_stacks is None:
                     processes = getattr(self._pool, "_processes", None) or {}
-                    stacks = self._stuck.of_workers(list(processes))
-                self._past_its_time(node_id, msg, stacks)
+                    self._push_stacks = self._stuck.of_workers(list(processes))
+                self._past_its_time(node_id, msg, self._push_stacks)
                 continue
             except BrokenProcessPool as exc:
                 if not self._pool_broken:
