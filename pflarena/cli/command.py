@@ -195,6 +195,13 @@ def build_parser(full_help: bool = False, command: str | None = None) -> argpars
     return parser
 
 
+def _unrecorded_output(interrupt: BaseException) -> list[str] | None:
+    """The simulation's last lines where an interrupted run did not record its end
+    (:func:`pflarena.runtime.launch.unrecorded_output`; None where no run was started)."""
+    launch = sys.modules.get("pflarena.runtime.launch")
+    return launch.unrecorded_output(interrupt) if launch is not None else None
+
+
 def _command_of(argv: list[str]) -> str | None:
     """The subcommand ``argv`` names (its first word that is not a flag), if known."""
     for word in argv:
@@ -275,12 +282,19 @@ def _main(argv: list[str] | None) -> int:
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:
         print(f"pflarena {args.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
-    except KeyboardInterrupt:
-        # Everything started was stopped on the way out (run_simulations); one line.
+    except KeyboardInterrupt as interrupt:
+        # Everything started was stopped on the way out (run_simulations); one line, and
+        # where the run did not record how it ended, the simulation's last lines.
         run_dir = getattr(args, "run_dir", None)
         hint = f"; `pflarena run --resume {run_dir}` continues it" if run_dir else ""
         how = "terminated" if terminated else "interrupted"
         print(f"\npflarena {args.command}: {how}{hint}", file=sys.stderr)
+        if run_dir and (lines := _unrecorded_output(interrupt)) is not None:
+            print(
+                f"pflarena {args.command}: the run recorded no summary of its end in "
+                f"{run_dir}; the simulation's last lines:\n" + "".join(lines).rstrip(),
+                file=sys.stderr,
+            )
         return 128 + signal.SIGTERM if terminated else 130
     finally:
         if main_thread:

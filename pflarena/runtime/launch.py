@@ -12,6 +12,7 @@ app submitted with ``flwr run`` and its log streamed, the SuperLink stopped (by 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -134,7 +135,8 @@ def simulate(
         )
         what = "flwr run"
     else:
-        returncode, tail = run_simulations(
+        returncode, tail = _run_noting_interrupts(
+            output_dir / "summary.json",
             [cfg],
             cpus_per_client=cpus_per_client,
             gpus_per_client=gpus_per_client,
@@ -166,19 +168,52 @@ def simulate(
     return summary
 
 
+#: Lines of a process's output kept to say why it failed or stopped.
+TAIL_LINES = 40
+
+
+def _run_noting_interrupts(
+    summary_path: Path, configs: list[RunConfig], **options: Any
+) -> tuple[int, list[str]]:
+    """:func:`run_simulations`, an interrupt that left no new ``summary_path`` (the run did
+    not record how it ended) carrying the simulation process's last lines
+    (:func:`unrecorded_output`)."""
+
+    def written() -> tuple[int, int] | None:
+        with contextlib.suppress(OSError):
+            info = summary_path.stat()
+            return (info.st_ino, info.st_mtime_ns)
+        return None
+
+    before = written()
+    tail: list[str] = []
+    try:
+        return run_simulations(configs, output=tail, **options)
+    except KeyboardInterrupt as interrupt:
+        if written() in (None, before):
+            setattr(interrupt, UNRECORDED, tail)
+        raise
+
+
 def _stream(
-    proc: subprocess.Popen, log_handle: Any, verbosity: int, progress: Progress | None = None
+    proc: subprocess.Popen,
+    log_handle: Any,
+    verbosity: int,
+    progress: Progress | None = None,
+    tail: collections.deque[str] | None = None,
 ) -> list[str]:
     """Show a process's output as ``verbosity`` says (or through ``progress``), log all of
-    it but the progress events' JSON lines (each event's log line follows it); its last 40
-    lines."""
+    it but the progress events' JSON lines (each event's log line follows it); its last
+    :data:`TAIL_LINES` lines, kept in ``tail`` as they come (so that a caller interrupted
+    meanwhile still has them)."""
     assert proc.stdout is not None
-    tail: list[str] = []
+    if tail is None:
+        tail = collections.deque(maxlen=TAIL_LINES)
     try:
         for line in proc.stdout:
             event = read_event(line) is not None
             if not event:
-                tail = (tail + [line])[-40:]
+                tail.append(line)
                 if log_handle:
                     log_handle.write(line)
             if progress is not None:
@@ -190,7 +225,46 @@ def _stream(
         if progress is not None:
             progress.close()
     proc.wait()
-    return tail
+    return list(tail)
+
+
+def stop_reading(
+    proc: subprocess.Popen,
+    unread: tuple[Any, collections.deque[str]] | None,
+    grace: float = 60.0,
+) -> None:
+    """:func:`~pflarena.runtime.processes.stop_group` for ``proc``, whose output is read
+    meanwhile where nobody reads it any more (``unread``: the log file and the last lines
+    to add it to). Unread, a process that writes more than a pipe holds (64 KB) on its way
+    out blocks in that write until it is killed, before it records how its run ended."""
+    if unread is None or proc.stdout is None:
+        stop_group(proc, grace)
+        return
+    log_handle, tail = unread
+
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):  # the pipe or the log closed under it
+            for line in proc.stdout:  # type: ignore[union-attr]
+                if read_event(line) is None:
+                    tail.append(line)
+                    if log_handle:
+                        log_handle.write(line)
+
+    reader = threading.Thread(target=read, name="pflarena-drain", daemon=True)
+    reader.start()
+    stop_group(proc, grace)
+    reader.join(timeout=5)  # the group is gone; a process outside it (Ray's) may hold the pipe
+
+
+#: Attribute of the ``KeyboardInterrupt`` that stopped :func:`simulate` where the run
+#: recorded no summary of its end: the simulation process's last lines of output.
+UNRECORDED = "pflarena_unrecorded_output"
+
+
+def unrecorded_output(interrupt: BaseException) -> list[str] | None:
+    """The simulation process's last lines where an interrupted :func:`simulate` left no
+    new ``summary.json`` (the run did not record how it ended); None where it did."""
+    return getattr(interrupt, UNRECORDED, None)
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
@@ -275,13 +349,15 @@ def run_simulations(
     progress: Progress | None = None,
     workers: int | None = None,
     clients_per_gpu: int | None = None,
+    output: list[str] | None = None,
 ) -> tuple[int, list[str]]:
     """Run ``configs`` one after another in one simulation process, started once.
 
     The process (``python -m pflarena.runtime.simulation``) runs Flower's simulation runtime
     and keeps its Ray instance and actors from one run to the next. Each run writes its own
     results; returns the process's exit code (0 when every run completed) and its last
-    lines of output. Interrupting this call stops the process and its children.
+    lines of output. Interrupting this call stops the process and its children, reading
+    its output meanwhile; its last lines are then in ``output`` (a list of the caller's).
     The engine is :func:`pflarena.runtime.engines.plan_engine`'s for ``engine``, ``workers``
     and the resources asked for (by default in-process, :mod:`pflarena.runtime.inprocess`).
     ``ray_address`` (``auto`` or ``HOST:PORT``) runs them on that Ray cluster, the app's
@@ -356,6 +432,8 @@ def run_simulations(
     )
     log_handle = open(log_file, "w") if log_file else None  # noqa: SIM115
     proc = None
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    streamed = False
     terminate = _SigtermHandler()
     received = _SignalsNoted()
     try:
@@ -372,7 +450,8 @@ def run_simulations(
             start_new_session=True,
             pass_fds=[lock.fileno() for lock in locks],
         )
-        tail = _stream(proc, log_handle, verbosity, progress)
+        _stream(proc, log_handle, verbosity, progress, tail)
+        streamed = True
     finally:
         # a second Ctrl-C or SIGTERM must not cut the shutdown short and leave processes
         # behind
@@ -383,7 +462,7 @@ def run_simulations(
                 # the signal this process got, passed on: the run is recorded as
                 # interrupted by it (SIGINT, SIGTERM), not by the SIGTERM that stops it
                 received.forward(proc)
-                stop_group(proc)
+                stop_reading(proc, None if streamed else (log_handle, tail))
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -395,7 +474,9 @@ def run_simulations(
         if log_handle:
             log_handle.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    return proc.returncode, tail
+        if output is not None:
+            output[:] = tail
+    return proc.returncode, list(tail)
 
 
 def _simulate_on_superlink(
