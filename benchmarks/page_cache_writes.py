@@ -1,13 +1,17 @@
-"""What writing a model-sized file costs this machine's kernel: into new page-cache pages,
-and into pages just freed by deleting files of the same size.
+"""What writing and reading a model-sized file costs this machine's kernel: through the page
+cache into new pages, into pages just freed, and past the page cache (``O_DIRECT``, as
+``pflarena.core.directio`` writes client state).
 
 A stateful client writes its state (Ditto: a 6.6 MB personal model) into a new file on every
 train message. Where the kernel has no recently freed pages at hand it takes fresh ones; on
 a virtual machine whose balloon device reports free pages to the host (virtio-balloon's
 free page reporting), a page freed a few seconds ago is fresh again, and each costs the host
 a fault and a zeroing. This writes ``--files`` files of ``--mb`` MB one after another (fresh
-pages), deletes them, and writes as many again (their pages recycled), reporting each
-write's wall time and the process's system CPU time per write.
+pages), deletes them, writes as many again (their pages recycled), and as many past the page
+cache from one reused aligned buffer. Then it reads them back into one reused buffer:
+the buffered files from the page cache, and the direct ones (not in the cache) both through
+the page cache and past it. Each row gives the wall time per file and the process's system
+CPU time per file.
 
 Usage::
 
@@ -56,6 +60,44 @@ def write_files(folder: Path, payload: bytes, count: int, tag: str) -> tuple[lis
     return walls, (after.system - before.system) / count
 
 
+def write_direct(folder: Path, payload: bytes, count: int) -> tuple[list[float], float]:
+    from pflarena.core import directio
+
+    buffer = directio.AlignedBuffer(len(payload))
+    buffer.write(payload)
+    walls = []
+    before = os.times()
+    for i in range(count):
+        start = time.perf_counter()
+        if not directio.write(folder / f"direct-{i}.bin", buffer, durable=False):
+            raise SystemExit(f"the file system of {folder} refuses O_DIRECT")
+        walls.append(time.perf_counter() - start)
+    after = os.times()
+    return walls, (after.system - before.system) / count
+
+
+def read_files(
+    folder: Path, tag: str, count: int, size: int, direct: bool
+) -> tuple[list[float], float]:
+    from pflarena.core import directio
+
+    into = bytearray(size)
+    walls = []
+    before = os.times()
+    for i in range(count):
+        path = folder / f"{tag}-{i}.bin"
+        start = time.perf_counter()
+        if direct:
+            if directio.read(path, size) is None:
+                raise SystemExit(f"the file system of {folder} refuses O_DIRECT")
+        else:
+            with open(path, "rb", buffering=0) as handle:
+                handle.readinto(into)
+        walls.append(time.perf_counter() - start)
+    after = os.times()
+    return walls, (after.system - before.system) / count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=150)
@@ -71,6 +113,14 @@ def main() -> None:
         for path in folder.iterdir():
             path.unlink()
         recycled, recycled_sys = write_files(folder, payload, args.files, "recycled")
+        direct, direct_sys = write_direct(folder, payload, args.files)
+        size = len(payload)
+        cached = read_files(folder, "recycled", args.files, size, direct=False)
+        uncached = read_files(folder, "direct", args.files, size, direct=False)
+        for path in folder.glob("direct-*"):  # read into the cache just now: written again
+            path.unlink()
+        write_direct(folder, payload, args.files)
+        read_direct = read_files(folder, "direct", args.files, size, direct=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -82,7 +132,8 @@ def main() -> None:
         )
 
     lines = [
-        "# Writing model-sized files: new page-cache pages against recycled ones",
+        "# Writing and reading model-sized files: new page-cache pages, recycled ones, "
+        "and past the page cache",
         "",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; commit `{head_commit()}`.",
         f"- Command: `{shlex.join(['python', 'benchmarks/page_cache_writes.py', *sys.argv[1:]])}`.",
@@ -90,13 +141,19 @@ def main() -> None:
         f"{balloon_reports_free_pages()}; folder on the file system of `{folder.parent}`.",
         "",
         f"{args.files} files of {args.mb} MB written one after another (buffered, no fsync), "
-        "then deleted, then as many written again. Times per write, ms; system CPU: the "
-        "process's kernel time over the writes, per write (10 ms clock ticks, averaged).",
+        "then deleted, then as many written again, then as many past the page cache "
+        "(`O_DIRECT`, from one reused aligned buffer, no fsync); then each set read back "
+        "into one reused buffer. Times per file, ms; system CPU: the process's kernel time "
+        "per file (10 ms clock ticks, averaged).",
         "",
-        "| writes | median | mean | most | system CPU |",
+        "| file | median | mean | most | system CPU |",
         "|---|---|---|---|---|",
-        row("into new pages", fresh, fresh_sys),
-        row("into the pages the deleted files freed", recycled, recycled_sys),
+        row("written into new pages", fresh, fresh_sys),
+        row("written into the pages the deleted files freed", recycled, recycled_sys),
+        row("written past the page cache", direct, direct_sys),
+        row("read from the page cache", *cached),
+        row("read through the page cache, not in it", *uncached),
+        row("read past the page cache", *read_direct),
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

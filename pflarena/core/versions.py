@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 from flwr.app import ArrayRecord, RecordDict
 
+from pflarena.core import directio
 from pflarena.core.array_decoding import array_buffer, from_npy, npy_bytes
 
 __all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "run_key"]
@@ -41,6 +42,10 @@ __all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "run_key"]
 #: membership and momentum, a Ditto logistic model). The cache was 16 entries before, which
 #: a 30-client simulation with two entries per client missed on every read.
 CACHE_BYTES = 64 << 20
+
+#: Entry files from this size on are written and read past the page cache where a store is
+#: ``direct`` (:class:`DiskVersions`): a model's state, not a membership vector.
+DIRECT_MIN_BYTES = 1 << 20
 
 
 def run_key(run_config: Mapping[str, Any]) -> str:
@@ -63,11 +68,11 @@ def write_npz(handle: BinaryIO, record: ArrayRecord) -> None:
                 member.write(npy_bytes(array))
 
 
-def read_npz(path: Path) -> ArrayRecord:
-    """The record :func:`write_npz` (or ``np.savez``) wrote at ``path``: what
-    ``{name: Array(np.load(path)[name])}`` gives, each array's bytes taken from its member as
-    they are where they are what ``np.save`` writes (:func:`from_npy`). The members' checksums
-    are checked (``zipfile``); a member that is not ``.npy`` is refused."""
+def read_npz(path: Path | BinaryIO) -> ArrayRecord:
+    """The record :func:`write_npz` (or ``np.savez``) wrote at ``path`` (or in a file
+    object): what ``{name: Array(np.load(path)[name])}`` gives, each array's bytes taken from
+    its member as they are where they are what ``np.save`` writes (:func:`from_npy`). The
+    members' checksums are checked (``zipfile``); a member that is not ``.npy`` is refused."""
     record = ArrayRecord()
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
@@ -75,6 +80,10 @@ def read_npz(path: Path) -> ArrayRecord:
                 raise ValueError(f"{info.filename!r} is not an .npy member")
             record[info.filename[: -len(".npy")]] = from_npy(archive.read(info))
     return record
+
+
+def _data_bytes(record: ArrayRecord) -> int:
+    return sum(len(array_buffer(array)) for array in record.values())
 
 
 def _file_name(entry: str) -> str:
@@ -95,15 +104,20 @@ class DiskVersions:
     (:func:`pflarena.server.checkpoint.save_checkpoint`), which makes every version the
     checkpoint can refer to durable at the cost of one sync a round instead of one fsync
     per client and entry (about 11 ms each here, more than a PAGE client's agent work).
+
+    ``direct`` (the default) writes and reads entry files of :data:`DIRECT_MIN_BYTES` and
+    more past the page cache (:mod:`pflarena.core.directio`; the page cache's way where the
+    file system refuses it). The files are the same either way.
     """
 
     _cache: OrderedDict[tuple[str, int, int], tuple[ArrayRecord, int]] = OrderedDict()
     _cache_bytes = 0
     _cache_lock = threading.Lock()
 
-    def __init__(self, folder: Path, *, durable: bool = True) -> None:
+    def __init__(self, folder: Path, *, durable: bool = True, direct: bool = True) -> None:
         self.folder = folder
         self.durable = durable
+        self.direct = direct
         #: seconds the last :meth:`write` spent on each changed entry (serialise, write,
         #: fsync), and the thread's CPU seconds of the same
         self.write_seconds: dict[str, float] = {}
@@ -148,7 +162,10 @@ class DiskVersions:
         if cached is not None:
             return cached
         try:
-            record = read_npz(path)
+            source: Path | directio.AlignedBuffer | None = None
+            if self.direct and key[2] >= DIRECT_MIN_BYTES:
+                source = directio.read(path, key[2])
+            record = read_npz(source or path)
         except Exception as exc:  # noqa: BLE001 - a damaged file, whatever numpy says
             raise ValueError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
         self._remember(key, record)
@@ -171,7 +188,7 @@ class DiskVersions:
 
     @classmethod
     def _remember(cls, key: tuple[str, int, int], record: ArrayRecord) -> None:
-        size = sum(len(array_buffer(array)) for array in record.values())
+        size = _data_bytes(record)
         if size > CACHE_BYTES:
             return
         with cls._cache_lock:
@@ -194,11 +211,7 @@ class DiskVersions:
             self.write_seconds, self.write_cpu_seconds = {}, {}
             for entry, record in changed.items():
                 started, started_cpu = time.perf_counter(), time.thread_time()
-                with open(staging / _file_name(entry), "wb") as handle:
-                    write_npz(handle, record)
-                    if self.durable:
-                        handle.flush()
-                        os.fsync(handle.fileno())
+                self._write_entry(staging / _file_name(entry), record)
                 self.write_seconds[entry] = time.perf_counter() - started
                 self.write_cpu_seconds[entry] = time.thread_time() - started_cpu
             target = self._path(version)
@@ -212,6 +225,27 @@ class DiskVersions:
         for entry, record in changed.items():
             path = target / _file_name(entry)
             self._remember(self._cache_key(path), record)
+
+    def _write_entry(self, path: Path, record: ArrayRecord) -> None:
+        """One entry's file: past the page cache where ``direct`` and the file is large
+        enough (serialised into the thread's aligned buffer first), else through it."""
+        if self.direct and _data_bytes(record) >= DIRECT_MIN_BYTES:
+            buffer = directio.thread_buffer()
+            buffer.reset()
+            write_npz(buffer, record)
+            if directio.write(path, buffer, durable=self.durable):
+                return
+            content: Any = buffer.padded()[: buffer.size]  # refused: the same bytes, cached
+        else:
+            content = None
+        with open(path, "wb") as handle:
+            if content is None:
+                write_npz(handle, record)
+            else:
+                handle.write(content)
+            if self.durable:
+                handle.flush()
+                os.fsync(handle.fileno())
 
     def delete(self, version: int) -> None:
         """Remove ``version``'s folder. A version holds only entry files, so they are
