@@ -183,3 +183,23 @@ def test_a_direct_read_of_a_file_shorter_than_said_is_an_error(tmp_path):
     with pytest.raises(OSError, match="ended after 5000 of 9000 bytes"):
         directio.read(path, 9000)
     assert read_npz  # the reader a store uses on what directio.read returns
+
+
+def test_the_runs_state_io_reaches_the_clients_and_the_servers_stores(tmp_path):
+    from types import SimpleNamespace
+
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from pflarena.client.app import open_state
+    from pflarena.server.build import build_strategy, parse_config
+
+    msg = SimpleNamespace(content=RecordDict({"config": ConfigRecord({})}))
+    for state_io, direct in (("direct", True), ("buffered", False)):
+        cfg = parse_config(
+            {"strategy": "fedfomo", "num-clients": 3, "validation-fraction": 0.2,
+             "state-io": state_io, "output-dir": str(tmp_path / state_io)}  # fmt: skip
+        )
+        context = Context(1, 1, {"partition-id": 0}, RecordDict(), cfg.to_run_config())
+        assert open_state(cfg, context, msg, 0, train=True).store.direct is direct
+        strategy = build_strategy(cfg, None, state_dir=tmp_path / state_io / "server-state")
+        assert strategy.pool("models")._store(0).direct is direct

@@ -67,7 +67,11 @@ def open_state(
     if not key.isalnum():  # not given (or not a plain name): the run config's hash
         key = run_key(context.run_config)
     store = (
-        DiskVersions(Path(str(root)) / key / f"client-{client_id}", durable=durable)
+        DiskVersions(
+            Path(str(root)) / key / f"client-{client_id}",
+            durable=durable,
+            direct=cfg.state_io == "direct",
+        )
         if root
         else MemoryVersions(context.state)
     )

@@ -173,6 +173,13 @@ class RunConfig(FederationSpec):
         "pFedMe's, APFL's, Local's ...): float16 halves their disk and write time, and rounds "
         "the stored weights to float16 each time they are saved (computation stays float32)",
     )
+    state_io: Literal["direct", "buffered"] = Field(
+        "direct",
+        description="how state files of 1 MiB and more (a client's personal model, a "
+        "server's per-client pool) are written and read: direct, past the page cache "
+        "(O_DIRECT: a state written once and read rounds later takes no new cache pages, "
+        "and where the file system refuses, through it), or buffered, through the page cache",
+    )
     tracker: str = Field(
         "",
         description="experiment trackers the ServerApp logs to: mlflow, tensorboard, wandb, "

@@ -324,16 +324,19 @@ class ClientPool:
     root
         A folder (``<output-dir>/server-state/<name>``), or ``None`` to keep the versions in
         memory (a run without an output directory cannot be resumed anyway).
+    direct
+        Large entries past the page cache (:class:`DiskVersions`; the run's ``state-io``).
     """
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: Path | None, *, direct: bool = True) -> None:
         self.root = root
+        self.direct = direct
         self._memory: dict[int, MemoryVersions] = {}
 
     def _store(self, client_id: int) -> DiskVersions | MemoryVersions:
         if self.root is None:
             return self._memory.setdefault(client_id, MemoryVersions(RecordDict()))
-        return DiskVersions(self.root / f"client-{client_id}")
+        return DiskVersions(self.root / f"client-{client_id}", direct=self.direct)
 
     def clients(self) -> list[int]:
         if self.root is None:

@@ -168,6 +168,7 @@ class StrategySetup:
             "seed": cfg.seed,
             "num_clients": cfg.num_clients,
             "state_dir": self.state_dir,
+            "state_io": cfg.state_io,
         }
 
 
@@ -327,6 +328,7 @@ class PflStrategy(Strategy):
         seed: int = 0,
         num_clients: int | None = None,
         state_dir: Path | None = None,
+        state_io: str = "direct",
         **method_params: Any,
     ) -> None:
         declared = self.declaration.params
@@ -360,6 +362,7 @@ class PflStrategy(Strategy):
         #: ``build_strategy``): counts a reply claims are checked against them
         self.client_sizes: ClientSizes | None = None
         self.state_dir = state_dir
+        self.state_io = state_io
         self._pools: dict[str, ClientPool] = {}
         #: the round being trained (set by the run loop and by ``configure_train``)
         self.server_round = 0
@@ -470,7 +473,10 @@ class PflStrategy(Strategy):
         ``pool.put(client_id, self.server_round, {...})``, read with ``pool.get``.
         """
         if name not in self._pools:
-            self._pools[name] = ClientPool(self.state_dir / name if self.state_dir else None)
+            self._pools[name] = ClientPool(
+                self.state_dir / name if self.state_dir else None,
+                direct=self.state_io == "direct",
+            )
         return self._pools[name]
 
     # ------------------------------------------------------------------ rounds
