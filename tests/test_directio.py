@@ -196,8 +196,13 @@ def test_the_runs_state_io_reaches_the_clients_and_the_servers_stores(tmp_path):
     msg = SimpleNamespace(content=RecordDict({"config": ConfigRecord({})}))
     for state_io, direct in (("direct", True), ("buffered", False)):
         cfg = parse_config(
-            {"strategy": "fedfomo", "num-clients": 3, "validation-fraction": 0.2,
-             "state-io": state_io, "output-dir": str(tmp_path / state_io)}  # fmt: skip
+            {
+                "strategy": "fedfomo",
+                "num-clients": 3,
+                "validation-fraction": 0.2,
+                "state-io": state_io,
+                "output-dir": str(tmp_path / state_io),
+            }  # fmt: skip
         )
         context = Context(1, 1, {"partition-id": 0}, RecordDict(), cfg.to_run_config())
         assert open_state(cfg, context, msg, 0, train=True).store.direct is direct
