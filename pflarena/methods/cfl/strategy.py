@@ -187,15 +187,40 @@ class CFL(StackedModelsStrategy):
         global_model=False,
     )
 
+    @staticmethod
+    def most_clusters(params: CFLParams, federation: Federation) -> int:
+        """The most clusters a run of ``federation`` can reach: one to start, then at most
+        one split per cluster and round after the warm-up, each needing
+        ``min_split_size`` of the round's clients; never more than the clients (both
+        parts of a split have members)."""
+        f = federation
+        rounds = max(f.num_rounds - params.warmup_rounds, 0)
+        return min(f.num_clients, 1 + rounds * (f.sampled // params.min_split_size))
+
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """A cluster's updates stacked in float32 for their Gram matrix (at most the
-        round's), and its float64 chunk, beside the replies."""
+        round's), and its float64 chunk, beside the replies; the clusters' models, now
+        and new, as many as the run can split into (:meth:`most_clusters`)."""
         f = federation
+        clusters = cls.most_clusters(params, f)
         return [
             *super().server_footprint(params, federation),
             *stacked_gram_footprint("the round's updates", f.sampled, f.model_params),
+            Footprint(f"the clusters' models, now and new (at most {clusters} clusters)",
+                      2 * clusters * f.model_bytes),
         ]  # fmt: skip
+
+    @classmethod
+    def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
+        """Every cluster's model: as many as the run can split into (:meth:`most_clusters`;
+        a run that does not split holds one)."""
+        clusters = cls.most_clusters(params, federation)
+        return [
+            Footprint(
+                f"the clusters' models (at most {clusters})", clusters * federation.model_bytes
+            )
+        ]
 
     prefix = CLUSTER_PREFIX
 
