@@ -50,7 +50,7 @@ from pydantic import Field
 from pflarena.algorithms.canonical import copy_name, parse_stacked
 from pflarena.algorithms.mgda import gram_matrix, stacked_gram_footprint
 from pflarena.core import keys
-from pflarena.core.footprint import Federation, Footprint
+from pflarena.core.footprint import Federation, Footprint, human_bytes
 from pflarena.core.methods import MethodDeclaration, MethodParams
 from pflarena.methods.cfl import keys as cfl_keys
 from pflarena.strategies.aggregation import as_numpy, as_record, stack_flat, weighted_mean
@@ -187,40 +187,36 @@ class CFL(StackedModelsStrategy):
         global_model=False,
     )
 
-    @staticmethod
-    def most_clusters(params: CFLParams, federation: Federation) -> int:
-        """The most clusters a run of ``federation`` can reach: one to start, then at most
-        one split per cluster and round after the warm-up, each needing
-        ``min_split_size`` of the round's clients; never more than the clients (both
-        parts of a split have members)."""
-        f = federation
-        rounds = max(f.num_rounds - params.warmup_rounds, 0)
-        return min(f.num_clients, 1 + rounds * (f.sampled // params.min_split_size))
-
     @classmethod
     def server_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
         """A cluster's updates stacked in float32 for their Gram matrix (at most the
-        round's), and its float64 chunk, beside the replies; the clusters' models, now
-        and new, as many as the run can split into (:meth:`most_clusters`)."""
+        round's), and its float64 chunk, beside the replies; the clusters' models, now and
+        new (:meth:`cluster_models`)."""
         f = federation
-        clusters = cls.most_clusters(params, f)
         return [
             *super().server_footprint(params, federation),
             *stacked_gram_footprint("the round's updates", f.sampled, f.model_params),
-            Footprint(f"the clusters' models, now and new (at most {clusters} clusters)",
-                      2 * clusters * f.model_bytes),
+            cls.cluster_models(federation, copies=2),
         ]  # fmt: skip
 
     @classmethod
     def checkpoint_footprint(cls, params: Any, federation: Federation) -> list[Footprint]:
-        """Every cluster's model: as many as the run can split into (:meth:`most_clusters`;
-        a run that does not split holds one)."""
-        clusters = cls.most_clusters(params, federation)
-        return [
-            Footprint(
-                f"the clusters' models (at most {clusters})", clusters * federation.model_bytes
-            )
-        ]
+        return [cls.cluster_models(federation, copies=1)]
+
+    @staticmethod
+    def cluster_models(federation: Federation, copies: int) -> Footprint:
+        """The clusters' models at the start: one cluster. Each split adds one model
+        (``copies`` of it), and how many splits a run makes depends on its updates: the
+        bound (one per cluster and round after the warm-up, each needing
+        ``min-split-size`` of the round's clients) is thousands of models for a long run
+        of a large federation, which would refuse every such run for splits that the split
+        criterion makes rare. So the term counts one cluster and says what a split adds."""
+        size = federation.model_bytes
+        return Footprint(
+            f"the clusters' models{', now and new' if copies > 1 else ''}: one cluster to "
+            f"start, each split adds {human_bytes(copies * size)}",
+            copies * size,
+        )
 
     prefix = CLUSTER_PREFIX
 
