@@ -36,7 +36,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commit_tree import export_commit, head_commit
+from commit_tree import export_commit, head_commit, tree_env
 
 from pflarena.server.results import read_rounds
 
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(tree: Path, num_clients: int, args: argparse.Namespace, out: Path, sets: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = tree_env(tree)
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", args.strategy,
         "--dataset", "mnist", "--data-dir", args.data_dir, "--model", "cnn",

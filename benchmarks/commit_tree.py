@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,10 +19,19 @@ def head_commit(tree: Path = ROOT) -> str:
 
 def export_commit(commit: str, into: Path) -> Path:
     """``commit``'s files (``git archive``) in a new folder ``into``; returns it. The tree
-    is run with ``PYTHONPATH`` pointing at it, so that its ``pflarena`` is imported."""
+    is run with :func:`tree_env`, so that its ``pflarena`` is imported."""
     into.mkdir(parents=True)
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True
     )
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """This environment with ``tree``'s ``pflarena`` imported first by a ``python -m``
+    started anywhere: ``PYTHONPATH`` names the tree, and ``PYTHONSAFEPATH`` keeps Python
+    from putting the current directory before it. (Without it, a command started from the
+    working tree ran the working tree's command-line code, and only the processes it
+    started ran the earlier tree's.)"""
+    return dict(os.environ, PYTHONPATH=str(tree), PYTHONSAFEPATH="1")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from commit_tree import export_commit  # noqa: E402 - the same tree export
+from commit_tree import export_commit, tree_env  # noqa: E402 - the same tree export
 from startup import _commit, comparable  # noqa: E402 - the same comparison
 
 LOOPS = r"""
@@ -58,7 +58,7 @@ METHODS = ("fedavg", "apfl", "ppfl", "pfedgt")
 
 
 def loops(tree: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = tree_env(tree)
     out = subprocess.run(
         [sys.executable, "-c", LOOPS], capture_output=True, text=True, env=env, check=True
     ).stdout
@@ -66,7 +66,7 @@ def loops(tree: Path) -> dict:
 
 
 def run(tree: Path, method: str, out: Path) -> float:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = tree_env(tree)
     command = [sys.executable, "-m", "pflarena.cli", "run", "--strategy", method, "--dataset",
                "digits", "--num-clients", "4", "--num-rounds", "3", "--seed", "0", "--quiet",
                "--output-dir", str(out)]  # fmt: skip

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from commit_tree import export_commit, head_commit
+from commit_tree import export_commit, head_commit, tree_env
 from scale import method_flags
 
 from pflarena.strategies import declarations
@@ -97,7 +96,7 @@ def resume(method: str, args: argparse.Namespace, before: Path, out: Path) -> No
 
 
 def _run(cmd: list[str], tree: Path, args: argparse.Namespace, out: Path, method: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = tree_env(tree)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if not (out / "summary.json").exists():
         raise RuntimeError(f"{method} from {tree}: exit {proc.returncode}, no summary\n"

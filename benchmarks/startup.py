@@ -45,7 +45,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commit_tree import export_commit
+from commit_tree import export_commit, tree_env
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = [
@@ -112,7 +112,7 @@ class TreeCPU:
 # --------------------------------------------------------------------------- one command
 def timed(tree: Path, args: list[str], work: Path, phases: Path | None = None) -> dict:
     """Run ``python -m pflarena.cli ARGS`` from ``tree``; its wall and CPU seconds."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = tree_env(tree)
     env.pop("PFLARENA_PHASES", None)
     if phases is not None:
         env["PFLARENA_PHASES"] = str(phases)

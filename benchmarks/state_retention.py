@@ -31,7 +31,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commit_tree import export_commit, head_commit
+from commit_tree import export_commit, head_commit, tree_env
 
 from pflarena.server.results import read_rounds
 
@@ -54,7 +54,7 @@ def state_on_disk(folder: Path) -> tuple[int, list[int]]:
 
 
 def run(tree: Path, args: argparse.Namespace, out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = tree_env(tree)
     cmd = [
         sys.executable, "-m", "pflarena.cli", "run", "--strategy", args.strategy,
         "--dataset", "mnist", "--data-dir", args.data_dir, "--model", "cnn",
