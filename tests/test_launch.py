@@ -122,3 +122,65 @@ def test_a_summary_left_by_an_earlier_interruption_is_not_this_runs(tmp_path, mo
     with pytest.raises(KeyboardInterrupt) as interrupt:
         launch.simulate(cfg, verbosity=0)
     assert launch.unrecorded_output(interrupt.value) == ["the last line\n"]
+
+
+#: A simulation process's signal handling, and a Ctrl-C that arrives while a finalizer
+#: runs (the in-process engine frees a reply's memory slot in a ``weakref.finalize``
+#: callback, hundreds of times a round). Prints how the run's code saw it.
+_CTRL_C_IN_A_FINALIZER = """
+import os, signal, sys, time, weakref
+from pflarena.runtime import simulation
+
+simulation._take_signals()
+if sys.argv[1] == "hooked":
+    sys.unraisablehook = simulation._interrupts_not_swallowed
+
+def free_the_slot():
+    os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: in here
+    for _ in range(1000):
+        pass
+
+class Reply:
+    pass
+
+try:
+    reply = Reply()
+    weakref.finalize(reply, free_the_slot)
+    del reply
+    for _ in range(100_000):
+        pass
+    time.sleep(float(sys.argv[2]))  # a wait of the run's, in C: the handler runs as it ends
+    print("the run went on")
+except KeyboardInterrupt as interrupt:
+    print("interrupted by", getattr(interrupt, "signal_name", None))
+"""
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_run(hooked):
+    """Python swallows an exception raised inside a finalizer (it reports it as "Exception
+    ignored in"). The simulation process's handler had already let later signals go, so an
+    interrupt lost there left the run going until the launcher killed it, with no summary.
+    The control (``hooked`` False) shows the loss the hook repairs. Hooked, the run's
+    long wait ends at once: the interrupt is raised again by its signal, sent to the main
+    thread."""
+    started = time.monotonic()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CTRL_C_IN_A_FINALIZER,
+            "hooked" if hooked else "plain",
+            "60" if hooked else "0.5",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if hooked:
+        assert time.monotonic() - started < 30
+        assert run.stdout.strip() == "interrupted by SIGINT", run.stdout + run.stderr
+        assert "Exception ignored" not in run.stderr
+    else:
+        assert run.stdout.strip() == "the run went on", run.stdout + run.stderr
+        assert "Exception ignored" in run.stderr and "RunInterrupted" in run.stderr

@@ -452,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(key, value)
     _take_signals()
     threading.excepthook = _quiet_interrupts
+    sys.unraisablehook = _interrupts_not_swallowed
     _become_subreaper()
 
     runtime = SimulationRuntime(
@@ -550,6 +551,55 @@ def _ignore_signals() -> None:
     "ignored due to race condition"."""
     signal.signal(signal.SIGTERM, _let_go)
     signal.signal(signal.SIGINT, _let_go)
+
+
+#: Seconds after which an interrupt Python swallowed is raised again
+#: (:func:`_interrupts_not_swallowed`).
+REDELIVER_S = 0.1
+
+
+def _interrupts_not_swallowed(args: Any) -> None:
+    """``sys.unraisablehook``: an interrupt that Python swallowed, raised again.
+
+    Python runs a signal's handler, and raises a thread's pending exception, at its next
+    bytecode, which may be inside a finalizer: a ``weakref.finalize`` callback (the
+    in-process engine frees a reply's memory slot in one, hundreds of times a round) or a
+    ``__del__``. An exception raised there cannot propagate; Python reports it to this hook
+    and goes on. The run's interrupt was then lost: its handler had already let later
+    signals go (:func:`_raise_keyboard_interrupt`), the run went on, and the launcher killed
+    it when its grace ended, before it recorded how it ended. So the same interrupt is
+    raised again in the same thread :data:`REDELIVER_S` later, from a timer: raised from
+    here, it would land in this hook, where it would be lost for good (and if it lands in
+    a finalizer again, it comes back here). Anything else is reported as before."""
+    interrupt = args.exc_value
+    if not isinstance(interrupt, KeyboardInterrupt):
+        sys.__unraisablehook__(args)
+        return
+    while True:
+        try:
+            _interrupt_again(threading.current_thread(), interrupt)
+            return
+        except KeyboardInterrupt:  # a signal's handler ran in here: it is this interrupt
+            continue
+
+
+def _interrupt_again(thread: threading.Thread, interrupt: KeyboardInterrupt) -> None:
+    """Raise ``interrupt`` in ``thread`` :data:`REDELIVER_S` from now: on the main thread
+    by its signal, sent to that thread (a wait there returns to run the handler, set again
+    with the first signal's number), on another as :func:`interrupt_thread` does."""
+    if thread is threading.main_thread():
+        signum = getattr(interrupt, "signum", None) or signal.SIGINT
+
+        def again(received: int, frame: Any) -> None:
+            _raise_keyboard_interrupt(signum, frame)
+
+        signal.signal(signal.SIGINT, again)
+        signal.signal(signal.SIGTERM, again)
+        timer = threading.Timer(REDELIVER_S, signal.pthread_kill, args=(thread.ident, signum))
+    else:
+        timer = threading.Timer(REDELIVER_S, interrupt_thread, args=(thread, interrupt))
+    timer.daemon = True
+    timer.start()
 
 
 def _quiet_interrupts(args: threading.ExceptHookArgs) -> None:
