@@ -224,6 +224,7 @@ def _worker_init(threads: int, stacks_dir: str | None = None) -> None:
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.unraisablehook = sys.__unraisablehook__  # the parent's raises interrupts again
     signal.signal(STACKS_SIGNAL, signal.SIG_IGN)  # asked for stacks it cannot write: nothing
     if stacks_dir is not None:
         with contextlib.suppress(OSError):
