@@ -147,20 +147,27 @@ def _device(path: Path) -> int | None:
         return None
 
 
+def _open(path: Path, flags: int, device: int | None) -> int | None:
+    """``path`` opened with ``flags`` and ``O_DIRECT``; None where ``device``'s file system
+    refuses ``O_DIRECT`` (now, or before: remembered)."""
+    if device in _refused:
+        return None
+    try:
+        return os.open(path, flags | os.O_CLOEXEC | os.O_DIRECT, 0o666)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+        _refused.add(device)
+        return None
+
+
 def write(path: Path, buffer: AlignedBuffer, *, durable: bool) -> bool:
     """Write ``buffer``'s bytes to a new file at ``path`` past the page cache (fsynced where
     ``durable``). False where the file system refuses ``O_DIRECT``: nothing is left at
     ``path`` then, and the caller writes it another way."""
     device = _device(path)
-    if device in _refused:
-        return False
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT
-    try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as error:
-        if error.errno != errno.EINVAL:
-            raise
-        _refused.add(device)
+    fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, device)
+    if fd is None:
         return False
     try:
         data, done = buffer.padded(), 0
@@ -186,14 +193,8 @@ def read(path: Path, size: int) -> AlignedBuffer | None:
     thread's buffer (valid until the thread's next use of it), positioned at 0. None where
     the file system refuses ``O_DIRECT``."""
     device = _device(path)
-    if device in _refused:
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
-    except OSError as error:
-        if error.errno != errno.EINVAL:
-            raise
-        _refused.add(device)
+    fd = _open(path, os.O_RDONLY, device)
+    if fd is None:
         return None
     buffer = thread_buffer()
     try:
