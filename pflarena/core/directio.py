@@ -15,7 +15,7 @@ Python's own file objects, ``zipfile`` and numpy all go through the page cache, 
 well-kept library writes arbitrary files with ``O_DIRECT``; hence this small module: an
 aligned buffer that serves as a file object (:class:`AlignedBuffer`), and one direct write
 (:func:`write`) and read (:func:`read`) of a whole file through it. Where a file system
-refuses ``O_DIRECT`` (tmpfs, some FUSE and network file systems: ``EINVAL``), both say so
+refuses ``O_DIRECT`` (:data:`REFUSALS`), both say so
 and their callers take the page cache's way; the refusal is remembered per device.
 """
 
@@ -33,6 +33,10 @@ __all__ = ["ALIGN", "AlignedBuffer", "read", "thread_buffer", "write"]
 #: The alignment ``O_DIRECT`` asks of a transfer's memory, offset and length: a page, a
 #: multiple of every logical block size Linux supports.
 ALIGN = mmap.PAGESIZE
+
+#: What a file system that does not do ``O_DIRECT`` answers (at the open, or at the first
+#: transfer): ``EINVAL`` (tmpfs, some FUSE and network file systems), ``EOPNOTSUPP``.
+REFUSALS = frozenset({errno.EINVAL, errno.EOPNOTSUPP})
 
 #: Devices (``st_dev``) whose file system refused ``O_DIRECT``.
 _refused: set[int] = set()
@@ -155,7 +159,7 @@ def _open(path: Path, flags: int, device: int | None) -> int | None:
     try:
         return os.open(path, flags | os.O_CLOEXEC | os.O_DIRECT, 0o666)
     except OSError as error:
-        if error.errno != errno.EINVAL:
+        if error.errno not in REFUSALS:
             raise
         _refused.add(device)
         return None
@@ -180,7 +184,7 @@ def write(path: Path, buffer: AlignedBuffer, *, durable: bool) -> bool:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
-        if error.errno != errno.EINVAL:
+        if error.errno not in REFUSALS:
             raise
         _refused.add(device)
         return False
@@ -200,7 +204,7 @@ def read(path: Path, size: int) -> AlignedBuffer | None:
     try:
         buffer.fill_from(fd, size)
     except OSError as error:
-        if error.errno != errno.EINVAL:
+        if error.errno not in REFUSALS:
             raise
         _refused.add(device)
         return None
