@@ -253,3 +253,101 @@ def test_deleting_a_version_removes_its_folder_and_leaves_the_others(tmp_path):
     store.delete(201)
     store.delete(301)  # none: nothing happens
     assert store.versions() == [] and not list((tmp_path / "c").iterdir())
+
+
+def _drafts(folder):
+    return [p.name for p in folder.iterdir() if p.name.startswith(".v")]
+
+
+def test_a_durable_entry_is_written_while_the_solver_goes_on_and_kept_only_at_the_save(tmp_path):
+    """In a durable store an entry's file is written (and fsynced) by the state thread as
+    soon as it is set; the version exists only once save() commits it, with the base's
+    other entries carried forward."""
+    from pflarena.client import state as state_module
+
+    store = DiskVersions(tmp_path / "c")
+    _write(store, 0, 101, model=1.0, message=5.0)
+    state = ClientState(store, 101, 201)
+    state["model"] = _record(2.0)
+    state_module._state_writer().submit(lambda: None).result()  # the thread's queue drained
+    (draft,) = _drafts(tmp_path / "c")
+    assert [p.name for p in (tmp_path / "c" / draft).iterdir()] == ["model.npz"]
+    assert store.versions() == [101]
+    state.save()
+    assert store.versions() == [101, 201] and _drafts(tmp_path / "c") == []
+    again = ClientState(DiskVersions(tmp_path / "c"), 201, None, prune=False)
+    DiskVersions._cache.clear()
+    assert (_value(again, "model"), _value(again, "message")) == (2.0, 5.0)
+
+
+def test_an_entry_set_twice_is_saved_with_its_last_value(tmp_path):
+    store = DiskVersions(tmp_path / "c")
+    state = ClientState(store, 0, 101)
+    for value in (1.0, 2.0, 3.0):
+        state["model"] = _record(value)
+    state.save()
+    DiskVersions._cache.clear()
+    assert _value(ClientState(store, 101, None, prune=False), "model") == 3.0
+
+
+def test_a_write_that_fails_in_the_state_thread_fails_the_save_and_keeps_nothing(
+    tmp_path, monkeypatch
+):
+    import errno
+
+    store = DiskVersions(tmp_path / "c")
+    _write(store, 0, 101, model=1.0)
+
+    def full(path, record):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(store, "_write_entry", full)
+    state = ClientState(store, 101, 201)
+    state["model"] = _record(2.0)
+    with pytest.raises(OSError, match="No space left"):
+        state.save()
+    assert store.versions() == [101] and _drafts(tmp_path / "c") == []
+
+
+def test_a_message_whose_solver_fails_leaves_no_draft(tmp_path):
+    """The train handler discards what a failed solver set: its written files are removed
+    and no version is made."""
+    from pflarena.client import app as client_app
+
+    store = DiskVersions(tmp_path / "c")
+    state = ClientState(store, 0, 101)
+
+    class Failing:
+        @staticmethod
+        def train(job):
+            job.state["model"] = _record(1.0)
+            raise RuntimeError("the solver failed")
+
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(state=state)
+    with pytest.raises(RuntimeError, match="solver failed"):
+        client_app._train_and_save(job, Failing)
+    assert store.versions() == [] and _drafts(tmp_path / "c") == []
+
+
+def test_a_forked_child_writes_through_a_state_thread_of_its_own(tmp_path):
+    """The parent's state thread does not exist in a forked worker: the child makes its
+    own, and its durable writes are saved."""
+    import multiprocessing
+
+    from pflarena.client import state as state_module
+
+    state_module._state_writer().submit(lambda: None).result()  # the parent's thread runs
+
+    def child(folder):
+        state = ClientState(DiskVersions(folder), 0, 101)
+        state["model"] = _record(7.0)
+        state.save()
+
+    process = multiprocessing.get_context("fork").Process(target=child, args=(tmp_path / "c",))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    DiskVersions._cache.clear()
+    assert _value(ClientState(DiskVersions(tmp_path / "c"), 101, None, prune=False), "model") == 7.0

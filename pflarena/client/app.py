@@ -154,8 +154,7 @@ def train(msg: Message, context: Context) -> Message:
     """Run the method's local solver and reply with its update and metrics."""
     job, solver, data_s = _job(msg, context, train=True)
     start, start_cpu = time.perf_counter(), time.process_time()
-    records, metrics = solver.train(job)
-    job.state.save()  # before replying: the reply may be accepted at once
+    records, metrics = _train_and_save(job, solver)
     metrics[keys.TRAIN_TIME] = time.perf_counter() - start
     metrics[keys.TRAIN_CPU] = time.process_time() - start_cpu
     metrics[keys.STATE_VERSION] = job.state.version
@@ -164,6 +163,17 @@ def train(msg: Message, context: Context) -> Message:
     return Message(
         content=RecordDict({**records, keys.METRICS: MetricRecord(metrics)}), reply_to=msg
     )
+
+
+def _train_and_save(job: ClientJob, solver: Solver) -> tuple[dict[str, ArrayRecord], dict]:
+    """The solver's update, its state saved before the reply (which the server may accept
+    at once); what a failed solver or save left half written is removed."""
+    try:
+        records, metrics = solver.train(job)
+        job.state.save()
+    finally:
+        job.state.discard()
+    return records, metrics
 
 
 @app.evaluate()

@@ -35,7 +35,7 @@ from flwr.app import ArrayRecord, RecordDict
 from pflarena.core import directio
 from pflarena.core.array_decoding import array_buffer, from_npy, npy_bytes
 
-__all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "run_key"]
+__all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "VersionDraft", "run_key"]
 
 #: The bytes of entries (arrays' data) a process keeps cached, least recently used first out:
 #: the few large entries of a big model, or every client's entries of a small one (PPFL's
@@ -201,30 +201,22 @@ class DiskVersions:
 
     def write(self, version: int, base: int | None, changed: Mapping[str, ArrayRecord]) -> None:
         """Version ``version``: ``base``'s entries (hard-linked) with ``changed`` on top."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.folder))
+        draft = self.begin(version, base)
         try:
-            if base is not None:
-                for source in self._path(base).glob("*.npz"):
-                    if _entry_name(source.name) not in changed:
-                        os.link(source, staging / source.name)
-            self.write_seconds, self.write_cpu_seconds = {}, {}
             for entry, record in changed.items():
-                started, started_cpu = time.perf_counter(), time.thread_time()
-                self._write_entry(staging / _file_name(entry), record)
-                self.write_seconds[entry] = time.perf_counter() - started
-                self.write_cpu_seconds[entry] = time.thread_time() - started_cpu
-            target = self._path(version)
-            if target.exists():
-                self.delete(version)
-            os.replace(staging, target)
+                draft.put(entry, record)
+            draft.commit()
         finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-        # what was just written is what the next message reads (write-through)
-        for entry, record in changed.items():
-            path = target / _file_name(entry)
-            self._remember(self._cache_key(path), record)
+            draft.discard()
+
+    def begin(self, version: int, base: int | None) -> VersionDraft:
+        """Version ``version`` in the making: its entries written one by one
+        (:meth:`VersionDraft.put`, from any one thread at a time), then made a version at
+        once (:meth:`VersionDraft.commit`) or dropped (:meth:`VersionDraft.discard`)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.write_seconds, self.write_cpu_seconds = {}, {}
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.folder))
+        return VersionDraft(self, version, base, staging)
 
     def _write_entry(self, path: Path, record: ArrayRecord) -> None:
         """One entry's file: past the page cache where ``direct`` and the file is large
@@ -261,6 +253,54 @@ class DiskVersions:
             pass
         except OSError:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+class VersionDraft:
+    """A version of a :class:`DiskVersions` being written (:meth:`DiskVersions.begin`): its
+    changed entries' files in a staging folder, which :meth:`commit` renames to the
+    version's with ``base``'s other entries linked in. The staging folder's name is not a
+    version's (a leading dot), so a draft never committed (a solver that failed, a killed
+    process) is never read as one."""
+
+    def __init__(self, store: DiskVersions, version: int, base: int | None, staging: Path) -> None:
+        self.store = store
+        self.version = version
+        self.base = base
+        self.staging = staging
+        self.written: dict[str, ArrayRecord] = {}
+
+    def put(self, entry: str, record: ArrayRecord) -> None:
+        """Write ``entry``'s file (again, if it was written before)."""
+        path = self.staging / _file_name(entry)
+        self.written.pop(entry, None)
+        path.unlink(missing_ok=True)  # an earlier write of it, whole or failed
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        self.store._write_entry(path, record)
+        self.store.write_seconds[entry] = time.perf_counter() - started
+        self.store.write_cpu_seconds[entry] = time.thread_time() - started_cpu
+        self.written[entry] = record
+
+    def commit(self) -> None:
+        """Make the draft version ``version``: the written entries, and ``base``'s others
+        (hard links), renamed into place at once."""
+        store, staging = self.store, self.staging
+        if self.base is not None:
+            for source in store._path(self.base).glob("*.npz"):
+                if _entry_name(source.name) not in self.written:
+                    os.link(source, staging / source.name)
+        target = store._path(self.version)
+        if target.exists():
+            store.delete(self.version)
+        os.replace(staging, target)
+        # what was just written is what the next message reads (write-through)
+        for entry, record in self.written.items():
+            path = target / _file_name(entry)
+            store._remember(store._cache_key(path), record)
+
+    def discard(self) -> None:
+        """Remove what :meth:`commit` did not make a version (nothing after a commit)."""
+        if self.staging.exists():
+            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 class MemoryVersions:
