@@ -30,6 +30,31 @@ def test_prox_hook_adds_the_proximal_gradient():
         torch.testing.assert_close(p.grad, g + 0.7 * (p.detach() - a.detach()))
 
 
+def test_a_prox_hook_without_a_copy_follows_its_anchor_and_one_with_a_copy_does_not():
+    """copy=True pulls toward the anchor's values when the hook was made (FedProx trains the
+    model it is anchored to); copy=False toward its values when the hook runs, the same
+    thing for an anchor that does not change (Ditto's, FedAMP's)."""
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    grads = {}
+    for copied in (True, False):
+        model = build_model("logreg", (4,), 3, seed=0)
+        anchor = build_model("logreg", (4,), 3, seed=1)
+        hook = prox_hook(anchor, 0.7, copy=copied)
+        made = [p.detach().clone() for p in anchor.parameters()]
+        with torch.no_grad():
+            for p in anchor.parameters():
+                p.add_(1.0)  # the anchor trained after the hook was made
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        plain = [p.grad.clone() for p in model.parameters()]
+        hook(model)
+        pulled_to = made if copied else [p.detach() for p in anchor.parameters()]
+        for p, g, a in zip(model.parameters(), plain, pulled_to, strict=True):
+            torch.testing.assert_close(p.grad, g + 0.7 * (p.detach() - a))
+        grads[copied] = [p.grad for p in model.parameters()]
+    assert not all(torch.equal(a, b) for a, b in zip(grads[True], grads[False], strict=True))
+
+
 def _distance_to_global_after_one_round(strategy, **kw):
     cfg = config(strategy=strategy, local_epochs=3, **kw)
     grid = grid_for(cfg)

@@ -34,7 +34,8 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
             job.data.x_train,
             job.data.y_train,
             generator=job.generator("personal"),
-            grad_hook=prox_hook(received, float(job.param("lambda"))),
+            # `received` is trained only after this: the anchor needs no copy
+            grad_hook=prox_hook(received, float(job.param("lambda")), copy=False),
             **(kwargs | {"epochs": personal_epochs}),
         )
     job.save_state_model(PERSONAL_KEY, personal)

@@ -42,7 +42,7 @@ def train(job: ClientJob) -> tuple[dict[str, ArrayRecord], dict]:
         job.data.x_train,
         job.data.y_train,
         generator=job.generator("train"),
-        grad_hook=prox_hook(cloud, float(job.param("proximal"))),
+        grad_hook=prox_hook(cloud, float(job.param("proximal")), copy=False),  # never trained
         **job.train_kwargs(),
     )
     job.save_state_model(MODEL_KEY, model)
