@@ -202,12 +202,14 @@ class ClientState:
         In a durable store (a SuperNode's ``state-dir``) its file is written and fsynced at
         once by the process's state thread while the solver goes on, and :meth:`save` waits
         for it: a Ditto client trains its global update while its personal model is
-        written, instead of waiting for the disk after. Measured for MNIST's CNN (6.6 MB):
-        a Ditto client's message took 90 and 78 ms against 115 and 103 written at the save
-        (``docs/architecture.md``, client state). Elsewhere (a simulation's state, not
-        fsynced) the entry is written at the save: there the write is mostly the CPU's
-        work, which a second thread only moved beside the training (no faster, measured
-        the same way). ``record`` must not change afterwards."""
+        written, instead of waiting for the disk after. A small Ditto client's message
+        (MNIST's CNN, 6.6 MB) took 107 ms against 119 written at the save, side by side
+        (medians of four processes, ``benchmarks/results/client_message.md``). Elsewhere
+        (a simulation's state, not fsynced) the entry is written at the save: there the
+        write is the CPU's work more than the disk's (serialising, CRC-32), and in a
+        one-process profile of the same message on the same host, moving it to the thread
+        made the message no faster (88 and 98 ms against 90 and 79). ``record`` must not
+        change afterwards."""
         self.changed[entry] = record
         if (
             self.update_id is None
