@@ -128,6 +128,40 @@ def test_a_state_file_is_np_savez_s_file_and_reads_back_as_before(tmp_path):
     assert all(_fields(got[name]) == _fields(want[name]) for name in want)
 
 
+def test_a_state_file_s_checksums_are_zlib_s_crc32_of_its_members(tmp_path):
+    """The zip checksums come from ISA-L's CRC-32 once pflarena's store is imported; they
+    must be what zlib computes (any other zip reader checks them so), here for a model's
+    worth of bytes and for the buffer sizes around ISA-L's folding steps."""
+    import struct
+    import zipfile
+    import zlib
+
+    from pflarena.core import versions
+
+    assert zipfile.crc32 is not zlib.crc32  # the faster one is in use: this test means it
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097, 6_600_000]
+    for size in sizes:
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        for start in (0, 1, 0xFFFFFFFF, 0x12345678):
+            assert zipfile.crc32(data, start) == zlib.crc32(data, start), (size, start)
+    record = ArrayRecord({f"w{i}": Array(rng.standard_normal(n).astype(np.float32))
+                          for i, n in enumerate((1, 1000, 1_650_000))})  # fmt: skip
+    with open(tmp_path / "s.npz", "wb") as handle:
+        versions.write_npz(handle, record)
+    raw = (tmp_path / "s.npz").read_bytes()
+    with zipfile.ZipFile(tmp_path / "s.npz") as archive:
+        for info in archive.infolist():
+            # the member's bytes, located from its local header (30 bytes, then its name
+            # and extra field), checked with zlib alone
+            name_length, extra_length = struct.unpack(
+                "<HH", raw[info.header_offset + 26 : info.header_offset + 30]
+            )
+            start = info.header_offset + 30 + name_length + extra_length
+            member = raw[start : start + info.compress_size]
+            assert zlib.crc32(member) == info.CRC, info.filename
+
+
 def test_a_state_file_that_is_not_one_is_refused(tmp_path):
     """Catches a damaged state file read as arrays: a changed byte (the zip's checksum), a
     member that is not an array, a pickle."""
