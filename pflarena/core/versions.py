@@ -41,10 +41,9 @@ __all__ = ["ClientPool", "DiskVersions", "MemoryVersions", "VersionDraft", "run_
 # every write and checks on every read: for MNIST's CNN (6.7 MB), 2.9 ms each with zlib's on
 # this project's host, 0.8 with ISA-L's (python-isal), the same values; a state file read
 # back took 4.6 ms against 7.1 (benchmarks/results/crc32.md). zipfile has no parameter for
-# it, only its module's
-# ``crc32``, which is set here: every zip this process writes or reads gets the same
-# checksums, sooner. An install without python-isal (the edge image's ClientApps) keeps
-# zlib's.
+# it, only its module's ``crc32``, which is set here: every zip this process writes or reads
+# gets the same checksums, sooner. An install without python-isal (the edge image's
+# ClientApps) keeps zlib's.
 try:
     from isal.isal_zlib import crc32 as _isal_crc32
 except ImportError:  # pragma: no cover - python-isal is a dependency; the edge image lacks it
