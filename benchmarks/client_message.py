@@ -184,12 +184,10 @@ def main() -> None:
     # Here, not at the top: a side's process runs this file with its own tree first on the
     # path and without this folder (commit_tree.tree_env).
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from commit_tree import export_commit, head_commit, tree_env
+    from commit_tree import head_commit, sides, tree_env
 
     scratch = Path(tempfile.mkdtemp(prefix="pflarena-message-trees-"))
-    trees = {"after": ROOT}
-    if args.before_commit:
-        trees = {"before": export_commit(args.before_commit, scratch / "before"), "after": ROOT}
+    trees = sides(args.before_commit, scratch)
     started = datetime.now(timezone.utc)
     loads = [os.getloadavg()[0]]
     passed = ["--data-dir", args.data_dir, "--num-clients", str(args.num_clients),

@@ -36,7 +36,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commit_tree import export_commit, head_commit, tree_env
+from commit_tree import head_commit, sides, tree_env
 
 from pflarena.server.results import read_rounds
 
@@ -90,9 +90,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/client_overhead.md"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pflarena-overhead-"))
-    trees = {"after": ROOT}
-    if args.before_commit:
-        trees = {"before": export_commit(args.before_commit, work / "before"), "after": ROOT}
+    trees = sides(args.before_commit, work)
     started = datetime.now(timezone.utc)
     loads = [os.getloadavg()[0]]
     found: dict[tuple[str, int], dict] = {}

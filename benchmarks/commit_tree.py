@@ -28,6 +28,14 @@ def export_commit(commit: str, into: Path) -> Path:
     return into
 
 
+def sides(before_commit: str, work: Path) -> dict[str, Path]:
+    """The trees a side-by-side benchmark runs: ``after`` (this working tree), and first
+    ``before`` (``before_commit``'s files, exported under ``work``) where one is named."""
+    if not before_commit:
+        return {"after": ROOT}
+    return {"before": export_commit(before_commit, work / "before"), "after": ROOT}
+
+
 def tree_env(tree: Path) -> dict[str, str]:
     """This environment with ``tree``'s ``pflarena`` imported first by a ``python -m``
     started anywhere: ``PYTHONPATH`` names the tree, and ``PYTHONSAFEPATH`` keeps Python

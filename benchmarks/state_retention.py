@@ -31,7 +31,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from commit_tree import export_commit, head_commit, tree_env
+from commit_tree import head_commit, sides, tree_env
 
 from pflarena.server.results import read_rounds
 
@@ -92,9 +92,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/state_retention.md"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pflarena-retention-"))
-    trees = {"after": ROOT}
-    if args.before_commit:
-        trees = {"before": export_commit(args.before_commit, work / "before"), "after": ROOT}
+    trees = sides(args.before_commit, work)
     started = datetime.now(timezone.utc)
     found = {}
     for side, tree in trees.items():
